@@ -1,0 +1,965 @@
+/*
+ * corral-init: PID 1 of every container sandbox, and its exec server.
+ *
+ * Why it exists: an agent loop runs thousands of short commands; paying a
+ * `crun exec` (~9 ms) for each is the dominant cost. corral-init stays in the
+ * sandbox, accepts requests on a listening socket that the node agent created
+ * on the host and handed over as fd 3, and forks one handler per request.
+ *
+ * Invariants the platform's security rests on:
+ *  - The control socket is never in the sandbox's file system: its path lives
+ *    on the host, and the only copy of the fd inside is held by PID 1 (and its
+ *    handlers), which are not dumpable, so no sandbox process can open
+ *    /proc/1/fd, ptrace PID 1 or pidfd_getfd() the socket (that needs
+ *    CAP_SYS_PTRACE, which sandboxes never have).
+ *  - Every command's child closes every inherited fd (close_range) before
+ *    execve, so the connection to the agent never leaks into user code.
+ *  - The binary itself comes from the read-only platform layer (/.corral), so
+ *    an agent that replaces /bin/sh or /bin/bash changes nothing we run.
+ *  - PID 1 of a PID namespace ignores signals it has no handler for when they
+ *    come from inside the namespace, so sandbox code cannot kill it.
+ *
+ * Each handler is a child subreaper: descendants of a command that are
+ * orphaned re-parent to the handler, so a timeout or kill can reach the whole
+ * tree even when the command's children called setsid().
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/timerfd.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <grp.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto.h"
+
+#define LISTEN_FD 3
+#define IO_CHUNK (64 * 1024)
+#define STDIN_MAX (256u << 20)
+#define LIST_MAX 100000
+#define PASSWD_MAX (4u << 20)
+
+extern char **environ;
+
+static void logmsg(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "corral-init[%d]: ", getpid());
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------ I/O */
+
+static int write_full(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN) {
+                struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+                poll(&pfd, 1, -1);
+                continue;
+            }
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_full(int fd, void *buf, size_t n) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) return -1; /* EOF inside a frame */
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void put_u32(unsigned char *b, uint32_t v) {
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static void put_u64(unsigned char *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32le(const unsigned char *b) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
+
+static int send_frame(int fd, uint8_t type, const void *payload, uint32_t len) {
+    unsigned char hdr[FRAME_HEADER];
+    put_u32(hdr, len);
+    put_u32(hdr + 4, 0);
+    hdr[8] = type;
+    if (write_full(fd, hdr, sizeof hdr) < 0) return -1;
+    if (len && write_full(fd, payload, len) < 0) return -1;
+    return 0;
+}
+
+static int vsend_error(int fd, int err, uint32_t stage, const char *fmt, va_list ap) {
+    char msg[1024];
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    if (n < 0) n = 0;
+    if ((size_t)n >= sizeof msg) n = sizeof msg - 1;
+    unsigned char buf[8 + sizeof msg];
+    put_u32(buf, (uint32_t)err);
+    put_u32(buf + 4, stage);
+    memcpy(buf + 8, msg, (size_t)n);
+    return send_frame(fd, RSP_ERROR, buf, 8 + (uint32_t)n);
+}
+
+static int send_error(int fd, int err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int r = vsend_error(fd, err, ERR_GENERIC, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static int send_error_stage(int fd, int err, uint32_t stage, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int r = vsend_error(fd, err, stage, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+struct frame {
+    uint8_t type;
+    uint32_t len;
+    unsigned char *data; /* malloc'd, len bytes, NUL appended */
+};
+
+static int recv_frame(int fd, struct frame *f) {
+    unsigned char hdr[FRAME_HEADER];
+    if (read_full(fd, hdr, sizeof hdr) < 0) return -1;
+    f->len = get_u32le(hdr);
+    f->type = hdr[8];
+    if (f->len > FRAME_MAX_PAYLOAD) return -1;
+    f->data = malloc(f->len + 1);
+    if (!f->data) return -1;
+    if (f->len && read_full(fd, f->data, f->len) < 0) {
+        free(f->data);
+        return -1;
+    }
+    f->data[f->len] = 0;
+    return 0;
+}
+
+/* A cursor over a request payload. Any malformed field sets bad. */
+struct cursor {
+    const unsigned char *p;
+    size_t left;
+    int bad;
+};
+
+static uint32_t cur_u32(struct cursor *c) {
+    if (c->left < 4) { c->bad = 1; return 0; }
+    uint32_t v = get_u32le(c->p);
+    c->p += 4;
+    c->left -= 4;
+    return v;
+}
+static uint64_t cur_u64(struct cursor *c) {
+    uint64_t lo = cur_u32(c), hi = cur_u32(c);
+    return lo | (hi << 32);
+}
+/* Strings are u32 length + bytes; an embedded NUL is refused. */
+static char *cur_str(struct cursor *c) {
+    uint32_t n = cur_u32(c);
+    if (c->bad || n > c->left) { c->bad = 1; return NULL; }
+    if (memchr(c->p, 0, n)) { c->bad = 1; return NULL; }
+    char *s = malloc(n + 1);
+    if (!s) { c->bad = 1; return NULL; }
+    memcpy(s, c->p, n);
+    s[n] = 0;
+    c->p += n;
+    c->left -= n;
+    return s;
+}
+static char **cur_strv(struct cursor *c) {
+    uint32_t n = cur_u32(c);
+    if (c->bad || n > 65536) { c->bad = 1; return NULL; }
+    char **v = calloc((size_t)n + 2, sizeof(char *));
+    if (!v) { c->bad = 1; return NULL; }
+    for (uint32_t i = 0; i < n && !c->bad; i++) v[i] = cur_str(c);
+    return v;
+}
+
+/* ------------------------------------------------------------------ users */
+
+struct ident {
+    uid_t uid;
+    gid_t gid;
+    char home[PATH_MAX];
+};
+
+static int all_digits(const char *s) {
+    if (!*s) return 0;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9') return 0;
+    return 1;
+}
+
+/*
+ * Resolve "root", "name", "1000" or "1000:1000" against the image's
+ * /etc/passwd. The file belongs to the (untrusted) image: it is only read,
+ * bounded in size, and never executed; it can only choose the uid of a user
+ * the caller asked for by name.
+ */
+static int resolve_user(const char *spec, struct ident *id) {
+    id->uid = 0;
+    id->gid = 0;
+    strcpy(id->home, "/");
+    const char *colon = strchr(spec, ':');
+    char name[256];
+    size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (nlen == 0 || nlen >= sizeof name) return -1;
+    memcpy(name, spec, nlen);
+    name[nlen] = 0;
+    int numeric = all_digits(name);
+    int found = 0;
+
+    int fd = open("/etc/passwd", O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size <= PASSWD_MAX) {
+        char *buf = malloc((size_t)st.st_size + 1);
+        ssize_t n = buf ? read(fd, buf, (size_t)st.st_size) : -1;
+        if (n >= 0) {
+            buf[n] = 0;
+            char *save = NULL;
+            for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                char *f[7] = {0};
+                int k = 0;
+                char *s = line;
+                f[k++] = s;
+                while (k < 7 && (s = strchr(s, ':'))) {
+                    *s++ = 0;
+                    f[k++] = s;
+                }
+                if (k < 7) continue;
+                int match = numeric ? strcmp(f[2], name) == 0 : strcmp(f[0], name) == 0;
+                if (!match || !all_digits(f[2]) || !all_digits(f[3])) continue;
+                id->uid = (uid_t)strtoul(f[2], NULL, 10);
+                id->gid = (gid_t)strtoul(f[3], NULL, 10);
+                snprintf(id->home, sizeof id->home, "%s", f[5][0] ? f[5] : "/");
+                found = 1;
+                break;
+            }
+        }
+        free(buf);
+    }
+    if (fd >= 0) close(fd);
+
+    if (!found) {
+        if (numeric) {
+            id->uid = (uid_t)strtoul(name, NULL, 10);
+            id->gid = (gid_t)id->uid;
+        } else if (strcmp(name, "root") == 0) {
+            strcpy(id->home, "/root");
+        } else {
+            return -1;
+        }
+    }
+    if (colon) {
+        if (!all_digits(colon + 1)) return -1;
+        id->gid = (gid_t)strtoul(colon + 1, NULL, 10);
+    }
+    return 0;
+}
+
+static int become(const struct ident *id) {
+    if (setgroups(1, &id->gid) < 0) return -1;
+    if (setresgid(id->gid, id->gid, id->gid) < 0) return -1;
+    if (setresuid(id->uid, id->uid, id->uid) < 0) return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ exec */
+
+struct outstream {
+    int fd;          /* read end, non-blocking; -1 once closed */
+    uint8_t type;    /* RSP_STDOUT / RSP_STDERR */
+    uint64_t cap;    /* bytes forwarded at most */
+    uint64_t total;  /* bytes produced */
+};
+
+struct exec_state {
+    int conn;
+    int conn_open;
+    pid_t pid;
+    struct outstream out, err;
+};
+
+/* Move what the pipe holds towards the agent, keeping at most the cap.
+ * Unless drain is set, yield after one full chunk so that a flood cannot
+ * starve the timer or the other stream. */
+static void forward(struct exec_state *st, struct outstream *o, int drain) {
+    static char buf[IO_CHUNK];
+    /* A background descendant may hold the pipe and write forever: a final
+     * drain takes what the exited command left, bounded. */
+    uint64_t budget = 16u << 20;
+    for (;;) {
+        if (drain && budget < sizeof buf) return;
+        ssize_t n = read(o->fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) return;
+        if (n <= 0) {
+            close(o->fd);
+            o->fd = -1;
+            return;
+        }
+        budget -= (uint64_t)n;
+        uint64_t before = o->total;
+        o->total += (uint64_t)n;
+        if (st->conn_open && before < o->cap) {
+            uint64_t keep = o->cap - before;
+            if (keep > (uint64_t)n) keep = (uint64_t)n;
+            if (send_frame(st->conn, o->type, buf, (uint32_t)keep) < 0) st->conn_open = 0;
+        }
+        if (!drain && (size_t)n == sizeof buf) return;
+    }
+}
+
+/* Kill every process left below this handler, including orphans that
+ * re-parented to it (it is their subreaper), until none remain. */
+static void kill_tree(void) {
+    for (int round = 0; round < 2000; round++) {
+        int any = 0;
+        DIR *d = opendir("/proc");
+        if (d) {
+            struct dirent *e;
+            pid_t self = getpid();
+            while ((e = readdir(d))) {
+                if (!all_digits(e->d_name)) continue;
+                char path[300], buf[512];
+                snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+                int fd = open(path, O_RDONLY | O_CLOEXEC);
+                if (fd < 0) continue;
+                ssize_t n = read(fd, buf, sizeof buf - 1);
+                close(fd);
+                if (n <= 0) continue;
+                buf[n] = 0;
+                char *rp = strrchr(buf, ')');
+                if (!rp) continue;
+                char state;
+                int ppid;
+                if (sscanf(rp + 1, " %c %d", &state, &ppid) != 2) continue;
+                if (ppid != self) continue;
+                pid_t p = (pid_t)atoi(e->d_name);
+                kill(-p, SIGKILL);
+                kill(p, SIGKILL);
+                any = 1;
+            }
+            closedir(d);
+        }
+        while (waitpid(-1, NULL, WNOHANG) > 0) any = 1;
+        if (!any) {
+            if (waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD) return;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void send_exit(int conn, int status, int timed_out, const struct exec_state *st,
+                      const struct rusage *ru) {
+    unsigned char b[4 + 4 + 1 + 8 * 5];
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    put_u32(b, (uint32_t)code);
+    put_u32(b + 4, (uint32_t)sig);
+    b[8] = (unsigned char)timed_out;
+    put_u64(b + 9, st->out.total);
+    put_u64(b + 17, st->err.total);
+    put_u64(b + 25, (uint64_t)ru->ru_utime.tv_sec * 1000000u + (uint64_t)ru->ru_utime.tv_usec);
+    put_u64(b + 33, (uint64_t)ru->ru_stime.tv_sec * 1000000u + (uint64_t)ru->ru_stime.tv_usec);
+    put_u64(b + 41, (uint64_t)ru->ru_maxrss);
+    send_frame(conn, RSP_EXIT, b, sizeof b);
+}
+
+static int has_env(char **env, const char *key) {
+    size_t k = strlen(key);
+    for (; *env; env++)
+        if (strncmp(*env, key, k) == 0 && (*env)[k] == '=') return 1;
+    return 0;
+}
+
+static int handle_exec(int conn, struct cursor *c) {
+    uint32_t flags = cur_u32(c);
+    int64_t timeout_ms = (int64_t)cur_u64(c);
+    uint64_t out_cap = cur_u64(c), err_cap = cur_u64(c);
+    char *user = cur_str(c);
+    char *cwd = cur_str(c);
+    char **argv = cur_strv(c);
+    char **env = cur_strv(c);
+    if (c->bad || !argv || !argv[0]) return send_error(conn, EINVAL, "malformed exec request");
+
+    struct ident id;
+    if (resolve_user(user, &id) < 0) return send_error_stage(conn, ESRCH, ERR_USER, "no such user: %s", user);
+    if (!has_env(env, "HOME")) {
+        size_t n = 0;
+        while (env[n]) n++;
+        char *h = malloc(strlen(id.home) + 6);
+        sprintf(h, "HOME=%s", id.home);
+        env[n] = h; /* cur_strv left room for one more entry */
+        env[n + 1] = NULL;
+    }
+
+    int in[2] = {-1, -1}, out[2], err[2], report[2];
+    if ((flags & EXEC_STDIN_STREAM) && pipe2(in, O_CLOEXEC) < 0) return send_error(conn, errno, "pipe: %m");
+    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(report, O_CLOEXEC) < 0)
+        return send_error(conn, errno, "pipe: %m");
+
+    pid_t pid = fork();
+    if (pid < 0) return send_error(conn, errno, "fork: %m");
+    if (pid == 0) {
+        int stage_err[2];
+        setsid();
+        int devnull = (flags & EXEC_STDIN_STREAM) ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
+        dup2((flags & EXEC_STDIN_STREAM) ? in[0] : devnull, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        sigset_t none;
+        sigemptyset(&none);
+        for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        /* User code, not corral-init, must be what the memory cgroup's OOM
+         * killer picks: raise the command's score (raising needs no
+         * capability; corral-init itself stays at 0, or -1000 where the
+         * agent could set it). */
+        int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (oom >= 0) {
+            if (write(oom, "300", 3) < 0) { /* best effort */ }
+            close(oom);
+        }
+        int rfd = report[1];
+        if (rfd > 3) {
+            syscall(SYS_close_range, 3, rfd - 1, 0);
+        }
+        syscall(SYS_close_range, rfd + 1, ~0U, 0);
+        if (become(&id) < 0) {
+            stage_err[0] = 1;
+            stage_err[1] = errno;
+            if (write(rfd, stage_err, sizeof stage_err) < 0) {}
+            _exit(127);
+        }
+        if (chdir(cwd) < 0) {
+            stage_err[0] = 2;
+            stage_err[1] = errno;
+            if (write(rfd, stage_err, sizeof stage_err) < 0) {}
+            _exit(127);
+        }
+        environ = env;
+        execvp(argv[0], argv);
+        stage_err[0] = 3;
+        stage_err[1] = errno;
+        if (write(rfd, stage_err, sizeof stage_err) < 0) {}
+        _exit(127);
+    }
+
+    close(out[1]);
+    close(err[1]);
+    close(report[1]);
+    if (in[0] >= 0) close(in[0]);
+    int stage_err[2];
+    ssize_t rn;
+    do rn = read(report[0], stage_err, sizeof stage_err);
+    while (rn < 0 && errno == EINTR);
+    close(report[0]);
+    if (rn == (ssize_t)sizeof stage_err) {
+        waitpid(pid, NULL, 0);
+        static const char *what[] = {"", "switching to user", "changing directory to", "executing"};
+        const char *obj = stage_err[0] == 1 ? user : stage_err[0] == 2 ? cwd : argv[0];
+        return send_error_stage(conn, stage_err[1], (uint32_t)stage_err[0], "%s %s: %s", what[stage_err[0]], obj,
+                                strerror(stage_err[1]));
+    }
+
+    unsigned char pb[4];
+    put_u32(pb, (uint32_t)pid);
+    struct exec_state st = {
+        .conn = conn, .conn_open = 1, .pid = pid,
+        .out = {.fd = out[0], .type = RSP_STDOUT, .cap = out_cap},
+        .err = {.fd = err[0], .type = RSP_STDERR, .cap = err_cap},
+    };
+    if (send_frame(conn, RSP_STARTED, pb, 4) < 0) st.conn_open = 0;
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    int in_fd = in[1];
+    if (in_fd >= 0) fcntl(in_fd, F_SETFL, O_NONBLOCK);
+
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    int tfd = -1;
+    if (timeout_ms > 0) {
+        tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+        struct itimerspec its = {0};
+        its.it_value.tv_sec = timeout_ms / 1000;
+        its.it_value.tv_nsec = (timeout_ms % 1000) * 1000000;
+        timerfd_settime(tfd, 0, &its, NULL);
+    }
+
+    char *inbuf = NULL;
+    size_t in_len = 0, in_off = 0, in_capacity = 0;
+    int in_eof = 0, timed_out = 0, killed = 0, exited = 0, status = 0;
+    struct rusage ru = {0};
+
+    while (!exited) {
+        struct pollfd p[6];
+        int n = 0, i_conn = -1, i_out = -1, i_err = -1, i_in = -1, i_sig, i_t = -1;
+        if (st.conn_open) { p[n] = (struct pollfd){st.conn, POLLIN, 0}; i_conn = n++; }
+        if (st.out.fd >= 0) { p[n] = (struct pollfd){st.out.fd, POLLIN, 0}; i_out = n++; }
+        if (st.err.fd >= 0) { p[n] = (struct pollfd){st.err.fd, POLLIN, 0}; i_err = n++; }
+        if (in_fd >= 0 && in_off < in_len) { p[n] = (struct pollfd){in_fd, POLLOUT, 0}; i_in = n++; }
+        p[n] = (struct pollfd){sfd, POLLIN, 0};
+        i_sig = n++;
+        if (tfd >= 0) { p[n] = (struct pollfd){tfd, POLLIN, 0}; i_t = n++; }
+        if (poll(p, (nfds_t)n, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (i_out >= 0 && p[i_out].revents) forward(&st, &st.out, 0);
+        if (i_err >= 0 && p[i_err].revents) forward(&st, &st.err, 0);
+        if (i_conn >= 0 && p[i_conn].revents) {
+            struct frame f;
+            if (recv_frame(st.conn, &f) < 0) {
+                /* The agent went away: the command keeps running to its end
+                 * (or its timeout); output is drained and dropped. */
+                st.conn_open = 0;
+            } else {
+                if (f.type == REQ_STDIN && in_fd >= 0 && !in_eof) {
+                    if (in_len - in_off + f.len > STDIN_MAX) {
+                        kill(-pid, SIGKILL);
+                        killed = 1;
+                    } else {
+                        if (in_len + f.len > in_capacity) {
+                            memmove(inbuf, inbuf + in_off, in_len - in_off);
+                            in_len -= in_off;
+                            in_off = 0;
+                            if (in_len + f.len > in_capacity) {
+                                in_capacity = (in_len + f.len) * 2;
+                                inbuf = realloc(inbuf, in_capacity);
+                            }
+                        }
+                        memcpy(inbuf + in_len, f.data, f.len);
+                        in_len += f.len;
+                    }
+                } else if (f.type == REQ_STDIN_EOF) {
+                    in_eof = 1;
+                } else if (f.type == REQ_SIGNAL && f.len == 4) {
+                    int sig = (int)get_u32le(f.data);
+                    if (sig > 0 && sig < NSIG) {
+                        kill(-pid, sig);
+                        if (sig == SIGKILL) killed = 1;
+                    }
+                }
+                free(f.data);
+            }
+        }
+        if (i_in >= 0 && p[i_in].revents) {
+            ssize_t w = write(in_fd, inbuf + in_off, in_len - in_off);
+            if (w > 0) in_off += (size_t)w;
+            else if (w < 0 && errno != EAGAIN && errno != EINTR) { close(in_fd); in_fd = -1; }
+        }
+        if (in_fd >= 0 && in_eof && in_off == in_len) {
+            close(in_fd);
+            in_fd = -1;
+        }
+        if (i_t >= 0 && p[i_t].revents) {
+            uint64_t x;
+            if (read(tfd, &x, sizeof x) < 0) {}
+            timed_out = 1;
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+        }
+        if (p[i_sig].revents) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) > 0) {}
+            pid_t w;
+            int s;
+            struct rusage r;
+            while ((w = wait4(-1, &s, WNOHANG, &r)) > 0) {
+                if (w == pid) {
+                    exited = 1;
+                    status = s;
+                    ru = r;
+                }
+            }
+        }
+    }
+    /* The command's own output is complete in the pipes once it exited;
+     * take what is there but do not wait for descendants holding them. */
+    if (st.out.fd >= 0) forward(&st, &st.out, 1);
+    if (st.err.fd >= 0) forward(&st, &st.err, 1);
+    if (timed_out || killed) kill_tree();
+    if (st.conn_open) send_exit(conn, status, timed_out, &st, &ru);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ files */
+
+static int mkdirs(const char *path, mode_t mode) {
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, mode) < 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) < 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+static int mkdir_parent(const char *path) {
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    char *slash = strrchr(tmp, '/');
+    if (!slash || slash == tmp) return 0;
+    *slash = 0;
+    return mkdirs(tmp, 0755);
+}
+
+static int send_entry(int conn, const char *name, const struct stat *st) {
+    size_t nl = strlen(name);
+    unsigned char *b = malloc(1 + 4 + 8 + 8 + nl);
+    uint8_t t = S_ISREG(st->st_mode) ? 'f' : S_ISDIR(st->st_mode) ? 'd' : S_ISLNK(st->st_mode) ? 'l' : 'o';
+    b[0] = t;
+    put_u32(b + 1, (uint32_t)st->st_mode);
+    put_u64(b + 5, (uint64_t)st->st_size);
+    put_u64(b + 13, (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec);
+    memcpy(b + 21, name, nl);
+    int r = send_frame(conn, RSP_ENTRY, b, (uint32_t)(21 + nl));
+    free(b);
+    return r;
+}
+
+static int send_ok(int conn, uint64_t n) {
+    unsigned char b[8];
+    put_u64(b, n);
+    return send_frame(conn, RSP_OK, b, 8);
+}
+
+static int handle_read(int conn, const char *path, uint64_t max) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return send_error(conn, errno, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        close(fd);
+        return send_error(conn, e, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max) {
+        close(fd);
+        return send_error(conn, EFBIG, "%s: %llu bytes, more than the %llu allowed", path,
+                          (unsigned long long)st.st_size, (unsigned long long)max);
+    }
+    static char buf[256 * 1024];
+    uint64_t total = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            int e = errno;
+            close(fd);
+            return send_error(conn, e, "%s: %s", path, strerror(e));
+        }
+        if (n == 0) break;
+        total += (uint64_t)n;
+        if (total > max) {
+            close(fd);
+            return send_error(conn, EFBIG, "%s: grew past the %llu bytes allowed", path, (unsigned long long)max);
+        }
+        if (send_frame(conn, RSP_DATA, buf, (uint32_t)n) < 0) break;
+    }
+    close(fd);
+    return send_ok(conn, total);
+}
+
+static int handle_write(int conn, const char *path, uint32_t mode, uint32_t flags, uint64_t max) {
+    int err = 0;
+    char errmsg[512] = "";
+    if ((flags & FILE_MKDIRS) && mkdir_parent(path) < 0) {
+        err = errno;
+        snprintf(errmsg, sizeof errmsg, "creating parents of %s: %s", path, strerror(err));
+    }
+    int fd = -1;
+    if (!err) {
+        int of = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | ((flags & FILE_APPEND) ? O_APPEND : 0);
+        fd = open(path, of, (mode_t)(mode & 07777));
+        struct stat st;
+        if (fd < 0) {
+            err = errno;
+            snprintf(errmsg, sizeof errmsg, "%s: %s", path, strerror(err));
+        } else if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+            err = EINVAL;
+            snprintf(errmsg, sizeof errmsg, "%s: not a regular file", path);
+        } else {
+            fcntl(fd, F_SETFL, (flags & FILE_APPEND) ? O_APPEND : 0);
+            if (!(flags & FILE_APPEND) && ftruncate(fd, 0) < 0) {
+                err = errno;
+                snprintf(errmsg, sizeof errmsg, "%s: %s", path, strerror(err));
+            }
+        }
+    }
+    uint64_t total = 0;
+    /* Always consume the data frames so the agent's stream stays in step. */
+    for (;;) {
+        struct frame f;
+        if (recv_frame(conn, &f) < 0) {
+            if (fd >= 0) close(fd);
+            return -1;
+        }
+        if (f.type == REQ_END) {
+            free(f.data);
+            break;
+        }
+        if (f.type == REQ_DATA && !err) {
+            total += f.len;
+            if (total > max) {
+                err = EFBIG;
+                snprintf(errmsg, sizeof errmsg, "%s: more than the %llu bytes allowed", path, (unsigned long long)max);
+            } else if (write_full(fd, f.data, f.len) < 0) {
+                err = errno;
+                snprintf(errmsg, sizeof errmsg, "%s: %s", path, strerror(err));
+            }
+        }
+        free(f.data);
+    }
+    if (fd >= 0 && close(fd) < 0 && !err) {
+        err = errno;
+        snprintf(errmsg, sizeof errmsg, "%s: %s", path, strerror(err));
+    }
+    if (err) return send_error(conn, err, "%s", errmsg);
+    return send_ok(conn, total);
+}
+
+static int handle_list(int conn, const char *path) {
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return send_error(conn, errno, "%s: %s", path, strerror(errno));
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return send_error(conn, errno, "%s: %s", path, strerror(errno));
+    }
+    struct dirent *e;
+    uint64_t count = 0;
+    while ((e = readdir(d)) && count < LIST_MAX) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        struct stat st;
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
+        if (send_entry(conn, e->d_name, &st) < 0) break;
+        count++;
+    }
+    closedir(d);
+    return send_ok(conn, count);
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)ftw;
+    return (flag == FTW_DP ? rmdir(p) : unlink(p)) < 0 ? -1 : 0;
+}
+
+static int handle_remove(int conn, const char *path, uint32_t flags) {
+    struct stat st;
+    if (lstat(path, &st) < 0) return send_error(conn, errno, "%s: %s", path, strerror(errno));
+    int r;
+    if (S_ISDIR(st.st_mode)) {
+        if (flags & FILE_RECURSIVE)
+            r = nftw(path, rm_cb, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+        else
+            r = rmdir(path);
+    } else {
+        r = unlink(path);
+    }
+    if (r < 0) return send_error(conn, errno, "%s: %s", path, strerror(errno));
+    return send_ok(conn, 0);
+}
+
+static int handle_kill(int conn, struct cursor *c) {
+    pid_t pid = (pid_t)cur_u32(c);
+    int sig = (int)cur_u32(c);
+    if (c->bad || pid <= 1 || sig <= 0 || sig >= NSIG) return send_error(conn, EINVAL, "bad kill request");
+    /* Only a command's process group (commands start with setsid()). */
+    if (getpgid(pid) != pid) return send_error(conn, ESRCH, "no command with pid %d", pid);
+    if (kill(-pid, sig) < 0) return send_error(conn, errno, "kill %d: %s", pid, strerror(errno));
+    return send_ok(conn, 0);
+}
+
+/* ------------------------------------------------------------------ dispatch */
+
+static void serve_connection(int conn) {
+    struct frame f;
+    if (recv_frame(conn, &f) < 0) return;
+    struct cursor c = {.p = f.data, .left = f.len, .bad = 0};
+    if (f.type == REQ_PING) {
+        unsigned char b[8];
+        put_u32(b, CORRAL_PROTO_VERSION);
+        put_u32(b + 4, (uint32_t)getpid());
+        send_frame(conn, RSP_PONG, b, 8);
+        return;
+    }
+    if (f.type == REQ_EXEC) {
+        handle_exec(conn, &c);
+        return;
+    }
+    if (f.type == REQ_KILL) {
+        handle_kill(conn, &c);
+        return;
+    }
+    /* File operations: user, path, then per-operation fields. */
+    char *user = cur_str(&c);
+    char *path = cur_str(&c);
+    if (c.bad || path[0] != '/') {
+        send_error(conn, EINVAL, "malformed file request");
+        return;
+    }
+    struct ident id;
+    if (resolve_user(user, &id) < 0) {
+        send_error_stage(conn, ESRCH, ERR_USER, "no such user: %s", user);
+        return;
+    }
+    if (become(&id) < 0) {
+        send_error(conn, errno, "switching to user %s: %s", user, strerror(errno));
+        return;
+    }
+    switch (f.type) {
+    case REQ_READ: {
+        uint64_t max = cur_u64(&c);
+        handle_read(conn, path, max);
+        break;
+    }
+    case REQ_WRITE: {
+        uint32_t mode = cur_u32(&c), flags = cur_u32(&c);
+        uint64_t max = cur_u64(&c);
+        handle_write(conn, path, mode, flags, max);
+        break;
+    }
+    case REQ_LIST:
+        handle_list(conn, path);
+        break;
+    case REQ_STAT: {
+        struct stat st;
+        if (lstat(path, &st) < 0)
+            send_error(conn, errno, "%s: %s", path, strerror(errno));
+        else
+            send_entry(conn, path, &st);
+        break;
+    }
+    case REQ_MKDIR: {
+        uint32_t mode = cur_u32(&c), flags = cur_u32(&c);
+        int r = (flags & FILE_MKDIRS) ? mkdirs(path, (mode_t)mode) : mkdir(path, (mode_t)mode);
+        if (r < 0)
+            send_error(conn, errno, "%s: %s", path, strerror(errno));
+        else
+            send_ok(conn, 0);
+        break;
+    }
+    case REQ_REMOVE:
+        handle_remove(conn, path, cur_u32(&c));
+        break;
+    default:
+        send_error(conn, EINVAL, "unknown request type 0x%x", f.type);
+    }
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int listen_on_path(const char *path) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    unlink(path);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 512) < 0) {
+        logmsg("listen %s: %s", path, strerror(errno));
+        exit(1);
+    }
+    return fd;
+}
+
+int main(int argc, char **argv) {
+    int lfd = LISTEN_FD;
+    /* `--listen PATH` serves on a path: used by tests outside a container. */
+    if (argc == 3 && strcmp(argv[1], "--listen") == 0) lfd = listen_on_path(argv[2]);
+    else if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("corral-init %d\n", CORRAL_PROTO_VERSION);
+        return 0;
+    }
+
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    fcntl(lfd, F_SETFD, FD_CLOEXEC);
+    /* Nothing but stdio and the listening socket stays open. */
+    if (lfd == LISTEN_FD) syscall(SYS_close_range, LISTEN_FD + 1, ~0U, 0);
+
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+
+    for (;;) {
+        struct pollfd p[2] = {{lfd, POLLIN, 0}, {sfd, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            logmsg("poll: %s", strerror(errno));
+            return 1;
+        }
+        if (p[1].revents) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) > 0) {}
+            while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        }
+        if (p[0].revents) {
+            int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (conn < 0) continue;
+            pid_t h = fork();
+            if (h == 0) {
+                close(lfd);
+                close(sfd);
+                prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+                serve_connection(conn);
+                _exit(0);
+            }
+            if (h < 0) send_error(conn, errno, "fork: %s", strerror(errno));
+            close(conn);
+        }
+    }
+}

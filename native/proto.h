@@ -1,0 +1,65 @@
+/*
+ * Wire format between the node agent (host) and corral-init (in the sandbox).
+ * Mirrored by src/corral/execd/protocol.py; the two must change together
+ * (tests/unit/test_execd_protocol.py checks the constants match).
+ *
+ * Every message is a frame: u32 payload length, u32 stream id, u8 type,
+ * then the payload, all little-endian. A container sandbox uses one
+ * connection per request and stream id 0; the stream id exists so that a VM
+ * guest, which has a single serial channel, can multiplex the same frames.
+ */
+#ifndef CORRAL_PROTO_H
+#define CORRAL_PROTO_H
+
+#include <stdint.h>
+
+#define CORRAL_PROTO_VERSION 1
+#define FRAME_HEADER 9
+#define FRAME_MAX_PAYLOAD (1u << 20)
+
+/* agent -> sandbox: the first frame on a connection names the request */
+enum {
+    REQ_PING = 0x01,
+    REQ_EXEC = 0x10,
+    REQ_STDIN = 0x11,     /* on an exec connection: bytes for the child's stdin */
+    REQ_STDIN_EOF = 0x12, /* on an exec connection: close the child's stdin */
+    REQ_SIGNAL = 0x13,    /* on an exec connection: u32 signal for the command */
+    REQ_READ = 0x20,
+    REQ_WRITE = 0x21,     /* followed by REQ_DATA frames and REQ_END */
+    REQ_LIST = 0x22,
+    REQ_STAT = 0x23,
+    REQ_MKDIR = 0x24,
+    REQ_REMOVE = 0x25,
+    REQ_KILL = 0x26,      /* u32 pid, u32 signal: for a command whose connection is gone */
+    REQ_DATA = 0x30,
+    REQ_END = 0x31,
+};
+
+/* sandbox -> agent */
+enum {
+    RSP_PONG = 0x81,
+    RSP_STARTED = 0x82,   /* u32 pid */
+    RSP_STDOUT = 0x83,
+    RSP_STDERR = 0x84,
+    RSP_EXIT = 0x85,      /* see send_exit() */
+    RSP_DATA = 0x86,
+    RSP_OK = 0x87,
+    RSP_ERROR = 0x88,     /* i32 errno, u32 stage (ERR_*), then a message */
+    RSP_ENTRY = 0x89,     /* u8 type, u32 mode, u64 size, i64 mtime_ns, name */
+};
+
+/* RSP_ERROR stages: where a request failed */
+#define ERR_GENERIC 0u
+#define ERR_USER 1u   /* the user does not exist or cannot be switched to */
+#define ERR_CWD 2u    /* the working directory cannot be entered */
+#define ERR_EXEC 3u   /* the program cannot be executed */
+
+/* REQ_EXEC flags */
+#define EXEC_STDIN_STREAM 0x1u  /* REQ_STDIN frames follow; otherwise stdin is /dev/null */
+
+/* REQ_WRITE / REQ_MKDIR / REQ_REMOVE flags */
+#define FILE_MKDIRS 0x1u
+#define FILE_APPEND 0x2u
+#define FILE_RECURSIVE 0x4u
+
+#endif

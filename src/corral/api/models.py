@@ -1,0 +1,306 @@
+"""Wire models: what a request may hold, validated the same way embedded and
+over HTTP, so a bad value gets the same error naming field, rule and value.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from enum import Enum
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from corral.errors import InvalidArgument
+from corral.units import parse_size
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+KINDS = ("container", "fncall", "microvm", "fullvm")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+_USER = re.compile(r"^(?:[a-z_][a-z0-9_.-]{0,31}|\d{1,10}(?::\d{1,10})?)$")
+_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?$|^sha256:[0-9a-f]{64}$")
+PATH_RULE = "must be an absolute path inside the sandbox, without '..' or NUL"
+
+
+def check_path(value: object, field: str = "path") -> str:
+    """An absolute, '..'-free path, normalised ('//' and '.' collapsed)."""
+    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
+        raise InvalidArgument(field, PATH_RULE, value)
+    if ".." in value.split("/") or len(value) > 4096:
+        raise InvalidArgument(field, PATH_RULE, value)
+    return posixpath.normpath(value).replace("//", "/")
+
+
+def check_ref(value: object, field: str) -> str:
+    if not isinstance(value, str) or not _REF.match(value):
+        raise InvalidArgument(
+            field, "must be a layer reference like 'name:tag' or 'sha256:<64 hex>'", value
+        )
+    return value
+
+
+def _env(value: dict[str, str], field: str) -> dict[str, str]:
+    for k, v in value.items():
+        if not _ENV_KEY.match(k):
+            raise ValueError(f"key {k!r} must match [A-Za-z_][A-Za-z0-9_]*")
+        if "\x00" in v or len(v) > 128 * 1024:
+            raise ValueError(f"value of {k!r} must be under 128 KiB and hold no NUL")
+    if len(value) > 1024:
+        raise ValueError("at most 1024 variables")
+    return value
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def validated(model: type[_M], data: dict[str, Any]) -> _M:
+    """Build a model, turning pydantic's error into InvalidArgument."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_from_pydantic(exc) from None
+
+
+def invalid_from_pydantic(exc: ValidationError) -> InvalidArgument:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "request"
+    rule = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        rule = "is not a known field"
+    return InvalidArgument(field, rule, first.get("input"))
+
+
+class SandboxState(str, Enum):
+    creating = "creating"
+    running = "running"
+    closing = "closing"
+    closed = "closed"
+    failed = "failed"
+
+
+class CreateSandbox(_Model):
+    """What a caller asks for. Sizes accept '1GiB' or a byte count."""
+
+    kind: str = "container"
+    image: str
+    workspace: str | None = None
+    toolkit: list[str] = Field(default_factory=list)
+    cpu: float = 1.0
+    memory: int = 1 * GiB
+    disk: int = 2 * GiB
+    pids: int = 512
+    ttl: float | None = 3600.0
+    idle_timeout: float | None = 600.0
+    env: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in KINDS:
+            raise ValueError(f"must be one of {', '.join(KINDS)}")
+        return v
+
+    @field_validator("image", "workspace")
+    @classmethod
+    def _ref(cls, v: str | None) -> str | None:
+        if v is not None and not _REF.match(v):
+            raise ValueError("must be a layer reference like 'name:tag' or 'sha256:<64 hex>'")
+        return v
+
+    @field_validator("toolkit", mode="before")
+    @classmethod
+    def _toolkit(cls, v: object) -> object:
+        if v is None:
+            return []
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, list):
+            if len(v) > 16:
+                raise ValueError("at most 16 toolkit layers")
+            for item in v:
+                if not isinstance(item, str) or not _REF.match(item):
+                    raise ValueError(
+                        "each must be a layer reference like 'name:tag' or 'sha256:<64 hex>'"
+                    )
+        return v
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, v: float) -> float:
+        if not 0.01 <= v <= 256:
+            raise ValueError("must be between 0.01 and 256 cores")
+        return v
+
+    @field_validator("memory", "disk", mode="before")
+    @classmethod
+    def _size(cls, v: object, info: Any) -> int:
+        n = parse_size(v, info.field_name)
+        if not 16 * MiB <= n <= 4096 * GiB:
+            raise ValueError("must be between 16MiB and 4TiB")
+        return n
+
+    @field_validator("pids")
+    @classmethod
+    def _pids(cls, v: int) -> int:
+        if not 8 <= v <= 1_000_000:
+            raise ValueError("must be between 8 and 1000000")
+        return v
+
+    @field_validator("ttl", "idle_timeout")
+    @classmethod
+    def _seconds(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= 30 * 86400:
+            raise ValueError("must be a number of seconds above 0 and at most 30 days, or null")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _env(v, "env")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > 64:
+            raise ValueError("at most 64 labels")
+        for k, val in v.items():
+            if not _LABEL_KEY.match(k):
+                raise ValueError(f"key {k!r} must match [A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}")
+            if len(val) > 256:
+                raise ValueError(f"value of {k!r} must be at most 256 characters")
+        return v
+
+
+class SandboxInfo(BaseModel):
+    id: str
+    node: str
+    kind: str
+    state: SandboxState
+    image: str
+    workspace: str | None
+    toolkit: list[str]
+    layers: list[str]
+    cpu: float
+    memory: int
+    disk: int
+    pids: int
+    ttl: float | None
+    idle_timeout: float | None
+    env: dict[str, str]
+    labels: dict[str, str]
+    created_at: float
+    expires_at: float | None
+    error: str | None = None
+    workdir: str = "/"
+
+
+class ExecRequest(_Model):
+    """One command. ``cmd`` as a string runs through the platform's shell."""
+
+    cmd: str | list[str]
+    timeout: float | None = 60.0
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    user: str = "root"
+    stdin: bytes | None = None
+    stdout_limit: int = 1 * MiB
+    stderr_limit: int = 1 * MiB
+    background: bool = False
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd(cls, v: str | list[str]) -> str | list[str]:
+        parts = [v] if isinstance(v, str) else v
+        if not parts or not parts[0]:
+            raise ValueError("must be a non-empty command string or argument list")
+        if any("\x00" in p for p in parts):
+            raise ValueError("must not contain NUL")
+        if sum(len(p) for p in parts) > 1 * MiB:
+            raise ValueError("must be at most 1 MiB in total")
+        return v
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= 86400:
+            raise ValueError("must be a number of seconds above 0 and at most 86400, or null")
+        return v
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            return check_path(v, "cwd")
+        except InvalidArgument as e:
+            raise ValueError(e.rule) from None
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _env(v, "env")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not _USER.match(v):
+            raise ValueError("must be a user name, a uid, or uid:gid")
+        return v
+
+    @field_validator("stdin")
+    @classmethod
+    def _stdin(cls, v: bytes | None) -> bytes | None:
+        if v is not None and len(v) > 64 * MiB:
+            raise ValueError("must be at most 64 MiB")
+        return v
+
+    @field_validator("stdout_limit", "stderr_limit")
+    @classmethod
+    def _limit(cls, v: int) -> int:
+        if not 0 <= v <= 256 * MiB:
+            raise ValueError("must be between 0 and 256 MiB")
+        return v
+
+
+class FileEntry(BaseModel):
+    name: str
+    path: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+
+
+class ExecStarted(BaseModel):
+    type: Literal["started"] = "started"
+    pid: int
+
+
+class ExecOutput(BaseModel):
+    type: Literal["stdout", "stderr"]
+    data: bytes
+
+
+class ExecExit(BaseModel):
+    type: Literal["exit"] = "exit"
+    exit_code: int
+    signal: int = 0
+    timed_out: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    cpu_user: float = 0.0
+    cpu_system: float = 0.0
+    max_rss: int = 0
+    duration: float = 0.0
+
+
+ExecEvent = ExecStarted | ExecOutput | ExecExit

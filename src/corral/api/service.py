@@ -1,0 +1,51 @@
+"""The operations a sandbox service offers, whoever implements them.
+
+The node agent implements them in-process; the SDK's HTTP transport
+implements them against `corral serve`; the HTTP app exposes any
+implementation. One interface, so embedded and remote behave the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from corral.api.models import CreateSandbox, ExecEvent, ExecRequest, FileEntry, SandboxInfo
+
+
+class SandboxService(Protocol):
+    async def create(self, req: CreateSandbox) -> SandboxInfo: ...
+
+    async def get(self, sandbox_id: str) -> SandboxInfo: ...
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]: ...
+
+    async def close(self, sandbox_id: str) -> None: ...
+
+    def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]: ...
+
+    async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None: ...
+
+    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes: ...
+
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, user: str = "root", mode: int = 0o644
+    ) -> int: ...
+
+    async def list_files(
+        self, sandbox_id: str, path: str, user: str = "root"
+    ) -> list[FileEntry]: ...
+
+    async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry: ...
+
+    async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None: ...
+
+    async def remove_file(
+        self, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+    ) -> None: ...
+
+    async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None: ...
+
+    async def download_tar(self, sandbox_id: str, path: str) -> bytes: ...
+
+    async def aclose(self) -> None: ...

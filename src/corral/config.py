@@ -1,0 +1,119 @@
+"""Node configuration: where state lives and what the node admits.
+
+Every field can come from the environment (``CORRAL_<FIELD>``) so that the
+embedded client, ``corral serve`` and the CLI agree on one node without
+passing flags around.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from corral.errors import InvalidArgument
+from corral.units import parse_size
+
+_NODE = re.compile(r"^[a-z0-9]{1,16}$")
+# AF_UNIX paths are limited to 107 bytes; the longest one we make is
+# <data>/run/<node>-<16 chars>.sock.
+MAX_DATA_DIR = 107 - len("/run/") - 16 - 1 - 16 - len(".sock")
+
+
+def _repo_platform_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "build" / "platform"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    data_dir: Path = Path("/var/lib/corral")
+    node: str = "local"
+    oci_runtime: str = "crun"
+    # Where corral-init and corral-nsexec were built (make -C native).
+    platform_src: Path = field(default_factory=_repo_platform_dir)
+    max_sandboxes: int = 4096
+    # Sandboxes are mostly idle (DSec: ~90% use < 5% of what they ask for),
+    # so admission lets promised memory exceed the host's by this factor.
+    memory_overcommit: float = 8.0
+    scratch_size: int = 64 * 1024**3
+    max_file_bytes: int = 256 * 1024**2
+    reaper_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not _NODE.match(self.node):
+            raise InvalidArgument("node", "must be 1-16 characters of [a-z0-9]", self.node)
+        if len(str(self.data_dir)) > MAX_DATA_DIR:
+            raise InvalidArgument(
+                "data_dir",
+                f"must be at most {MAX_DATA_DIR} characters (control sockets live under it)",
+                str(self.data_dir),
+            )
+        if not self.data_dir.is_absolute():
+            raise InvalidArgument("data_dir", "must be an absolute path", str(self.data_dir))
+        if self.oci_runtime not in ("crun", "runc"):
+            raise InvalidArgument("oci_runtime", "must be 'crun' or 'runc'", self.oci_runtime)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> NodeConfig:
+        """Defaults, then CORRAL_* variables, then explicit overrides."""
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = os.environ.get(f"CORRAL_{f.name.upper()}")
+            if raw is None:
+                continue
+            if f.name in ("data_dir", "platform_src"):
+                values[f.name] = Path(raw)
+            elif f.name in ("scratch_size", "max_file_bytes"):
+                values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
+            elif f.name in ("max_sandboxes",):
+                values[f.name] = int(raw)
+            elif f.name in ("memory_overcommit", "reaper_interval"):
+                values[f.name] = float(raw)
+            else:
+                values[f.name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if "data_dir" in values:
+            values["data_dir"] = Path(str(values["data_dir"])).resolve()
+        return replace(cls(), **values)  # type: ignore[arg-type]
+
+    # Paths below the data dir. One place names them all.
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "state.db"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.data_dir / "images"
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.data_dir / "sandboxes"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.data_dir / "run"
+
+    @property
+    def crun_root(self) -> Path:
+        return self.data_dir / "run" / "oci"
+
+    @property
+    def scratch_dir(self) -> Path:
+        return self.data_dir / "scratch"
+
+    @property
+    def scratch_image(self) -> Path:
+        return self.data_dir / "scratch.btrfs"
+
+    @property
+    def mounts_dir(self) -> Path:
+        return self.data_dir / "m"
+
+    @property
+    def platform_dir(self) -> Path:
+        return self.data_dir / "platform"
+
+    @property
+    def cgroup_parent(self) -> str:
+        return f"corral/{self.node}"

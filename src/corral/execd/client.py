@@ -1,0 +1,257 @@
+"""Async client of a sandbox's exec server (corral-init) over its control socket.
+
+One connection per request: requests never queue behind a long command, and
+a broken connection costs only that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno as errno_mod
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from corral.errors import (
+    FileError,
+    FileNotFound,
+    InvalidArgument,
+    SandboxFailed,
+    Unavailable,
+)
+from corral.execd import protocol as p
+
+CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: int
+    payload: bytes
+
+
+class Connection:
+    """One framed stream to the exec server."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def recv(self) -> Frame:
+        try:
+            head = await self.reader.readexactly(p.HEADER.size)
+            length, _stream, kind = p.HEADER.unpack(head)
+            payload = await self.reader.readexactly(length) if length else b""
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise ConnectionError("exec server closed the connection") from exc
+        return Frame(kind, payload)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def raise_remote(err: p.RemoteError, path: str | None = None) -> None:
+    """Turn an exec server error into the SDK's exception for it."""
+    if err.stage == p.ERR_USER:
+        raise InvalidArgument("user", "must be a user that exists in the sandbox", err.message)
+    if err.stage == p.ERR_CWD:
+        raise InvalidArgument(
+            "cwd", "must be an existing directory the user may enter", err.message
+        )
+    if err.stage == p.ERR_EXEC:
+        raise InvalidArgument("cmd", "must name a program that can run in the sandbox", err.message)
+    if err.errno == errno_mod.ENOENT:
+        raise FileNotFound(err.message, path=path)
+    raise FileError(
+        err.message, path=path, errno=err.errno, strerror=errno_mod.errorcode.get(err.errno, "?")
+    )
+
+
+class ExecdClient:
+    def __init__(self, socket_path: str, connect_timeout: float = 10.0) -> None:
+        self.socket_path = socket_path
+        self.connect_timeout = connect_timeout
+
+    async def connect(self) -> Connection:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(self.socket_path, limit=4 * p.MAX_PAYLOAD),
+                self.connect_timeout,
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise Unavailable(
+                f"sandbox exec server at {self.socket_path} is not reachable: {exc}"
+            ) from exc
+        return Connection(reader, writer)
+
+    async def ping(self) -> tuple[int, int]:
+        conn = await self.connect()
+        try:
+            await conn.send(p.frame(p.REQ_PING))
+            f = await conn.recv()
+            if f.kind != p.RSP_PONG:
+                raise SandboxFailed(f"unexpected answer 0x{f.kind:x} to ping")
+            version, pid = struct.unpack("<II", f.payload[:8])
+            return version, pid
+        finally:
+            conn.close()
+
+    async def _until_ok(self, request: bytes, path: str) -> AsyncIterator[Frame]:
+        """Send one request and yield its frames up to OK; ERROR raises."""
+        conn = await self.connect()
+        try:
+            await conn.send(request)
+            while True:
+                f = await conn.recv()
+                if f.kind == p.RSP_ERROR:
+                    raise_remote(p.parse_error(f.payload), path)
+                if f.kind == p.RSP_OK:
+                    return
+                yield f
+        finally:
+            conn.close()
+
+    async def read(self, user: str, path: str, max_bytes: int) -> bytes:
+        request = p.file_request(p.REQ_READ, user, path, p.u64(max_bytes))
+        return b"".join([f.payload async for f in self._until_ok(request, path)])
+
+    async def write(
+        self,
+        user: str,
+        path: str,
+        data: bytes,
+        *,
+        mode: int = 0o644,
+        mkdirs: bool = True,
+        append: bool = False,
+        max_bytes: int,
+    ) -> int:
+        flags = (p.FILE_MKDIRS if mkdirs else 0) | (p.FILE_APPEND if append else 0)
+        conn = await self.connect()
+        try:
+            head = p.file_request(
+                p.REQ_WRITE, user, path, p.u32(mode) + p.u32(flags) + p.u64(max_bytes)
+            )
+            conn.writer.write(head)
+            view = memoryview(data)
+            for off in range(0, len(view), CHUNK):
+                conn.writer.write(p.frame(p.REQ_DATA, bytes(view[off : off + CHUNK])))
+                await conn.writer.drain()
+            await conn.send(p.frame(p.REQ_END))
+            f = await conn.recv()
+            if f.kind == p.RSP_ERROR:
+                raise_remote(p.parse_error(f.payload), path)
+            return int(struct.unpack("<Q", f.payload[:8])[0])
+        finally:
+            conn.close()
+
+    async def list(self, user: str, path: str) -> list[p.Entry]:
+        request = p.file_request(p.REQ_LIST, user, path)
+        return [p.parse_entry(f.payload) async for f in self._until_ok(request, path)]
+
+    async def stat(self, user: str, path: str) -> p.Entry:
+        conn = await self.connect()
+        try:
+            await conn.send(p.file_request(p.REQ_STAT, user, path))
+            f = await conn.recv()
+            if f.kind == p.RSP_ERROR:
+                raise_remote(p.parse_error(f.payload), path)
+            return p.parse_entry(f.payload)
+        finally:
+            conn.close()
+
+    async def _ok(self, request: bytes, path: str | None) -> None:
+        conn = await self.connect()
+        try:
+            await conn.send(request)
+            f = await conn.recv()
+            if f.kind == p.RSP_ERROR:
+                raise_remote(p.parse_error(f.payload), path)
+        finally:
+            conn.close()
+
+    async def mkdir(self, user: str, path: str, *, parents: bool = True, mode: int = 0o755) -> None:
+        flags = p.FILE_MKDIRS if parents else 0
+        await self._ok(p.file_request(p.REQ_MKDIR, user, path, p.u32(mode) + p.u32(flags)), path)
+
+    async def remove(self, user: str, path: str, *, recursive: bool = True) -> None:
+        flags = p.FILE_RECURSIVE if recursive else 0
+        await self._ok(p.file_request(p.REQ_REMOVE, user, path, p.u32(flags)), path)
+
+    async def kill(self, pid: int, signal: int) -> None:
+        await self._ok(p.frame(p.REQ_KILL, p.u32(pid) + p.u32(signal)), None)
+
+    async def start(
+        self,
+        argv: list[str],
+        env: list[str],
+        *,
+        user: str,
+        cwd: str,
+        timeout: float | None,
+        stdout_cap: int,
+        stderr_cap: int,
+        stdin: bytes | None,
+    ) -> ExecSession:
+        """Start a command; the session yields its output and exit."""
+        conn = await self.connect()
+        try:
+            await conn.send(
+                p.exec_request(
+                    argv,
+                    env,
+                    user=user,
+                    cwd=cwd,
+                    timeout_ms=int(timeout * 1000) if timeout else 0,
+                    stdout_cap=stdout_cap,
+                    stderr_cap=stderr_cap,
+                    stdin_stream=stdin is not None,
+                )
+            )
+            if stdin is not None:
+                view = memoryview(stdin)
+                for off in range(0, len(view), CHUNK):
+                    conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
+                conn.writer.write(p.frame(p.REQ_STDIN_EOF))
+                await conn.writer.drain()
+            f = await conn.recv()
+            if f.kind == p.RSP_ERROR:
+                raise_remote(p.parse_error(f.payload))
+            if f.kind != p.RSP_STARTED:
+                raise SandboxFailed(f"unexpected answer 0x{f.kind:x} to exec")
+            pid = int(struct.unpack("<I", f.payload[:4])[0])
+        except BaseException:
+            conn.close()
+            raise
+        return ExecSession(conn, pid)
+
+
+class ExecSession:
+    """A running command: its pid, its output events, and a way to signal it."""
+
+    def __init__(self, conn: Connection, pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+
+    async def events(self) -> AsyncIterator[tuple[int, bytes]]:
+        """Yields (RSP_STDOUT|RSP_STDERR, data) and finally (RSP_EXIT, payload)."""
+        try:
+            while True:
+                f = await self.conn.recv()
+                if f.kind in (p.RSP_STDOUT, p.RSP_STDERR):
+                    yield f.kind, f.payload
+                elif f.kind == p.RSP_EXIT:
+                    yield f.kind, f.payload
+                    return
+        finally:
+            self.conn.close()
+
+    async def signal(self, signo: int) -> None:
+        await self.conn.send(p.frame(p.REQ_SIGNAL, p.u32(signo)))
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,210 @@
+"""Turn a directory, a root file system tarball or a Debian suite into a layer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from corral.errors import InvalidArgument, Unavailable
+from corral.images.layer import ImageConfig, Layer
+from corral.images.store import ImageStore, ProgressFn
+from corral.log import get_logger
+
+log = get_logger("corral.images")
+
+CHUNK_SIZE = 64 * 1024  # small chunks fetch least (../shared/HOST-NOTES.md)
+DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _no_progress(task: str, done: float, total: float | None) -> None:
+    pass
+
+
+def _count_entries(root: Path) -> int:
+    n = 0
+    for _dir, dirs, files in os.walk(root):
+        n += len(dirs) + len(files)
+    return n
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(d, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def build_from_dir(
+    store: ImageStore,
+    src: Path,
+    *,
+    tag: str | None,
+    kind: str = "layer",
+    config: ImageConfig | None = None,
+    labels: dict[str, str] | None = None,
+    parent: str | None = None,
+    progress: ProgressFn = _no_progress,
+) -> Layer:
+    """mkfs.erofs the tree at src into a (metadata, chunked blob) layer."""
+    if not src.is_dir():
+        raise InvalidArgument("from_dir", "must be an existing directory", str(src))
+    total = _count_entries(src)
+    work = store.tmpdir("build")
+    meta, blob = work / "meta.erofs", work / "blob"
+    cmd = [
+        "mkfs.erofs",
+        f"--chunksize={CHUNK_SIZE}",
+        f"--blobdev={blob}",
+        str(meta),
+        str(src),
+    ]
+    label = f"mkfs.erofs {src.name or src}"
+    progress(label, 0, total)
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        done, tail = 0, b""
+        buf = b""
+        while chunk := proc.stdout.read(8192):
+            buf += chunk
+            n = buf.count(b"Processing ")
+            if n:
+                done += n
+                progress(label, min(done, total), total)
+                buf = buf[buf.rfind(b"Processing ") + 11 :]
+            tail = (tail + chunk)[-4000:]
+        if proc.wait() != 0:
+            text = re.sub(rb"\x1b\[[0-9;]*[A-Za-z]", b"", tail).decode(errors="replace")
+            raise Unavailable(f"mkfs.erofs failed on {src}: {text.strip()[-800:]}")
+        progress(label, total, total)
+        if not blob.exists():  # a tree with no file data
+            blob.write_bytes(b"")
+        return store.add(
+            meta,
+            blob,
+            chunk_size=CHUNK_SIZE,
+            kind=kind,
+            config=config,
+            labels=labels,
+            parent=parent,
+            content_size=_tree_size(src),
+            tag=tag,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def build_from_tar(
+    store: ImageStore,
+    tarball: Path,
+    *,
+    tag: str | None,
+    kind: str = "base",
+    config: ImageConfig | None = None,
+    labels: dict[str, str] | None = None,
+    progress: ProgressFn = _no_progress,
+) -> Layer:
+    """A root file system tarball (as `docker export` or `tar -C root -c .`)."""
+    if not tarball.is_file():
+        raise InvalidArgument("tarball", "must be an existing file", str(tarball))
+    work = store.tmpdir("tar")
+    try:
+        progress(f"extract {tarball.name}", 0, None)
+        proc = subprocess.run(
+            ["tar", "--numeric-owner", "-xpf", str(tarball), "-C", str(work)],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise InvalidArgument("tarball", "must be a readable tar archive", proc.stderr[-500:])
+        progress(f"extract {tarball.name}", 1, 1)
+        return build_from_dir(
+            store, work, tag=tag, kind=kind, config=config, labels=labels, progress=progress
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def apt_mirror() -> str:
+    """The Debian mirror this host's apt uses, so debootstrap goes the same way."""
+    candidates = [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]
+    for path in candidates:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        m = re.search(r"^URIs:\s*(\S+/debian)/?\s*$", text, re.M) or re.search(
+            r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+/debian)/?\s", text, re.M
+        )
+        if m:
+            return m.group(1)
+    return "http://deb.debian.org/debian"
+
+
+def build_debootstrap(
+    store: ImageStore,
+    suite: str,
+    packages: list[str],
+    *,
+    tag: str | None,
+    mirror: str | None = None,
+    progress: ProgressFn = _no_progress,
+) -> Layer:
+    """A minbase Debian root with extra packages; cached by (suite, packages)."""
+    if not re.match(r"^[a-z]+$", suite):
+        raise InvalidArgument("suite", "must be a Debian suite name like 'bookworm'", suite)
+    for pkg in packages:
+        if not re.match(r"^[a-z0-9][a-z0-9+.-]+$", pkg):
+            raise InvalidArgument("packages", "must be Debian package names", pkg)
+    key = hashlib.sha256(f"{suite}|{','.join(sorted(packages))}".encode()).hexdigest()[:16]
+    cached = store.find_by_label("corral.source", f"debootstrap:{key}")
+    if cached:
+        log.info("image.cached", source=f"debootstrap:{suite}", digest=cached.digest)
+        if tag:
+            store.tag(cached.digest, tag)
+        return store.get(cached.digest)
+
+    work = store.tmpdir("debootstrap")
+    root = work / "root"
+    cmd = ["debootstrap", "--variant=minbase"]
+    if packages:
+        cmd.append("--include=" + ",".join(packages))
+    cmd += [suite, str(root), mirror or apt_mirror()]
+    label = f"debootstrap {suite}"
+    try:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        assert proc.stdout is not None
+        steps, tail = 0, []
+        for line in proc.stdout:
+            tail = [*tail[-30:], line]
+            if line.startswith("I: "):
+                steps += 1
+                progress(label, steps, None)
+        if proc.wait() != 0:
+            raise Unavailable(f"debootstrap failed: {''.join(tail)[-1500:]}")
+        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (root / leftover).glob("*"):
+                if entry.is_file():
+                    entry.unlink()
+        config = ImageConfig(env=[DEFAULT_PATH, "LANG=C.UTF-8"], workdir="/")
+        return build_from_dir(
+            store,
+            root,
+            tag=tag,
+            kind="base",
+            config=config,
+            labels={"corral.source": f"debootstrap:{key}", "corral.suite": suite},
+            progress=progress,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,87 @@
+"""One read-only mount per layer per node, shared by every sandbox using it.
+
+Why shared: each EROFS mount has its own page cache, so a mount per sandbox
+would keep a copy of every hot page (libpython, the C library) per sandbox.
+Mounted once, the pages are cached once for the whole node.
+
+A layer mount lives in the host's mount namespace at <data>/m/<digest16>.
+Sandboxes' overlays are made in private namespaces that copy it, so
+unmounting it here (lazily) never disturbs a running sandbox; it only stops
+new sandboxes from using it until it is mounted again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from corral.images.layer import Layer
+from corral.images.store import ImageStore
+from corral.log import get_logger
+from corral.node import mounts
+
+log = get_logger("corral.layers")
+
+
+class LayerMounts:
+    def __init__(self, store: ImageStore, root: Path) -> None:
+        self.store = store
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._mounted: set[str] = set()
+
+    def path(self, digest: str) -> Path:
+        return self.root / digest.removeprefix("sha256:")[:16]
+
+    def _locked(self) -> int:
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def ensure(self, layer: Layer) -> Path:
+        """Mount the layer if no process of this node has; return its path."""
+        target = self.path(layer.digest)
+        if layer.digest in self._mounted:
+            return target
+        fd = self._locked()
+        try:
+            if not mounts.is_mounted(target):
+                target.mkdir(exist_ok=True)
+                self._mount(layer, target)
+                log.info("layer.mounted", digest=layer.digest, path=str(target))
+            self._mounted.add(layer.digest)
+        finally:
+            os.close(fd)
+        return target
+
+    def _mount(self, layer: Layer, target: Path) -> None:
+        meta = self.store.blob_path(layer.meta_digest)
+        blob = self.store.blob_path(layer.blob_digest)
+        # EROFS mounts a regular file directly (no loop device); the data
+        # blob is the extra device holding the chunks.
+        opts = f"device={blob}" if layer.blob_size else None
+        mounts.mount(str(meta), str(target), "erofs", mounts.MS_RDONLY | mounts.MS_NODEV, opts)
+
+    def release_unused(self, in_use: Iterable[str]) -> list[str]:
+        """Unmount every layer mount of this node that no sandbox references."""
+        keep = {self.path(d).name for d in in_use}
+        released = []
+        fd = self._locked()
+        try:
+            for mount_point, _fstype, _src in mounts.mounts_under(self.root):
+                name = Path(mount_point).name
+                if Path(mount_point).parent != self.root or name in keep:
+                    continue
+                mounts.umount(mount_point)
+                released.append(name)
+            for entry in self.root.iterdir():
+                if entry.is_dir() and entry.name not in keep and not mounts.is_mounted(entry):
+                    entry.rmdir()
+        finally:
+            os.close(fd)
+        self._mounted = {d for d in self._mounted if self.path(d).name in keep}
+        if released:
+            log.info("layer.released", count=len(released))
+        return released

@@ -1,0 +1,221 @@
+"""The node's local layer store: content-addressed blobs, manifests, tags.
+
+    <root>/blobs/sha256/<hex>      metadata images and data blobs
+    <root>/layers/<hex>.json       one manifest per layer
+    <root>/tags/<name>/<tag>       a file holding the digest it points to
+
+Every write is a rename of a complete temporary file, so a crash leaves
+either the old state or the new one, plus temporary files gc removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from corral.errors import ImageNotFound, InvalidArgument
+from corral.images.layer import LAYER_KINDS, ImageConfig, Layer, Ref
+
+ProgressFn = Callable[[str, float, float | None], None]
+
+
+def _hash_file(path: Path, chunk_size: int | None = None) -> tuple[str, list[str]]:
+    """sha256 of the whole file and, if chunk_size, of each chunk."""
+    whole = hashlib.sha256()
+    chunks: list[str] = []
+    with open(path, "rb") as f:
+        while block := f.read(chunk_size or 1 << 20):
+            whole.update(block)
+            if chunk_size:
+                chunks.append(hashlib.sha256(block).hexdigest())
+    return "sha256:" + whole.hexdigest(), chunks
+
+
+class ImageStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.blobs = root / "blobs" / "sha256"
+        self.layers = root / "layers"
+        self.tags = root / "tags"
+        self.tmp = root / "tmp"
+        for d in (self.blobs, self.layers, self.tags, self.tmp):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------- blobs
+
+    def blob_path(self, digest: str) -> Path:
+        return self.blobs / digest.removeprefix("sha256:")
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).exists()
+
+    def _put_blob(self, src: Path, digest: str) -> None:
+        dst = self.blob_path(digest)
+        if dst.exists():
+            src.unlink()
+            return
+        os.chmod(src, 0o444)
+        os.replace(src, dst)
+
+    def tmpdir(self, prefix: str) -> Path:
+        path = self.tmp / f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+        path.mkdir(parents=True)
+        return path
+
+    # ------------------------------------------------------------- layers
+
+    def add(
+        self,
+        meta: Path,
+        blob: Path,
+        *,
+        chunk_size: int,
+        kind: str = "layer",
+        config: ImageConfig | None = None,
+        parent: str | None = None,
+        labels: dict[str, str] | None = None,
+        content_size: int = 0,
+        tag: str | None = None,
+    ) -> Layer:
+        """Adopt a (metadata image, data blob) pair built by mkfs.erofs."""
+        if kind not in LAYER_KINDS:
+            raise InvalidArgument("kind", f"must be one of {', '.join(LAYER_KINDS)}", kind)
+        config = config or ImageConfig()
+        meta_digest, _ = _hash_file(meta)
+        blob_digest, chunk_digests = _hash_file(blob, chunk_size)
+        digest = Layer.content_digest(meta_digest, blob_digest, chunk_size, config)
+        layer = Layer(
+            digest=digest,
+            kind=kind,
+            meta_digest=meta_digest,
+            meta_size=meta.stat().st_size,
+            blob_digest=blob_digest,
+            blob_size=blob.stat().st_size,
+            chunk_size=chunk_size,
+            chunk_digests=chunk_digests,
+            content_size=content_size,
+            config=config,
+            created=time.time(),
+            parent=parent,
+            labels=dict(labels or {}),
+        )
+        self._put_blob(meta, meta_digest)
+        self._put_blob(blob, blob_digest)
+        self.put_manifest(layer)
+        if tag:
+            self.tag(digest, tag)
+        return self.get(digest)
+
+    def put_manifest(self, layer: Layer) -> None:
+        path = self.layers / (layer.digest.removeprefix("sha256:") + ".json")
+        if path.exists():
+            return
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(layer.to_json()))
+        os.replace(tmp, path)
+
+    def get(self, digest: str) -> Layer:
+        path = self.layers / (digest.removeprefix("sha256:") + ".json")
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ImageNotFound(
+                f"layer {digest} is not in this node's store", ref=digest
+            ) from None
+        return Layer.from_json(doc, self._names_of(digest))
+
+    def resolve(self, text: str, field: str = "image") -> Layer:
+        ref = Ref.parse(text, field)
+        if ref.digest:
+            return self.get(ref.digest)
+        path = self.tags / str(ref.name) / str(ref.tag)
+        try:
+            digest = path.read_text().strip()
+        except FileNotFoundError:
+            raise ImageNotFound(
+                f"{field} '{ref}' not found on this node; `corral image ls` lists what it has",
+                field=field,
+                ref=str(ref),
+            ) from None
+        return self.get(digest)
+
+    def tag(self, digest: str, text: str) -> None:
+        ref = Ref.parse(text, "tag")
+        if ref.digest:
+            raise InvalidArgument("tag", "must be 'name:tag', not a digest", text)
+        self.get(digest)  # must exist
+        path = self.tags / str(ref.name) / str(ref.tag)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{ref.tag}.tmp{os.getpid()}")
+        tmp.write_text(digest)
+        os.replace(tmp, path)
+
+    def untag(self, text: str) -> str:
+        ref = Ref.parse(text, "image")
+        if ref.digest:
+            for name in self._names_of(ref.digest):
+                self.untag(name)
+            return ref.digest
+        path = self.tags / str(ref.name) / str(ref.tag)
+        try:
+            digest = path.read_text().strip()
+        except FileNotFoundError:
+            raise ImageNotFound(f"image '{ref}' not found", ref=str(ref)) from None
+        path.unlink()
+        return digest
+
+    def _all_tags(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for path in self.tags.rglob("*"):
+            if path.is_file() and not path.name.startswith("."):
+                rel = path.relative_to(self.tags)
+                name = f"{rel.parent}:{rel.name}"
+                out.setdefault(path.read_text().strip(), []).append(name)
+        return out
+
+    def _names_of(self, digest: str) -> list[str]:
+        return sorted(self._all_tags().get(digest, []))
+
+    def list(self) -> list[Layer]:
+        tags = self._all_tags()
+        out = []
+        for path in sorted(self.layers.glob("*.json")):
+            digest = "sha256:" + path.stem
+            out.append(Layer.from_json(json.loads(path.read_text()), sorted(tags.get(digest, []))))
+        return sorted(out, key=lambda layer: layer.created)
+
+    def find_by_label(self, key: str, value: str) -> Layer | None:
+        for layer in self.list():
+            if layer.labels.get(key) == value:
+                return layer
+        return None
+
+    def gc(self, in_use: set[str]) -> tuple[int, int]:
+        """Drop untagged layers no sandbox uses and blobs no layer names.
+        Returns (layers removed, bytes freed)."""
+        tags = self._all_tags()
+        removed = 0
+        keep_blobs: set[str] = set()
+        for path in list(self.layers.glob("*.json")):
+            digest = "sha256:" + path.stem
+            doc = json.loads(path.read_text())
+            if digest in tags or digest in in_use:
+                keep_blobs.update((doc["meta_digest"], doc["blob_digest"]))
+                continue
+            path.unlink()
+            removed += 1
+        freed = 0
+        for blob in self.blobs.iterdir():
+            if "sha256:" + blob.name not in keep_blobs:
+                freed += blob.stat().st_size
+                blob.unlink()
+        # Temporary build trees of a crashed build; a running build's are young.
+        for entry in self.tmp.iterdir():
+            if entry.stat().st_mtime < time.time() - 3600:
+                shutil.rmtree(entry, ignore_errors=True)
+        return removed, freed

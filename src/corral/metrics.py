@@ -1,0 +1,42 @@
+"""Prometheus metrics of this process (exported by `corral serve` at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+
+SANDBOXES_CREATED = Counter(
+    "corral_sandboxes_created_total", "Sandboxes created", ["kind"], registry=REGISTRY
+)
+SANDBOXES_CLOSED = Counter(
+    "corral_sandboxes_closed_total", "Sandboxes closed", ["kind", "reason"], registry=REGISTRY
+)
+SANDBOX_CREATE_FAILURES = Counter(
+    "corral_sandbox_create_failures_total", "Creates that failed", ["code"], registry=REGISTRY
+)
+SANDBOXES_ACTIVE = Gauge(
+    "corral_sandboxes_active", "Sandboxes alive on this node", registry=REGISTRY
+)
+CREATE_SECONDS = Histogram(
+    "corral_sandbox_create_seconds", "Create to ready", ["kind"], buckets=_LATENCY,
+    registry=REGISTRY,
+)
+EXEC_SECONDS = Histogram(
+    "corral_exec_seconds", "Command duration", buckets=_LATENCY, registry=REGISTRY
+)
+EXEC_TOTAL = Counter("corral_exec_total", "Commands run", ["outcome"], registry=REGISTRY)
+OUTPUT_DROPPED = Counter(
+    "corral_output_dropped_bytes_total", "Command output beyond its cap", registry=REGISTRY
+)
+FILE_OPS = Counter("corral_file_ops_total", "File operations", ["op"], registry=REGISTRY)
+RECLAIMED = Counter(
+    "corral_resources_reclaimed_total", "Leftovers reclaimed by recovery or gc", ["kind"],
+    registry=REGISTRY,
+)
+
+
+def exposition() -> bytes:
+    return bytes(generate_latest(REGISTRY))

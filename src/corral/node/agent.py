@@ -1,0 +1,628 @@
+"""The node agent: the one owner of a node's sandboxes.
+
+It admits, prepares, starts, serves and closes sandboxes, keeping a record of
+each and of everything each holds (node/store.py). It runs inside the
+caller's process when embedded, or inside `corral serve`; several agents of
+one node (several processes on one data dir) cooperate through the store,
+and one of them at a time (the leader) enforces TTLs and reclaims leftovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import signal as signals
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from corral import metrics
+from corral.api.models import (
+    CreateSandbox,
+    ExecEvent,
+    ExecExit,
+    ExecOutput,
+    ExecRequest,
+    ExecStarted,
+    FileEntry,
+    SandboxInfo,
+    SandboxState,
+    check_path,
+)
+from corral.config import NodeConfig
+from corral.errors import (
+    CommandNotFound,
+    CorralError,
+    FileError,
+    InvalidArgument,
+    ResourceExhausted,
+    SandboxClosed,
+    SandboxFailed,
+    SandboxNotFound,
+    Unavailable,
+)
+from corral.execd import protocol as proto
+from corral.execd.client import ExecdClient, ExecSession
+from corral.images.layer import Layer
+from corral.images.mounter import LayerMounts
+from corral.images.store import ImageStore
+from corral.log import get_logger
+from corral.node import cgroups as cg
+from corral.node import platform as plat
+from corral.node.scratch import Scratch
+from corral.node.store import ACTIVE_STATES, SandboxRecord, Store
+from corral.runtimes.base import Prepared, Runtime, process_start_time
+from corral.runtimes.container.oci import OciRuntime
+from corral.runtimes.container.runtime import ContainerRuntime, control_path
+
+log = get_logger("corral.node")
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+READY_TIMEOUT = 30.0
+EXEC_GRACE = 10.0  # how long past its timeout the agent waits for the exec server
+
+
+def host_memory() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def _owner_token() -> str:
+    return f"{os.getpid()}:{process_start_time(os.getpid())}"
+
+
+def owner_alive(token: str) -> bool:
+    pid, _, start = token.partition(":")
+    return str(process_start_time(int(pid))) == start
+
+
+def merge_env(*layers: list[str] | dict[str, str]) -> list[str]:
+    """KEY=VALUE lists/dicts merged left to right; later values win."""
+    env: dict[str, str] = {}
+    for layer in layers:
+        items = layer.items() if isinstance(layer, dict) else (
+            e.split("=", 1) for e in layer if "=" in e
+        )
+        for k, v in items:
+            env[k] = v
+    env.setdefault("PATH", DEFAULT_PATH)
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+class NodeAgent:
+    """Implements api.service.SandboxService for the sandboxes of one node."""
+
+    def __init__(self, config: NodeConfig | None = None) -> None:
+        self.config = config or NodeConfig.from_env()
+        self.owner = _owner_token()
+        self.store: Store | None = None
+        self.images = ImageStore(self.config.images_dir)
+        self.layers = LayerMounts(self.images, self.config.mounts_dir)
+        self.scratch = Scratch(
+            self.config.scratch_dir, self.config.scratch_image, self.config.scratch_size
+        )
+        self.runtimes: dict[str, Runtime] = {}
+        self.cgroups: cg.Cgroups | None = None
+        self._sessions: dict[tuple[str, int], ExecSession] = {}
+        self._activity: dict[str, float] = {}
+        self._busy: dict[str, int] = {}
+        self._maintenance: Any = None
+        self._started = False
+        self._host_memory = host_memory()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> NodeAgent:
+        if self._started:
+            return self
+        if os.geteuid() != 0:
+            raise Unavailable(
+                "the node agent needs root (mount(2), cgroups and namespaces need "
+                "CAP_SYS_ADMIN); run as root or use a remote server: AsyncClient('http://...')"
+            )
+        cfg = self.config
+        for d in (cfg.data_dir, cfg.sandboxes_dir, cfg.run_dir, cfg.platform_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
+        self.cgroups = cg.Cgroups(cfg.cgroup_parent)
+        oci = OciRuntime(
+            shutil.which(cfg.oci_runtime) or cfg.oci_runtime,
+            cfg.crun_root,
+            platform.nsexec,
+            hybrid=self.cgroups.mode is cg.Mode.HYBRID,
+        )
+        self.runtimes = {"container": ContainerRuntime(oci, self.cgroups, platform)}
+        self.store = Store(cfg.db_path)
+        await asyncio.to_thread(self.scratch.open)
+        self._started = True
+        from corral.node.maintenance import Maintenance
+
+        self._maintenance = Maintenance(self)
+        await self._maintenance.start()
+        log.info("agent.started", node=cfg.node, data_dir=str(cfg.data_dir), owner=self.owner)
+        return self
+
+    async def aclose(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        was_leader = self._maintenance.is_leader
+        await self._maintenance.stop()
+        for session in list(self._sessions.values()):
+            session.close()
+        db = self._db()
+        active, _ = db.count_active()
+        if was_leader:
+            self.layers.release_unused(db.referenced_layers())
+            if active == 0 and self.cgroups is not None:
+                self.cgroups.remove_parent()
+        self.scratch.close(active)
+        db.close()
+        self.store = None
+        log.info("agent.stopped", node=self.config.node, sandboxes_left=active)
+
+    async def __aenter__(self) -> NodeAgent:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _db(self) -> Store:
+        if self.store is None:
+            raise Unavailable("the node agent is not started (or was closed)")
+        return self.store
+
+    # ---------------------------------------------------------------- create
+
+    def _resolve_layers(self, req: CreateSandbox) -> list[Layer]:
+        """Base first, then workspace, then toolkits in the order given."""
+        layers = [self.images.resolve(req.image, "image")]
+        if req.workspace:
+            layers.append(self.images.resolve(req.workspace, "workspace"))
+        layers += [self.images.resolve(t, f"toolkit[{i}]") for i, t in enumerate(req.toolkit)]
+        return layers
+
+    def _admit(self, req: CreateSandbox, rec: SandboxRecord) -> None:
+        db = self._db()
+        with db.transaction():
+            count, promised = db.count_active()
+            if count >= self.config.max_sandboxes:
+                raise ResourceExhausted(
+                    f"node {self.config.node} is full: {count} sandboxes, "
+                    f"max_sandboxes is {self.config.max_sandboxes}",
+                    node=self.config.node,
+                )
+            budget = int(self._host_memory * self.config.memory_overcommit)
+            if promised + req.memory > budget:
+                raise ResourceExhausted(
+                    f"node {self.config.node} cannot promise {req.memory} more bytes of memory: "
+                    f"{promised} promised of {budget} "
+                    f"(host memory x memory_overcommit {self.config.memory_overcommit})",
+                    node=self.config.node,
+                )
+            db.insert(rec)
+
+    async def create(self, req: CreateSandbox) -> SandboxInfo:
+        t0 = time.monotonic()
+        runtime = self.runtimes.get(req.kind)
+        if runtime is None:
+            raise InvalidArgument(
+                "kind", f"must be one this node runs: {', '.join(sorted(self.runtimes))}", req.kind
+            )
+        layers = self._resolve_layers(req)
+        now = time.time()
+        image_env = merge_env(*(layer.config.env for layer in layers))
+        workdir = "/workspace" if req.workspace else (layers[0].config.workdir or "/")
+        rec = SandboxRecord(
+            id=f"{self.config.node}-{secrets.token_hex(8)}",
+            kind=req.kind,
+            state="creating",
+            spec=req.model_dump(),
+            layers=[layer.digest for layer in layers],
+            image_env=image_env,
+            workdir=workdir,
+            created_at=now,
+            expires_at=now + req.ttl if req.ttl else None,
+            last_active=now,
+            owner=self.owner,
+            labels=dict(req.labels),
+        )
+        self._admit(req, rec)
+        db = self._db()
+
+        def own(kind: str, ref: str) -> None:
+            db.add_resource(rec.id, kind, ref)
+
+        try:
+            sandbox_dir = self.config.sandboxes_dir / rec.id
+            own("dir", str(sandbox_dir))
+            sandbox_dir.mkdir()
+            own("subvolume", rec.id)
+            sub = await asyncio.to_thread(self.scratch.create, rec.id, req.disk)
+            lower = [self.layers.ensure(layer) for layer in reversed(layers)]
+            prep = Prepared(
+                lower=lower,
+                upper=sub / "upper",
+                work=sub / "work",
+                sandbox_dir=sandbox_dir,
+                control=control_path(self.config.run_dir, rec.id),
+                env=merge_env(image_env, req.env),
+            )
+            started = await runtime.start(rec, prep, own)
+            db.update(rec.id, init_pid=started.pid, init_start=started.pid_start)
+            await self._wait_ready(rec.id, prep.control)
+            if not db.transition(rec.id, ["creating"], "running"):
+                raise SandboxClosed(f"sandbox {rec.id} was closed while it was being created")
+        except BaseException as exc:
+            await self._release(rec.id, "failed", f"create failed: {exc}")
+            code = exc.code if isinstance(exc, CorralError) else "internal"
+            metrics.SANDBOX_CREATE_FAILURES.labels(code).inc()
+            log.warning("sandbox.create_failed", sandbox=rec.id, error=str(exc))
+            raise
+        elapsed = time.monotonic() - t0
+        metrics.SANDBOXES_CREATED.labels(req.kind).inc()
+        metrics.CREATE_SECONDS.labels(req.kind).observe(elapsed)
+        log.info("sandbox.created", sandbox=rec.id, kind=req.kind, ms=round(elapsed * 1000, 2))
+        return self._info(self._record(rec.id))
+
+    async def _wait_ready(self, sandbox_id: str, control: Path) -> None:
+        client = ExecdClient(str(control))
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            try:
+                version, _pid = await client.ping()
+            except (Unavailable, ConnectionError):
+                if time.monotonic() > deadline:
+                    raise SandboxFailed(
+                        f"sandbox {sandbox_id}: exec server did not answer within "
+                        f"{READY_TIMEOUT:.0f}s",
+                        sandbox=sandbox_id,
+                    ) from None
+                await asyncio.sleep(0.005)
+                continue
+            if version != proto.VERSION:
+                raise SandboxFailed(
+                    f"sandbox {sandbox_id}: exec server speaks protocol {version}, "
+                    f"the agent {proto.VERSION}",
+                    sandbox=sandbox_id,
+                )
+            return
+
+    # ---------------------------------------------------------------- release
+
+    async def release_resource(self, kind: str, ref: str) -> None:
+        """Release one resource; idempotent (releasing a gone thing is fine)."""
+        for runtime in self.runtimes.values():
+            if await runtime.release(kind, ref):
+                return
+        if kind == "subvolume":
+            await asyncio.to_thread(self.scratch.destroy, ref)
+        elif kind == "dir":
+            await asyncio.to_thread(shutil.rmtree, ref, True)
+        elif kind == "socket":
+            Path(ref).unlink(missing_ok=True)
+        else:
+            raise ValueError(f"unknown resource kind {kind!r}")
+
+    async def _release(self, sandbox_id: str, final_state: str, reason: str) -> None:
+        """Release every resource of the sandbox, newest first, dropping each
+        record once it is gone, then mark the sandbox final_state."""
+        db = self._db()
+        errors = []
+        for kind, ref in db.resources(sandbox_id):
+            try:
+                await self.release_resource(kind, ref)
+                db.drop_resource(sandbox_id, kind, ref)
+            except Exception as exc:  # keep going: gc retries what is left
+                errors.append(f"{kind} {ref}: {exc}")
+                log.error("resource.release_failed", sandbox=sandbox_id, kind=kind, ref=ref,
+                          error=str(exc))
+        for key in [k for k in self._sessions if k[0] == sandbox_id]:
+            self._sessions.pop(key).close()
+        self._activity.pop(sandbox_id, None)
+        db.update(
+            sandbox_id,
+            state=final_state,
+            closed_at=time.time(),
+            error=(reason + ("; " + "; ".join(errors) if errors else "")) or None,
+        )
+
+    async def close(self, sandbox_id: str, reason: str = "closed by caller") -> None:
+        rec = self._record(sandbox_id)
+        db = self._db()
+        if rec.state in ("closed", "failed"):
+            return
+        if not db.transition(sandbox_id, ["running"], "closing"):
+            if rec.state == "creating" and rec.owner == self.owner:
+                # Our own create is in flight: it sees the state and unwinds.
+                db.transition(sandbox_id, ["creating"], "closing")
+            return
+        await self._release(sandbox_id, "closed", reason)
+        metrics.SANDBOXES_CLOSED.labels(rec.kind, reason.split(" ")[0]).inc()
+        log.info("sandbox.closed", sandbox=sandbox_id, reason=reason)
+
+    # ---------------------------------------------------------------- queries
+
+    def _record(self, sandbox_id: str) -> SandboxRecord:
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise InvalidArgument("sandbox_id", "must be a non-empty string", sandbox_id)
+        rec = self._db().get(sandbox_id)
+        if rec is None:
+            node = sandbox_id.rsplit("-", 1)[0]
+            where = "" if node == self.config.node else f" (its id names node {node!r})"
+            raise SandboxNotFound(
+                f"no sandbox {sandbox_id!r} on node {self.config.node!r}{where}",
+                sandbox=sandbox_id,
+            )
+        return rec
+
+    def _running(self, sandbox_id: str) -> SandboxRecord:
+        rec = self._record(sandbox_id)
+        if rec.state != "running":
+            if rec.state in ("closed", "closing"):
+                raise SandboxClosed(
+                    f"sandbox {sandbox_id} is {rec.state}"
+                    + (f": {rec.error}" if rec.error else ""),
+                    sandbox=sandbox_id,
+                )
+            if rec.state == "failed":
+                raise SandboxFailed(f"sandbox {sandbox_id} failed: {rec.error}", sandbox=sandbox_id)
+            raise SandboxClosed(f"sandbox {sandbox_id} is still {rec.state}", sandbox=sandbox_id)
+        self._activity[sandbox_id] = time.time()
+        return rec
+
+    def _info(self, rec: SandboxRecord) -> SandboxInfo:
+        s = rec.spec
+        return SandboxInfo(
+            id=rec.id,
+            node=self.config.node,
+            kind=rec.kind,
+            state=SandboxState(rec.state),
+            image=s["image"],
+            workspace=s.get("workspace"),
+            toolkit=s.get("toolkit", []),
+            layers=rec.layers,
+            cpu=s["cpu"],
+            memory=s["memory"],
+            disk=s["disk"],
+            pids=s["pids"],
+            ttl=s.get("ttl"),
+            idle_timeout=s.get("idle_timeout"),
+            env=s.get("env", {}),
+            labels=rec.labels,
+            created_at=rec.created_at,
+            expires_at=rec.expires_at,
+            error=rec.error,
+            workdir=rec.workdir,
+        )
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        return self._info(self._record(sandbox_id))
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        return [self._info(r) for r in self._db().list(ACTIVE_STATES, labels)]
+
+    # ---------------------------------------------------------------- exec
+
+    def _client(self, sandbox_id: str) -> ExecdClient:
+        return ExecdClient(str(control_path(self.config.run_dir, sandbox_id)))
+
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        rec = self._running(sandbox_id)
+        argv = [plat.SHELL, "-c", req.cmd] if isinstance(req.cmd, str) else list(req.cmd)
+        env = merge_env(rec.image_env, rec.spec.get("env", {}), req.env)
+        t0 = time.monotonic()
+        try:
+            session = await self._client(sandbox_id).start(
+                argv,
+                env,
+                user=req.user,
+                cwd=req.cwd or rec.workdir,
+                timeout=req.timeout,
+                stdout_cap=req.stdout_limit,
+                stderr_cap=req.stderr_limit,
+                stdin=req.stdin,
+            )
+        except Unavailable:
+            raise self._gone(sandbox_id) from None
+        key = (sandbox_id, session.pid)
+        self._sessions[key] = session
+        self._busy[sandbox_id] = self._busy.get(sandbox_id, 0) + 1
+        outcome = "error"
+        try:
+            yield ExecStarted(pid=session.pid)
+            limit = req.timeout + EXEC_GRACE if req.timeout else None
+            events = session.events()
+            while True:
+                try:
+                    kind, payload = await asyncio.wait_for(anext(events), limit)
+                except StopAsyncIteration:
+                    raise self._gone(sandbox_id) from None
+                except asyncio.TimeoutError:
+                    raise SandboxFailed(
+                        f"sandbox {sandbox_id}: exec server did not end pid {session.pid} "
+                        f"{EXEC_GRACE:.0f}s after its timeout",
+                        sandbox=sandbox_id,
+                    ) from None
+                except ConnectionError:
+                    raise self._gone(sandbox_id) from None
+                if kind == proto.RSP_EXIT:
+                    x = proto.parse_exit(payload)
+                    dropped = max(0, x.stdout_bytes - req.stdout_limit) + max(
+                        0, x.stderr_bytes - req.stderr_limit
+                    )
+                    if dropped:
+                        metrics.OUTPUT_DROPPED.inc(dropped)
+                    outcome = "timeout" if x.timed_out else "ok"
+                    yield ExecExit(
+                        exit_code=x.exit_code,
+                        signal=x.signal,
+                        timed_out=x.timed_out,
+                        stdout_bytes=x.stdout_bytes,
+                        stderr_bytes=x.stderr_bytes,
+                        cpu_user=x.cpu_user,
+                        cpu_system=x.cpu_system,
+                        max_rss=x.max_rss,
+                        duration=time.monotonic() - t0,
+                    )
+                    return
+                yield ExecOutput(type="stdout" if kind == proto.RSP_STDOUT else "stderr",
+                                 data=payload)
+        finally:
+            session.close()
+            self._sessions.pop(key, None)
+            self._busy[sandbox_id] -= 1
+            if not self._busy[sandbox_id]:
+                del self._busy[sandbox_id]
+            self._activity[sandbox_id] = time.time()
+            metrics.EXEC_TOTAL.labels(outcome).inc()
+            metrics.EXEC_SECONDS.observe(time.monotonic() - t0)
+
+    def _gone(self, sandbox_id: str) -> CorralError:
+        """The exec server stopped answering: say why, from the record."""
+        rec = self._db().get(sandbox_id)
+        if rec is None or rec.state in ("closed", "closing"):
+            return SandboxClosed(f"sandbox {sandbox_id} was closed", sandbox=sandbox_id)
+        return SandboxFailed(
+            f"sandbox {sandbox_id}: lost its exec server (the sandbox died?)", sandbox=sandbox_id
+        )
+
+    async def kill(self, sandbox_id: str, pid: int, signal: int = signals.SIGKILL) -> None:
+        self._running(sandbox_id)
+        if not 0 < signal < 65:
+            raise InvalidArgument("signal", "must be a signal number between 1 and 64", signal)
+        session = self._sessions.get((sandbox_id, pid))
+        if session is not None:
+            await session.signal(signal)
+            return
+        try:
+            await self._client(sandbox_id).kill(pid, signal)
+        except FileError as exc:
+            raise CommandNotFound(
+                f"no command with pid {pid} in sandbox {sandbox_id}", sandbox=sandbox_id, pid=pid
+            ) from exc
+
+    # ---------------------------------------------------------------- files
+
+    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
+        path = check_path(path)
+        self._running(sandbox_id)
+        metrics.FILE_OPS.labels("read").inc()
+        return await self._client(sandbox_id).read(user, path, self.config.max_file_bytes)
+
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, user: str = "root", mode: int = 0o644
+    ) -> int:
+        path = check_path(path)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument("data", "must be bytes", type(data).__name__)
+        if len(data) > self.config.max_file_bytes:
+            raise InvalidArgument(
+                "data", f"must be at most {self.config.max_file_bytes} bytes per file", data
+            )
+        if not 0 <= mode <= 0o7777:
+            raise InvalidArgument("mode", "must be a permission mode between 0 and 0o7777", mode)
+        self._running(sandbox_id)
+        metrics.FILE_OPS.labels("write").inc()
+        return await self._client(sandbox_id).write(
+            user, path, bytes(data), mode=mode, max_bytes=self.config.max_file_bytes
+        )
+
+    async def list_files(self, sandbox_id: str, path: str, user: str = "root") -> list[FileEntry]:
+        path = check_path(path)
+        self._running(sandbox_id)
+        metrics.FILE_OPS.labels("list").inc()
+        entries = await self._client(sandbox_id).list(user, path)
+        return sorted(
+            (_entry(e, f"{path.rstrip('/')}/{e.name}") for e in entries), key=lambda e: e.name
+        )
+
+    async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+        path = check_path(path)
+        self._running(sandbox_id)
+        return _entry(await self._client(sandbox_id).stat(user, path), path)
+
+    async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
+        path = check_path(path)
+        self._running(sandbox_id)
+        await self._client(sandbox_id).mkdir(user, path)
+
+    async def remove_file(
+        self, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+    ) -> None:
+        path = check_path(path)
+        if path == "/":
+            raise InvalidArgument("path", "must not be the sandbox's root", path)
+        self._running(sandbox_id)
+        metrics.FILE_OPS.labels("remove").inc()
+        await self._client(sandbox_id).remove(user, path, recursive=recursive)
+
+    async def _run_platform(
+        self, sandbox_id: str, argv: list[str], stdin: bytes | None, doing: str
+    ) -> bytes:
+        """Run a platform tool (from /.corral) and return its stdout."""
+        limit = self.config.max_file_bytes
+        req = ExecRequest(cmd=argv, timeout=600, stdin=stdin, stdout_limit=limit)
+        out, err, code, total = [], [], -1, 0
+        async for ev in self.exec(sandbox_id, req):
+            if isinstance(ev, ExecOutput):
+                (out if ev.type == "stdout" else err).append(ev.data)
+            elif isinstance(ev, ExecExit):
+                code, total = ev.exit_code, ev.stdout_bytes
+        if total > limit:
+            raise InvalidArgument(
+                "path", f"must hold at most {limit} bytes to download as a tar", f"<{total} bytes>"
+            )
+        if code != 0:
+            raise FileError(f"{doing}: {b''.join(err).decode(errors='replace').strip()}")
+        return b"".join(out)
+
+    async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None:
+        path = check_path(path)
+        if len(data) > self.config.max_file_bytes:
+            raise InvalidArgument(
+                "data", f"must be at most {self.config.max_file_bytes} bytes", data
+            )
+        await self.make_dir(sandbox_id, path)
+        metrics.FILE_OPS.labels("upload_tar").inc()
+        await self._run_platform(
+            sandbox_id, [plat.BUSYBOX, "tar", "-x", "-C", path], bytes(data),
+            f"extracting a tar into {path}",
+        )
+
+    async def download_tar(self, sandbox_id: str, path: str) -> bytes:
+        path = check_path(path)
+        metrics.FILE_OPS.labels("download_tar").inc()
+        return await self._run_platform(
+            sandbox_id, [plat.BUSYBOX, "tar", "-c", "-C", path, "."], None,
+            f"archiving {path}",
+        )
+
+    # ---------------------------------------------------------------- activity
+
+    def flush_activity(self) -> None:
+        """Record when each sandbox was last used (running commands count)."""
+        now = time.time()
+        for sid in self._busy:
+            self._activity[sid] = now
+        if self._activity and self.store is not None:
+            self.store.touch(self._activity)
+            self._activity = {}
+
+
+def _entry(e: proto.Entry, path: str) -> FileEntry:
+    kinds = {"f": "file", "d": "dir", "l": "symlink"}
+    return FileEntry(
+        name=e.name.rsplit("/", 1)[-1] or "/",
+        path=path,
+        type=kinds.get(e.kind, "other"),  # type: ignore[arg-type]
+        size=e.size,
+        mode=e.mode & 0o7777,
+        mtime=e.mtime_ns / 1e9,
+    )

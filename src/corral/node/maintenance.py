@@ -1,0 +1,224 @@
+"""Housekeeping of a node: TTLs, idle timeouts, dead sandboxes, leftovers.
+
+Several agents may share a node (one per process on a data dir). Exactly one
+of them, the leader, holds an exclusive flock on <data>/leader.lock and does
+the housekeeping; the kernel drops the lock when its process dies, however
+it dies, and another agent takes over at its next tick.
+
+Recovery (on becoming leader) and gc (every GC_EVERY seconds, and
+`corral gc`) rest on one invariant: every resource was recorded before it was
+made (node/store.py). So a sandbox whose owner process died mid-create is
+unwound from its resource rows, and anything on disk or in the kernel named
+after a sandbox id that has no active record is a leftover to reclaim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from corral import metrics
+from corral.log import get_logger
+from corral.node.store import ACTIVE_STATES, SandboxRecord
+from corral.runtimes.base import process_start_time
+
+if TYPE_CHECKING:
+    from corral.node.agent import NodeAgent
+
+log = get_logger("corral.maintenance")
+
+GC_EVERY = 60.0
+LIVENESS_EVERY = 5.0
+PURGE_AFTER = 3600.0
+
+
+@dataclass
+class GcReport:
+    reattached: int = 0
+    reclaimed_sandboxes: int = 0
+    reclaimed: dict[str, int] = field(default_factory=dict)
+    layers_released: int = 0
+
+    def count(self, kind: str) -> None:
+        self.reclaimed[kind] = self.reclaimed.get(kind, 0) + 1
+        metrics.RECLAIMED.labels(kind).inc()
+
+
+def init_alive(rec: SandboxRecord) -> bool:
+    return rec.init_pid is not None and process_start_time(rec.init_pid) == rec.init_start
+
+
+class Maintenance:
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+        self.is_leader = False
+        self._lock_fd: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_gc = 0.0
+        self._last_liveness = 0.0
+
+    async def start(self) -> None:
+        if self._try_lead():
+            await self.recover()
+        self._task = asyncio.create_task(self._loop(), name="corral-maintenance")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.agent.flush_activity()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            self.is_leader = False
+
+    def _try_lead(self) -> bool:
+        if self.is_leader:
+            return True
+        path = self.agent.config.data_dir / "leader.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        self.is_leader = True
+        log.info("maintenance.leader", owner=self.agent.owner)
+        return True
+
+    async def _loop(self) -> None:
+        interval = self.agent.config.reaper_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.agent.flush_activity()
+                if not self.is_leader and self._try_lead():
+                    await self.recover()
+                if self.is_leader:
+                    await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.error("maintenance.failed", exc=True)
+
+    async def tick(self) -> None:
+        now = time.time()
+        db = self.agent._db()
+        check_liveness = now - self._last_liveness >= LIVENESS_EVERY
+        if check_liveness:
+            self._last_liveness = now
+        for rec in db.list(["running"]):
+            idle = rec.spec.get("idle_timeout")
+            if rec.expires_at is not None and now >= rec.expires_at:
+                await self.agent.close(rec.id, reason="ttl expired")
+            elif idle and now - rec.last_active >= idle:
+                await self.agent.close(rec.id, reason=f"idle for {idle:.0f}s")
+            elif check_liveness and not init_alive(rec):
+                await self._fail(rec, "its init process exited")
+        metrics.SANDBOXES_ACTIVE.set(db.count_active()[0])
+        if now - self._last_gc >= GC_EVERY:
+            self._last_gc = now
+            await self.gc()
+
+    async def _fail(self, rec: SandboxRecord, why: str) -> None:
+        db = self.agent._db()
+        if db.transition(rec.id, [rec.state], "closing"):
+            log.warning("sandbox.failed", sandbox=rec.id, reason=why)
+            await self.agent._release(rec.id, "failed", why)
+
+    async def recover(self) -> GcReport:
+        """Re-attach to sandboxes that outlived their agent; unwind the rest."""
+        report = GcReport()
+        db = self.agent._db()
+        from corral.node.agent import owner_alive
+
+        for rec in db.list(ACTIVE_STATES):
+            if rec.owner != self.agent.owner and rec.state != "running" and owner_alive(rec.owner):
+                continue  # another live agent is creating or closing it
+            if rec.state == "running" and init_alive(rec):
+                report.reattached += 1
+                continue
+            why = {
+                "creating": "its agent died while creating it",
+                "closing": "its agent died while closing it",
+                "running": "its init process exited",
+            }[rec.state]
+            if rec.state == "creating" and rec.owner == self.agent.owner:
+                continue  # our own create in flight
+            await self._fail(rec, why)
+            report.reclaimed_sandboxes += 1
+        gc = await self.gc()
+        report.reclaimed = gc.reclaimed
+        report.layers_released = gc.layers_released
+        log.info(
+            "maintenance.recovered",
+            reattached=report.reattached,
+            reclaimed_sandboxes=report.reclaimed_sandboxes,
+            reclaimed=report.reclaimed,
+        )
+        return report
+
+    async def gc(self) -> GcReport:
+        """Reclaim everything named after a sandbox that has no active record."""
+        report = GcReport()
+        agent = self.agent
+        db = agent._db()
+
+        def is_active(sid: str) -> bool:
+            # Checked after the resource was seen: records are written before
+            # resources, so a resource of a create racing with us has one.
+            rec = db.get(sid)
+            return rec is not None and rec.state in ACTIVE_STATES
+
+        # Resource rows of finished sandboxes: a release that failed earlier.
+        for sid, kind, ref in db.all_resources():
+            if is_active(sid):
+                continue
+            try:
+                await agent.release_resource(kind, ref)
+                db.drop_resource(sid, kind, ref)
+                report.count(kind)
+            except Exception as exc:
+                log.error("gc.release_failed", sandbox=sid, kind=kind, ref=ref, error=str(exc))
+
+        cfg = agent.config
+        prefix = f"{cfg.node}-"
+        found: dict[str, set[str]] = {
+            "container": {
+                i for r in agent.runtimes.values() for i in getattr(r, "leftovers", set)()
+            },
+            "subvolume": set(agent.scratch.names()),
+            "dir": {p.name for p in cfg.sandboxes_dir.iterdir()},
+            "socket": {p.stem for p in cfg.run_dir.glob("*.sock")},
+        }
+        for kind, ids in found.items():
+            for sid in sorted(ids):
+                if not sid.startswith(prefix) or is_active(sid):
+                    continue
+                if kind == "container":
+                    refs = [("container", sid), ("cgroup", sid)]
+                elif kind == "dir":
+                    refs = [("dir", str(cfg.sandboxes_dir / sid))]
+                elif kind == "socket":
+                    refs = [("socket", str(cfg.run_dir / f"{sid}.sock"))]
+                else:
+                    refs = [(kind, sid)]
+                for k, ref in refs:
+                    try:
+                        await agent.release_resource(k, ref)
+                        report.count(k)
+                    except Exception as exc:
+                        log.error("gc.release_failed", sandbox=sid, kind=k, error=str(exc))
+        report.layers_released = len(agent.layers.release_unused(db.referenced_layers()))
+        db.purge_closed(time.time() - PURGE_AFTER)
+        if report.reclaimed:
+            log.info("gc.reclaimed", reclaimed=report.reclaimed)
+        return report

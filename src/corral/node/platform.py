@@ -1,0 +1,84 @@
+"""The platform layer: the read-only tree every sandbox sees at /.corral.
+
+It holds corral-init (PID 1 and exec server) and a static busybox whose sh
+runs every shell command the platform issues. Nothing the platform executes
+inside a sandbox comes from the image, so an agent that replaces /bin/sh or
+/bin/bash can only fool itself.
+
+Installed content-addressed (<data>/platform/<hash16>/), so a running
+sandbox keeps the version it started with while new ones get the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.errors import Unavailable
+
+MOUNT_POINT = "/.corral"
+SHELL = f"{MOUNT_POINT}/bin/sh"
+BUSYBOX = f"{MOUNT_POINT}/bin/busybox"
+INIT = f"{MOUNT_POINT}/bin/corral-init"
+BUSYBOX_CANDIDATES = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
+PT_INTERP = 3
+
+
+def is_static_elf(path: Path) -> bool:
+    """True for an ELF64 executable without a program interpreter."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:
+            return False
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    return all(
+        struct.unpack_from("<I", table, i * phentsize)[0] != PT_INTERP for i in range(phnum)
+    )
+
+
+@dataclass(frozen=True)
+class Platform:
+    layer_dir: Path  # bind-mounted read-only at /.corral
+    nsexec: Path  # host-side helper that runs crun in a private mount namespace
+
+
+def install(src_bin: Path, dest_root: Path) -> Platform:
+    """Copy the helpers into a content-addressed platform layer (idempotent)."""
+    init, nsexec = src_bin / "corral-init", src_bin / "corral-nsexec"
+    for helper in (init, nsexec):
+        if not helper.is_file():
+            raise Unavailable(
+                f"{helper} is missing: build the platform helpers with `make -C native` "
+                "(the install script does it)"
+            )
+    busybox = next((p for p in BUSYBOX_CANDIDATES if p.is_file()), None)
+    if busybox is None or not is_static_elf(busybox):
+        raise Unavailable(
+            "a static busybox is needed for the platform shell: apt-get install busybox-static"
+        )
+    files = {"corral-init": init, "busybox": busybox}
+    h = hashlib.sha256()
+    for name, path in sorted(files.items()):
+        h.update(name.encode() + b"\0" + path.read_bytes())
+    dest = dest_root / h.hexdigest()[:16]
+    if not (dest / ".complete").exists():
+        tmp = dest_root / f".tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "bin").mkdir(parents=True)
+        for name, path in files.items():
+            shutil.copyfile(path, tmp / "bin" / name)
+            os.chmod(tmp / "bin" / name, 0o555)
+        os.symlink("busybox", tmp / "bin" / "sh")
+        (tmp / ".complete").touch()
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another process installed the same version first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Platform(layer_dir=dest, nsexec=nsexec)

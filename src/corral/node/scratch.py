@@ -1,0 +1,184 @@
+"""Per-sandbox writable space with a kernel-enforced size: btrfs subvolumes.
+
+Why btrfs: the disk limit must be enforced by the kernel (ENOSPC/EDQUOT
+inside the sandbox, the host disk untouched). XFS and ext4 project quotas
+need CONFIG_QUOTA, which hosts like ours lack; btrfs qgroups do not. A
+subvolume per sandbox also makes teardown O(1) (the kernel deletes it in the
+background) and gives cheap snapshots for later (pack_diff, fork).
+
+Where the node's data dir is already on btrfs, subvolumes are made there.
+Otherwise a sparse image file is formatted once and loop-mounted at
+<data>/scratch while any agent or sandbox of the node lives; the last agent
+to leave with no sandbox left unmounts it (the loop device auto-clears).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+from corral.errors import ResourceExhausted, Unavailable
+from corral.log import get_logger
+from corral.node import mounts
+
+log = get_logger("corral.scratch")
+
+BTRFS_SUPER_MAGIC = 0x9123683E
+_IOC_SUBVOL_CREATE = 0x5000940E
+_IOC_SNAP_DESTROY = 0x5000940F
+_IOC_QGROUP_LIMIT = 0x8030942B
+_QGROUP_LIMIT_MAX_RFER = 1
+_VOL_ARGS = 4096
+_NAME_MAX = 4087
+
+
+def _vol_args(name: str) -> bytearray:
+    raw = name.encode()
+    if len(raw) > _NAME_MAX or "/" in name:
+        raise ValueError(f"bad subvolume name {name!r}")
+    buf = bytearray(_VOL_ARGS)
+    buf[8 : 8 + len(raw)] = raw
+    return buf
+
+
+class _StatFs(ctypes.Structure):
+    # struct statfs on 64-bit Linux: f_type first, 120 bytes in all.
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def fs_magic(path: Path) -> int:
+    """The file system type of path (os.statvfs does not expose it)."""
+    buf = _StatFs()
+    if _libc.statfs(str(path).encode(), ctypes.byref(buf)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))
+    return int(buf.f_type) & 0xFFFFFFFF
+
+
+class Scratch:
+    """The node's pool of sandbox subvolumes."""
+
+    def __init__(self, root: Path, image: Path, size: int) -> None:
+        self.root = root
+        self.image = image
+        self.size = size
+        self._lock_path = root.parent / "scratch.lock"
+        self._hold: int | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Make the pool usable and hold a shared claim on it until close()."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if fs_magic(self.root) != BTRFS_SUPER_MAGIC:
+                self._mount_image()
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        self._hold = fd
+
+    def _mount_image(self) -> None:
+        if not self.image.exists():
+            log.info("scratch.format", image=str(self.image), size=self.size)
+            tmp = self.image.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.truncate(self.size)
+            _run(["mkfs.btrfs", "-q", "-f", str(tmp)], "formatting the scratch image")
+            os.replace(tmp, self.image)
+            fresh = True
+        else:
+            fresh = False
+        _run(
+            ["mount", "-o", "loop,noatime,discard=async", str(self.image), str(self.root)],
+            "mounting the scratch image",
+        )
+        if fresh or not (self.root / ".quota").exists():
+            _run(["btrfs", "quota", "enable", str(self.root)], "enabling btrfs quotas")
+            (self.root / ".quota").touch()
+        log.info("scratch.mounted", path=str(self.root))
+
+    def close(self, sandboxes_left: int) -> None:
+        """Release our claim; unmount if nobody else holds one and no
+        sandbox is left on the pool."""
+        if self._hold is None:
+            return
+        fd, self._hold = self._hold, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return
+        try:
+            # root is a mount point only when we loop-mounted the image.
+            if sandboxes_left == 0 and mounts.is_mounted(self.root) and not self._subvolumes():
+                mounts.umount(str(self.root))
+                log.info("scratch.unmounted", path=str(self.root))
+        finally:
+            os.close(fd)
+
+    def _subvolumes(self) -> list[str]:
+        return [p.name for p in self.root.iterdir() if p.is_dir()]
+
+    # ------------------------------------------------------------ subvolumes
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def create(self, name: str, limit: int) -> Path:
+        """A subvolume holding upper/ and work/, limited to `limit` bytes."""
+        dirfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            try:
+                fcntl.ioctl(dirfd, _IOC_SUBVOL_CREATE, _vol_args(name))
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                if exc.errno == 28:  # ENOSPC
+                    raise ResourceExhausted("the node's scratch space is full") from exc
+                raise Unavailable(f"creating scratch subvolume {name}: {exc}") from exc
+        finally:
+            os.close(dirfd)
+        sub = self.root / name
+        subfd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            # qgroupid 0 means "the subvolume this fd is in".
+            args = struct.pack("<Q5Q", 0, _QGROUP_LIMIT_MAX_RFER, limit, 0, 0, 0)
+            fcntl.ioctl(subfd, _IOC_QGROUP_LIMIT, bytearray(args))
+        finally:
+            os.close(subfd)
+        (sub / "upper").mkdir(exist_ok=True)
+        (sub / "work").mkdir(exist_ok=True)
+        return sub
+
+    def destroy(self, name: str) -> None:
+        """Delete a subvolume; the kernel frees its blocks in the background."""
+        dirfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(dirfd, _IOC_SNAP_DESTROY, _vol_args(name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno == 20:  # ENOTDIR: a plain directory left by a crash
+                subprocess.run(["rm", "-rf", str(self.root / name)], check=False)
+            else:
+                raise
+        finally:
+            os.close(dirfd)
+
+    def names(self) -> list[str]:
+        return self._subvolumes() if self.root.is_dir() else []
+
+
+def _run(cmd: list[str], doing: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise Unavailable(f"{doing} failed: {' '.join(cmd)}: {proc.stderr.strip()}")

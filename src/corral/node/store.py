@@ -1,0 +1,286 @@
+"""The node's record of its sandboxes and of everything each one holds.
+
+Invariant: a resource (directory, subvolume, cgroup, container) is recorded
+here *before* it is created, and the record is dropped only after it has been
+released. So after any crash, every resource on the node is either owned by a
+live sandbox or findable here and reclaimable. SQLite in WAL mode lets
+several processes (an embedded client, ``corral serve``, the CLI) share one
+node safely.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE sandboxes (
+        id          TEXT PRIMARY KEY,
+        kind        TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        spec        TEXT NOT NULL,
+        layers      TEXT NOT NULL,
+        image_env   TEXT NOT NULL,
+        workdir     TEXT NOT NULL,
+        created_at  REAL NOT NULL,
+        expires_at  REAL,
+        last_active REAL NOT NULL,
+        init_pid    INTEGER,
+        init_start  INTEGER,
+        owner       TEXT NOT NULL,
+        error       TEXT,
+        closed_at   REAL
+    );
+    CREATE INDEX sandboxes_state ON sandboxes(state);
+    CREATE TABLE labels (
+        sandbox_id TEXT NOT NULL REFERENCES sandboxes(id) ON DELETE CASCADE,
+        key        TEXT NOT NULL,
+        value      TEXT NOT NULL,
+        PRIMARY KEY (sandbox_id, key)
+    );
+    CREATE INDEX labels_kv ON labels(key, value);
+    CREATE TABLE resources (
+        sandbox_id TEXT NOT NULL,
+        kind       TEXT NOT NULL,
+        ref        TEXT NOT NULL,
+        PRIMARY KEY (sandbox_id, kind, ref)
+    );
+    """,
+}
+
+ACTIVE_STATES = ("creating", "running", "closing")
+
+
+@dataclass
+class SandboxRecord:
+    id: str
+    kind: str
+    state: str
+    spec: dict[str, Any]
+    layers: list[str]
+    image_env: list[str]
+    workdir: str
+    created_at: float
+    expires_at: float | None
+    last_active: float
+    owner: str
+    init_pid: int | None = None
+    init_start: int | None = None
+    error: str | None = None
+    closed_at: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+_COLUMNS = (
+    "id, kind, state, spec, layers, image_env, workdir, created_at, expires_at, "
+    "last_active, owner, init_pid, init_start, error, closed_at"
+)
+
+
+def _row_to_record(row: sqlite3.Row, labels: dict[str, str]) -> SandboxRecord:
+    return SandboxRecord(
+        id=row["id"],
+        kind=row["kind"],
+        state=row["state"],
+        spec=json.loads(row["spec"]),
+        layers=json.loads(row["layers"]),
+        image_env=json.loads(row["image_env"]),
+        workdir=row["workdir"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        last_active=row["last_active"],
+        owner=row["owner"],
+        init_pid=row["init_pid"],
+        init_start=row["init_start"],
+        error=row["error"],
+        closed_at=row["closed_at"],
+        labels=labels,
+    )
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        # One connection per Store; the agent uses it from its event loop
+        # thread only. Each statement is short, so running it inline costs
+        # less than a hop to a thread pool.
+        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self.transaction():
+            current = self.db.execute("PRAGMA user_version").fetchone()[0]
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                # executescript() would commit; run the statements one by one
+                # so a migration applies entirely or not at all.
+                for statement in _MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version={version}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE: take the write lock up front, so a read-then-write
+        (admission) cannot interleave with another process's."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # ---------------------------------------------------------------- sandboxes
+
+    def insert(self, rec: SandboxRecord) -> None:
+        self.db.execute(
+            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                rec.id,
+                rec.kind,
+                rec.state,
+                json.dumps(rec.spec),
+                json.dumps(rec.layers),
+                json.dumps(rec.image_env),
+                rec.workdir,
+                rec.created_at,
+                rec.expires_at,
+                rec.last_active,
+                rec.owner,
+                rec.init_pid,
+                rec.init_start,
+                rec.error,
+                rec.closed_at,
+            ),
+        )
+        self.db.executemany(
+            "INSERT INTO labels (sandbox_id, key, value) VALUES (?,?,?)",
+            [(rec.id, k, v) for k, v in rec.labels.items()],
+        )
+
+    def update(self, sandbox_id: str, **values: Any) -> None:
+        cols = ", ".join(f"{k}=?" for k in values)
+        self.db.execute(f"UPDATE sandboxes SET {cols} WHERE id=?", (*values.values(), sandbox_id))
+
+    def transition(self, sandbox_id: str, from_states: Iterable[str], to_state: str) -> bool:
+        """Move to to_state only from one of from_states; False if another
+        process got there first (exactly one closer wins)."""
+        states = list(from_states)
+        cur = self.db.execute(
+            f"UPDATE sandboxes SET state=? WHERE id=? AND state IN ({','.join('?' * len(states))})",
+            (to_state, sandbox_id, *states),
+        )
+        return cur.rowcount == 1
+
+    def get(self, sandbox_id: str) -> SandboxRecord | None:
+        row = self.db.execute(
+            f"SELECT {_COLUMNS} FROM sandboxes WHERE id=?", (sandbox_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        return _row_to_record(row, self._labels([sandbox_id]).get(sandbox_id, {}))
+
+    def _labels(self, ids: list[str]) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        for chunk in range(0, len(ids), 500):
+            part = ids[chunk : chunk + 500]
+            marks = ",".join("?" * len(part))
+            for sid, k, v in self.db.execute(
+                f"SELECT sandbox_id, key, value FROM labels WHERE sandbox_id IN ({marks})", part
+            ):
+                out.setdefault(sid, {})[k] = v
+        return out
+
+    def list(
+        self, states: Iterable[str] = ACTIVE_STATES, labels: dict[str, str] | None = None
+    ) -> list[SandboxRecord]:
+        states = list(states)
+        sql = f"SELECT {_COLUMNS} FROM sandboxes WHERE state IN ({','.join('?' * len(states))})"
+        args: list[Any] = list(states)
+        for k, v in (labels or {}).items():
+            sql += " AND id IN (SELECT sandbox_id FROM labels WHERE key=? AND value=?)"
+            args += [k, v]
+        rows = self.db.execute(sql + " ORDER BY created_at", args).fetchall()
+        all_labels = self._labels([r["id"] for r in rows])
+        return [_row_to_record(r, all_labels.get(r["id"], {})) for r in rows]
+
+    def count_active(self) -> tuple[int, int]:
+        """(sandboxes, bytes of memory promised) over active sandboxes."""
+        n, mem = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(json_extract(spec, '$.memory')), 0) "
+            f"FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
+            ACTIVE_STATES,
+        ).fetchone()
+        return int(n), int(mem)
+
+    def touch(self, last_active: dict[str, float]) -> None:
+        self.db.executemany(
+            "UPDATE sandboxes SET last_active=MAX(last_active, ?) WHERE id=?",
+            [(t, sid) for sid, t in last_active.items()],
+        )
+
+    def purge_closed(self, older_than: float) -> int:
+        with self.transaction():
+            ids = [
+                r[0]
+                for r in self.db.execute(
+                    "SELECT id FROM sandboxes WHERE state IN ('closed','failed') "
+                    "AND closed_at < ? AND id NOT IN (SELECT sandbox_id FROM resources)",
+                    (older_than,),
+                )
+            ]
+            self.db.executemany("DELETE FROM sandboxes WHERE id=?", [(i,) for i in ids])
+        return len(ids)
+
+    # ---------------------------------------------------------------- resources
+
+    def add_resource(self, sandbox_id: str, kind: str, ref: str) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO resources (sandbox_id, kind, ref) VALUES (?,?,?)",
+            (sandbox_id, kind, ref),
+        )
+
+    def drop_resource(self, sandbox_id: str, kind: str, ref: str) -> None:
+        self.db.execute(
+            "DELETE FROM resources WHERE sandbox_id=? AND kind=? AND ref=?",
+            (sandbox_id, kind, ref),
+        )
+
+    def resources(self, sandbox_id: str) -> list[tuple[str, str]]:
+        return [
+            (r[0], r[1])
+            for r in self.db.execute(
+                "SELECT kind, ref FROM resources WHERE sandbox_id=? ORDER BY rowid DESC",
+                (sandbox_id,),
+            )
+        ]
+
+    def all_resources(self) -> list[tuple[str, str, str]]:
+        return [tuple(r) for r in self.db.execute("SELECT sandbox_id, kind, ref FROM resources")]
+
+    def referenced_layers(self) -> set[str]:
+        out: set[str] = set()
+        for (layers,) in self.db.execute(
+            f"SELECT layers FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
+            ACTIVE_STATES,
+        ):
+            out.update(json.loads(layers))
+        return out
+

@@ -1,0 +1,57 @@
+"""What the node agent needs from a sandbox backend.
+
+The agent owns records, admission, layers and scratch space; a runtime turns
+a prepared sandbox into something running that serves the exec protocol at
+a control path, and releases what it made. Every resource a runtime creates
+is announced through ``own`` *before* it exists (see node/store.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from corral.node.store import SandboxRecord
+
+Own = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the agent has made ready before the runtime starts."""
+
+    lower: list[Path]  # mounted layer roots, topmost first
+    upper: Path
+    work: Path
+    sandbox_dir: Path
+    control: Path  # where the exec server must listen
+    env: list[str]
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+    pid_start: int
+
+
+class Runtime(Protocol):
+    kind: str
+
+    async def start(self, rec: SandboxRecord, prep: Prepared, own: Own) -> Started: ...
+
+    async def release(self, kind: str, ref: str) -> bool:
+        """Release a resource this runtime owns; False if the kind is not its."""
+        ...
+
+
+def process_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat: tells a process from a later one
+    that reused its pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])

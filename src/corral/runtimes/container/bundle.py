@@ -1,0 +1,123 @@
+"""The OCI runtime bundle (config.json) of a container sandbox."""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corral.guard import profile
+from corral.node import platform
+
+CPU_PERIOD = 100_000
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    sandbox_id: str
+    rootfs: Path
+    platform_dir: Path
+    env: list[str]
+    cpu: float
+    memory: int
+    pids: int
+    cgroups_path: str
+    swap_accounting: bool
+
+
+def _nofile_limit() -> int:
+    # A spec asking for more than the host's hard limit fails setrlimit
+    # (HOST-NOTES: 20000 here; podman's defaults trip on it).
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+
+
+def _has_cap_sys_resource() -> bool:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> 24 & 1)
+    return False
+
+
+# Lowering an OOM score needs CAP_SYS_RESOURCE, which some hosts withhold
+# even from root (these development VMs do).
+CAN_PROTECT_INIT = _has_cap_sys_resource()
+
+
+def config(spec: BundleSpec) -> dict[str, Any]:
+    caps = list(profile.CAPABILITIES)
+    nofile = _nofile_limit()
+    memory: dict[str, Any] = {"limit": spec.memory}
+    if spec.swap_accounting:
+        memory["swap"] = spec.memory  # memory+swap == memory: no swap use
+    process_extra: dict[str, Any] = {}
+    if CAN_PROTECT_INIT:
+        # corral-init must survive the sandbox's own OOM; commands raise
+        # their own score before exec, so they are what gets killed.
+        process_extra["oomScoreAdj"] = -1000
+    return {
+        "ociVersion": "1.0.2",
+        "hostname": "sandbox",
+        "root": {"path": str(spec.rootfs), "readonly": False},
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": [platform.INIT],
+            "env": spec.env,
+            "cwd": "/",
+            "noNewPrivileges": True,
+            "capabilities": {
+                "bounding": caps,
+                "effective": caps,
+                "permitted": caps,
+                "inheritable": [],
+                "ambient": [],
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "soft": nofile, "hard": nofile}],
+            **process_extra,
+        },
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc",
+             "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+             "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+             "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+            {"destination": platform.MOUNT_POINT, "type": "bind",
+             "source": str(spec.platform_dir),
+             "options": ["rbind", "ro", "nosuid", "nodev"]},
+        ],
+        "linux": {
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "network"},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"},
+                {"type": "cgroup"},
+            ],
+            "cgroupsPath": spec.cgroups_path,
+            "resources": {
+                "memory": memory,
+                "cpu": {
+                    "shares": max(2, int(1024 * spec.cpu)),
+                    "quota": int(spec.cpu * CPU_PERIOD),
+                    "period": CPU_PERIOD,
+                },
+                "pids": {"limit": spec.pids},
+                "devices": [{"allow": False, "access": "rwm"}],
+            },
+            "maskedPaths": list(profile.MASKED_PATHS),
+            "readonlyPaths": list(profile.READONLY_PATHS),
+        },
+    }

@@ -1,0 +1,142 @@
+"""Drive crun (or runc) through corral-nsexec.
+
+Every invocation runs in a fresh private mount namespace (see
+native/corral-nsexec.c): the sandbox's overlay is mounted there, so only the
+container's own namespace ever holds it, and on hybrid cgroup hosts the
+cgroup2 mount crun chokes on is hidden there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.errors import SandboxFailed
+from corral.log import get_logger
+
+log = get_logger("corral.oci")
+
+
+@dataclass(frozen=True)
+class Overlay:
+    lower: list[Path]  # topmost first
+    upper: Path
+    work: Path
+    target: Path
+
+
+class OciRuntime:
+    def __init__(self, binary: str, state_root: Path, nsexec: Path, hybrid: bool) -> None:
+        self.binary = binary
+        self.state_root = state_root
+        self.nsexec = nsexec
+        self.hybrid = hybrid
+        state_root.mkdir(parents=True, exist_ok=True)
+
+    def _base(self) -> list[str]:
+        cmd = [str(self.nsexec)]
+        if self.hybrid:
+            cmd.append("--hybrid")
+        return cmd
+
+    def _runtime(self, log_file: Path | None = None) -> list[str]:
+        cmd = [self.binary, "--root", str(self.state_root)]
+        if log_file:
+            cmd += ["--log", str(log_file), "--log-format", "json"]
+        if self.binary.endswith("crun"):
+            cmd.append("--cgroup-manager=cgroupfs")
+        return cmd
+
+    async def run(
+        self,
+        container_id: str,
+        bundle: Path,
+        *,
+        overlay: Overlay,
+        listen_fd: int,
+        pid_file: Path,
+        log_file: Path,
+    ) -> None:
+        """Mount the root and start the container detached; fd listen_fd
+        becomes fd 3 of its init."""
+        cmd = self._base()
+        cmd += [
+            "--overlay",
+            ":".join(str(p) for p in overlay.lower),
+            str(overlay.upper),
+            str(overlay.work),
+            str(overlay.target),
+            "--listen-fd",
+            str(listen_fd),
+            "--log",
+            str(log_file.with_suffix(".out")),
+            "--",
+            *self._runtime(log_file),
+            "run",
+            "--detach",
+            "--bundle",
+            str(bundle),
+            "--pid-file",
+            str(pid_file),
+            "--preserve-fds",
+            "1",
+            container_id,
+        ]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            pass_fds=[listen_fd],
+        )
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            detail = err.decode(errors="replace").strip() or _last_error(log_file)
+            raise SandboxFailed(
+                f"starting container {container_id} with {self.binary} failed "
+                f"(exit {proc.returncode}): {detail}",
+                sandbox=container_id,
+            )
+
+    async def delete(self, container_id: str) -> None:
+        """Kill every process of the container and remove its state and
+        cgroups. A container that does not exist is already deleted."""
+        proc = await asyncio.create_subprocess_exec(
+            *self._base(),
+            "--",
+            *self._runtime(),
+            "delete",
+            "--force",
+            container_id,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await proc.communicate()
+        text = err.decode(errors="replace")
+        if proc.returncode != 0 and "does not exist" not in text and "not exist" not in text:
+            raise SandboxFailed(
+                f"deleting container {container_id}: {text.strip()}", sandbox=container_id
+            )
+
+    def known(self) -> set[str]:
+        """Container ids the runtime keeps state for (crun/runc state dirs)."""
+        try:
+            return {p.name for p in self.state_root.iterdir() if p.is_dir()}
+        except OSError:
+            return set()
+
+
+def _last_error(log_file: Path) -> str:
+    try:
+        lines = log_file.read_text().strip().splitlines()
+    except OSError:
+        return "(no log)"
+    for line in reversed(lines):
+        try:
+            return str(json.loads(line).get("msg", line))
+        except ValueError:
+            return line
+    return "(empty log)"

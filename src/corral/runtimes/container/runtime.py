@@ -1,0 +1,96 @@
+"""Container sandboxes: an OCI bundle run by crun, corral-init as PID 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from corral.errors import SandboxFailed
+from corral.node.cgroups import Cgroups, Mode
+from corral.node.platform import Platform
+from corral.node.store import SandboxRecord
+from corral.runtimes.base import Own, Prepared, Started, process_start_time
+from corral.runtimes.container import bundle
+from corral.runtimes.container.oci import OciRuntime, Overlay
+
+
+class ContainerRuntime:
+    kind = "container"
+
+    def __init__(self, oci: OciRuntime, cgroups: Cgroups, platform: Platform) -> None:
+        self.oci = oci
+        self.cgroups = cgroups
+        self.platform = platform
+        self.swap_accounting = cgroups.mode is Mode.V2 or any(
+            (h / "memory.memsw.limit_in_bytes").exists() for h in cgroups.hierarchies
+        )
+
+    async def start(self, rec: SandboxRecord, prep: Prepared, own: Own) -> Started:
+        rootfs = prep.sandbox_dir / "rootfs"
+        rootfs.mkdir(exist_ok=True)
+        spec = rec.spec
+        cfg = bundle.config(
+            bundle.BundleSpec(
+                sandbox_id=rec.id,
+                rootfs=rootfs,
+                platform_dir=self.platform.layer_dir,
+                env=prep.env,
+                cpu=spec["cpu"],
+                memory=spec["memory"],
+                pids=spec["pids"],
+                cgroups_path=self.cgroups.oci_path(rec.id),
+                swap_accounting=self.swap_accounting,
+            )
+        )
+        (prep.sandbox_dir / "config.json").write_text(json.dumps(cfg))
+
+        own("socket", str(prep.control))
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if prep.control.exists():
+                prep.control.unlink()
+            listener.bind(str(prep.control))
+            os.chmod(prep.control, 0o600)
+            listener.listen(512)
+            own("container", rec.id)
+            own("cgroup", rec.id)
+            pid_file = prep.sandbox_dir / "init.pid"
+            await self.oci.run(
+                rec.id,
+                prep.sandbox_dir,
+                overlay=Overlay(prep.lower, prep.upper, prep.work, rootfs),
+                listen_fd=listener.fileno(),
+                pid_file=pid_file,
+                log_file=prep.sandbox_dir / "oci.log",
+            )
+        finally:
+            # The container's init holds its own copy of the listening socket.
+            listener.close()
+        pid = int(pid_file.read_text().strip())
+        started = process_start_time(pid)
+        if started is None:
+            raise SandboxFailed(
+                f"sandbox {rec.id}: its init (pid {pid}) exited right after start; "
+                f"see {prep.sandbox_dir / 'oci.out'}",
+                sandbox=rec.id,
+            )
+        return Started(pid=pid, pid_start=started)
+
+    async def release(self, kind: str, ref: str) -> bool:
+        if kind == "container":
+            await self.oci.delete(ref)
+        elif kind == "cgroup":
+            self.cgroups.remove(ref)
+        else:
+            return False
+        return True
+
+    def leftovers(self) -> set[str]:
+        """Sandbox ids with container state or cgroups on this node."""
+        return self.oci.known() | self.cgroups.present()
+
+
+def control_path(run_dir: Path, sandbox_id: str) -> Path:
+    return run_dir / f"{sandbox_id}.sock"
