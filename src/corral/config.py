@@ -39,6 +39,9 @@ class NodeConfig:
     scratch_size: int = 64 * 1024**3
     max_file_bytes: int = 256 * 1024**2
     reaper_interval: float = 1.0
+    # Layers may be shared by several nodes of one machine (tests, the
+    # multi-node setup); None means <data_dir>/images.
+    images: Path | None = None
 
     def __post_init__(self) -> None:
         if not _NODE.match(self.node):
@@ -62,7 +65,7 @@ class NodeConfig:
             raw = os.environ.get(f"CORRAL_{f.name.upper()}")
             if raw is None:
                 continue
-            if f.name in ("data_dir", "platform_src"):
+            if f.name in ("data_dir", "platform_src", "images"):
                 values[f.name] = Path(raw)
             elif f.name in ("scratch_size", "max_file_bytes"):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
@@ -84,7 +87,7 @@ class NodeConfig:
 
     @property
     def images_dir(self) -> Path:
-        return self.data_dir / "images"
+        return self.images or self.data_dir / "images"
 
     @property
     def sandboxes_dir(self) -> Path:

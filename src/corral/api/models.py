@@ -205,6 +205,9 @@ class SandboxInfo(BaseModel):
 class ExecRequest(_Model):
     """One command. ``cmd`` as a string runs through the platform's shell."""
 
+    # Bytes travel as base64 in JSON.
+    model_config = ConfigDict(extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
+
     cmd: str | list[str]
     timeout: float | None = 60.0
     cwd: str | None = None
@@ -286,6 +289,8 @@ class ExecStarted(BaseModel):
 
 
 class ExecOutput(BaseModel):
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
     type: Literal["stdout", "stderr"]
     data: bytes
 

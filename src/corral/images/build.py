@@ -66,7 +66,7 @@ def build_from_dir(
         str(meta),
         str(src),
     ]
-    label = f"mkfs.erofs {src.name or src}"
+    label = f"layer {tag or src.name}"
     progress(label, 0, total)
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

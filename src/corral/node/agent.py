@@ -98,8 +98,13 @@ def merge_env(*layers: list[str] | dict[str, str]) -> list[str]:
 class NodeAgent:
     """Implements api.service.SandboxService for the sandboxes of one node."""
 
-    def __init__(self, config: NodeConfig | None = None) -> None:
+    def __init__(self, config: NodeConfig | None = None, *, reap_children: bool = False) -> None:
         self.config = config or NodeConfig.from_env()
+        # Set where this process is a child subreaper (`corral serve`): the
+        # sandboxes' init processes are then our children to reap. Never in
+        # an embedded caller's process, whose children are its own business.
+        self.reap_children = reap_children
+        self._children: set[int] = set()
         self.owner = _owner_token()
         self.store: Store | None = None
         self.images = ImageStore(self.config.images_dir)
@@ -255,6 +260,8 @@ class NodeAgent:
                 env=merge_env(image_env, req.env),
             )
             started = await runtime.start(rec, prep, own)
+            if self.reap_children:
+                self._children.add(started.pid)
             db.update(rec.id, init_pid=started.pid, init_start=started.pid_start)
             await self._wait_ready(rec.id, prep.control)
             if not db.transition(rec.id, ["creating"], "running"):
@@ -325,6 +332,7 @@ class NodeAgent:
                           error=str(exc))
         for key in [k for k in self._sessions if k[0] == sandbox_id]:
             self._sessions.pop(key).close()
+        self.reap()
         self._activity.pop(sandbox_id, None)
         db.update(
             sandbox_id,
@@ -603,6 +611,16 @@ class NodeAgent:
             sandbox_id, [plat.BUSYBOX, "tar", "-c", "-C", path, "."], None,
             f"archiving {path}",
         )
+
+    def reap(self) -> None:
+        """Collect the exit status of our sandboxes' dead init processes."""
+        for pid in list(self._children):
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid  # not ours (adopted before a restart) or gone
+            if done:
+                self._children.discard(pid)
 
     # ---------------------------------------------------------------- activity
 

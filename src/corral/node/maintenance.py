@@ -100,6 +100,7 @@ class Maintenance:
             await asyncio.sleep(interval)
             try:
                 self.agent.flush_activity()
+                self.agent.reap()
                 if not self.is_leader and self._try_lead():
                     await self.recover()
                 if self.is_leader:

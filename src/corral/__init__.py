@@ -1,0 +1,93 @@
+"""Corral: sandboxes for training and evaluating AI agents with RL.
+
+An open implementation of DeepSeek's DSec design. Start here:
+
+    import corral
+    async with corral.AsyncClient() as client:
+        sbx = await client.sandboxes.create(image="debian-python:bookworm")
+        print((await sbx.commands.run("python3 -c 'print(1+1)'")).stdout)
+        await sbx.close()
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+from corral.api.models import FileEntry, SandboxInfo, SandboxState
+from corral.errors import (
+    CommandNotFound,
+    CommandTimeout,
+    Conflict,
+    CorralError,
+    FileError,
+    FileNotFound,
+    ImageNotFound,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    SandboxClosed,
+    SandboxFailed,
+    SandboxNotFound,
+    Unauthenticated,
+    Unavailable,
+)
+from corral.sdk.client import AsyncClient, AsyncSandboxes
+from corral.sdk.commands import AsyncCommandHandle, AsyncCommands, CommandResult
+from corral.sdk.files import AsyncFiles
+from corral.sdk.sandbox import AsyncSandbox
+
+if TYPE_CHECKING:
+    from corral.sdk.sync import Client, CommandHandle, Commands, Files, Sandbox, Sandboxes
+
+_SYNC = ("Client", "CommandHandle", "Commands", "Files", "Sandbox", "Sandboxes")
+
+
+def __getattr__(name: str) -> Any:
+    # The blocking API is generated from the async one (corral/sdk/gen_sync.py);
+    # importing it lazily lets the generator run even when it is stale.
+    if name in _SYNC:
+        from corral.sdk import sync
+
+        return getattr(sync, name)
+    raise AttributeError(f"module 'corral' has no attribute {name!r}")
+
+__all__ = [
+    "AsyncClient",
+    "AsyncCommandHandle",
+    "AsyncCommands",
+    "AsyncFiles",
+    "AsyncSandbox",
+    "AsyncSandboxes",
+    "Client",
+    "CommandHandle",
+    "CommandNotFound",
+    "CommandResult",
+    "CommandTimeout",
+    "Commands",
+    "Conflict",
+    "CorralError",
+    "FileEntry",
+    "FileError",
+    "FileNotFound",
+    "Files",
+    "ImageNotFound",
+    "InternalError",
+    "InvalidArgument",
+    "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Sandbox",
+    "SandboxClosed",
+    "SandboxFailed",
+    "SandboxInfo",
+    "SandboxNotFound",
+    "SandboxState",
+    "Sandboxes",
+    "Unauthenticated",
+    "Unavailable",
+    "__version__",
+]

@@ -1,0 +1,186 @@
+"""The HTTP API over any SandboxService (the node agent; later a gateway).
+
+Errors travel as ``{"error": {"code", "message", ...}}`` with the HTTP status
+of their code (corral/errors.py); a command's output streams back as NDJSON
+events: started, stdout/stderr (base64 data), exit, or error.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from corral import __version__, metrics
+from corral.api.models import CreateSandbox, ExecRequest, FileEntry, SandboxInfo
+from corral.api.service import SandboxService
+from corral.errors import CorralError, InternalError, InvalidArgument, Unauthenticated
+from corral.log import get_logger
+
+log = get_logger("corral.api")
+
+MAX_BODY = 1 << 30
+
+
+def _error_response(err: CorralError) -> JSONResponse:
+    return JSONResponse({"error": err.to_wire()}, status_code=err.http_status)
+
+
+def parse_labels(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument("label", "must be key=value", item)
+        out[key] = value
+    return out
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and int(declared) > limit:
+        raise InvalidArgument("body", f"must be at most {limit} bytes", f"<{declared} bytes>")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise InvalidArgument("body", f"must be at most {limit} bytes", f"<{size}+ bytes>")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(
+        title="Corral",
+        version=__version__,
+        description="Sandboxes for agent RL: containers today, one API for every backend.",
+    )
+
+    @app.exception_handler(CorralError)
+    async def _corral_error(_req: Request, exc: CorralError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first["loc"] if p not in ("body", "query", "path")]
+        rule = str(first["msg"]).removeprefix("Value error, ")
+        if first.get("type") == "extra_forbidden":
+            rule = "is not a known field"
+        return _error_response(InvalidArgument(".".join(loc) or "body", rule, first.get("input")))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.error("api.unexpected", exc=True, error=str(exc))
+        return _error_response(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+
+    async def auth(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header.removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
+
+    v1 = [Depends(auth)]
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"ok": True, "version": __version__}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/sandboxes", status_code=201, dependencies=v1)
+    async def create(req: CreateSandbox) -> SandboxInfo:
+        return await service.create(req)
+
+    @app.get("/v1/sandboxes", dependencies=v1)
+    async def list_sandboxes(
+        label: Annotated[list[str], Query()] = [],  # noqa: B006 (FastAPI idiom)
+    ) -> dict[str, list[SandboxInfo]]:
+        return {"sandboxes": await service.list(parse_labels(label) or None)}
+
+    @app.get("/v1/sandboxes/{sandbox_id}", dependencies=v1)
+    async def get(sandbox_id: str) -> SandboxInfo:
+        return await service.get(sandbox_id)
+
+    @app.delete("/v1/sandboxes/{sandbox_id}", status_code=204, dependencies=v1)
+    async def close(sandbox_id: str) -> Response:
+        await service.close(sandbox_id)
+        return Response(status_code=204)
+
+    @app.post("/v1/sandboxes/{sandbox_id}/exec", dependencies=v1)
+    async def exec_command(sandbox_id: str, req: ExecRequest) -> StreamingResponse:
+        events = service.exec(sandbox_id, req)
+        # Errors before the command starts become a plain HTTP error.
+        first = await anext(aiter(events))
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield first.model_dump_json().encode() + b"\n"
+            try:
+                async for ev in events:
+                    yield ev.model_dump_json().encode() + b"\n"
+            except Exception as exc:
+                err = exc if isinstance(exc, CorralError) else InternalError(str(exc))
+                yield json.dumps({"type": "error", "error": err.to_wire()}).encode() + b"\n"
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/kill", status_code=204,
+              dependencies=v1)
+    async def kill(sandbox_id: str, pid: int, signal: int = 9) -> Response:
+        await service.kill(sandbox_id, pid, signal)
+        return Response(status_code=204)
+
+    @app.get("/v1/sandboxes/{sandbox_id}/files", dependencies=v1)
+    async def read_file(sandbox_id: str, path: str, user: str = "root") -> Response:
+        data = await service.read_file(sandbox_id, path, user)
+        return Response(data, media_type="application/octet-stream")
+
+    @app.put("/v1/sandboxes/{sandbox_id}/files", dependencies=v1)
+    async def write_file(
+        sandbox_id: str, path: str, request: Request, user: str = "root", mode: int = 0o644
+    ) -> dict[str, int]:
+        data = await _body(request, MAX_BODY)
+        return {"bytes": await service.write_file(sandbox_id, path, data, user, mode)}
+
+    @app.delete("/v1/sandboxes/{sandbox_id}/files", status_code=204, dependencies=v1)
+    async def remove_file(
+        sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+    ) -> Response:
+        await service.remove_file(sandbox_id, path, user, recursive)
+        return Response(status_code=204)
+
+    @app.get("/v1/sandboxes/{sandbox_id}/files/list", dependencies=v1)
+    async def list_files(
+        sandbox_id: str, path: str, user: str = "root"
+    ) -> dict[str, list[FileEntry]]:
+        return {"entries": await service.list_files(sandbox_id, path, user)}
+
+    @app.get("/v1/sandboxes/{sandbox_id}/files/stat", dependencies=v1)
+    async def stat_file(sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+        return await service.stat_file(sandbox_id, path, user)
+
+    @app.post("/v1/sandboxes/{sandbox_id}/files/mkdir", status_code=204, dependencies=v1)
+    async def make_dir(sandbox_id: str, path: str, user: str = "root") -> Response:
+        await service.make_dir(sandbox_id, path, user)
+        return Response(status_code=204)
+
+    @app.put("/v1/sandboxes/{sandbox_id}/tar", status_code=204, dependencies=v1)
+    async def upload_tar(sandbox_id: str, path: str, request: Request) -> Response:
+        await service.upload_tar(sandbox_id, path, await _body(request, MAX_BODY))
+        return Response(status_code=204)
+
+    @app.get("/v1/sandboxes/{sandbox_id}/tar", dependencies=v1)
+    async def download_tar(sandbox_id: str, path: str) -> Response:
+        return Response(await service.download_tar(sandbox_id, path),
+                        media_type="application/x-tar")
+
+    return app

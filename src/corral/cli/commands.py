@@ -1,0 +1,267 @@
+"""Handlers of the `corral` commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import runpy
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from corral.cli.main import _create_kwargs, _labels
+from corral.cli.progress import progress_bar
+from corral.config import NodeConfig
+from corral.errors import InvalidArgument
+from corral.sdk.client import AsyncClient
+from corral.units import format_size
+
+console = Console(stderr=False)
+
+
+def _client(a: argparse.Namespace) -> AsyncClient:
+    return AsyncClient(a.url, api_key=a.api_key, data_dir=a.data_dir)
+
+
+def _emit(a: argparse.Namespace, doc: Any, table: Table | str | None = None) -> None:
+    if a.json or table is None:
+        print(json.dumps(doc, default=str, indent=None if a.json else 2))
+    else:
+        console.print(table)
+
+
+def _config(a: argparse.Namespace) -> NodeConfig:
+    return NodeConfig.from_env(data_dir=a.data_dir)
+
+
+async def serve(a: argparse.Namespace) -> int:
+    from corral.server import serve as run_server
+
+    await run_server(
+        _config(a), host=a.host, port=a.port, socket=a.socket, api_key=a.api_key,
+        log_level=a.log_level,
+    )
+    return 0
+
+
+async def create(a: argparse.Namespace) -> int:
+    async with _client(a) as client:
+        sbx = await client.sandboxes.create(**_create_kwargs(a))
+        _emit(a, sbx.info.model_dump(mode="json"), sbx.id)
+    return 0
+
+
+def _cmd(parts: list[str]) -> str | list[str]:
+    if parts and parts[0] == "--":
+        parts = parts[1:]
+    if not parts:
+        raise InvalidArgument("cmd", "must be given after --", parts)
+    return parts[0] if len(parts) == 1 else parts
+
+
+async def _run_in(sbx: Any, a: argparse.Namespace, cmd: str | list[str]) -> int:
+    def out(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def err(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    r = await sbx.commands.run(
+        cmd, timeout=a.timeout, cwd=getattr(a, "cwd", None), user=getattr(a, "user", "root"),
+        on_stdout=None if a.json else out, on_stderr=None if a.json else err,
+    )
+    if a.json:
+        print(json.dumps(r.__dict__))
+    return r.exit_code if r.exit_code >= 0 else 128 + r.signal
+
+
+async def exec_(a: argparse.Namespace) -> int:
+    async with _client(a) as client:
+        sbx = await client.sandboxes.get(a.id)
+        return await _run_in(sbx, a, _cmd(a.cmd))
+
+
+async def run(a: argparse.Namespace) -> int:
+    async with _client(a) as client:
+        sbx = await client.sandboxes.create(**_create_kwargs(a))
+        try:
+            return await _run_in(sbx, a, _cmd(a.cmd))
+        finally:
+            await sbx.close()
+
+
+async def ls(a: argparse.Namespace) -> int:
+    async with _client(a) as client:
+        boxes = await client.sandboxes.list(_labels(a.label) or None)
+    table = Table("ID", "KIND", "STATE", "IMAGE", "MEMORY", "AGE", "LABELS")
+    now = time.time()
+    for s in boxes:
+        i = s.info
+        table.add_row(
+            i.id, i.kind, i.state.value, i.image, format_size(i.memory),
+            f"{now - i.created_at:.0f}s", ",".join(f"{k}={v}" for k, v in i.labels.items()),
+        )
+    _emit(a, [s.info.model_dump(mode="json") for s in boxes], table)
+    return 0
+
+
+async def rm(a: argparse.Namespace) -> int:
+    async with _client(a) as client:
+        for sid in a.ids:
+            sbx = await client.sandboxes.get(sid)
+            await sbx.close()
+            if not a.json:
+                print(sid)
+    return 0
+
+
+async def gc(a: argparse.Namespace) -> int:
+    from corral.node.agent import NodeAgent
+
+    async with NodeAgent(_config(a)) as agent:
+        report = await agent._maintenance.recover()
+    _emit(a, report.__dict__, f"reattached {report.reattached}, reclaimed "
+          f"{report.reclaimed_sandboxes} sandboxes, resources {report.reclaimed or '{}'}, "
+          f"released {report.layers_released} layer mounts")
+    return 0
+
+
+async def doctor(a: argparse.Namespace) -> int:
+    from corral.node import cgroups
+    from corral.runtimes.container import bundle
+
+    checks: dict[str, Any] = {
+        "root": os.geteuid() == 0,
+        "cgroups": cgroups.detect().value,
+        "crun": shutil.which("crun"),
+        "runc": shutil.which("runc"),
+        "mkfs.erofs": shutil.which("mkfs.erofs"),
+        "mkfs.btrfs": shutil.which("mkfs.btrfs"),
+        "busybox": shutil.which("busybox"),
+        "debootstrap": shutil.which("debootstrap"),
+        "erofs": "erofs" in Path("/proc/filesystems").read_text(),
+        "overlay": "overlay" in Path("/proc/filesystems").read_text(),
+        "btrfs": "btrfs" in Path("/proc/filesystems").read_text(),
+        "cap_sys_resource": bundle.CAN_PROTECT_INIT,
+        "platform_helpers": (NodeConfig().platform_src / "bin" / "corral-init").exists(),
+    }
+    table = Table("CHECK", "RESULT")
+    for k, v in checks.items():
+        table.add_row(k, str(v))
+    _emit(a, checks, table)
+    return 0
+
+
+async def demo(a: argparse.Namespace) -> int:
+    from corral.rollout.demo import run_demo
+
+    return await run_demo(_config(a), sandboxes=a.sandboxes, as_json=a.json)
+
+
+async def bench(a: argparse.Namespace) -> int:
+    bench_dir = Path(__file__).resolve().parents[3] / "bench"
+    names = sorted(p.stem for p in bench_dir.glob("*.py") if not p.name.startswith("_"))
+    if not a.name:
+        print("benchmarks:", " ".join(names))
+        return 0
+    if a.name not in names:
+        raise InvalidArgument("name", f"must be one of {', '.join(names)}", a.name)
+    sys.argv = [str(bench_dir / f"{a.name}.py"), *a.args]
+    await asyncio.to_thread(runpy.run_path, str(bench_dir / f"{a.name}.py"), run_name="__main__")
+    return 0
+
+
+# ------------------------------------------------------------------ images
+
+
+async def image_help(a: argparse.Namespace) -> int:
+    return 0
+
+
+def _store(a: argparse.Namespace) -> Any:
+    from corral.images.store import ImageStore
+
+    return ImageStore(_config(a).images_dir)
+
+
+def _layer_doc(layer: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = layer.to_json()
+    doc["names"] = layer.names
+    doc["chunks"] = len(doc.pop("chunk_digests"))
+    return doc
+
+
+async def image_build(a: argparse.Namespace) -> int:
+    from corral.images import build
+
+    store = _store(a)
+    with progress_bar(disable=a.json) as progress:
+        if a.from_dir:
+            layer = await asyncio.to_thread(
+                build.build_from_dir, store, a.from_dir, tag=a.ref, kind=a.kind or "layer",
+                progress=progress,
+            )
+        elif a.from_tar:
+            layer = await asyncio.to_thread(
+                build.build_from_tar, store, a.from_tar, tag=a.ref, kind=a.kind or "base",
+                progress=progress,
+            )
+        else:
+            packages = [p for p in a.packages.split(",") if p]
+            layer = await asyncio.to_thread(
+                build.build_debootstrap, store, a.debootstrap, packages, tag=a.ref,
+                progress=progress,
+            )
+    _emit(a, _layer_doc(layer), f"{a.ref} {layer.digest} "
+          f"({format_size(layer.content_size)} content, {format_size(layer.meta_size)} metadata)")
+    return 0
+
+
+async def image_import(a: argparse.Namespace) -> int:
+    from corral.images import build
+
+    store = _store(a)
+    with progress_bar(disable=a.json) as progress:
+        layer = await asyncio.to_thread(
+            build.build_from_tar, store, a.tarball, tag=a.ref, kind=a.kind, progress=progress
+        )
+    _emit(a, _layer_doc(layer), f"{a.ref} {layer.digest}")
+    return 0
+
+
+async def image_ls(a: argparse.Namespace) -> int:
+    layers = _store(a).list()
+    table = Table("NAMES", "KIND", "DIGEST", "CONTENT", "META", "BLOB")
+    for layer in layers:
+        table.add_row(
+            ",".join(layer.names) or "<none>", layer.kind, layer.digest[:19],
+            format_size(layer.content_size), format_size(layer.meta_size),
+            format_size(layer.blob_size),
+        )
+    _emit(a, [_layer_doc(layer) for layer in layers], table)
+    return 0
+
+
+async def image_inspect(a: argparse.Namespace) -> int:
+    layer = _store(a).resolve(a.ref)
+    doc = _layer_doc(layer)
+    print(json.dumps(doc, indent=None if a.json else 2))
+    return 0
+
+
+async def image_rm(a: argparse.Namespace) -> int:
+    store = _store(a)
+    for ref in a.refs:
+        digest = store.untag(ref)
+        if not a.json:
+            print(f"untagged {ref} ({digest[:19]})")
+    return 0

@@ -1,0 +1,162 @@
+"""`corral`: the command line. Human output by default, --json for scripts.
+
+Every command works embedded (a node agent in this process, root needed) or
+against a server (--url or CORRAL_URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from corral import __version__
+from corral.errors import CorralError, InvalidArgument
+from corral.log import configure
+
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def _labels(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidArgument("label", "must be key=value", item)
+        out[key] = value
+    return out
+
+
+def _sandbox_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image", required=True, help="base image, name:tag or sha256:...")
+    p.add_argument("--workspace", help="workspace layer composed over the image")
+    p.add_argument("--toolkit", action="append", help="toolkit layer (repeatable; last on top)")
+    p.add_argument("--cpu", type=float, default=1.0)
+    p.add_argument("--memory", default="1GiB")
+    p.add_argument("--disk", default="2GiB")
+    p.add_argument("--pids", type=int, default=512)
+    p.add_argument("--ttl", type=float, default=3600)
+    p.add_argument("--idle-timeout", type=float, default=600)
+    p.add_argument("--env", action="append", help="KEY=VALUE (repeatable)")
+    p.add_argument("--label", action="append", help="key=value (repeatable)")
+
+
+def _create_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "image": a.image,
+        "workspace": a.workspace,
+        "toolkit": a.toolkit,
+        "cpu": a.cpu,
+        "memory": a.memory,
+        "disk": a.disk,
+        "pids": a.pids,
+        "ttl": a.ttl,
+        "idle_timeout": a.idle_timeout,
+        "env": _labels(a.env),
+        "labels": _labels(a.label),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from corral.cli import commands as c
+
+    parser = argparse.ArgumentParser(prog="corral", description="Sandboxes for agent RL.")
+    parser.add_argument("--version", action="version", version=f"corral {__version__}")
+    parser.add_argument("--url", default=os.environ.get("CORRAL_URL"),
+                        help="a corral server (http://host:7070 or unix:/path); default embedded")
+    parser.add_argument("--api-key", default=os.environ.get("CORRAL_API_KEY"))
+    parser.add_argument("--data-dir", default=None, help="node data dir (default /var/lib/corral)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def cmd(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = cmd("serve", c.serve, "run the node agent behind the HTTP API")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7070)
+    p.add_argument("--socket", help="also listen on this unix socket")
+    p.add_argument("--log-level", default="info")
+
+    p = cmd("create", c.create, "create a sandbox and print its id")
+    _sandbox_args(p)
+
+    p = cmd("exec", c.exec_, "run a command in a sandbox; exits with its status")
+    p.add_argument("id")
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--cwd")
+    p.add_argument("--user", default="root")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+
+    p = cmd("run", c.run, "create a sandbox, run one command, close it")
+    _sandbox_args(p)
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+
+    p = cmd("ls", c.ls, "list live sandboxes")
+    p.add_argument("--label", action="append")
+
+    p = cmd("rm", c.rm, "close sandboxes")
+    p.add_argument("ids", nargs="+")
+
+    cmd("gc", c.gc, "reclaim leftovers of crashed agents and sandboxes (embedded only)")
+    cmd("doctor", c.doctor, "check what this host offers Corral")
+
+    p = cmd("demo", c.demo, "the main job: a batch of agent rollouts on real projects")
+    p.add_argument("--sandboxes", type=int, default=48)
+
+    p = cmd("bench", c.bench, "run a benchmark from bench/")
+    p.add_argument("name", nargs="?")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+
+    img = cmd("image", c.image_help, "build and manage image layers")
+    isub = img.add_subparsers(dest="image_command", required=True)
+    p = isub.add_parser("build", help="build a layer")
+    p.set_defaults(handler=c.image_build)
+    p.add_argument("ref", help="name:tag")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-dir", type=Path)
+    src.add_argument("--from-tar", type=Path, help="a root file system tarball")
+    src.add_argument("--debootstrap", metavar="SUITE")
+    p.add_argument("--packages", default="", help="with --debootstrap: p1,p2")
+    p.add_argument("--kind", default=None, choices=["base", "workspace", "toolkit", "layer"])
+    p = isub.add_parser("import", help="import a root file system tarball")
+    p.set_defaults(handler=c.image_import)
+    p.add_argument("tarball", type=Path)
+    p.add_argument("ref")
+    p.add_argument("--kind", default="base")
+    p = isub.add_parser("ls", help="list layers")
+    p.set_defaults(handler=c.image_ls)
+    p = isub.add_parser("inspect", help="show a layer's manifest")
+    p.set_defaults(handler=c.image_inspect)
+    p.add_argument("ref")
+    p = isub.add_parser("rm", help="untag a layer (gc frees it)")
+    p.set_defaults(handler=c.image_rm)
+    p.add_argument("refs", nargs="+")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure(os.environ.get("CORRAL_LOG_LEVEL"))
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(args.handler(args))
+    except CorralError as err:
+        if args.json:
+            print(json.dumps({"error": err.to_wire()}), file=sys.stderr)
+        else:
+            print(f"corral: {err.code}: {err.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The asynchronous client: the source of truth of Corral's SDK.
+
+    async with corral.AsyncClient() as client:            # embedded node
+        sbx = await client.sandboxes.create(image="debian-python:bookworm")
+        r = await sbx.commands.run("python3 -V")
+
+`AsyncClient()` runs a node agent in this process (root needed), sharing its
+node with any other process using the same data dir; `AsyncClient(url)`
+talks to `corral serve`. Both behave the same, errors included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from corral.api.models import CreateSandbox, validated
+from corral.api.service import SandboxService
+from corral.config import NodeConfig
+from corral.sdk.sandbox import AsyncSandbox
+
+
+class AsyncSandboxes:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        *,
+        kind: str = "container",
+        image: str,
+        workspace: str | None = None,
+        toolkit: str | list[str] | None = None,
+        cpu: float = 1.0,
+        memory: int | str = "1GiB",
+        disk: int | str = "2GiB",
+        pids: int = 512,
+        ttl: float | None = 3600,
+        idle_timeout: float | None = 600,
+        env: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> AsyncSandbox:
+        """Create a sandbox and return once it accepts commands.
+
+        The root file system is the image with the workspace and toolkit
+        layers composed over it (toolkits in the order given, the last on
+        top) and a private writable layer of at most `disk` bytes."""
+        req = validated(
+            CreateSandbox,
+            {
+                "kind": kind,
+                "image": image,
+                "workspace": workspace,
+                "toolkit": toolkit,
+                "cpu": cpu,
+                "memory": memory,
+                "disk": disk,
+                "pids": pids,
+                "ttl": ttl,
+                "idle_timeout": idle_timeout,
+                "env": env or {},
+                "labels": labels or {},
+            },
+        )
+        service = await self._client._ready()
+        return AsyncSandbox(service, await service.create(req))
+
+    async def get(self, sandbox_id: str) -> AsyncSandbox:
+        """Re-attach to a sandbox by id (from any process)."""
+        service = await self._client._ready()
+        return AsyncSandbox(service, await service.get(sandbox_id))
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[AsyncSandbox]:
+        """Live sandboxes, optionally those carrying all the given labels."""
+        service = await self._client._ready()
+        return [AsyncSandbox(service, info) for info in await service.list(labels)]
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        api_key: str | None = None,
+        data_dir: str | Path | None = None,
+        node: str | None = None,
+        config: NodeConfig | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        self.url = url
+        self._service: SandboxService
+        self._started = False
+        if url:
+            from corral.sdk.http import HttpService
+
+            self._service = HttpService(url, api_key=api_key, timeout=timeout)
+        else:
+            from corral.node.agent import NodeAgent
+
+            cfg = config or NodeConfig.from_env(data_dir=data_dir, node=node)
+            self._service = NodeAgent(cfg)
+        self.sandboxes = AsyncSandboxes(self)
+
+    @property
+    def service(self) -> SandboxService:
+        return self._service
+
+    async def _ready(self) -> SandboxService:
+        if not self._started:
+            start = getattr(self._service, "start", None)
+            if start is not None:
+                await start()
+            self._started = True
+        return self._service
+
+    async def open(self) -> AsyncClient:
+        await self._ready()
+        return self
+
+    async def aclose(self) -> None:
+        """Stop this client. Sandboxes live on (until their TTL): close them,
+        or re-attach from another client with sandboxes.get(id)."""
+        if self._started:
+            await self._service.aclose()
+            self._started = False
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.open()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

@@ -1,0 +1,60 @@
+"""Files in a sandbox. Paths are absolute, inside the sandbox; '..' is refused."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from corral.api.models import FileEntry
+from corral.errors import FileNotFound
+
+if TYPE_CHECKING:
+    from corral.sdk.sandbox import AsyncSandbox
+
+
+class AsyncFiles:
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sandbox = sandbox
+
+    @property
+    def _svc(self):  # type: ignore[no-untyped-def]
+        return self._sandbox._service
+
+    async def read(self, path: str, *, user: str = "root") -> bytes:
+        return await self._svc.read_file(self._sandbox.id, path, user)
+
+    async def read_text(self, path: str, *, user: str = "root", encoding: str = "utf-8") -> str:
+        return (await self.read(path, user=user)).decode(encoding)
+
+    async def write(
+        self, path: str, data: bytes | str, *, user: str = "root", mode: int = 0o644
+    ) -> int:
+        """Create or replace a file (parent directories are made). Returns bytes written."""
+        raw = data.encode() if isinstance(data, str) else data
+        return await self._svc.write_file(self._sandbox.id, path, raw, user, mode)
+
+    async def list(self, path: str, *, user: str = "root") -> list[FileEntry]:
+        return await self._svc.list_files(self._sandbox.id, path, user)
+
+    async def stat(self, path: str, *, user: str = "root") -> FileEntry:
+        return await self._svc.stat_file(self._sandbox.id, path, user)
+
+    async def exists(self, path: str, *, user: str = "root") -> bool:
+        try:
+            await self.stat(path, user=user)
+        except FileNotFound:
+            return False
+        return True
+
+    async def make_dir(self, path: str, *, user: str = "root") -> None:
+        await self._svc.make_dir(self._sandbox.id, path, user)
+
+    async def remove(self, path: str, *, user: str = "root", recursive: bool = True) -> None:
+        await self._svc.remove_file(self._sandbox.id, path, user, recursive)
+
+    async def upload_tar(self, path: str, data: bytes) -> None:
+        """Extract a tar archive into the directory `path` (made if missing)."""
+        await self._svc.upload_tar(self._sandbox.id, path, data)
+
+    async def download_tar(self, path: str) -> bytes:
+        """The directory `path` as a tar archive."""
+        return await self._svc.download_tar(self._sandbox.id, path)

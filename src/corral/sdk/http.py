@@ -1,0 +1,165 @@
+"""SandboxService over HTTP: the SDK's remote transport to `corral serve`.
+
+URLs: ``http://host:7070`` or ``unix:/path/to/corral.sock``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from corral.api.models import (
+    CreateSandbox,
+    ExecEvent,
+    ExecExit,
+    ExecOutput,
+    ExecRequest,
+    ExecStarted,
+    FileEntry,
+    SandboxInfo,
+)
+from corral.errors import CorralError, InternalError, Unavailable, error_from_wire
+
+
+def _error(resp: httpx.Response, body: bytes) -> CorralError:
+    try:
+        doc = json.loads(body)
+        return error_from_wire(doc["error"], resp.status_code)
+    except (ValueError, KeyError, TypeError):
+        text = body[:300].decode(errors="replace")
+        return InternalError(f"HTTP {resp.status_code} from {resp.url}: {text}")
+
+
+class HttpService:
+    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        if url.startswith("unix:"):
+            transport = httpx.AsyncHTTPTransport(uds=url.removeprefix("unix:"))
+            base = "http://corral"
+        else:
+            transport = httpx.AsyncHTTPTransport()
+            base = url.rstrip("/")
+        self.url = url
+        self._http = httpx.AsyncClient(
+            base_url=base,
+            transport=transport,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = await self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise Unavailable(f"Corral server at {self.url} unreachable: {exc}") from exc
+        if resp.status_code >= 400:
+            raise _error(resp, resp.content)
+        return resp
+
+    async def create(self, req: CreateSandbox) -> SandboxInfo:
+        resp = await self._call("POST", "/v1/sandboxes", content=req.model_dump_json(),
+                                headers={"content-type": "application/json"})
+        return SandboxInfo.model_validate_json(resp.content)
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}")
+        return SandboxInfo.model_validate_json(resp.content)
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        resp = await self._call("GET", "/v1/sandboxes", params=params)
+        return [SandboxInfo.model_validate(s) for s in resp.json()["sandboxes"]]
+
+    async def close(self, sandbox_id: str) -> None:
+        await self._call("DELETE", f"/v1/sandboxes/{sandbox_id}")
+
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        try:
+            async with self._http.stream(
+                "POST",
+                f"/v1/sandboxes/{sandbox_id}/exec",
+                content=req.model_dump_json(),
+                headers={"content-type": "application/json"},
+                timeout=httpx.Timeout(None, connect=10.0),
+            ) as resp:
+                if resp.status_code >= 400:
+                    raise _error(resp, await resp.aread())
+                async for line in resp.aiter_lines():
+                    if not line:
+                        continue
+                    doc = json.loads(line)
+                    kind = doc.get("type")
+                    if kind == "started":
+                        yield ExecStarted.model_validate(doc)
+                    elif kind in ("stdout", "stderr"):
+                        yield ExecOutput.model_validate_json(line)
+                    elif kind == "exit":
+                        yield ExecExit.model_validate(doc)
+                        return
+                    elif kind == "error":
+                        raise error_from_wire(doc["error"])
+        except httpx.TransportError as exc:
+            raise Unavailable(f"Corral server at {self.url} unreachable: {exc}") from exc
+
+    async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None:
+        await self._call(
+            "POST", f"/v1/sandboxes/{sandbox_id}/commands/{pid}/kill", params={"signal": signal}
+        )
+
+    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
+        resp = await self._call(
+            "GET", f"/v1/sandboxes/{sandbox_id}/files", params={"path": path, "user": user}
+        )
+        return resp.content
+
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, user: str = "root", mode: int = 0o644
+    ) -> int:
+        resp = await self._call(
+            "PUT",
+            f"/v1/sandboxes/{sandbox_id}/files",
+            params={"path": path, "user": user, "mode": mode},
+            content=data,
+        )
+        return int(resp.json()["bytes"])
+
+    async def list_files(self, sandbox_id: str, path: str, user: str = "root") -> list[FileEntry]:
+        resp = await self._call(
+            "GET", f"/v1/sandboxes/{sandbox_id}/files/list", params={"path": path, "user": user}
+        )
+        return [FileEntry.model_validate(e) for e in resp.json()["entries"]]
+
+    async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+        resp = await self._call(
+            "GET", f"/v1/sandboxes/{sandbox_id}/files/stat", params={"path": path, "user": user}
+        )
+        return FileEntry.model_validate_json(resp.content)
+
+    async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
+        await self._call(
+            "POST", f"/v1/sandboxes/{sandbox_id}/files/mkdir", params={"path": path, "user": user}
+        )
+
+    async def remove_file(
+        self, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+    ) -> None:
+        await self._call(
+            "DELETE",
+            f"/v1/sandboxes/{sandbox_id}/files",
+            params={"path": path, "user": user, "recursive": recursive},
+        )
+
+    async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None:
+        await self._call(
+            "PUT", f"/v1/sandboxes/{sandbox_id}/tar", params={"path": path}, content=data
+        )
+
+    async def download_tar(self, sandbox_id: str, path: str) -> bytes:
+        resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}/tar", params={"path": path})
+        return resp.content

@@ -1,0 +1,41 @@
+"""A handle on one sandbox, keyed by id: any process can re-attach to it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from corral.api.models import SandboxInfo
+from corral.sdk.commands import AsyncCommands
+from corral.sdk.files import AsyncFiles
+
+if TYPE_CHECKING:
+    from corral.api.service import SandboxService
+
+
+class AsyncSandbox:
+    def __init__(self, service: SandboxService, info: SandboxInfo) -> None:
+        self._service = service
+        self.info = info
+        self.commands = AsyncCommands(self)
+        self.files = AsyncFiles(self)
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandbox {self.id} {self.info.kind} {self.info.state.value}>"
+
+    async def refresh(self) -> SandboxInfo:
+        self.info = await self._service.get(self.id)
+        return self.info
+
+    async def close(self) -> None:
+        """Stop the sandbox and release everything it holds (idempotent)."""
+        await self._service.close(self.id)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,54 @@
+"""`corral serve`: a node agent behind the HTTP API, in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+
+import uvicorn
+
+from corral.api.app import create_app
+from corral.config import NodeConfig
+from corral.log import configure, get_logger
+from corral.node.agent import NodeAgent
+
+log = get_logger("corral.server")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Containers' init processes re-parent to us when crun exits, instead
+    of to the host's PID 1 (which may reap them late): we reap them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+async def serve(
+    config: NodeConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 7070,
+    socket: str | None = None,
+    api_key: str | None = None,
+    log_level: str = "info",
+) -> None:
+    configure(log_level)
+    become_subreaper()
+    agent = NodeAgent(config, reap_children=True)
+    await agent.start()
+    app = create_app(agent, api_key=api_key or os.environ.get("CORRAL_API_KEY"))
+    servers = [
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                      access_log=False, lifespan="off"))
+    ]
+    if socket:
+        servers.append(uvicorn.Server(uvicorn.Config(app, uds=socket, log_level="warning",
+                                                     access_log=False, lifespan="off")))
+    log.info("server.listening", host=host, port=port, socket=socket, node=config.node)
+    try:
+        await asyncio.gather(*(s.serve() for s in servers))
+    finally:
+        await agent.aclose()
+        log.info("server.stopped")
