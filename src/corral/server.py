@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
+import signal
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -25,6 +28,15 @@ def become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after shutting down, which would kill us
+    before the agent closes; signals are handled by serve() instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def serve(
     config: NodeConfig,
     *,
@@ -40,12 +52,20 @@ async def serve(
     await agent.start()
     app = create_app(agent, api_key=api_key or os.environ.get("CORRAL_API_KEY"))
     servers = [
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                      access_log=False, lifespan="off"))
+        _Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                               access_log=False, lifespan="off"))
     ]
     if socket:
-        servers.append(uvicorn.Server(uvicorn.Config(app, uds=socket, log_level="warning",
-                                                     access_log=False, lifespan="off")))
+        servers.append(_Server(uvicorn.Config(app, uds=socket, log_level="warning",
+                                              access_log=False, lifespan="off")))
+
+    def stop() -> None:
+        for s in servers:
+            s.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
     log.info("server.listening", host=host, port=port, socket=socket, node=config.node)
     try:
         await asyncio.gather(*(s.serve() for s in servers))

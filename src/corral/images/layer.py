@@ -37,9 +37,9 @@ class Ref:
     def parse(cls, text: str, field: str = "image") -> Ref:
         if _DIGEST.match(text):
             return cls(None, None, text)
-        name, _, tag = text.partition(":")
-        tag = tag or "latest"
-        if not _NAME.match(name) or not _TAG.match(tag) or ".." in name:
+        name, sep, tag = text.partition(":")
+        tag = tag if sep else "latest"
+        if not _NAME.match(name) or not _TAG.match(tag) or ".." in name or name == "sha256":
             raise InvalidArgument(
                 field, "must be a layer reference like 'name:tag' or 'sha256:<64 hex>'", text
             )

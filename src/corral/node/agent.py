@@ -163,11 +163,12 @@ class NodeAgent:
             session.close()
         db = self._db()
         active, _ = db.count_active()
-        if was_leader:
+        if self.scratch.close(active) or was_leader:
+            # The last agent of the node (or its leader) leaves no mount that
+            # no sandbox needs.
             self.layers.release_unused(db.referenced_layers())
             if active == 0 and self.cgroups is not None:
                 self.cgroups.remove_parent()
-        self.scratch.close(active)
         db.close()
         self.store = None
         log.info("agent.stopped", node=self.config.node, sandboxes_left=active)

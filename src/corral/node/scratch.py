@@ -19,6 +19,8 @@ import fcntl
 import os
 import struct
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from corral.errors import ResourceExhausted, Unavailable
@@ -69,22 +71,34 @@ class Scratch:
         self.root = root
         self.image = image
         self.size = size
-        self._lock_path = root.parent / "scratch.lock"
+        self._lock_path = root.parent / "scratch.mount.lock"
+        self._users_path = root.parent / "scratch.users.lock"
         self._hold: int | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     def open(self) -> None:
-        """Make the pool usable and hold a shared claim on it until close()."""
+        """Make the pool usable and hold a shared claim on it until close().
+
+        Two locks: users.lock is held shared by every agent for its whole
+        life; mount.lock is held exclusively around mounting and unmounting,
+        so the last user's unmount cannot race a new user's mount."""
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
+        with self._mount_lock():
             if fs_magic(self.root) != BTRFS_SUPER_MAGIC:
                 self._mount_image()
-        finally:
+            fd = os.open(self._users_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(fd, fcntl.LOCK_SH)
         self._hold = fd
+
+    @contextmanager
+    def _mount_lock(self) -> Iterator[None]:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _mount_image(self) -> None:
         if not self.image.exists():
@@ -106,24 +120,26 @@ class Scratch:
             (self.root / ".quota").touch()
         log.info("scratch.mounted", path=str(self.root))
 
-    def close(self, sandboxes_left: int) -> None:
-        """Release our claim; unmount if nobody else holds one and no
-        sandbox is left on the pool."""
+    def close(self, sandboxes_left: int) -> bool:
+        """Release our claim; unmount if no other agent holds one and no
+        sandbox is left on the pool. True if we were the last agent."""
         if self._hold is None:
-            return
+            return False
         fd, self._hold = self._hold, None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return
-        try:
-            # root is a mount point only when we loop-mounted the image.
-            if sandboxes_left == 0 and mounts.is_mounted(self.root) and not self._subvolumes():
-                mounts.umount(str(self.root))
-                log.info("scratch.unmounted", path=str(self.root))
-        finally:
-            os.close(fd)
+        with self._mount_lock():
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)  # another agent still uses the pool
+                return False
+            try:
+                # root is a mount point only when we loop-mounted the image.
+                if sandboxes_left == 0 and mounts.is_mounted(self.root) and not self._subvolumes():
+                    mounts.umount(str(self.root))
+                    log.info("scratch.unmounted", path=str(self.root))
+            finally:
+                os.close(fd)
+        return True
 
     def _subvolumes(self) -> list[str]:
         return [p.name for p in self.root.iterdir() if p.is_dir()]

@@ -34,18 +34,24 @@ def _error(resp: httpx.Response, body: bytes) -> CorralError:
 
 
 class HttpService:
-    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        """`transport` replaces the network (tests pass httpx.ASGITransport)."""
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        if url.startswith("unix:"):
+        base = url.rstrip("/")
+        if transport is None and url.startswith("unix:"):
             transport = httpx.AsyncHTTPTransport(uds=url.removeprefix("unix:"))
             base = "http://corral"
-        else:
-            transport = httpx.AsyncHTTPTransport()
-            base = url.rstrip("/")
         self.url = url
         self._http = httpx.AsyncClient(
             base_url=base,
-            transport=transport,
+            transport=transport or httpx.AsyncHTTPTransport(),
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=10.0),
         )

@@ -1,0 +1,29 @@
+# The two commands a newcomer runs (as root, on Debian 12):
+#   make demo   install everything, then run the main job
+#   make test   install everything, then run the test suite
+.PHONY: install demo test lint unit integration bench clean
+
+install:
+	./scripts/install.sh
+
+demo: install
+	.venv/bin/corral demo
+
+test: install lint unit integration
+
+lint:
+	.venv/bin/ruff check src tests bench
+	.venv/bin/mypy
+	.venv/bin/python -m corral.sdk.gen_sync --check
+
+unit:
+	.venv/bin/pytest -q tests/unit -m unit
+
+integration:
+	.venv/bin/pytest -q tests/integration -m integration
+
+bench: install
+	.venv/bin/corral bench
+
+clean:
+	rm -rf build .stamps

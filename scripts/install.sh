@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Install everything Corral needs on a Debian 12 host, as root. Idempotent and
+# cached: each step checks what is already there, so a second run installs
+# nothing (apt is skipped when every package is present, the virtual
+# environment is rebuilt only when pyproject.toml changes, images are found
+# by their content labels).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAMPS=.stamps
+mkdir -p "$STAMPS"
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install.sh: run as root (Corral mounts file systems and manages cgroups)" >&2
+  exit 1
+fi
+
+# --- apt packages -------------------------------------------------------------
+APT_PACKAGES=(
+  crun runc                 # OCI runtimes (crun by default; runc for comparison)
+  erofs-utils               # mkfs.erofs: image layers
+  btrfs-progs               # per-sandbox writable space with a size limit
+  fuse3 libfuse3-dev        # on-demand layer loading
+  debootstrap               # Debian base images
+  busybox-static            # the platform shell inside sandboxes
+  nftables iproute2         # sandbox networking
+  gcc libc6-dev make        # the static platform helpers
+  python3 python3-venv python3-dev
+  ca-certificates curl tar
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "apt: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  say "apt: all ${#APT_PACKAGES[@]} packages present"
+fi
+
+# --- Python virtual environment -------------------------------------------------
+PY=python3
+if ! "$PY" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then PY=/usr/bin/python3; fi
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMPS/venv" 2>/dev/null)" != "$want" ]; then
+  say "venv: creating .venv and installing corral[dev]"
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  echo "$want" > "$STAMPS/venv"
+else
+  say "venv: up to date"
+fi
+
+# --- platform helpers (static C) ------------------------------------------------
+say "platform: building static helpers"
+make -s -C native
+
+# --- images the tests and the demo start from ----------------------------------
+say "images: debian-python:bookworm (debootstrap, cached)"
+.venv/bin/corral image build debian-python:bookworm --debootstrap bookworm --packages python3
+
+say "install complete"

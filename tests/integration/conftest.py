@@ -1,0 +1,193 @@
+"""Integration fixtures: real sandboxes on this machine's kernel.
+
+Every test gets a client on a node whose data dir belongs to this test
+session; the layer store is the one the install script filled
+(/var/lib/corral/images), so no test pays for debootstrap. `client` is
+parametrized over the two transports: embedded (a node agent in this
+process) and http (the SDK against a `corral serve` process sharing the same
+node), so each behaviour is checked both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral.config import NodeConfig
+from corral.node import mounts
+
+IMAGES = Path(os.environ.get("CORRAL_TEST_IMAGES", "/var/lib/corral/images"))
+IMAGE = "debian-python:bookworm"
+
+
+def _missing_capability() -> str | None:
+    if os.geteuid() != 0:
+        return "requires root (mount(2), cgroups and namespaces need CAP_SYS_ADMIN)"
+    fs = Path("/proc/filesystems").read_text()
+    for name in ("overlay", "erofs", "btrfs"):
+        if name not in fs:
+            return f"requires the {name} file system in the kernel (/proc/filesystems)"
+    if not shutil.which("crun"):
+        return "requires crun on PATH (apt-get install crun)"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    why = _missing_capability()
+    if why:
+        for item in items:
+            if "integration" in Path(str(item.fspath)).parts:
+                item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Iterator[Path]:
+    if not (IMAGES / "tags" / "debian-python" / "bookworm").exists():
+        pytest.fail(f"image {IMAGE} is missing from {IMAGES}: run ./scripts/install.sh")
+    root = Path(f"/tmp/ct{os.getpid()}")
+    root.mkdir()
+    yield root
+    # Every agent of the session has stopped: nothing may stay mounted.
+    leftover = mounts.mounts_under(root)
+    for mount_point, _fs, _src in sorted(leftover, reverse=True):
+        mounts.umount(mount_point)
+    shutil.rmtree(root, ignore_errors=True)
+    assert not leftover, f"the test session left mounts behind: {leftover}"
+
+
+@pytest.fixture(scope="session")
+def node_config(data_root: Path) -> NodeConfig:
+    return NodeConfig.from_env(
+        data_dir=data_root / "node", images=IMAGES, scratch_size=24 * 2**30, node="t",
+        reaper_interval=0.2,
+    )
+
+
+class Server:
+    """A `corral serve` process on a unix socket."""
+
+    def __init__(self, config: NodeConfig, sock: Path) -> None:
+        self.config = config
+        self.sock = sock
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix:{self.sock}"
+
+    def start(self) -> None:
+        env = dict(os.environ, CORRAL_NODE=self.config.node,
+                   CORRAL_IMAGES=str(self.config.images_dir),
+                   CORRAL_SCRATCH_SIZE=str(self.config.scratch_size),
+                   CORRAL_REAPER_INTERVAL=str(self.config.reaper_interval))
+        self.sock.unlink(missing_ok=True)
+        self.log = open(self.sock.with_suffix(".log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "corral.cli.main", "--data-dir", str(self.config.data_dir),
+             "serve", "--port", "0", "--socket", str(self.sock), "--log-level", "warning"],
+            env=env, stdout=self.log, stderr=self.log,
+        )
+        deadline = time.monotonic() + 30
+        while not self.sock.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"corral serve did not start; see {self.log.name}")
+            time.sleep(0.05)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def server(node_config: NodeConfig, data_root: Path) -> Iterator[Server]:
+    srv = Server(node_config, data_root / "serve.sock")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(params=["embedded", "http"])
+async def client(
+    request: pytest.FixtureRequest, node_config: NodeConfig
+) -> AsyncIterator[corral.AsyncClient]:
+    if request.param == "http":
+        srv: Server = request.getfixturevalue("server")
+        c = corral.AsyncClient(srv.url)
+    else:
+        c = corral.AsyncClient(config=node_config)
+    started = time.time()
+    async with c:
+        yield c
+        # Whatever a test left open is closed here, not leaked to the next.
+        left = [s for s in await c.sandboxes.list() if s.info.created_at >= started]
+        await asyncio.gather(*(s.close() for s in left))
+
+
+@pytest.fixture
+async def embedded(node_config: NodeConfig) -> AsyncIterator[corral.AsyncClient]:
+    started = time.time()
+    async with corral.AsyncClient(config=node_config) as c:
+        yield c
+        left = [s for s in await c.sandboxes.list() if s.info.created_at >= started]
+        await asyncio.gather(*(s.close() for s in left))
+
+
+@pytest.fixture
+def fresh_config(data_root: Path, node_config: NodeConfig, request: pytest.FixtureRequest
+                 ) -> NodeConfig:
+    """A node of its own (own data dir and name) for tests that crash agents."""
+    name = "f" + str(abs(hash(request.node.nodeid)) % 10**6)
+    return replace(node_config, data_dir=data_root / name, node=name)
+
+
+def node_leftovers(config: NodeConfig) -> dict[str, int]:
+    """What a node holds in the kernel and on disk; all zero when idle."""
+    from corral.node.cgroups import Cgroups
+
+    scratch = config.scratch_dir
+    return {
+        "overlay_mounts_of_node": sum(
+            1 for mp, fs, src in mounts.mount_table()
+            if fs == "overlay" and str(config.data_dir) in mp
+        ),
+        "sandbox_dirs": len(list(config.sandboxes_dir.glob("*")))
+        if config.sandboxes_dir.exists() else 0,
+        "subvolumes": len([p for p in scratch.iterdir() if p.is_dir()])
+        if mounts.is_mounted(scratch) else 0,
+        "cgroups": len(Cgroups(config.cgroup_parent).present()),
+        "sockets": len(list(config.run_dir.glob("*.sock"))) if config.run_dir.exists() else 0,
+        "oci_state": len(list(config.crun_root.glob("*"))) if config.crun_root.exists() else 0,
+    }
+
+
+def init_processes(config: NodeConfig) -> int:
+    """corral-init processes whose cgroup belongs to this node."""
+    n = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() != "corral-init":
+                continue
+            if f"/{config.cgroup_parent}/" in (d / "cgroup").read_text():
+                n += 1
+        except OSError:
+            continue
+    return n

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.runtimes.container import bundle
+
+
+def _config() -> dict:  # type: ignore[type-arg]
+    return bundle.config(bundle.BundleSpec(
+        sandbox_id="n-1", rootfs=Path("/r"), platform_dir=Path("/p"), env=["A=1"], cpu=0.5,
+        memory=256 * 2**20, pids=64, cgroups_path="/corral/n/n-1", swap_accounting=True,
+    ))
+
+
+def test_limits_reach_the_oci_spec() -> None:
+    res = _config()["linux"]["resources"]
+    assert res["memory"] == {"limit": 256 * 2**20, "swap": 256 * 2**20}
+    assert res["cpu"]["quota"] == 50_000 and res["cpu"]["period"] == 100_000
+    assert res["pids"] == {"limit": 64}
+
+
+def test_isolation_defaults() -> None:
+    cfg = _config()
+    ns = {n["type"] for n in cfg["linux"]["namespaces"]}
+    assert ns == {"pid", "network", "ipc", "uts", "mount", "cgroup"}
+    proc = cfg["process"]
+    assert proc["noNewPrivileges"] is True
+    assert proc["args"] == ["/.corral/bin/corral-init"]
+    assert "CAP_SYS_ADMIN" not in proc["capabilities"]["bounding"]
+    assert "CAP_SYS_PTRACE" not in proc["capabilities"]["bounding"]
+    assert "/proc/kcore" in cfg["linux"]["maskedPaths"]
+    assert "/proc/sys" in cfg["linux"]["readonlyPaths"]
+    platform = [m for m in cfg["mounts"] if m["destination"] == "/.corral"]
+    assert platform and "ro" in platform[0]["options"]

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.config import NodeConfig
+from corral.errors import ImageNotFound, InvalidArgument
+from corral.images.layer import ImageConfig, Layer, Ref
+from corral.images.store import ImageStore
+from corral.node.mounts import _unescape
+from corral.node.platform import is_static_elf
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "tag"),
+    [("debian:12", "debian", "12"), ("debian", "debian", "latest"), ("a/b-c.d:v1.2_3", "a/b-c.d", "v1.2_3")],
+)
+def test_refs(text: str, name: str, tag: str) -> None:
+    ref = Ref.parse(text)
+    assert (ref.name, ref.tag, ref.digest) == (name, tag, None)
+
+
+def test_digest_ref() -> None:
+    d = "sha256:" + "ab" * 32
+    assert Ref.parse(d).digest == d
+
+
+@pytest.mark.parametrize("bad", ["", "UP:1", "a:", "a:b:c", "../x", "sha256:short", "a b"])
+def test_bad_refs(bad: str) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        Ref.parse(bad, "workspace")
+    assert exc.value.field == "workspace"
+
+
+def test_content_digest_ignores_names_but_not_config() -> None:
+    a = Layer.content_digest("sha256:m", "sha256:b", 65536, ImageConfig())
+    b = Layer.content_digest("sha256:m", "sha256:b", 65536, ImageConfig(workdir="/w"))
+    assert a != b and a == Layer.content_digest("sha256:m", "sha256:b", 65536, ImageConfig())
+
+
+def test_store_add_tag_resolve_untag_gc(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path)
+    meta, blob = tmp_path / "meta", tmp_path / "blob"
+    meta.write_bytes(b"m" * 100)
+    blob.write_bytes(b"b" * 150_000)
+    layer = store.add(meta, blob, chunk_size=65536, kind="toolkit", tag="tk:1")
+    assert len(layer.chunk_digests) == 3
+    assert store.resolve("tk:1").digest == layer.digest
+    assert store.resolve(layer.digest).names == ["tk:1"]
+    store.tag(layer.digest, "tk:latest")
+    assert store.resolve("tk").digest == layer.digest
+    store.untag("tk:1")
+    store.untag("tk:latest")
+    with pytest.raises(ImageNotFound) as exc:
+        store.resolve("tk:1")
+    assert "corral image ls" in exc.value.message
+    assert store.gc(in_use={layer.digest})[0] == 0  # a running sandbox keeps it
+    removed, freed = store.gc(in_use=set())
+    assert removed == 1 and freed == 150_100
+    assert list(store.blobs.iterdir()) == []
+
+
+def test_unknown_layer_kind_is_refused(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path)
+    (tmp_path / "m").write_bytes(b"m")
+    (tmp_path / "b").write_bytes(b"b")
+    with pytest.raises(InvalidArgument):
+        store.add(tmp_path / "m", tmp_path / "b", chunk_size=4096, kind="weird")
+
+
+def test_config_from_env_and_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_NODE", "n7")
+    monkeypatch.setenv("CORRAL_SCRATCH_SIZE", "8GiB")
+    cfg = NodeConfig.from_env(data_dir="/tmp/x")
+    assert cfg.node == "n7" and cfg.scratch_size == 8 * 2**30
+    assert cfg.data_dir == Path("/tmp/x") and cfg.images_dir == Path("/tmp/x/images")
+    with pytest.raises(InvalidArgument) as exc:
+        NodeConfig(node="Bad-Name")
+    assert exc.value.field == "node"
+    with pytest.raises(InvalidArgument) as exc:
+        NodeConfig(data_dir=Path("/" + "d" * 80))
+    assert exc.value.field == "data_dir"
+
+
+def test_mountinfo_unescaping() -> None:
+    assert _unescape(r"/a\040b\011c\134d") == "/a b\tc\\d"
+
+
+def test_static_elf_detection() -> None:
+    assert is_static_elf(Path("/bin/busybox")) or not Path("/bin/busybox").exists()
+    assert not is_static_elf(Path("/bin/ls"))

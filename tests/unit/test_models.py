@@ -1,0 +1,96 @@
+"""The bad-input table: every rule names its field, and the value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from corral.api.models import CreateSandbox, ExecRequest, check_path, validated
+from corral.errors import InvalidArgument
+
+GOOD_SANDBOX = {"image": "debian-python:bookworm"}
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "rule_part"),
+    [
+        ({"kind": "teleporter"}, "kind", "must be one of"),
+        ({"image": "../etc"}, "image", "layer reference"),
+        ({"image": ""}, "image", "layer reference"),
+        ({"workspace": "UPPER:case!"}, "workspace", "layer reference"),
+        ({"toolkit": ["ok:1", "bad ref"]}, "toolkit", "layer reference"),
+        ({"toolkit": ["t:1"] * 17}, "toolkit", "at most 16"),
+        ({"cpu": 0}, "cpu", "between 0.01 and 256"),
+        ({"cpu": "lots"}, "cpu", "valid number"),
+        ({"memory": "lots"}, "memory", "size like"),
+        ({"memory": "1KiB"}, "memory", "between 16MiB and 4TiB"),
+        ({"memory": -1}, "memory", "negative"),
+        ({"disk": "99TiB"}, "disk", "between 16MiB and 4TiB"),
+        ({"pids": 2}, "pids", "between 8 and"),
+        ({"ttl": -5}, "ttl", "above 0"),
+        ({"ttl": 10**9}, "ttl", "30 days"),
+        ({"idle_timeout": 0}, "idle_timeout", "above 0"),
+        ({"env": {"1BAD": "x"}}, "env", "must match"),
+        ({"env": {"A": "b\x00c"}}, "env", "NUL"),
+        ({"labels": {"bad key!": "x"}}, "labels", "must match"),
+        ({"labels": {"k": "v" * 300}}, "labels", "256"),
+        ({"nonsense": 1}, "nonsense", "not a known field"),
+    ],
+)
+def test_create_sandbox_rejects(change: dict[str, Any], field: str, rule_part: str) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        validated(CreateSandbox, {**GOOD_SANDBOX, **change})
+    assert exc.value.field.startswith(field)
+    assert rule_part in exc.value.rule
+    assert exc.value.field in str(exc.value)
+
+
+def test_create_sandbox_defaults_and_sizes() -> None:
+    spec = validated(CreateSandbox, {**GOOD_SANDBOX, "memory": "512MiB", "toolkit": "pytest:8"})
+    assert spec.memory == 512 * 2**20
+    assert spec.disk == 2 * 2**30
+    assert spec.toolkit == ["pytest:8"]
+    assert spec.ttl == 3600 and spec.idle_timeout == 600
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "rule_part"),
+    [
+        ({"cmd": ""}, "cmd", "non-empty"),
+        ({"cmd": []}, "cmd", "non-empty"),
+        ({"cmd": "echo \x00"}, "cmd", "NUL"),
+        ({"cmd": "x" * (2 * 2**20)}, "cmd", "1 MiB"),
+        ({"timeout": -1}, "timeout", "above 0"),
+        ({"timeout": 0}, "timeout", "above 0"),
+        ({"timeout": 10**6}, "timeout", "86400"),
+        ({"cwd": "relative/dir"}, "cwd", "absolute path"),
+        ({"cwd": "/a/../../etc"}, "cwd", "without '..'"),
+        ({"user": "root; rm -rf /"}, "user", "user name"),
+        ({"stdout_limit": -1}, "stdout_limit", "between 0"),
+        ({"stdin": b"x" * (65 * 2**20)}, "stdin", "64 MiB"),
+        ({"env": {"A=B": "1"}}, "env", "must match"),
+    ],
+)
+def test_exec_request_rejects(change: dict[str, Any], field: str, rule_part: str) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        validated(ExecRequest, {"cmd": "true", **change})
+    assert exc.value.field == field
+    assert rule_part in exc.value.rule
+
+
+@pytest.mark.parametrize(
+    "bad", ["../../etc/passwd", "etc/passwd", "", "/a/../../b", "/x\x00y", 7, None, "/" + "a" * 5000]
+)
+def test_paths_outside_the_sandbox_are_refused(bad: object) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        check_path(bad)
+    assert exc.value.field == "path"
+    assert "absolute path" in exc.value.rule
+
+
+@pytest.mark.parametrize(
+    ("path", "normal"), [("/a//b/./c", "/a/b/c"), ("/", "/"), ("/workspace/", "/workspace")]
+)
+def test_paths_are_normalised(path: str, normal: str) -> None:
+    assert check_path(path) == normal
