@@ -803,7 +803,7 @@ static int handle_remove(int conn, const char *path, uint32_t flags) {
     int r;
     if (S_ISDIR(st.st_mode)) {
         if (flags & FILE_RECURSIVE)
-            r = nftw(path, rm_cb, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+            r = nftw(path, rm_cb, 64, FTW_DEPTH | FTW_PHYS);
         else
             r = rmdir(path);
     } else {

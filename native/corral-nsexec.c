@@ -22,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 static void die(const char *what, const char *obj) {
@@ -44,6 +46,17 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "corral-nsexec: unknown option %s\n", argv[i]); return 125; }
     }
     if (i >= argc) { fprintf(stderr, "corral-nsexec: no program given\n"); return 125; }
+
+    /* If the agent dies while crun works, crun dies too: a restarted agent
+     * must never race a crun still creating a container it is reclaiming.
+     * (The container's own init is not affected: the setting is not
+     * inherited across fork.) */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) die("prctl", "PDEATHSIG");
+    const char *agent = getenv("CORRAL_AGENT_PID");
+    if (agent && getppid() != (pid_t)atoi(agent)) {
+        fprintf(stderr, "corral-nsexec: the agent exited before we started\n");
+        return 125;
+    }
 
     if (unshare(CLONE_NEWNS) < 0) die("unshare", "mount namespace");
     if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) die("making private", "/");

@@ -68,7 +68,8 @@ class InvalidArgument(CorralError):
         )
         self.field = field
         self.rule = rule
-        self.value = value
+        # Never keep a (possibly huge) buffer alive in an exception.
+        self.value = shown if isinstance(value, (bytes, bytearray, memoryview)) else value
 
 
 def _show(value: Any) -> Any:

@@ -127,8 +127,16 @@ async def rm(a: argparse.Namespace) -> int:
 async def gc(a: argparse.Namespace) -> int:
     from corral.node.agent import NodeAgent
 
+    from corral.node.maintenance import GcReport
+
     async with NodeAgent(_config(a)) as agent:
-        report = await agent._maintenance.recover()
+        # Starting the agent already recovered the node if it became leader.
+        report = GcReport()
+        if agent._maintenance.recovered:
+            report.add(agent._maintenance.recovered)
+        again = await agent._maintenance.recover()
+        report.add(again)
+        report.reattached = again.reattached
     _emit(a, report.__dict__, f"reattached {report.reattached}, reclaimed "
           f"{report.reclaimed_sandboxes} sandboxes, resources {report.reclaimed or '{}'}, "
           f"released {report.layers_released} layer mounts")

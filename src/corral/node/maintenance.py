@@ -47,6 +47,13 @@ class GcReport:
         self.reclaimed[kind] = self.reclaimed.get(kind, 0) + 1
         metrics.RECLAIMED.labels(kind).inc()
 
+    def add(self, other: GcReport) -> None:
+        self.reattached += other.reattached
+        self.reclaimed_sandboxes += other.reclaimed_sandboxes
+        self.layers_released += other.layers_released
+        for kind, n in other.reclaimed.items():
+            self.reclaimed[kind] = self.reclaimed.get(kind, 0) + n
+
 
 def init_alive(rec: SandboxRecord) -> bool:
     return rec.init_pid is not None and process_start_time(rec.init_pid) == rec.init_start
@@ -60,10 +67,11 @@ class Maintenance:
         self._task: asyncio.Task[None] | None = None
         self._last_gc = 0.0
         self._last_liveness = 0.0
+        self.recovered: GcReport | None = None  # what taking the lead reclaimed
 
     async def start(self) -> None:
         if self._try_lead():
-            await self.recover()
+            self.recovered = await self.recover()
         self._task = asyncio.create_task(self._loop(), name="corral-maintenance")
 
     async def stop(self) -> None:
@@ -102,7 +110,7 @@ class Maintenance:
                 self.agent.flush_activity()
                 self.agent.reap()
                 if not self.is_leader and self._try_lead():
-                    await self.recover()
+                    self.recovered = await self.recover()
                 if self.is_leader:
                     await self.tick()
             except asyncio.CancelledError:

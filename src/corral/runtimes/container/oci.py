@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,11 @@ class OciRuntime:
         self.nsexec = nsexec
         self.hybrid = hybrid
         state_root.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def _env() -> dict[str, str]:
+        # corral-nsexec checks its parent is still this agent (see its comment).
+        return {**os.environ, "CORRAL_AGENT_PID": str(os.getpid())}
 
     def _base(self) -> list[str]:
         cmd = [str(self.nsexec)]
@@ -90,6 +96,7 @@ class OciRuntime:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             pass_fds=[listen_fd],
+            env=self._env(),
         )
         _, err = await proc.communicate()
         if proc.returncode != 0:
@@ -113,6 +120,7 @@ class OciRuntime:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            env=self._env(),
         )
         _, err = await proc.communicate()
         text = err.decode(errors="replace")

@@ -1,0 +1,131 @@
+"""Commands: output, exit status, cwd/env/user/stdin, streaming, timeouts that
+kill the whole tree, output caps, background commands."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import corral
+
+from .conftest import IMAGE
+
+
+@pytest.fixture
+async def sbx(client: corral.AsyncClient) -> corral.AsyncSandbox:
+    return await client.sandboxes.create(image=IMAGE, memory="256MiB")
+
+
+async def test_exit_status_and_streams(sbx: corral.AsyncSandbox) -> None:
+    r = await sbx.commands.run("echo out; echo err >&2; exit 7")
+    assert (r.exit_code, r.stdout, r.stderr, r.ok, r.truncated) == (7, "out\n", "err\n", False, False)
+    assert r.duration > 0 and r.pid > 1
+
+
+async def test_argv_list_runs_without_a_shell(sbx: corral.AsyncSandbox) -> None:
+    r = await sbx.commands.run(["python3", "-c", "import sys; print(sys.argv[1])", "$HOME;x"])
+    assert r.stdout == "$HOME;x\n"
+
+
+async def test_cwd_env_user_stdin(sbx: corral.AsyncSandbox) -> None:
+    assert (await sbx.commands.run("pwd", cwd="/tmp")).stdout == "/tmp\n"
+    assert (await sbx.commands.run("echo $A", env={"A": "b"})).stdout == "b\n"
+    r = await sbx.commands.run("id -u; echo $HOME", user="nobody")
+    assert r.stdout.split() == ["65534", "/nonexistent"]
+    assert (await sbx.commands.run("id -u; id -g", user="1234:99")).stdout.split() == ["1234", "99"]
+    r = await sbx.commands.run("wc -c", stdin=b"x" * 300_000)
+    assert r.stdout.strip() == "300000"
+    assert (await sbx.commands.run("cat", stdin="héllo")).stdout == "héllo"
+
+
+async def test_bad_cwd_user_and_program_are_invalid_arguments(sbx: corral.AsyncSandbox) -> None:
+    with pytest.raises(corral.InvalidArgument) as exc:
+        await sbx.commands.run("true", cwd="/does/not/exist")
+    assert exc.value.field == "cwd"
+    with pytest.raises(corral.InvalidArgument) as exc:
+        await sbx.commands.run("true", user="nosuchuser")
+    assert exc.value.field == "user"
+    with pytest.raises(corral.InvalidArgument) as exc:
+        await sbx.commands.run(["/no/such/program"])
+    assert exc.value.field == "cmd"
+    assert (await sbx.commands.run("no-such-program")).exit_code == 127
+
+
+async def test_output_streams_to_callbacks_as_it_comes(sbx: corral.AsyncSandbox) -> None:
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+
+    async def on_out(text: str) -> None:
+        seen.append((time.monotonic() - t0, text))
+
+    r = await sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.3; done", on_stdout=on_out)
+    assert "".join(t for _, t in seen) == r.stdout == "1\n2\n3\n"
+    assert seen[0][0] < seen[-1][0] - 0.4  # the first line came before the end
+
+
+async def test_timeout_kills_the_whole_tree(sbx: corral.AsyncSandbox) -> None:
+    # A grandchild escapes the process group with setsid; it must die too.
+    cmd = "setsid sleep 1000 & sleep 1000 & echo started; sleep 1000"
+    t0 = time.monotonic()
+    with pytest.raises(corral.CommandTimeout) as exc:
+        await sbx.commands.run(cmd, timeout=1)
+    assert isinstance(exc.value, TimeoutError)
+    assert time.monotonic() - t0 < 5
+    assert exc.value.result.stdout == "started\n"  # type: ignore[attr-defined]
+    await asyncio.sleep(0.2)
+    ps = await sbx.commands.run("ps -eo comm= 2>/dev/null || ls /proc | grep -c '^[0-9]'")
+    assert "sleep" not in ps.stdout
+
+
+async def test_output_is_capped_and_counted(sbx: corral.AsyncSandbox) -> None:
+    r = await sbx.commands.run("head -c 5000000 /dev/zero | tr '\\0' a; echo done >&2",
+                               timeout=30)
+    assert r.truncated
+    assert len(r.stdout) == 1024 * 1024 and r.stdout_bytes == 5_000_000
+    assert r.stderr == "done\n"
+    r = await sbx.commands.run("yes | head -c 100000", stdout_limit=10)
+    assert r.stdout == "y\ny\ny\ny\ny\n" and r.stdout_bytes == 100_000
+
+
+async def test_background_command(sbx: corral.AsyncSandbox) -> None:
+    lines: list[str] = []
+    h = await sbx.commands.start(
+        "for i in $(seq 5); do echo $i; sleep 0.1; done; exit 3", on_stdout=lines.append
+    )
+    assert h.pid > 1
+    r = await h.wait()
+    assert r.exit_code == 3 and r.stdout.split() == ["1", "2", "3", "4", "5"]
+    assert "".join(lines) == r.stdout
+
+
+async def test_kill_a_background_command_and_its_children(sbx: corral.AsyncSandbox) -> None:
+    h = await sbx.commands.start("sleep 1000 & sleep 1000")
+    with pytest.raises(TimeoutError):
+        await h.wait(timeout=0.3)  # bounds the wait only
+    await h.kill()
+    r = await h.wait()
+    assert r.signal == 9
+    await asyncio.sleep(0.2)
+    assert "sleep" not in (await sbx.commands.run("ps -eo comm=")).stdout
+
+
+async def test_kill_by_pid_from_a_new_handle(client: corral.AsyncClient,
+                                            sbx: corral.AsyncSandbox) -> None:
+    h = await sbx.commands.start("sleep 1000")
+    again = await client.sandboxes.get(sbx.id)
+    await again.commands.kill(h.pid, 15)
+    assert (await h.wait()).signal == 15
+    with pytest.raises(corral.CommandNotFound):
+        await again.commands.kill(99999)
+
+
+async def test_many_commands_at_once(sbx: corral.AsyncSandbox) -> None:
+    results = await asyncio.gather(*(sbx.commands.run(f"echo {i}") for i in range(50)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(50)]
+
+
+async def test_a_background_daemon_survives_its_command(sbx: corral.AsyncSandbox) -> None:
+    await sbx.commands.run("nohup sleep 1000 >/dev/null 2>&1 &")
+    assert "sleep" in (await sbx.commands.run("sleep 0.5; ps -eo comm=")).stdout
