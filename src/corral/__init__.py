@@ -55,6 +55,7 @@ def __getattr__(name: str) -> Any:
         return getattr(sync, name)
     raise AttributeError(f"module 'corral' has no attribute {name!r}")
 
+
 __all__ = [
     "AsyncClient",
     "AsyncCommandHandle",

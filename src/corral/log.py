@@ -1,7 +1,7 @@
 """Structured logs: one JSON object per line, an event name plus fields.
 
-    log = get_logger("corral.node")
-    log.info("sandbox.created", sandbox=sid, ms=12.5)
+log = get_logger("corral.node")
+log.info("sandbox.created", sandbox=sid, ms=12.5)
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ SANDBOXES_ACTIVE = Gauge(
     "corral_sandboxes_active", "Sandboxes alive on this node", registry=REGISTRY
 )
 CREATE_SECONDS = Histogram(
-    "corral_sandbox_create_seconds", "Create to ready", ["kind"], buckets=_LATENCY,
+    "corral_sandbox_create_seconds",
+    "Create to ready",
+    ["kind"],
+    buckets=_LATENCY,
     registry=REGISTRY,
 )
 EXEC_SECONDS = Histogram(
@@ -33,7 +36,9 @@ OUTPUT_DROPPED = Counter(
 )
 FILE_OPS = Counter("corral_file_ops_total", "File operations", ["op"], registry=REGISTRY)
 RECLAIMED = Counter(
-    "corral_resources_reclaimed_total", "Leftovers reclaimed by recovery or gc", ["kind"],
+    "corral_resources_reclaimed_total",
+    "Leftovers reclaimed by recovery or gc",
+    ["kind"],
     registry=REGISTRY,
 )
 

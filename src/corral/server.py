@@ -52,12 +52,20 @@ async def serve(
     await agent.start()
     app = create_app(agent, api_key=api_key or os.environ.get("CORRAL_API_KEY"))
     servers = [
-        _Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                               access_log=False, lifespan="off"))
+        _Server(
+            uvicorn.Config(
+                app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+            )
+        )
     ]
     if socket:
-        servers.append(_Server(uvicorn.Config(app, uds=socket, log_level="warning",
-                                              access_log=False, lifespan="off")))
+        servers.append(
+            _Server(
+                uvicorn.Config(
+                    app, uds=socket, log_level="warning", access_log=False, lifespan="off"
+                )
+            )
+        )
 
     def stop() -> None:
         for s in servers:

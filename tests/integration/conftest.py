@@ -69,7 +69,10 @@ def data_root() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def node_config(data_root: Path) -> NodeConfig:
     return NodeConfig.from_env(
-        data_dir=data_root / "node", images=IMAGES, scratch_size=24 * 2**30, node="t",
+        data_dir=data_root / "node",
+        images=IMAGES,
+        scratch_size=24 * 2**30,
+        node="t",
         reaper_interval=0.2,
     )
 
@@ -87,16 +90,33 @@ class Server:
         return f"unix:{self.sock}"
 
     def start(self) -> None:
-        env = dict(os.environ, CORRAL_NODE=self.config.node,
-                   CORRAL_IMAGES=str(self.config.images_dir),
-                   CORRAL_SCRATCH_SIZE=str(self.config.scratch_size),
-                   CORRAL_REAPER_INTERVAL=str(self.config.reaper_interval))
+        env = dict(
+            os.environ,
+            CORRAL_NODE=self.config.node,
+            CORRAL_IMAGES=str(self.config.images_dir),
+            CORRAL_SCRATCH_SIZE=str(self.config.scratch_size),
+            CORRAL_REAPER_INTERVAL=str(self.config.reaper_interval),
+        )
         self.sock.unlink(missing_ok=True)
         self.log = open(self.sock.with_suffix(".log"), "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.cli.main", "--data-dir", str(self.config.data_dir),
-             "serve", "--port", "0", "--socket", str(self.sock), "--log-level", "warning"],
-            env=env, stdout=self.log, stderr=self.log,
+            [
+                sys.executable,
+                "-m",
+                "corral.cli.main",
+                "--data-dir",
+                str(self.config.data_dir),
+                "serve",
+                "--port",
+                "0",
+                "--socket",
+                str(self.sock),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=self.log,
         )
         deadline = time.monotonic() + 30
         while not self.sock.exists():
@@ -150,8 +170,9 @@ async def embedded(node_config: NodeConfig) -> AsyncIterator[corral.AsyncClient]
 
 
 @pytest.fixture
-def fresh_config(data_root: Path, node_config: NodeConfig, request: pytest.FixtureRequest
-                 ) -> NodeConfig:
+def fresh_config(
+    data_root: Path, node_config: NodeConfig, request: pytest.FixtureRequest
+) -> NodeConfig:
     """A node of its own (own data dir and name) for tests that crash agents."""
     name = "f" + str(abs(hash(request.node.nodeid)) % 10**6)
     return replace(node_config, data_dir=data_root / name, node=name)
@@ -164,13 +185,16 @@ def node_leftovers(config: NodeConfig) -> dict[str, int]:
     scratch = config.scratch_dir
     return {
         "overlay_mounts_of_node": sum(
-            1 for mp, fs, src in mounts.mount_table()
+            1
+            for mp, fs, src in mounts.mount_table()
             if fs == "overlay" and str(config.data_dir) in mp
         ),
         "sandbox_dirs": len(list(config.sandboxes_dir.glob("*")))
-        if config.sandboxes_dir.exists() else 0,
+        if config.sandboxes_dir.exists()
+        else 0,
         "subvolumes": len([p for p in scratch.iterdir() if p.is_dir()])
-        if mounts.is_mounted(scratch) else 0,
+        if mounts.is_mounted(scratch)
+        else 0,
         "cgroups": len(Cgroups(config.cgroup_parent).present()),
         "sockets": len(list(config.run_dir.glob("*.sock"))) if config.run_dir.exists() else 0,
         "oci_state": len(list(config.crun_root.glob("*"))) if config.crun_root.exists() else 0,

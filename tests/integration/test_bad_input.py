@@ -31,19 +31,28 @@ CREATE_CASES: list[tuple[dict[str, Any], type[corral.CorralError], str | None]] 
 
 @pytest.mark.parametrize(("change", "error", "field"), CREATE_CASES)
 async def test_bad_create_leaves_nothing(
-    client: corral.AsyncClient, node_config: NodeConfig,
-    change: dict[str, Any], error: type[corral.CorralError], field: str | None,
+    client: corral.AsyncClient,
+    node_config: NodeConfig,
+    change: dict[str, Any],
+    error: type[corral.CorralError],
+    field: str | None,
 ) -> None:
-    before = (node_leftovers(node_config), init_processes(node_config),
-              len(await client.sandboxes.list()))
+    before = (
+        node_leftovers(node_config),
+        init_processes(node_config),
+        len(await client.sandboxes.list()),
+    )
     with pytest.raises(error) as exc:
         await client.sandboxes.create(**{"image": IMAGE, **change})
     if field:
         assert isinstance(exc.value, corral.InvalidArgument)
         assert exc.value.field.startswith(field)
         assert field in str(exc.value) and "got" in str(exc.value)
-    after = (node_leftovers(node_config), init_processes(node_config),
-             len(await client.sandboxes.list()))
+    after = (
+        node_leftovers(node_config),
+        init_processes(node_config),
+        len(await client.sandboxes.list()),
+    )
     assert after == before
 
 
@@ -62,8 +71,11 @@ async def test_bad_exec_and_file_input(client: corral.AsyncClient) -> None:
             await call
         assert exc.value.field == field, str(exc.value)
     await sbx.close()
-    for call in (sbx.commands.run("true"), sbx.files.read("/etc/hostname"),
-                 sbx.files.write("/x", b"x")):
+    for call in (
+        sbx.commands.run("true"),
+        sbx.files.read("/etc/hostname"),
+        sbx.files.write("/x", b"x"),
+    ):
         with pytest.raises(corral.SandboxClosed):
             await call
 

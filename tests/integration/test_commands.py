@@ -20,7 +20,13 @@ async def sbx(client: corral.AsyncClient) -> corral.AsyncSandbox:
 
 async def test_exit_status_and_streams(sbx: corral.AsyncSandbox) -> None:
     r = await sbx.commands.run("echo out; echo err >&2; exit 7")
-    assert (r.exit_code, r.stdout, r.stderr, r.ok, r.truncated) == (7, "out\n", "err\n", False, False)
+    assert (r.exit_code, r.stdout, r.stderr, r.ok, r.truncated) == (
+        7,
+        "out\n",
+        "err\n",
+        False,
+        False,
+    )
     assert r.duration > 0 and r.pid > 1
 
 
@@ -80,8 +86,7 @@ async def test_timeout_kills_the_whole_tree(sbx: corral.AsyncSandbox) -> None:
 
 
 async def test_output_is_capped_and_counted(sbx: corral.AsyncSandbox) -> None:
-    r = await sbx.commands.run("head -c 5000000 /dev/zero | tr '\\0' a; echo done >&2",
-                               timeout=30)
+    r = await sbx.commands.run("head -c 5000000 /dev/zero | tr '\\0' a; echo done >&2", timeout=30)
     assert r.truncated
     assert len(r.stdout) == 1024 * 1024 and r.stdout_bytes == 5_000_000
     assert r.stderr == "done\n"
@@ -111,8 +116,9 @@ async def test_kill_a_background_command_and_its_children(sbx: corral.AsyncSandb
     assert "sleep" not in (await sbx.commands.run("ps -eo comm=")).stdout
 
 
-async def test_kill_by_pid_from_a_new_handle(client: corral.AsyncClient,
-                                            sbx: corral.AsyncSandbox) -> None:
+async def test_kill_by_pid_from_a_new_handle(
+    client: corral.AsyncClient, sbx: corral.AsyncSandbox
+) -> None:
     h = await sbx.commands.start("sleep 1000")
     again = await client.sandboxes.get(sbx.id)
     await again.commands.kill(h.pid, 15)

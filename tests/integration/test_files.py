@@ -61,11 +61,16 @@ async def test_missing_files_and_wrong_types(sbx: corral.AsyncSandbox) -> None:
         await sbx.files.list("/nope")
 
 
-@pytest.mark.parametrize("path", ["../../etc/passwd", "etc/passwd", "/a/../../etc/passwd",
-                                  "/x\x00y", ""])
+@pytest.mark.parametrize(
+    "path", ["../../etc/passwd", "etc/passwd", "/a/../../etc/passwd", "/x\x00y", ""]
+)
 async def test_paths_outside_the_sandbox_are_refused(sbx: corral.AsyncSandbox, path: str) -> None:
-    for op in (sbx.files.read(path), sbx.files.write(path, b"x"), sbx.files.list(path),
-               sbx.files.remove(path)):
+    for op in (
+        sbx.files.read(path),
+        sbx.files.write(path, b"x"),
+        sbx.files.list(path),
+        sbx.files.remove(path),
+    ):
         with pytest.raises(corral.InvalidArgument) as exc:
             await op
         assert exc.value.field == "path"

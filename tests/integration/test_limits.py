@@ -14,8 +14,9 @@ from .conftest import IMAGE
 
 async def test_memory_limit_kills_inside_only(embedded: corral.AsyncClient) -> None:
     sbx = await embedded.sandboxes.create(image=IMAGE, memory="64MiB")
-    r = await sbx.commands.run("python3 -c 'x = bytearray(200 * 1024 * 1024); print(len(x))'",
-                               timeout=60)
+    r = await sbx.commands.run(
+        "python3 -c 'x = bytearray(200 * 1024 * 1024); print(len(x))'", timeout=60
+    )
     assert r.exit_code != 0 and r.signal == 9 and r.stdout == ""
     # The sandbox (and its exec server) lives on.
     assert (await sbx.commands.run("echo alive")).stdout == "alive\n"
@@ -53,12 +54,14 @@ async def test_cpu_quota(embedded: corral.AsyncClient) -> None:
     assert r.cpu_user + r.cpu_system < 0.8, r
 
 
-async def test_disk_limit_stops_writes_inside(embedded: corral.AsyncClient,
-                                              node_config: NodeConfig) -> None:
+async def test_disk_limit_stops_writes_inside(
+    embedded: corral.AsyncClient, node_config: NodeConfig
+) -> None:
     host_free = shutil.disk_usage("/").free
     sbx = await embedded.sandboxes.create(image=IMAGE, disk="64MiB")
-    r = await sbx.commands.run("dd if=/dev/zero of=/big bs=1M count=200 2>&1; ls -s /big",
-                               timeout=60)
+    r = await sbx.commands.run(
+        "dd if=/dev/zero of=/big bs=1M count=200 2>&1; ls -s /big", timeout=60
+    )
     assert "Disk quota exceeded" in r.stdout or "No space" in r.stdout
     size_kib = int(r.stdout.split()[-2])
     assert size_kib <= 64 * 1024
@@ -75,15 +78,15 @@ async def test_no_network_but_loopback(embedded: corral.AsyncClient) -> None:
     assert r.stdout.split() == ["lo"]
     r = await sbx.commands.run(
         "python3 -c '\nimport socket\ns = socket.socket()\ns.settimeout(3)\n"
-        "try:\n    s.connect((\"1.1.1.1\", 80)); print(\"connected\")\n"
-        "except OSError as e:\n    print(\"blocked\", e.errno)\n'"
+        'try:\n    s.connect(("1.1.1.1", 80)); print("connected")\n'
+        'except OSError as e:\n    print("blocked", e.errno)\n\''
     )
     assert r.stdout.startswith("blocked")
     # Loopback works for servers the agent starts.
     h = await sbx.commands.start("python3 -m http.server 8000 --bind 127.0.0.1")
     r = await sbx.commands.run(
         "for i in $(seq 50); do python3 -c 'import urllib.request as u; "
-        "print(u.urlopen(\"http://127.0.0.1:8000/\").status)' 2>/dev/null && break; "
+        'print(u.urlopen("http://127.0.0.1:8000/").status)\' 2>/dev/null && break; '
         "sleep 0.1; done"
     )
     assert r.stdout.strip() == "200"

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import corral
@@ -19,18 +18,22 @@ from corral.node import mounts
 from .conftest import IMAGE, Server, init_processes, node_leftovers
 
 
-async def test_kill_9_with_50_sandboxes_then_restart(fresh_config: NodeConfig,
-                                                      data_root: Path) -> None:
+async def test_kill_9_with_50_sandboxes_then_restart(
+    fresh_config: NodeConfig, data_root: Path
+) -> None:
     srv = Server(fresh_config, data_root / f"{fresh_config.node}.sock")
     srv.start()
     try:
         async with corral.AsyncClient(srv.url) as c:
-            boxes = await asyncio.gather(*(
-                c.sandboxes.create(image=IMAGE, memory="64MiB", labels={"n": str(i)})
-                for i in range(50)
-            ))
-            await asyncio.gather(*(b.files.write("/state", f"box {i}")
-                                   for i, b in enumerate(boxes)))
+            boxes = await asyncio.gather(
+                *(
+                    c.sandboxes.create(image=IMAGE, memory="64MiB", labels={"n": str(i)})
+                    for i in range(50)
+                )
+            )
+            await asyncio.gather(
+                *(b.files.write("/state", f"box {i}") for i, b in enumerate(boxes))
+            )
         srv.kill(signal.SIGKILL)
         assert init_processes(fresh_config) == 50  # the sandboxes outlive their agent
 
@@ -56,8 +59,10 @@ async def test_kill_9_in_the_middle_of_creates(fresh_config: NodeConfig, data_ro
     srv.start()
     try:
         async with corral.AsyncClient(srv.url) as c:
-            tasks = [asyncio.create_task(c.sandboxes.create(image=IMAGE, memory="64MiB"))
-                     for _ in range(20)]
+            tasks = [
+                asyncio.create_task(c.sandboxes.create(image=IMAGE, memory="64MiB"))
+                for _ in range(20)
+            ]
             await asyncio.sleep(0.25)
             srv.kill(signal.SIGKILL)
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -88,11 +93,23 @@ async def test_gc_reclaims_what_a_crash_left(fresh_config: NodeConfig) -> None:
         db.db.execute("DELETE FROM resources WHERE sandbox_id=?", (sbx.id,))
         db.db.execute("DELETE FROM sandboxes WHERE id=?", (sbx.id,))
         assert init_processes(fresh_config) == 2
-    env = dict(os.environ, CORRAL_NODE=fresh_config.node,
-               CORRAL_IMAGES=str(fresh_config.images_dir))
+    env = dict(
+        os.environ, CORRAL_NODE=fresh_config.node, CORRAL_IMAGES=str(fresh_config.images_dir)
+    )
     out = subprocess.run(
-        [sys.executable, "-m", "corral.cli.main", "--data-dir", str(fresh_config.data_dir),
-         "--json", "gc"], capture_output=True, text=True, env=env, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "corral.cli.main",
+            "--data-dir",
+            str(fresh_config.data_dir),
+            "--json",
+            "gc",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
@@ -103,5 +120,5 @@ async def test_gc_reclaims_what_a_crash_left(fresh_config: NodeConfig) -> None:
         s = await c.sandboxes.get(keep.id)
         assert (await s.commands.run("echo kept")).stdout == "kept\n"
         await s.close()
-    time.sleep(0.1)
+    await asyncio.sleep(0.1)
     assert not any(node_leftovers(fresh_config).values()), node_leftovers(fresh_config)

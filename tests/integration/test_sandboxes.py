@@ -68,8 +68,7 @@ async def test_reattach_from_another_process(
             r = s.commands.run("cat /root/note; echo ' and child' >> /root/note")
             print(r.stdout, end="")
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "from parent"
     assert await sbx.files.read_text("/root/note") == "from parent and child\n"
@@ -86,6 +85,9 @@ def test_blocking_client(node_config: NodeConfig) -> None:
             assert h.wait().signal == 9
             sbx.files.write("/tmp/a", b"x")
             assert sbx.files.exists("/tmp/a")
+            listed = [s for s in c.sandboxes.list() if s.id == sbx.id]
+            assert isinstance(listed[0], corral.Sandbox)
+            assert listed[0].commands.run("cat /tmp/a").stdout == "x"
         assert sbx.refresh().state == corral.SandboxState.closed
 
 
@@ -94,7 +96,9 @@ async def test_composed_layers_and_env(client: corral.AsyncClient) -> None:
         image=IMAGE, workspace="ws-six:1.16.0", toolkit="pytest:8.3.3", env={"MY_VAR": "v1"}
     )
     assert sbx.info.workdir == "/workspace"
-    r = await sbx.commands.run("pwd; echo $MY_VAR; python3 -c 'import pytest, six; print(six.__version__)'")
+    r = await sbx.commands.run(
+        "pwd; echo $MY_VAR; python3 -c 'import pytest, six; print(six.__version__)'"
+    )
     assert r.stdout.split() == ["/workspace", "v1", "1.16.0"], r.stderr
     r = await sbx.commands.run("echo $MY_VAR $X", env={"MY_VAR": "v2", "X": "y"})
     assert r.stdout == "v2 y\n"

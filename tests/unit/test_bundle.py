@@ -6,10 +6,19 @@ from corral.runtimes.container import bundle
 
 
 def _config() -> dict:  # type: ignore[type-arg]
-    return bundle.config(bundle.BundleSpec(
-        sandbox_id="n-1", rootfs=Path("/r"), platform_dir=Path("/p"), env=["A=1"], cpu=0.5,
-        memory=256 * 2**20, pids=64, cgroups_path="/corral/n/n-1", swap_accounting=True,
-    ))
+    return bundle.config(
+        bundle.BundleSpec(
+            sandbox_id="n-1",
+            rootfs=Path("/r"),
+            platform_dir=Path("/p"),
+            env=["A=1"],
+            cpu=0.5,
+            memory=256 * 2**20,
+            pids=64,
+            cgroups_path="/corral/n/n-1",
+            swap_accounting=True,
+        )
+    )
 
 
 def test_limits_reach_the_oci_spec() -> None:

@@ -13,10 +13,14 @@ PROTO_H = Path(__file__).resolve().parents[2] / "native" / "proto.h"
 
 def _c_constants() -> dict[str, int]:
     text = PROTO_H.read_text()
-    found = {m[0]: int(m[1], 0) for m in re.findall(r"\b([A-Z_]+)\s*=\s*(0x[0-9a-fA-F]+|\d+)", text)}
+    found = {
+        m[0]: int(m[1], 0) for m in re.findall(r"\b([A-Z_]+)\s*=\s*(0x[0-9a-fA-F]+|\d+)", text)
+    }
     found.update(
-        {m[0]: int(m[1].rstrip("u"), 0)
-         for m in re.findall(r"#define\s+([A-Z_]+)\s+(0x[0-9a-fA-F]+u?|\d+u?)\b", text)}
+        {
+            m[0]: int(m[1].rstrip("u"), 0)
+            for m in re.findall(r"#define\s+([A-Z_]+)\s+(0x[0-9a-fA-F]+u?|\d+u?)\b", text)
+        }
     )
     return found
 
@@ -37,10 +41,18 @@ def test_frame_layout() -> None:
 
 
 def test_exec_request_encodes_every_field() -> None:
-    f = p.exec_request(["sh", "-c", "true"], ["A=1"], user="root", cwd="/w", timeout_ms=1500,
-                       stdout_cap=10, stderr_cap=20, stdin_stream=True)
+    f = p.exec_request(
+        ["sh", "-c", "true"],
+        ["A=1"],
+        user="root",
+        cwd="/w",
+        timeout_ms=1500,
+        stdout_cap=10,
+        stderr_cap=20,
+        stdin_stream=True,
+    )
     length, _stream, kind = p.HEADER.unpack_from(f)
-    body = f[p.HEADER.size:]
+    body = f[p.HEADER.size :]
     assert kind == p.REQ_EXEC and length == len(body)
     flags, timeout, out_cap, err_cap = struct.unpack_from("<IqQQ", body)
     assert (flags, timeout, out_cap, err_cap) == (p.EXEC_STDIN_STREAM, 1500, 10, 20)

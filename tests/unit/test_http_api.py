@@ -36,11 +36,24 @@ class FakeService:
     async def create(self, req: CreateSandbox) -> SandboxInfo:
         sid = f"fake-{len(self.boxes)}"
         info = SandboxInfo(
-            id=sid, node="fake", kind=req.kind, state=SandboxState.running, image=req.image,
-            workspace=req.workspace, toolkit=req.toolkit, layers=[], cpu=req.cpu,
-            memory=req.memory, disk=req.disk, pids=req.pids, ttl=req.ttl,
-            idle_timeout=req.idle_timeout, env=req.env, labels=req.labels,
-            created_at=time.time(), expires_at=None,
+            id=sid,
+            node="fake",
+            kind=req.kind,
+            state=SandboxState.running,
+            image=req.image,
+            workspace=req.workspace,
+            toolkit=req.toolkit,
+            layers=[],
+            cpu=req.cpu,
+            memory=req.memory,
+            disk=req.disk,
+            pids=req.pids,
+            ttl=req.ttl,
+            idle_timeout=req.idle_timeout,
+            env=req.env,
+            labels=req.labels,
+            created_at=time.time(),
+            expires_at=None,
         )
         self.boxes[sid] = info
         return info
@@ -51,8 +64,11 @@ class FakeService:
         return self.boxes[sandbox_id]
 
     async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
-        return [b for b in self.boxes.values()
-                if all(b.labels.get(k) == v for k, v in (labels or {}).items())]
+        return [
+            b
+            for b in self.boxes.values()
+            if all(b.labels.get(k) == v for k, v in (labels or {}).items())
+        ]
 
     async def close(self, sandbox_id: str) -> None:
         await self.get(sandbox_id)
@@ -72,14 +88,19 @@ class FakeService:
             raise corral.FileNotFound(f"{path}: No such file or directory", path=path)
         return self.files[path]
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes, user: str = "root",
-                         mode: int = 0o644) -> int:
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, user: str = "root", mode: int = 0o644
+    ) -> int:
         self.files[path] = data
         return len(data)
 
     async def list_files(self, sandbox_id: str, path: str, user: str = "root") -> list[FileEntry]:
-        return [FileEntry(name=p.rsplit("/", 1)[1], path=p, type="file", size=len(d), mode=0o644,
-                          mtime=0.0) for p, d in self.files.items()]
+        return [
+            FileEntry(
+                name=p.rsplit("/", 1)[1], path=p, type="file", size=len(d), mode=0o644, mtime=0.0
+            )
+            for p, d in self.files.items()
+        ]
 
     async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
         return (await self.list_files(sandbox_id, path))[0]
@@ -87,8 +108,9 @@ class FakeService:
     async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
         pass
 
-    async def remove_file(self, sandbox_id: str, path: str, user: str = "root",
-                          recursive: bool = True) -> None:
+    async def remove_file(
+        self, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+    ) -> None:
         self.files.pop(path, None)
 
     async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None:
@@ -104,8 +126,9 @@ class FakeService:
 def _client(api_key: str | None = None, server_key: str | None = None) -> corral.AsyncClient:
     app = create_app(FakeService(), api_key=server_key)
     client = corral.AsyncClient("http://test", api_key=api_key)
-    client._service = HttpService("http://test", api_key=api_key,
-                                  transport=httpx.ASGITransport(app=app))
+    client._service = HttpService(
+        "http://test", api_key=api_key, transport=httpx.ASGITransport(app=app)
+    )
     return client
 
 

@@ -14,7 +14,11 @@ from corral.node.platform import is_static_elf
 
 @pytest.mark.parametrize(
     ("text", "name", "tag"),
-    [("debian:12", "debian", "12"), ("debian", "debian", "latest"), ("a/b-c.d:v1.2_3", "a/b-c.d", "v1.2_3")],
+    [
+        ("debian:12", "debian", "12"),
+        ("debian", "debian", "latest"),
+        ("a/b-c.d:v1.2_3", "a/b-c.d", "v1.2_3"),
+    ],
 )
 def test_refs(text: str, name: str, tag: str) -> None:
     ref = Ref.parse(text)

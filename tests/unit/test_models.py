@@ -80,7 +80,8 @@ def test_exec_request_rejects(change: dict[str, Any], field: str, rule_part: str
 
 
 @pytest.mark.parametrize(
-    "bad", ["../../etc/passwd", "etc/passwd", "", "/a/../../b", "/x\x00y", 7, None, "/" + "a" * 5000]
+    "bad",
+    ["../../etc/passwd", "etc/passwd", "", "/a/../../b", "/x\x00y", 7, None, "/" + "a" * 5000],
 )
 def test_paths_outside_the_sandbox_are_refused(bad: object) -> None:
     with pytest.raises(InvalidArgument) as exc:

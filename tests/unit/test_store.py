@@ -6,13 +6,23 @@ from pathlib import Path
 from corral.node.store import SCHEMA_VERSION, SandboxRecord, Store
 
 
-def _rec(sid: str, state: str = "running", labels: dict[str, str] | None = None,
-         memory: int = 100) -> SandboxRecord:
+def _rec(
+    sid: str, state: str = "running", labels: dict[str, str] | None = None, memory: int = 100
+) -> SandboxRecord:
     now = time.time()
     return SandboxRecord(
-        id=sid, kind="container", state=state, spec={"memory": memory}, layers=["sha256:a"],
-        image_env=["PATH=/bin"], workdir="/", created_at=now, expires_at=None,
-        last_active=now, owner="1:2", labels=labels or {},
+        id=sid,
+        kind="container",
+        state=state,
+        spec={"memory": memory},
+        layers=["sha256:a"],
+        image_env=["PATH=/bin"],
+        workdir="/",
+        created_at=now,
+        expires_at=None,
+        last_active=now,
+        owner="1:2",
+        labels=labels or {},
     )
 
 

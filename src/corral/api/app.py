@@ -133,8 +133,7 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
 
-    @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/kill", status_code=204,
-              dependencies=v1)
+    @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/kill", status_code=204, dependencies=v1)
     async def kill(sandbox_id: str, pid: int, signal: int = 9) -> Response:
         await service.kill(sandbox_id, pid, signal)
         return Response(status_code=204)
@@ -180,7 +179,8 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
 
     @app.get("/v1/sandboxes/{sandbox_id}/tar", dependencies=v1)
     async def download_tar(sandbox_id: str, path: str) -> Response:
-        return Response(await service.download_tar(sandbox_id, path),
-                        media_type="application/x-tar")
+        return Response(
+            await service.download_tar(sandbox_id, path), media_type="application/x-tar"
+        )
 
     return app

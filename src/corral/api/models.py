@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -21,7 +21,9 @@ KINDS = ("container", "fncall", "microvm", "fullvm")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _USER = re.compile(r"^(?:[a-z_][a-z0-9_.-]{0,31}|\d{1,10}(?::\d{1,10})?)$")
-_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?$|^sha256:[0-9a-f]{64}$")
+_REF = re.compile(
+    r"^[a-z0-9][a-z0-9._/-]{0,127}(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?$|^sha256:[0-9a-f]{64}$"
+)
 PATH_RULE = "must be an absolute path inside the sandbox, without '..' or NUL"
 
 
@@ -77,7 +79,7 @@ def invalid_from_pydantic(exc: ValidationError) -> InvalidArgument:
     return InvalidArgument(field, rule, first.get("input"))
 
 
-class SandboxState(str, Enum):
+class SandboxState(StrEnum):
     creating = "creating"
     running = "running"
     closing = "closing"

@@ -7,6 +7,7 @@ implementation. One interface, so embedded and remote behave the same.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -18,7 +19,7 @@ class SandboxService(Protocol):
 
     async def get(self, sandbox_id: str) -> SandboxInfo: ...
 
-    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]: ...
+    async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]: ...
 
     async def close(self, sandbox_id: str) -> None: ...
 
@@ -34,7 +35,7 @@ class SandboxService(Protocol):
 
     async def list_files(
         self, sandbox_id: str, path: str, user: str = "root"
-    ) -> list[FileEntry]: ...
+    ) -> builtins.list[FileEntry]: ...
 
     async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry: ...
 

@@ -45,7 +45,11 @@ async def serve(a: argparse.Namespace) -> int:
     from corral.server import serve as run_server
 
     await run_server(
-        _config(a), host=a.host, port=a.port, socket=a.socket, api_key=a.api_key,
+        _config(a),
+        host=a.host,
+        port=a.port,
+        socket=a.socket,
+        api_key=a.api_key,
         log_level=a.log_level,
     )
     return 0
@@ -76,12 +80,17 @@ async def _run_in(sbx: Any, a: argparse.Namespace, cmd: str | list[str]) -> int:
         sys.stderr.flush()
 
     r = await sbx.commands.run(
-        cmd, timeout=a.timeout, cwd=getattr(a, "cwd", None), user=getattr(a, "user", "root"),
-        on_stdout=None if a.json else out, on_stderr=None if a.json else err,
+        cmd,
+        timeout=a.timeout,
+        cwd=getattr(a, "cwd", None),
+        user=getattr(a, "user", "root"),
+        on_stdout=None if a.json else out,
+        on_stderr=None if a.json else err,
     )
     if a.json:
         print(json.dumps(r.__dict__))
-    return r.exit_code if r.exit_code >= 0 else 128 + r.signal
+    code: int = r.exit_code if r.exit_code >= 0 else 128 + r.signal
+    return code
 
 
 async def exec_(a: argparse.Namespace) -> int:
@@ -107,8 +116,13 @@ async def ls(a: argparse.Namespace) -> int:
     for s in boxes:
         i = s.info
         table.add_row(
-            i.id, i.kind, i.state.value, i.image, format_size(i.memory),
-            f"{now - i.created_at:.0f}s", ",".join(f"{k}={v}" for k, v in i.labels.items()),
+            i.id,
+            i.kind,
+            i.state.value,
+            i.image,
+            format_size(i.memory),
+            f"{now - i.created_at:.0f}s",
+            ",".join(f"{k}={v}" for k, v in i.labels.items()),
         )
     _emit(a, [s.info.model_dump(mode="json") for s in boxes], table)
     return 0
@@ -126,7 +140,6 @@ async def rm(a: argparse.Namespace) -> int:
 
 async def gc(a: argparse.Namespace) -> int:
     from corral.node.agent import NodeAgent
-
     from corral.node.maintenance import GcReport
 
     async with NodeAgent(_config(a)) as agent:
@@ -137,9 +150,13 @@ async def gc(a: argparse.Namespace) -> int:
         again = await agent._maintenance.recover()
         report.add(again)
         report.reattached = again.reattached
-    _emit(a, report.__dict__, f"reattached {report.reattached}, reclaimed "
-          f"{report.reclaimed_sandboxes} sandboxes, resources {report.reclaimed or '{}'}, "
-          f"released {report.layers_released} layer mounts")
+    _emit(
+        a,
+        report.__dict__,
+        f"reattached {report.reattached}, reclaimed "
+        f"{report.reclaimed_sandboxes} sandboxes, resources {report.reclaimed or '{}'}, "
+        f"released {report.layers_released} layer mounts",
+    )
     return 0
 
 
@@ -215,22 +232,38 @@ async def image_build(a: argparse.Namespace) -> int:
     with progress_bar(disable=a.json) as progress:
         if a.from_dir:
             layer = await asyncio.to_thread(
-                build.build_from_dir, store, a.from_dir, tag=a.ref, kind=a.kind or "layer",
+                build.build_from_dir,
+                store,
+                a.from_dir,
+                tag=a.ref,
+                kind=a.kind or "layer",
                 progress=progress,
             )
         elif a.from_tar:
             layer = await asyncio.to_thread(
-                build.build_from_tar, store, a.from_tar, tag=a.ref, kind=a.kind or "base",
+                build.build_from_tar,
+                store,
+                a.from_tar,
+                tag=a.ref,
+                kind=a.kind or "base",
                 progress=progress,
             )
         else:
             packages = [p for p in a.packages.split(",") if p]
             layer = await asyncio.to_thread(
-                build.build_debootstrap, store, a.debootstrap, packages, tag=a.ref,
+                build.build_debootstrap,
+                store,
+                a.debootstrap,
+                packages,
+                tag=a.ref,
                 progress=progress,
             )
-    _emit(a, _layer_doc(layer), f"{a.ref} {layer.digest} "
-          f"({format_size(layer.content_size)} content, {format_size(layer.meta_size)} metadata)")
+    _emit(
+        a,
+        _layer_doc(layer),
+        f"{a.ref} {layer.digest} "
+        f"({format_size(layer.content_size)} content, {format_size(layer.meta_size)} metadata)",
+    )
     return 0
 
 
@@ -251,8 +284,11 @@ async def image_ls(a: argparse.Namespace) -> int:
     table = Table("NAMES", "KIND", "DIGEST", "CONTENT", "META", "BLOB")
     for layer in layers:
         table.add_row(
-            ",".join(layer.names) or "<none>", layer.kind, layer.digest[:19],
-            format_size(layer.content_size), format_size(layer.meta_size),
+            ",".join(layer.names) or "<none>",
+            layer.kind,
+            layer.digest[:19],
+            format_size(layer.content_size),
+            format_size(layer.meta_size),
             format_size(layer.blob_size),
         )
     _emit(a, [_layer_doc(layer) for layer in layers], table)

@@ -67,8 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="corral", description="Sandboxes for agent RL.")
     parser.add_argument("--version", action="version", version=f"corral {__version__}")
-    parser.add_argument("--url", default=os.environ.get("CORRAL_URL"),
-                        help="a corral server (http://host:7070 or unix:/path); default embedded")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("CORRAL_URL"),
+        help="a corral server (http://host:7070 or unix:/path); default embedded",
+    )
     parser.add_argument("--api-key", default=os.environ.get("CORRAL_API_KEY"))
     parser.add_argument("--data-dir", default=None, help="node data dir (default /var/lib/corral)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -147,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     configure(os.environ.get("CORRAL_LOG_LEVEL"))
     args = build_parser().parse_args(argv)
     try:
-        return asyncio.run(args.handler(args))
+        code: int = asyncio.run(args.handler(args))
+        return code
     except CorralError as err:
         if args.json:
             print(json.dumps({"error": err.to_wire()}), file=sys.stderr)

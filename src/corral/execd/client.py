@@ -7,6 +7,7 @@ a broken connection costs only that request.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import errno as errno_mod
 import struct
 from collections.abc import AsyncIterator
@@ -82,7 +83,7 @@ class ExecdClient:
                 asyncio.open_unix_connection(self.socket_path, limit=4 * p.MAX_PAYLOAD),
                 self.connect_timeout,
             )
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise Unavailable(
                 f"sandbox exec server at {self.socket_path} is not reachable: {exc}"
             ) from exc
@@ -149,7 +150,7 @@ class ExecdClient:
         finally:
             conn.close()
 
-    async def list(self, user: str, path: str) -> list[p.Entry]:
+    async def list(self, user: str, path: str) -> builtins.list[p.Entry]:
         request = p.file_request(p.REQ_LIST, user, path)
         return [p.parse_entry(f.payload) async for f in self._until_ok(request, path)]
 
@@ -187,8 +188,8 @@ class ExecdClient:
 
     async def start(
         self,
-        argv: list[str],
-        env: list[str],
+        argv: builtins.list[str],
+        env: builtins.list[str],
         *,
         user: str,
         cwd: str,

@@ -184,7 +184,7 @@ def build_debootstrap(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
         )
         assert proc.stdout is not None
-        steps, tail = 0, []
+        steps, tail = 0, list[str]()
         for line in proc.stdout:
             tail = [*tail[-30:], line]
             if line.startswith("I: "):

@@ -124,9 +124,7 @@ class ImageStore:
         try:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
-            raise ImageNotFound(
-                f"layer {digest} is not in this node's store", ref=digest
-            ) from None
+            raise ImageNotFound(f"layer {digest} is not in this node's store", ref=digest) from None
         return Layer.from_json(doc, self._names_of(digest))
 
     def resolve(self, text: str, field: str = "image") -> Layer:

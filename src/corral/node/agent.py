@@ -10,6 +10,7 @@ and one of them at a time (the leader) enforces TTLs and reclaims leftovers.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import secrets
 import shutil
@@ -86,8 +87,10 @@ def merge_env(*layers: list[str] | dict[str, str]) -> list[str]:
     """KEY=VALUE lists/dicts merged left to right; later values win."""
     env: dict[str, str] = {}
     for layer in layers:
-        items = layer.items() if isinstance(layer, dict) else (
-            e.split("=", 1) for e in layer if "=" in e
+        items = (
+            layer.items()
+            if isinstance(layer, dict)
+            else (e.split("=", 1) for e in layer if "=" in e)
         )
         for k, v in items:
             env[k] = v
@@ -329,8 +332,13 @@ class NodeAgent:
                 db.drop_resource(sandbox_id, kind, ref)
             except Exception as exc:  # keep going: gc retries what is left
                 errors.append(f"{kind} {ref}: {exc}")
-                log.error("resource.release_failed", sandbox=sandbox_id, kind=kind, ref=ref,
-                          error=str(exc))
+                log.error(
+                    "resource.release_failed",
+                    sandbox=sandbox_id,
+                    kind=kind,
+                    ref=ref,
+                    error=str(exc),
+                )
         for key in [k for k in self._sessions if k[0] == sandbox_id]:
             self._sessions.pop(key).close()
         self.reap()
@@ -414,7 +422,7 @@ class NodeAgent:
     async def get(self, sandbox_id: str) -> SandboxInfo:
         return self._info(self._record(sandbox_id))
 
-    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+    async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
         return [self._info(r) for r in self._db().list(ACTIVE_STATES, labels)]
 
     # ---------------------------------------------------------------- exec
@@ -453,7 +461,7 @@ class NodeAgent:
                     kind, payload = await asyncio.wait_for(anext(events), limit)
                 except StopAsyncIteration:
                     raise self._gone(sandbox_id) from None
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise SandboxFailed(
                         f"sandbox {sandbox_id}: exec server did not end pid {session.pid} "
                         f"{EXEC_GRACE:.0f}s after its timeout",
@@ -481,8 +489,9 @@ class NodeAgent:
                         duration=time.monotonic() - t0,
                     )
                     return
-                yield ExecOutput(type="stdout" if kind == proto.RSP_STDOUT else "stderr",
-                                 data=payload)
+                yield ExecOutput(
+                    type="stdout" if kind == proto.RSP_STDOUT else "stderr", data=payload
+                )
         finally:
             session.close()
             self._sessions.pop(key, None)
@@ -543,7 +552,9 @@ class NodeAgent:
             user, path, bytes(data), mode=mode, max_bytes=self.config.max_file_bytes
         )
 
-    async def list_files(self, sandbox_id: str, path: str, user: str = "root") -> list[FileEntry]:
+    async def list_files(
+        self, sandbox_id: str, path: str, user: str = "root"
+    ) -> builtins.list[FileEntry]:
         path = check_path(path)
         self._running(sandbox_id)
         metrics.FILE_OPS.labels("list").inc()
@@ -573,12 +584,14 @@ class NodeAgent:
         await self._client(sandbox_id).remove(user, path, recursive=recursive)
 
     async def _run_platform(
-        self, sandbox_id: str, argv: list[str], stdin: bytes | None, doing: str
+        self, sandbox_id: str, argv: builtins.list[str], stdin: bytes | None, doing: str
     ) -> bytes:
         """Run a platform tool (from /.corral) and return its stdout."""
         limit = self.config.max_file_bytes
         req = ExecRequest(cmd=argv, timeout=600, stdin=stdin, stdout_limit=limit)
-        out, err, code, total = [], [], -1, 0
+        out: builtins.list[bytes] = []
+        err: builtins.list[bytes] = []
+        code, total = -1, 0
         async for ev in self.exec(sandbox_id, req):
             if isinstance(ev, ExecOutput):
                 (out if ev.type == "stdout" else err).append(ev.data)
@@ -601,7 +614,9 @@ class NodeAgent:
         await self.make_dir(sandbox_id, path)
         metrics.FILE_OPS.labels("upload_tar").inc()
         await self._run_platform(
-            sandbox_id, [plat.BUSYBOX, "tar", "-x", "-C", path], bytes(data),
+            sandbox_id,
+            [plat.BUSYBOX, "tar", "-x", "-C", path],
+            bytes(data),
             f"extracting a tar into {path}",
         )
 
@@ -609,7 +624,9 @@ class NodeAgent:
         path = check_path(path)
         metrics.FILE_OPS.labels("download_tar").inc()
         return await self._run_platform(
-            sandbox_id, [plat.BUSYBOX, "tar", "-c", "-C", path, "."], None,
+            sandbox_id,
+            [plat.BUSYBOX, "tar", "-c", "-C", path, "."],
+            None,
             f"archiving {path}",
         )
 

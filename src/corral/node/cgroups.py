@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from corral.node import mounts
@@ -20,7 +20,7 @@ from corral.node import mounts
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     V1 = "v1"
     HYBRID = "hybrid"  # v1 controllers plus a cgroup2 mount (crun needs it hidden)
     V2 = "v2"

@@ -13,7 +13,13 @@ MS_NODEV = 0x4
 MNT_DETACH = 0x2
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 

@@ -34,13 +34,11 @@ def is_static_elf(path: Path) -> bool:
         head = f.read(64)
         if head[:4] != b"\x7fELF" or head[4] != 2:
             return False
-        phoff, = struct.unpack_from("<Q", head, 32)
+        (phoff,) = struct.unpack_from("<Q", head, 32)
         phentsize, phnum = struct.unpack_from("<HH", head, 54)
         f.seek(phoff)
         table = f.read(phentsize * phnum)
-    return all(
-        struct.unpack_from("<I", table, i * phentsize)[0] != PT_INTERP for i in range(phnum)
-    )
+    return all(struct.unpack_from("<I", table, i * phentsize)[0] != PT_INTERP for i in range(phnum))
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ node safely.
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
-
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -210,10 +210,10 @@ class Store:
 
     def list(
         self, states: Iterable[str] = ACTIVE_STATES, labels: dict[str, str] | None = None
-    ) -> list[SandboxRecord]:
+    ) -> builtins.list[SandboxRecord]:
         states = list(states)
         sql = f"SELECT {_COLUMNS} FROM sandboxes WHERE state IN ({','.join('?' * len(states))})"
-        args: list[Any] = list(states)
+        args: builtins.list[Any] = list(states)
         for k, v in (labels or {}).items():
             sql += " AND id IN (SELECT sandbox_id FROM labels WHERE key=? AND value=?)"
             args += [k, v]
@@ -263,7 +263,7 @@ class Store:
             (sandbox_id, kind, ref),
         )
 
-    def resources(self, sandbox_id: str) -> list[tuple[str, str]]:
+    def resources(self, sandbox_id: str) -> builtins.list[tuple[str, str]]:
         return [
             (r[0], r[1])
             for r in self.db.execute(
@@ -272,7 +272,7 @@ class Store:
             )
         ]
 
-    def all_resources(self) -> list[tuple[str, str, str]]:
+    def all_resources(self) -> builtins.list[tuple[str, str, str]]:
         return [tuple(r) for r in self.db.execute("SELECT sandbox_id, kind, ref FROM resources")]
 
     def referenced_layers(self) -> set[str]:
@@ -283,4 +283,3 @@ class Store:
         ):
             out.update(json.loads(layers))
         return out
-

@@ -14,6 +14,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -55,14 +56,21 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
     console = Console(width=120)
     store = ImageStore(config.images_dir)
     with progress_bar(disable=as_json) as progress:
-        await asyncio.to_thread(di.ensure_all, store, config.data_dir / "cache" / "sdists",
-                                progress)
+        await asyncio.to_thread(
+            di.ensure_all, store, config.data_dir / "cache" / "sdists", progress
+        )
 
     projects = [di.PROJECTS[i % len(di.PROJECTS)] for i in range(sandboxes)]
     rollouts = [Rollout(p.name) for p in projects]
     boxes: list[AsyncSandbox | None] = [None] * sandboxes
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), disable=as_json, console=console)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=as_json,
+        console=console,
+    )
     async with AsyncClient(config=config) as client:
         mem_before = _mem_available()
         wall0 = time.monotonic()
@@ -73,8 +81,13 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
             async def create(i: int) -> None:
                 t0 = time.monotonic()
                 boxes[i] = await client.sandboxes.create(
-                    image=di.BASE, workspace=projects[i].ref, toolkit=di.TOOLKIT,
-                    cpu=1.0, memory="512MiB", disk="1GiB", ttl=900,
+                    image=di.BASE,
+                    workspace=projects[i].ref,
+                    toolkit=di.TOOLKIT,
+                    cpu=1.0,
+                    memory="512MiB",
+                    disk="1GiB",
+                    ttl=900,
                     labels={"job": "demo", "project": projects[i].name},
                 )
                 rollouts[i].create_s = time.monotonic() - t0
@@ -109,7 +122,17 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
     for r in rollouts:
         by_project.setdefault(r.project, []).append(r)
 
-    doc = {
+    projects_doc: dict[str, dict[str, Any]] = {
+        name: {
+            "sandboxes": len(rs),
+            "passed": sum(r.exit_code == 0 for r in rs),
+            "failed": sum(r.exit_code != 0 for r in rs),
+            "exec_median_s": statistics.median(r.exec_s for r in rs),
+            "pytest": rs[0].summary,
+        }
+        for name, rs in by_project.items()
+    }
+    doc: dict[str, Any] = {
         "sandboxes": sandboxes,
         "create_p50_ms": pct(creates, 50) * 1000,
         "create_p99_ms": pct(creates, 99) * 1000,
@@ -118,41 +141,59 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
         "close_ms_per_sandbox": close_s * 1000,
         "wall_s": wall,
         "host_memory_per_idle_sandbox_mib": per_sandbox_mem / 2**20,
-        "projects": {
-            name: {
-                "sandboxes": len(rs),
-                "passed": sum(r.exit_code == 0 for r in rs),
-                "failed": sum(r.exit_code != 0 for r in rs),
-                "exec_median_s": statistics.median(r.exec_s for r in rs),
-                "pytest": rs[0].summary,
-            }
-            for name, rs in by_project.items()
-        },
+        "projects": projects_doc,
     }
     if as_json:
         print(json.dumps(doc))
         return 1 if failed else 0
 
     summary = Table(title=f"Rollout batch: {sandboxes} sandboxes at once (embedded node)")
-    for col in ("sandboxes", "create p50", "create p99", "exec p50", "exec p99",
-                "close / sandbox", "host memory / idle sandbox", "wall"):
+    for col in (
+        "sandboxes",
+        "create p50",
+        "create p99",
+        "exec p50",
+        "exec p99",
+        "close / sandbox",
+        "host memory / idle sandbox",
+        "wall",
+    ):
         summary.add_column(col, justify="right")
     summary.add_row(
-        str(sandboxes), f"{doc['create_p50_ms']:.0f} ms", f"{doc['create_p99_ms']:.0f} ms",
-        f"{doc['exec_p50_s']:.2f} s", f"{doc['exec_p99_s']:.2f} s", f"{close_s * 1000:.0f} ms",
-        f"{doc['host_memory_per_idle_sandbox_mib']:.2f} MiB", f"{wall:.1f} s",
+        str(sandboxes),
+        f"{doc['create_p50_ms']:.0f} ms",
+        f"{doc['create_p99_ms']:.0f} ms",
+        f"{doc['exec_p50_s']:.2f} s",
+        f"{doc['exec_p99_s']:.2f} s",
+        f"{close_s * 1000:.0f} ms",
+        f"{doc['host_memory_per_idle_sandbox_mib']:.2f} MiB",
+        f"{wall:.1f} s",
     )
     console.print(summary)
     table = Table(title="Test suites (reward signal) per project")
-    for col in ("project", "workspace layer", "sandboxes", "pass", "fail", "exec median",
-                "pytest says"):
+    for col in (
+        "project",
+        "workspace layer",
+        "sandboxes",
+        "pass",
+        "fail",
+        "exec median",
+        "pytest says",
+    ):
         table.add_column(col)
     for p in di.PROJECTS:
-        info = doc["projects"].get(p.name)  # type: ignore[union-attr]
+        info = projects_doc.get(p.name)
         if not info:
             continue
-        table.add_row(p.name, p.ref, str(info["sandboxes"]), str(info["passed"]),
-                      str(info["failed"]), f"{info['exec_median_s']:.2f} s", info["pytest"])
+        table.add_row(
+            p.name,
+            p.ref,
+            str(info["sandboxes"]),
+            str(info["passed"]),
+            str(info["failed"]),
+            f"{info['exec_median_s']:.2f} s",
+            info["pytest"],
+        )
     console.print(table)
     for r in failed[:3]:
         console.print(f"[red]failed[/red] {r.project}: exit {r.exit_code}: {r.summary}")

@@ -92,9 +92,21 @@ def toolkit(store: ImageStore, progress: ProgressFn) -> Layer:
     stage = store.tmpdir("toolkit")
     progress("pip install pytest", 0, 1)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps",
-         "--only-binary=:all:", "--target", str(stage / SITE), *PYTEST],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-compile",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--target",
+            str(stage / SITE),
+            *PYTEST,
+        ],
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise Unavailable(f"installing the pytest toolkit failed: {proc.stderr[-1000:]}")
@@ -107,7 +119,11 @@ def toolkit(store: ImageStore, progress: ProgressFn) -> Layer:
     progress("pip install pytest", 1, 1)
     try:
         return build_from_dir(
-            store, stage, tag=TOOLKIT, kind="toolkit", labels={"corral.source": key},
+            store,
+            stage,
+            tag=TOOLKIT,
+            kind="toolkit",
+            labels={"corral.source": key},
             progress=progress,
         )
     finally:
@@ -140,8 +156,12 @@ def workspace(store: ImageStore, project: Project, cache: Path, progress: Progre
         (top,) = list(stage.iterdir())
         top.rename(stage / "workspace")
         return build_from_dir(
-            store, stage, tag=project.ref, kind="workspace",
-            config=ImageConfig(workdir="/workspace"), labels={"corral.source": key},
+            store,
+            stage,
+            tag=project.ref,
+            kind="workspace",
+            config=ImageConfig(workdir="/workspace"),
+            labels={"corral.source": key},
             progress=progress,
         )
     finally:

@@ -11,6 +11,7 @@ talks to `corral serve`. Both behave the same, errors included.
 
 from __future__ import annotations
 
+import builtins
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ class AsyncSandboxes:
         service = await self._client._ready()
         return AsyncSandbox(service, await service.get(sandbox_id))
 
-    async def list(self, labels: dict[str, str] | None = None) -> list[AsyncSandbox]:
+    async def list(self, labels: dict[str, str] | None = None) -> builtins.list[AsyncSandbox]:
         """Live sandboxes, optionally those carrying all the given labels."""
         service = await self._client._ready()
         return [AsyncSandbox(service, info) for info in await service.list(labels)]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import TYPE_CHECKING
 
 from corral.api.models import FileEntry
 from corral.errors import FileNotFound
 
 if TYPE_CHECKING:
+    from corral.api.service import SandboxService
     from corral.sdk.sandbox import AsyncSandbox
 
 
@@ -16,7 +18,7 @@ class AsyncFiles:
         self._sandbox = sandbox
 
     @property
-    def _svc(self):  # type: ignore[no-untyped-def]
+    def _svc(self) -> SandboxService:
         return self._sandbox._service
 
     async def read(self, path: str, *, user: str = "root") -> bytes:
@@ -32,7 +34,7 @@ class AsyncFiles:
         raw = data.encode() if isinstance(data, str) else data
         return await self._svc.write_file(self._sandbox.id, path, raw, user, mode)
 
-    async def list(self, path: str, *, user: str = "root") -> list[FileEntry]:
+    async def list(self, path: str, *, user: str = "root") -> builtins.list[FileEntry]:
         return await self._svc.list_files(self._sandbox.id, path, user)
 
     async def stat(self, path: str, *, user: str = "root") -> FileEntry:

@@ -39,7 +39,7 @@ def _sync_type(annotation: str) -> str:
 
 def _wrapper(annotation: str, expr: str) -> str:
     """Code turning an async-API value into its blocking twin."""
-    m = re.fullmatch(r"list\[(Async\w+)\]", annotation)
+    m = re.fullmatch(r"(?:builtins\.)?list\[(Async\w+)\]", annotation)
     if m and m.group(1) in RENAME:
         return f"[{RENAME[m.group(1)]}(self._portal, x) for x in {expr}]"
     if annotation in RENAME:
@@ -128,7 +128,8 @@ def _attributes(cls: type[Any]) -> list[tuple[str, str]]:
 def _class(cls: type[Any], name: str) -> str:
     lines = [f"class {name}:"]
     doc = inspect.getdoc(cls)
-    lines.append(f'    """Blocking twin of {cls.__name__}.{" " + doc.splitlines()[0] if doc else ""}"""')
+    summary = f" {doc.splitlines()[0]}" if doc else ""
+    lines.append(f'    """Blocking twin of {cls.__name__}.{summary}"""')
     lines.append("")
     if cls is client.AsyncClient:
         params, call, _ = _signature(cls.__init__)
@@ -138,7 +139,7 @@ def _class(cls: type[Any], name: str) -> str:
             "        self._inner = AsyncClient(",
             *[f"            {c}," for c in call.split(", ")],
             "        )",
-            f"        self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)",
+            "        self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)",
             "",
             "    def __enter__(self) -> Client:",
             "        self.open()",
@@ -167,9 +168,7 @@ def _class(cls: type[Any], name: str) -> str:
         ]
         for attr, typ in _attributes(cls):
             if typ in RENAME:
-                lines.append(
-                    f"        self.{attr} = {RENAME[typ]}(portal, inner.{attr})"
-                )
+                lines.append(f"        self.{attr} = {RENAME[typ]}(portal, inner.{attr})")
         lines.append("")
         skip = set()
         for attr, typ in _attributes(cls):
@@ -237,6 +236,7 @@ thread; they must not call back into the blocking client.
 
 from __future__ import annotations
 
+import builtins
 import signal as signals
 from pathlib import Path
 

@@ -5,6 +5,7 @@ URLs: ``http://host:7070`` or ``unix:/path/to/corral.sock``.
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -69,15 +70,19 @@ class HttpService:
         return resp
 
     async def create(self, req: CreateSandbox) -> SandboxInfo:
-        resp = await self._call("POST", "/v1/sandboxes", content=req.model_dump_json(),
-                                headers={"content-type": "application/json"})
+        resp = await self._call(
+            "POST",
+            "/v1/sandboxes",
+            content=req.model_dump_json(),
+            headers={"content-type": "application/json"},
+        )
         return SandboxInfo.model_validate_json(resp.content)
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}")
         return SandboxInfo.model_validate_json(resp.content)
 
-    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+    async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
         params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
         resp = await self._call("GET", "/v1/sandboxes", params=params)
         return [SandboxInfo.model_validate(s) for s in resp.json()["sandboxes"]]
@@ -135,7 +140,9 @@ class HttpService:
         )
         return int(resp.json()["bytes"])
 
-    async def list_files(self, sandbox_id: str, path: str, user: str = "root") -> list[FileEntry]:
+    async def list_files(
+        self, sandbox_id: str, path: str, user: str = "root"
+    ) -> builtins.list[FileEntry]:
         resp = await self._call(
             "GET", f"/v1/sandboxes/{sandbox_id}/files/list", params={"path": path, "user": user}
         )

@@ -7,6 +7,7 @@ thread; they must not call back into the blocking client.
 
 from __future__ import annotations
 
+import builtins
 import signal as signals
 from pathlib import Path
 
@@ -42,7 +43,7 @@ class Files:
     def exists(self, path: str, *, user: str = 'root') -> bool:
         return self._portal.call(self._inner.exists, path, user=user)
 
-    def list(self, path: str, *, user: str = 'root') -> list[FileEntry]:
+    def list(self, path: str, *, user: str = 'root') -> builtins.list[FileEntry]:
         return self._portal.call(self._inner.list, path, user=user)
 
     def make_dir(self, path: str, *, user: str = 'root') -> None:
@@ -254,7 +255,7 @@ class Sandboxes:
         """Re-attach to a sandbox by id (from any process)."""
         return Sandbox(self._portal, self._portal.call(self._inner.get, sandbox_id))
 
-    def list(self, labels: dict[str, str] | None = None) -> list[Sandbox]:
+    def list(self, labels: dict[str, str] | None = None) -> builtins.list[Sandbox]:
         """Live sandboxes, optionally those carrying all the given labels."""
         return [Sandbox(self._portal, x) for x in self._portal.call(self._inner.list, labels)]
 

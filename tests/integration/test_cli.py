@@ -1,0 +1,100 @@
+"""The `corral` command line, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from corral.config import NodeConfig
+
+from .conftest import IMAGE
+
+
+@pytest.fixture
+def corral_cli(node_config: NodeConfig):  # type: ignore[no-untyped-def]
+    env = dict(os.environ, CORRAL_NODE=node_config.node, CORRAL_IMAGES=str(node_config.images_dir))
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "corral.cli.main",
+                "--data-dir",
+                str(node_config.data_dir),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        if check:
+            assert proc.returncode == 0, proc.stderr
+        return proc
+
+    return run
+
+
+def test_run_create_exec_ls_rm(corral_cli) -> None:  # type: ignore[no-untyped-def]
+    out = corral_cli("run", "--image", IMAGE, "--", "python3", "-c", "print('hi')")
+    assert out.stdout == "hi\n"
+    bad = corral_cli("run", "--image", IMAGE, "--", "sh", "-c", "exit 4", check=False)
+    assert bad.returncode == 4
+    info = json.loads(corral_cli("--json", "create", "--image", IMAGE, "--label", "cli=1").stdout)
+    sid = info["id"]
+    assert info["labels"] == {"cli": "1"}
+    assert corral_cli("exec", sid, "--", "echo $((6*7))").stdout == "42\n"
+    listed = json.loads(corral_cli("--json", "ls", "--label", "cli=1").stdout)
+    assert [s["id"] for s in listed] == [sid]
+    corral_cli("rm", sid)
+    assert json.loads(corral_cli("--json", "ls", "--label", "cli=1").stdout) == []
+
+
+def test_errors_are_clear_and_exit_2(corral_cli) -> None:  # type: ignore[no-untyped-def]
+    out = corral_cli("run", "--image", IMAGE, "--memory", "lots", "--", "true", check=False)
+    assert out.returncode == 2
+    assert "invalid_argument" in out.stderr and "memory" in out.stderr and "lots" in out.stderr
+    out = corral_cli("--json", "exec", "t-0000000000000000", "--", "true", check=False)
+    assert out.returncode == 2
+    assert json.loads(out.stderr)["error"]["code"] == "sandbox_not_found"
+
+
+def test_image_commands(corral_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "src" / "opt").mkdir(parents=True)
+    (tmp_path / "src" / "opt" / "hello.txt").write_text("layered\n")
+    built = json.loads(
+        corral_cli(
+            "--json",
+            "image",
+            "build",
+            "cli-test:1",
+            "--from-dir",
+            str(tmp_path / "src"),
+            "--kind",
+            "toolkit",
+        ).stdout
+    )
+    assert built["kind"] == "toolkit" and "cli-test:1" in built["names"]
+    names = [
+        n
+        for layer in json.loads(corral_cli("--json", "image", "ls").stdout)
+        for n in layer["names"]
+    ]
+    assert "cli-test:1" in names and IMAGE in names
+    out = corral_cli(
+        "run", "--image", IMAGE, "--toolkit", "cli-test:1", "--", "cat", "/opt/hello.txt"
+    )
+    assert out.stdout == "layered\n"
+    corral_cli("image", "rm", "cli-test:1")
+    missing = corral_cli("image", "inspect", "cli-test:1", check=False)
+    assert missing.returncode == 2 and "image_not_found" in missing.stderr
+
+
+def test_doctor(corral_cli) -> None:  # type: ignore[no-untyped-def]
+    checks = json.loads(corral_cli("--json", "doctor").stdout)
+    assert checks["root"] is True and checks["erofs"] is True and checks["crun"]
