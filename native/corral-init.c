@@ -950,6 +950,21 @@ int main(int argc, char **argv) {
         if (p[0].revents) {
             int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
             if (conn < 0) continue;
+            /* A ping (readiness check) that has already arrived is answered
+             * here, without a handler: it is most of what create waits on.
+             * (17 bytes on a fresh socket: the write cannot block.) */
+            unsigned char peek[FRAME_HEADER];
+            if (recv(conn, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof peek &&
+                peek[8] == REQ_PING && get_u32le(peek) == 0) {
+                if (recv(conn, peek, sizeof peek, MSG_DONTWAIT) == (ssize_t)sizeof peek) {
+                    unsigned char b[8];
+                    put_u32(b, CORRAL_PROTO_VERSION);
+                    put_u32(b + 4, (uint32_t)getpid());
+                    send_frame(conn, RSP_PONG, b, 8);
+                }
+                close(conn);
+                continue;
+            }
             pid_t h = fork();
             if (h == 0) {
                 close(lfd);

@@ -179,13 +179,18 @@ class Store:
         cols = ", ".join(f"{k}=?" for k in values)
         self.db.execute(f"UPDATE sandboxes SET {cols} WHERE id=?", (*values.values(), sandbox_id))
 
-    def transition(self, sandbox_id: str, from_states: Iterable[str], to_state: str) -> bool:
-        """Move to to_state only from one of from_states; False if another
-        process got there first (exactly one closer wins)."""
+    def transition(
+        self, sandbox_id: str, from_states: Iterable[str], to_state: str, **values: Any
+    ) -> bool:
+        """Move to to_state (setting `values` too) only from one of
+        from_states; False if another process got there first (exactly one
+        closer wins)."""
         states = list(from_states)
+        sets = "".join(f", {k}=?" for k in values)
         cur = self.db.execute(
-            f"UPDATE sandboxes SET state=? WHERE id=? AND state IN ({','.join('?' * len(states))})",
-            (to_state, sandbox_id, *states),
+            f"UPDATE sandboxes SET state=?{sets} WHERE id=? "
+            f"AND state IN ({','.join('?' * len(states))})",
+            (to_state, *values.values(), sandbox_id, *states),
         )
         return cur.rowcount == 1
 

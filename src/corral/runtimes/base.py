@@ -2,21 +2,18 @@
 
 The agent owns records, admission, layers and scratch space; a runtime turns
 a prepared sandbox into something running that serves the exec protocol at
-a control path, and releases what it made. Every resource a runtime creates
-is announced through ``own`` *before* it exists (see node/store.py).
+a control path, and releases what it made. Every resource a runtime will
+create is declared by ``resources()`` and recorded *before* start() makes
+it (see node/store.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from corral.node.store import SandboxRecord
-
-Own = Callable[[str, str], None]
-
 
 @dataclass(frozen=True)
 class Prepared:
@@ -39,7 +36,11 @@ class Started:
 class Runtime(Protocol):
     kind: str
 
-    async def start(self, rec: SandboxRecord, prep: Prepared, own: Own) -> Started: ...
+    def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
+        """(kind, ref) of everything start() may create, for the record."""
+        ...
+
+    async def start(self, rec: SandboxRecord, prep: Prepared) -> Started: ...
 
     async def release(self, kind: str, ref: str) -> bool:
         """Release a resource this runtime owns; False if the kind is not its."""

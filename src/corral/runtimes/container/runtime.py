@@ -11,7 +11,7 @@ from corral.errors import SandboxFailed
 from corral.node.cgroups import Cgroups, Mode
 from corral.node.platform import Platform
 from corral.node.store import SandboxRecord
-from corral.runtimes.base import Own, Prepared, Started, process_start_time
+from corral.runtimes.base import Prepared, Started, process_start_time
 from corral.runtimes.container import bundle
 from corral.runtimes.container.oci import OciRuntime, Overlay
 
@@ -27,7 +27,10 @@ class ContainerRuntime:
             (h / "memory.memsw.limit_in_bytes").exists() for h in cgroups.hierarchies
         )
 
-    async def start(self, rec: SandboxRecord, prep: Prepared, own: Own) -> Started:
+    def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
+        return [("socket", str(prep.control)), ("container", sandbox_id), ("cgroup", sandbox_id)]
+
+    async def start(self, rec: SandboxRecord, prep: Prepared) -> Started:
         rootfs = prep.sandbox_dir / "rootfs"
         rootfs.mkdir(exist_ok=True)
         spec = rec.spec
@@ -46,7 +49,6 @@ class ContainerRuntime:
         )
         (prep.sandbox_dir / "config.json").write_text(json.dumps(cfg))
 
-        own("socket", str(prep.control))
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             if prep.control.exists():
@@ -54,8 +56,6 @@ class ContainerRuntime:
             listener.bind(str(prep.control))
             os.chmod(prep.control, 0o600)
             listener.listen(512)
-            own("container", rec.id)
-            own("cgroup", rec.id)
             pid_file = prep.sandbox_dir / "init.pid"
             await self.oci.run(
                 rec.id,

@@ -1,0 +1,115 @@
+"""Shared helpers of the benchmarks: percentiles, the machine, tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+IMAGES = Path(os.environ.get("CORRAL_IMAGES", "/var/lib/corral/images"))
+IMAGE = "debian-python:bookworm"
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        return "absent"
+
+
+def machine() -> str:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, kernel {platform.release()}, "
+        f"{_version(['crun', '--version'])}, {_version(['runc', '--version'])}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def mem_used() -> int:
+    """Host memory in use: MemTotal - MemAvailable, in bytes."""
+    info = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, value = line.split(":", 1)
+        info[key] = int(value.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def meminfo(key: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def write_result(name: str, title: str, sections: list[str]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.md"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = f"# {title}\n\nMachine: {machine()}.\nRun: {when}, `corral bench {name}`.\n\n"
+    path.write_text(body + "\n\n".join(sections).rstrip() + "\n")
+    return path
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def leak_counts(data_dir: Path) -> dict[str, int]:
+    """Kernel and disk objects a sandbox could leak, host-wide."""
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    procs = 0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() in ("corral-init", "sleep-bench"):
+                    procs += 1
+            except OSError:
+                pass
+    cgroups = 0
+    for h in Path("/sys/fs/cgroup").iterdir():
+        base = h / "corral"
+        if base.is_dir():
+            cgroups += sum(1 for _ in base.rglob("*") if _.is_dir())
+    return {
+        "overlay mounts": sum(" - overlay " in m for m in mounts),
+        "mounts under data dir": sum(str(data_dir) in m for m in mounts)
+        - (1 if any(str(data_dir / "scratch") in m for m in mounts) else 0),
+        "loop devices": len([ln for ln in loops.splitlines() if ln.strip()]),
+        "netns": len([ln for ln in netns.splitlines() if ln.strip()]),
+        "sandbox cgroups": cgroups,
+        "sandbox processes": procs,
+    }
+
+
+def fresh_dir(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
