@@ -21,12 +21,12 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
+import corral
+from _common import (
     IMAGE,
     IMAGES,
     fresh_dir,
@@ -36,12 +36,10 @@ from _common import (  # noqa: E402
     table,
     write_result,
 )
-
-import corral  # noqa: E402
-from corral.config import NodeConfig  # noqa: E402
-from corral.images.mounter import LayerMounts  # noqa: E402
-from corral.images.store import ImageStore  # noqa: E402
-from corral.runtimes.container import bundle  # noqa: E402
+from corral.config import NodeConfig
+from corral.images.mounter import LayerMounts
+from corral.images.store import ImageStore
+from corral.runtimes.container import bundle
 
 DATA = Path("/var/lib/corral-bench")
 BASE = Path("/var/lib/corral-bench-peer")
@@ -72,11 +70,19 @@ class Peer:
         b = self.root / cid
         for d in ("rootfs", "upper", "work"):
             (b / d).mkdir(parents=True)
-        cfg = bundle.config(bundle.BundleSpec(
-            sandbox_id=cid, rootfs=b / "rootfs", platform_dir=Path("/nonexistent"), env=[],
-            cpu=1.0, memory=256 * 2**20, pids=512, cgroups_path=f"/corral/bench{self.name}/{cid}",
-            swap_accounting=True,
-        ))
+        cfg = bundle.config(
+            bundle.BundleSpec(
+                sandbox_id=cid,
+                rootfs=b / "rootfs",
+                platform_dir=Path("/nonexistent"),
+                env=[],
+                cpu=1.0,
+                memory=256 * 2**20,
+                pids=512,
+                cgroups_path=f"/corral/bench{self.name}/{cid}",
+                swap_accounting=True,
+            )
+        )
         cfg["process"]["args"] = ["/bin/sleep", "infinity"]
         cfg["mounts"] = [m for m in cfg["mounts"] if m["destination"] != "/.corral"]
         (b / "config.json").write_text(json.dumps(cfg))
@@ -84,9 +90,16 @@ class Peer:
 
     async def _sh(self, script: str, env: dict[str, str]) -> None:
         proc = await asyncio.create_subprocess_exec(
-            "unshare", "-m", "--propagation", "private", "sh", "-c", script,
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env},
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
         )
         _, err = await proc.communicate()
         if proc.returncode:
@@ -96,19 +109,31 @@ class Peer:
         self.n += 1
         cid = f"{self.name}{self.n}"
         b = self._bundle(cid)
-        await self._sh(PEER_SCRIPT, {"LOWER": str(self.lower), "B": str(b), "RT": self.rt,
-                                     "STATE": str(self.state), "ID": cid})
+        await self._sh(
+            PEER_SCRIPT,
+            {
+                "LOWER": str(self.lower),
+                "B": str(b),
+                "RT": self.rt,
+                "STATE": str(self.state),
+                "ID": cid,
+            },
+        )
         return cid
 
     async def exec_true(self, cid: str) -> None:
-        await self._sh('umount /sys/fs/cgroup/unified 2>/dev/null || true\n'
-                       '"$RT" --root "$STATE" exec "$ID" /bin/true',
-                       {"RT": self.rt, "STATE": str(self.state), "ID": cid})
+        await self._sh(
+            "umount /sys/fs/cgroup/unified 2>/dev/null || true\n"
+            '"$RT" --root "$STATE" exec "$ID" /bin/true',
+            {"RT": self.rt, "STATE": str(self.state), "ID": cid},
+        )
 
     async def delete(self, cid: str) -> None:
-        await self._sh('umount /sys/fs/cgroup/unified 2>/dev/null || true\n'
-                       '"$RT" --root "$STATE" delete --force "$ID"',
-                       {"RT": self.rt, "STATE": str(self.state), "ID": cid})
+        await self._sh(
+            "umount /sys/fs/cgroup/unified 2>/dev/null || true\n"
+            '"$RT" --root "$STATE" delete --force "$ID"',
+            {"RT": self.rt, "STATE": str(self.state), "ID": cid},
+        )
         shutil.rmtree(self.root / cid, ignore_errors=True)
 
 
@@ -126,9 +151,8 @@ async def burst(create, delete, n: int) -> list[float]:  # type: ignore[no-untyp
 
 
 async def main(quick: bool) -> None:
-    fresh_dir(DATA)
-    cfg = NodeConfig.from_env(data_dir=DATA, images=IMAGES, node="bench",
-                              scratch_size=64 * 2**30)
+    DATA.mkdir(parents=True, exist_ok=True)  # the agent recovers whatever a killed run left
+    cfg = NodeConfig.from_env(data_dir=DATA, images=IMAGES, node="bench", scratch_size=64 * 2**30)
     store = ImageStore(IMAGES)
     base_layer = store.resolve(IMAGE)
     peers_mounts = LayerMounts(store, BASE / "m")
@@ -140,6 +164,7 @@ async def main(quick: bool) -> None:
     ratios: dict[int, float] = {}
 
     async with corral.AsyncClient(config=cfg) as client:
+
         async def c_create():  # type: ignore[no-untyped-def]
             return await client.sandboxes.create(image=IMAGE, memory="256MiB")
 
@@ -156,25 +181,48 @@ async def main(quick: bool) -> None:
                     results[name] += await burst(peer.create, peer.delete, level)
             ratios[level] = median(results["corral"]) / median(results["crun"])
             for name, vals in results.items():
-                rows_create.append([
-                    str(level), name, f"{median(vals) * 1000:.1f}", f"{pct(vals, 99) * 1000:.1f}",
-                    f"{median(vals) / median(results['crun']):.2f}x",
-                ])
+                rows_create.append(
+                    [
+                        str(level),
+                        name,
+                        f"{median(vals) * 1000:.1f}",
+                        f"{pct(vals, 99) * 1000:.1f}",
+                        f"{median(vals) / median(results['crun']):.2f}x",
+                    ]
+                )
 
         # Exec round trip.
         sbx = await c_create()
         for _ in range(20):
             await sbx.commands.run(["true"])
-        direct = [(await timed(sbx.commands.run(["true"])))[0] for _ in range(500 if not quick else 100)]
-        shell = [(await timed(sbx.commands.run("true")))[0] for _ in range(500 if not quick else 100)]
+        direct = [
+            (await timed(sbx.commands.run(["true"])))[0] for _ in range(500 if not quick else 100)
+        ]
+        shell = [
+            (await timed(sbx.commands.run("true")))[0] for _ in range(500 if not quick else 100)
+        ]
         cid = await peers["crun"].create()
-        crun_exec = [(await timed(peers["crun"].exec_true(cid)))[0] for _ in range(100 if not quick else 30)]
+        crun_exec = [
+            (await timed(peers["crun"].exec_true(cid)))[0] for _ in range(100 if not quick else 30)
+        ]
         await peers["crun"].delete(cid)
         await sbx.close()
         rows_exec = [
-            ["corral `commands.run([\"true\"])`", f"{median(direct) * 1000:.2f}", f"{pct(direct, 99) * 1000:.2f}"],
-            ["corral `commands.run(\"true\")` (platform sh)", f"{median(shell) * 1000:.2f}", f"{pct(shell, 99) * 1000:.2f}"],
-            ["bare `crun exec ID /bin/true`", f"{median(crun_exec) * 1000:.2f}", f"{pct(crun_exec, 99) * 1000:.2f}"],
+            [
+                'corral `commands.run(["true"])`',
+                f"{median(direct) * 1000:.2f}",
+                f"{pct(direct, 99) * 1000:.2f}",
+            ],
+            [
+                'corral `commands.run("true")` (platform sh)',
+                f"{median(shell) * 1000:.2f}",
+                f"{pct(shell, 99) * 1000:.2f}",
+            ],
+            [
+                "bare `crun exec ID /bin/true`",
+                f"{median(crun_exec) * 1000:.2f}",
+                f"{pct(crun_exec, 99) * 1000:.2f}",
+            ],
         ]
 
         # Sustained creation, then teardown.
@@ -227,20 +275,39 @@ async def main(quick: bool) -> None:
         "## Create to ready (ms)\n\nCorral: `sandboxes.create()` returns once the sandbox's "
         "exec server answers. Peers: the script returns after `<runtime> start`.\n\n"
         + table(["concurrency", "system", "p50", "p99", "p50 vs bare crun"], rows_create)
-        + f"\n\nTarget p50 within 1.25x of bare crun: "
-        + ", ".join(f"concurrency {k}: {v:.2f}x" for k, v in ratios.items()) + ".",
-        "## Exec round trip of `true` (ms)\n\n" + table(["path", "p50", "p99"], rows_exec)
+        + "\n\nTarget p50 within 1.25x of bare crun: "
+        + ", ".join(f"concurrency {k}: {v:.2f}x" for k, v in ratios.items())
+        + ".",
+        "## Exec round trip of `true` (ms)\n\n"
+        + table(["path", "p50", "p99"], rows_exec)
         + "\n\nTarget p50 <= 3 ms.",
-        "## Sustained creation (2 cores, 16 in flight)\n\n" + table(
+        "## Sustained creation (2 cores, 16 in flight)\n\n"
+        + table(
             ["system", "sandboxes/s"],
             [["corral", f"{create_rate:.1f}"]] + [[k, f"{v:.1f}"] for k, v in peer_rate.items()],
-        ) + f"\n\nTarget >= 40/s. Corral created {total} sandboxes; each peer {total // 2}.",
-        "## Teardown\n\n" + table(
-            ["sandboxes", "wall (s)", "per sandbox (ms, wall/n)", "close p50 (ms)", "close p99 (ms)"],
-            [[str(total), f"{close_wall:.2f}", f"{close_wall / total * 1000:.1f}",
-              f"{median(close_lat) * 1000:.1f}", f"{pct(close_lat, 99) * 1000:.1f}"]],
+        )
+        + f"\n\nTarget >= 40/s. Corral created {total} sandboxes; each peer {total // 2}.",
+        "## Teardown\n\n"
+        + table(
+            [
+                "sandboxes",
+                "wall (s)",
+                "per sandbox (ms, wall/n)",
+                "close p50 (ms)",
+                "close p99 (ms)",
+            ],
+            [
+                [
+                    str(total),
+                    f"{close_wall:.2f}",
+                    f"{close_wall / total * 1000:.1f}",
+                    f"{median(close_lat) * 1000:.1f}",
+                    f"{pct(close_lat, 99) * 1000:.1f}",
+                ]
+            ],
         ),
-        "## Leftovers (host-wide, before the run vs after)\n\n" + table(
+        "## Leftovers (host-wide, before the run vs after)\n\n"
+        + table(
             ["object", "before", "after"],
             [[k, str(before[k]), str(after[k])] for k in before],
         ),

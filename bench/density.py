@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
+import corral
+from _common import (
     IMAGE,
     IMAGES,
-    fresh_dir,
     leak_counts,
     median,
     mem_used,
@@ -32,12 +32,10 @@ from _common import (  # noqa: E402
     table,
     write_result,
 )
-from container import BASE, Peer  # noqa: E402
-
-import corral  # noqa: E402
-from corral.config import NodeConfig  # noqa: E402
-from corral.images.mounter import LayerMounts  # noqa: E402
-from corral.images.store import ImageStore  # noqa: E402
+from container import BASE, Peer
+from corral.config import NodeConfig
+from corral.images.mounter import LayerMounts
+from corral.images.store import ImageStore
 
 DATA = Path("/var/lib/corral-density")
 
@@ -68,10 +66,11 @@ async def settle() -> tuple[int, int]:
 
 
 async def main(maximum: int) -> None:
-    fresh_dir(DATA)
+    DATA.mkdir(parents=True, exist_ok=True)
     checkpoints = [n for n in (100, 250, 500, 1000, 1500, 2000, 3000) if n < maximum] + [maximum]
-    cfg = NodeConfig.from_env(data_dir=DATA, images=IMAGES, node="dens", max_sandboxes=4096,
-                              scratch_size=256 * 2**30)
+    cfg = NodeConfig.from_env(
+        data_dir=DATA, images=IMAGES, node="dens", max_sandboxes=4096, scratch_size=256 * 2**30
+    )
     sem = asyncio.Semaphore(16)
     rows: list[list[str]] = []
     before = leak_counts(DATA)
@@ -83,18 +82,25 @@ async def main(maximum: int) -> None:
 
         async def one() -> None:
             async with sem:
-                boxes.append(await client.sandboxes.create(
-                    image=IMAGE, memory="64MiB", disk="256MiB", ttl=7200, idle_timeout=None))
+                boxes.append(
+                    await client.sandboxes.create(
+                        image=IMAGE, memory="64MiB", disk="256MiB", ttl=7200, idle_timeout=None
+                    )
+                )
 
         t0 = time.perf_counter()
         for cp in checkpoints:
             await asyncio.gather(*(one() for _ in range(cp - len(boxes))))
             mem, slab = await settle()
-            rows.append([
-                "corral", str(len(boxes)), f"{(mem - base_mem) / len(boxes) / 2**20:.2f}",
-                f"{(slab - base_slab) / len(boxes) / 2**20:.2f}",
-                f"{pss_of('corral-init') / 2**10:.0f}",
-            ])
+            rows.append(
+                [
+                    "corral",
+                    str(len(boxes)),
+                    f"{(mem - base_mem) / len(boxes) / 2**20:.2f}",
+                    f"{(slab - base_slab) / len(boxes) / 2**20:.2f}",
+                    f"{pss_of('corral-init') / 2**10:.0f}",
+                ]
+            )
             print(rows[-1], flush=True)
         create_wall = time.perf_counter() - t0
         sample = random.sample(boxes, 20)
@@ -129,10 +135,15 @@ async def main(maximum: int) -> None:
     for cp in checkpoints:
         await asyncio.gather(*(pone() for _ in range(cp - len(ids))))
         mem, slab = await settle()
-        rows.append([
-            "bare crun + sleep", str(len(ids)), f"{(mem - base_mem) / len(ids) / 2**20:.2f}",
-            f"{(slab - base_slab) / len(ids) / 2**20:.2f}", f"{pss_of('sleep') / 2**10:.0f}",
-        ])
+        rows.append(
+            [
+                "bare crun + sleep",
+                str(len(ids)),
+                f"{(mem - base_mem) / len(ids) / 2**20:.2f}",
+                f"{(slab - base_slab) / len(ids) / 2**20:.2f}",
+                f"{pss_of('sleep') / 2**10:.0f}",
+            ]
+        )
         print(rows[-1], flush=True)
     await asyncio.gather(*(peer.delete(i) for i in ids))
     mounts.release_unused([])
@@ -152,17 +163,41 @@ async def main(maximum: int) -> None:
         "the value before the first sandbox, divided by the sandboxes held. Slab is the "
         "kernel's share of it. PSS is the median proportional set size of one sandbox's "
         "process (corral-init, or the peer's `sleep`), from a sample of 50.\n\n"
-        + table(["system", "sandboxes held", "host MiB / sandbox", "slab MiB / sandbox",
-                 "process PSS KiB"], rows)
+        + table(
+            [
+                "system",
+                "sandboxes held",
+                "host MiB / sandbox",
+                "slab MiB / sandbox",
+                "process PSS KiB",
+            ],
+            rows,
+        )
         + f"\n\nTarget: <= 2 MiB per idle sandbox, and {maximum} held at once.",
-        "## Holding them\n\n" + table(
-            ["sandboxes held (listed)", "create wall (s)", "rate (/s)", "exec `true` p50 (ms)",
-             "exec p99 (ms)", "close wall (s)"],
-            [[str(held), f"{create_wall:.1f}", f"{maximum / create_wall:.1f}",
-              f"{median(lat) * 1000:.2f}", f"{pct(lat, 99) * 1000:.2f}",
-              f"{close_wall:.1f}"]],
-        ) + "\n\nExec latency is over 20 sandboxes picked at random while all are held.",
-        "## Leftovers (host-wide, before the run vs after)\n\n" + table(
+        "## Holding them\n\n"
+        + table(
+            [
+                "sandboxes held (listed)",
+                "create wall (s)",
+                "rate (/s)",
+                "exec `true` p50 (ms)",
+                "exec p99 (ms)",
+                "close wall (s)",
+            ],
+            [
+                [
+                    str(held),
+                    f"{create_wall:.1f}",
+                    f"{maximum / create_wall:.1f}",
+                    f"{median(lat) * 1000:.2f}",
+                    f"{pct(lat, 99) * 1000:.2f}",
+                    f"{close_wall:.1f}",
+                ]
+            ],
+        )
+        + "\n\nExec latency is over 20 sandboxes picked at random while all are held.",
+        "## Leftovers (host-wide, before the run vs after)\n\n"
+        + table(
             ["object", "before", "after"], [[k, str(before[k]), str(after[k])] for k in before]
         ),
     ]

@@ -28,6 +28,7 @@ _MIGRATIONS: dict[int, str] = {
         kind        TEXT NOT NULL,
         state       TEXT NOT NULL,
         spec        TEXT NOT NULL,
+        memory      INTEGER NOT NULL,
         layers      TEXT NOT NULL,
         image_env   TEXT NOT NULL,
         workdir     TEXT NOT NULL,
@@ -82,7 +83,7 @@ class SandboxRecord:
 
 _COLUMNS = (
     "id, kind, state, spec, layers, image_env, workdir, created_at, expires_at, "
-    "last_active, owner, init_pid, init_start, error, closed_at"
+    "last_active, owner, init_pid, init_start, error, closed_at, memory"
 )
 
 
@@ -151,7 +152,7 @@ class Store:
 
     def insert(self, rec: SandboxRecord) -> None:
         self.db.execute(
-            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 rec.id,
                 rec.kind,
@@ -168,6 +169,7 @@ class Store:
                 rec.init_start,
                 rec.error,
                 rec.closed_at,
+                int(rec.spec.get("memory", 0)),
             ),
         )
         self.db.executemany(
@@ -229,7 +231,7 @@ class Store:
     def count_active(self) -> tuple[int, int]:
         """(sandboxes, bytes of memory promised) over active sandboxes."""
         n, mem = self.db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(json_extract(spec, '$.memory')), 0) "
+            "SELECT COUNT(*), COALESCE(SUM(memory), 0) "
             f"FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
             ACTIVE_STATES,
         ).fetchone()
