@@ -13,6 +13,7 @@ test: install lint unit integration
 
 lint:
 	.venv/bin/ruff check src tests bench
+	.venv/bin/ruff format --check src tests bench
 	.venv/bin/mypy
 	.venv/bin/python -m corral.sdk.gen_sync --check
 

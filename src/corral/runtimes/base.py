@@ -15,6 +15,7 @@ from typing import Protocol
 
 from corral.node.store import SandboxRecord
 
+
 @dataclass(frozen=True)
 class Prepared:
     """What the agent has made ready before the runtime starts."""
