@@ -98,3 +98,21 @@ def test_image_commands(corral_cli, tmp_path) -> None:  # type: ignore[no-untype
 def test_doctor(corral_cli) -> None:  # type: ignore[no-untyped-def]
     checks = json.loads(corral_cli("--json", "doctor").stdout)
     assert checks["root"] is True and checks["erofs"] is True and checks["crun"]
+
+
+def test_image_import_of_a_rootfs_tarball(corral_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess as sp
+
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    (root / "etc").mkdir()
+    sp.run(["cp", "/bin/busybox", str(root / "bin" / "busybox")], check=True)
+    (root / "bin" / "sh").symlink_to("busybox")
+    (root / "bin" / "cat").symlink_to("busybox")
+    (root / "etc" / "motd").write_text("from a tarball\n")
+    tarball = tmp_path / "rootfs.tar"
+    sp.run(["tar", "-C", str(root), "-cf", str(tarball), "."], check=True)
+    corral_cli("image", "import", str(tarball), "tiny-import:1")
+    out = corral_cli("run", "--image", "tiny-import:1", "--", "/bin/cat", "/etc/motd")
+    assert out.stdout == "from a tarball\n"
+    corral_cli("image", "rm", "tiny-import:1")
