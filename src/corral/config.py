@@ -39,6 +39,11 @@ class NodeConfig:
     scratch_size: int = 64 * 1024**3
     max_file_bytes: int = 256 * 1024**2
     reaper_interval: float = 1.0
+    # Layers are read through the node's lazy loader (FUSE), chunk by chunk.
+    lazy: bool = True
+    chunk_cache_size: int = 20 * 1024**3
+    lazy_readahead: int = 4  # chunks fetched per miss
+    lazy_deadline: float = 20.0  # seconds a read may spend retrying the store
     # Layers may be shared by several nodes of one machine (tests, the
     # multi-node setup); None means <data_dir>/images.
     images: Path | None = None
@@ -67,12 +72,14 @@ class NodeConfig:
                 continue
             if f.name in ("data_dir", "platform_src", "images"):
                 values[f.name] = Path(raw)
-            elif f.name in ("scratch_size", "max_file_bytes"):
+            elif f.name in ("scratch_size", "max_file_bytes", "chunk_cache_size"):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
-            elif f.name in ("max_sandboxes",):
+            elif f.name in ("max_sandboxes", "lazy_readahead"):
                 values[f.name] = int(raw)
-            elif f.name in ("memory_overcommit", "reaper_interval"):
+            elif f.name in ("memory_overcommit", "reaper_interval", "lazy_deadline"):
                 values[f.name] = float(raw)
+            elif f.name == "lazy":
+                values[f.name] = raw.lower() not in ("0", "false", "no", "off")
             else:
                 values[f.name] = raw
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -35,6 +35,10 @@ OUTPUT_DROPPED = Counter(
     "corral_output_dropped_bytes_total", "Command output beyond its cap", registry=REGISTRY
 )
 FILE_OPS = Counter("corral_file_ops_total", "File operations", ["op"], registry=REGISTRY)
+LOADER_FAILURES = Counter(
+    "corral_lazy_loader_failures_total", "Times the node's lazy loader was found dead",
+    registry=REGISTRY,
+)
 RECLAIMED = Counter(
     "corral_resources_reclaimed_total",
     "Leftovers reclaimed by recovery or gc",

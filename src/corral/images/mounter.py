@@ -17,7 +17,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from corral.errors import Unavailable
 from corral.images.layer import Layer
+from corral.images.lazy.loader import LazyLoader
+from corral.images.objects import open_store
 from corral.images.store import ImageStore
 from corral.log import get_logger
 from corral.node import mounts
@@ -26,9 +29,10 @@ log = get_logger("corral.layers")
 
 
 class LayerMounts:
-    def __init__(self, store: ImageStore, root: Path) -> None:
+    def __init__(self, store: ImageStore, root: Path, lazy: LazyLoader | None = None) -> None:
         self.store = store
         self.root = root
+        self.lazy = lazy
         self.root.mkdir(parents=True, exist_ok=True)
         self._mounted: set[str] = set()
 
@@ -56,13 +60,48 @@ class LayerMounts:
             os.close(fd)
         return target
 
-    def _mount(self, layer: Layer, target: Path) -> None:
+    def _meta(self, layer: Layer) -> Path:
+        """The metadata image, fetched whole from the layer's origin at
+        first use (it is small: ~1 MB for a 165 MB Debian root)."""
         meta = self.store.blob_path(layer.meta_digest)
-        blob = self.store.blob_path(layer.blob_digest)
+        if meta.exists():
+            return meta
+        origin = self.store.origin(layer.digest)
+        if origin is None:
+            raise Unavailable(f"layer {layer.digest}: metadata image missing and no origin known")
+        data = open_store(origin).get(f"blobs/sha256/{layer.meta_digest.removeprefix('sha256:')}")
+        tmp = meta.with_name(f".{meta.name}.tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, meta)
+        return meta
+
+    def _mount(self, layer: Layer, target: Path) -> None:
+        meta = self._meta(layer)
+        if not layer.blob_size:
+            device = None
+        elif self.lazy is not None:
+            # Data comes through the node's lazy loader, chunk by chunk.
+            self.lazy.ensure()
+            device = self.lazy.device(layer.digest)
+        else:
+            device = self.store.blob_path(layer.blob_digest)
         # EROFS mounts a regular file directly (no loop device); the data
         # blob is the extra device holding the chunks.
-        opts = f"device={blob}" if layer.blob_size else None
+        opts = f"device={device}" if device else None
         mounts.mount(str(meta), str(target), "erofs", mounts.MS_RDONLY | mounts.MS_NODEV, opts)
+
+    def release_all(self) -> None:
+        """Unmount every layer mount (lazily: sandboxes still holding one
+        keep their copy) and the loader: after the loader died."""
+        fd = self._locked()
+        try:
+            for mount_point, _fs, _src in mounts.mounts_under(self.root):
+                mounts.umount(mount_point)
+            if self.lazy is not None:
+                self.lazy.stop()
+        finally:
+            os.close(fd)
+        self._mounted.clear()
 
     def release_unused(self, in_use: Iterable[str]) -> list[str]:
         """Unmount every layer mount of this node that no sandbox references."""
@@ -79,6 +118,8 @@ class LayerMounts:
             for entry in self.root.iterdir():
                 if entry.is_dir() and entry.name not in keep and not mounts.is_mounted(entry):
                     entry.rmdir()
+            if self.lazy is not None and not mounts.mounts_under(self.root):
+                self.lazy.stop()  # no layer mount reads through it any more
         finally:
             os.close(fd)
         self._mounted = {d for d in self._mounted if self.path(d).name in keep}

@@ -43,7 +43,8 @@ class ImageStore:
         self.layers = root / "layers"
         self.tags = root / "tags"
         self.tmp = root / "tmp"
-        for d in (self.blobs, self.layers, self.tags, self.tmp):
+        self.origins = root / "origins"
+        for d in (self.blobs, self.layers, self.tags, self.tmp, self.origins):
             d.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------- blobs
@@ -66,6 +67,19 @@ class ImageStore:
         path = self.tmp / f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
         path.mkdir(parents=True)
         return path
+
+    def origin(self, digest: str) -> str | None:
+        """The store a pulled layer's blob is fetched from (None: local)."""
+        try:
+            return (self.origins / digest.removeprefix("sha256:")).read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def set_origin(self, digest: str, url: str) -> None:
+        path = self.origins / digest.removeprefix("sha256:")
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(url)
+        os.replace(tmp, path)
 
     # ------------------------------------------------------------- layers
 

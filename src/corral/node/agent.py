@@ -48,6 +48,7 @@ from corral.errors import (
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient, ExecSession
 from corral.images.layer import Layer
+from corral.images.lazy.loader import LazyLoader
 from corral.images.mounter import LayerMounts
 from corral.images.store import ImageStore
 from corral.log import get_logger
@@ -111,7 +112,18 @@ class NodeAgent:
         self.owner = _owner_token()
         self.store: Store | None = None
         self.images = ImageStore(self.config.images_dir)
-        self.layers = LayerMounts(self.images, self.config.mounts_dir)
+        lazy = (
+            LazyLoader(
+                self.config.data_dir,
+                self.config.images_dir,
+                cache_size=self.config.chunk_cache_size,
+                readahead=self.config.lazy_readahead,
+                deadline=self.config.lazy_deadline,
+            )
+            if self.config.lazy
+            else None
+        )
+        self.layers = LayerMounts(self.images, self.config.mounts_dir, lazy)
         self.scratch = Scratch(
             self.config.scratch_dir, self.config.scratch_image, self.config.scratch_size
         )

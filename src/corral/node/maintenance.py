@@ -124,6 +124,7 @@ class Maintenance:
         check_liveness = now - self._last_liveness >= LIVENESS_EVERY
         if check_liveness:
             self._last_liveness = now
+            await self._check_loader()
         for rec in db.list(["running"]):
             idle = rec.spec.get("idle_timeout")
             if rec.expires_at is not None and now >= rec.expires_at:
@@ -136,6 +137,21 @@ class Maintenance:
         if now - self._last_gc >= GC_EVERY:
             self._last_gc = now
             await self.gc()
+
+    async def _check_loader(self) -> None:
+        """A dead lazy loader leaves every sandbox reading through it with
+        EIO forever: fail them now, clear its mounts; the next create starts
+        a new loader."""
+        lazy = self.agent.layers.lazy
+        if lazy is None or await asyncio.to_thread(lazy.alive):
+            return
+        db = self.agent._db()
+        victims = db.list(["running"])
+        log.error("lazy.dead", sandboxes=len(victims))
+        metrics.LOADER_FAILURES.inc()
+        for rec in victims:
+            await self._fail(rec, "the node's lazy layer loader died; the sandbox lost its files")
+        await asyncio.to_thread(self.agent.layers.release_all)
 
     async def _fail(self, rec: SandboxRecord, why: str) -> None:
         db = self.agent._db()

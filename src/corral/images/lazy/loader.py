@@ -1,0 +1,111 @@
+"""The agent's side of the lazy loader: start it, find it, watch it, stop it."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from corral.errors import Unavailable
+from corral.log import get_logger
+from corral.node import mounts
+
+log = get_logger("corral.lazy")
+START_TIMEOUT = 20.0
+
+
+class LazyLoader:
+    def __init__(self, data_dir: Path, images: Path, *, cache_size: int, readahead: int = 4,
+                 deadline: float = 20.0, attempts: int = 4) -> None:
+        self.mount = data_dir / "lazy"
+        self.cache = data_dir / "cache" / "chunks"
+        self.lock = data_dir / "lazy.lock"
+        self.log_file = data_dir / "lazy.log"
+        self.images = images
+        self.cache_size = cache_size
+        self.readahead = readahead
+        self.deadline = deadline
+        self.attempts = attempts
+
+    def device(self, layer_digest: str) -> Path:
+        return self.mount / layer_digest.removeprefix("sha256:")
+
+    def running_pid(self) -> int | None:
+        """The loader's pid if one holds the lock, else None."""
+        try:
+            fd = os.open(self.lock, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode().strip()
+            return int(text) if text.isdigit() else -1
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def mounted(self) -> bool:
+        return any(mp == str(self.mount) and "fuse" in fs for mp, fs, _ in mounts.mount_table())
+
+    def ensure(self) -> None:
+        """Start the loader unless a live one serves this node (caller holds
+        the node's layer lock, so two agents never race here)."""
+        if self.running_pid() is not None and self.mounted():
+            return
+        if self.mounted():  # a dead loader's mount: clear it first
+            mounts.umount(str(self.mount))
+        self.mount.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "corral.images.lazy.daemon",
+                 "--mount", str(self.mount), "--images", str(self.images),
+                 "--cache", str(self.cache), "--cache-size", str(self.cache_size),
+                 "--lock", str(self.lock), "--readahead", str(self.readahead),
+                 "--deadline", str(self.deadline), "--attempts", str(self.attempts)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                start_new_session=True,  # outlives the agent that started it
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.mounted():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_file.read_text()[-1500:] if self.log_file.exists() else ""
+                raise Unavailable(f"the lazy loader did not start: {tail}")
+            time.sleep(0.02)
+        log.info("lazy.started", pid=proc.pid, mount=str(self.mount))
+
+    def stats(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The loader's statistics; None if it does not answer in time."""
+        path = self.mount / ".stats"
+        box: list[dict[str, Any]] = []
+
+        def read() -> None:
+            try:
+                box.append(json.loads(path.read_bytes()))
+            except (OSError, ValueError):
+                pass
+
+        # A daemon thread: a loader that hangs must not hang the agent's exit.
+        t = threading.Thread(target=read, daemon=True, name="lazy-stats")
+        t.start()
+        t.join(timeout)
+        return box[0] if box else None
+
+    def alive(self) -> bool:
+        """False when the loader's mount exists but nobody serves it."""
+        if not self.mounted():
+            return True  # nothing to serve: not dead
+        return self.running_pid() is not None and self.stats() is not None
+
+    def stop(self) -> None:
+        if self.mounted():
+            mounts.umount(str(self.mount))
+            log.info("lazy.stopped", mount=str(self.mount))
