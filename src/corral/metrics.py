@@ -36,7 +36,8 @@ OUTPUT_DROPPED = Counter(
 )
 FILE_OPS = Counter("corral_file_ops_total", "File operations", ["op"], registry=REGISTRY)
 LOADER_FAILURES = Counter(
-    "corral_lazy_loader_failures_total", "Times the node's lazy loader was found dead",
+    "corral_lazy_loader_failures_total",
+    "Times the node's lazy loader was found dead",
     registry=REGISTRY,
 )
 RECLAIMED = Counter(

@@ -13,6 +13,7 @@ import uvicorn
 
 from corral.api.app import create_app
 from corral.config import NodeConfig
+from corral.images.blobd import create_blob_app
 from corral.log import configure, get_logger
 from corral.node.agent import NodeAgent
 
@@ -50,7 +51,10 @@ async def serve(
     become_subreaper()
     agent = NodeAgent(config, reap_children=True)
     await agent.start()
-    app = create_app(agent, api_key=api_key or os.environ.get("CORRAL_API_KEY"))
+    key = api_key or os.environ.get("CORRAL_API_KEY")
+    app = create_app(agent, api_key=key)
+    # The node's layer store, readable by other nodes (image pull, lazy loading).
+    create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs")
     servers = [
         _Server(
             uvicorn.Config(

@@ -14,6 +14,7 @@ import pytest
 import corral
 from corral.api.app import create_app
 from corral.api.models import (
+    CommitRequest,
     CreateSandbox,
     ExecEvent,
     ExecExit,
@@ -21,6 +22,7 @@ from corral.api.models import (
     ExecRequest,
     ExecStarted,
     FileEntry,
+    LayerInfo,
     SandboxInfo,
     SandboxState,
 )
@@ -119,6 +121,20 @@ class FakeService:
     async def download_tar(self, sandbox_id: str, path: str) -> bytes:
         return self.files[path + "/tar"]
 
+    async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
+        await self.get(sandbox_id)
+        return LayerInfo(
+            digest="sha256:" + "0" * 64,
+            names=[req.tag],
+            kind=req.kind,
+            parent=None,
+            content_size=1,
+            meta_size=1,
+            blob_size=1,
+            chunk_size=65536,
+            created=0.0,
+        )
+
     async def aclose(self) -> None:
         pass
 
@@ -147,6 +163,8 @@ async def test_sdk_over_http_round_trip() -> None:
         await sbx.files.write("/w/a.txt", "hi")
         assert await sbx.files.read("/w/a.txt") == b"hi"
         assert [e.name for e in await sbx.files.list("/w")] == ["a.txt"]
+        layer = await sbx.commit("mine:1", kind="toolkit")
+        assert layer.names == ["mine:1"] and layer.kind == "toolkit"
         await sbx.files.upload_tar("/t", b"TAR")
         assert await sbx.files.download_tar("/t") == b"TAR"
         await sbx.close()

@@ -17,7 +17,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral import __version__, metrics
-from corral.api.models import CreateSandbox, ExecRequest, FileEntry, SandboxInfo
+from corral.api.models import (
+    CommitRequest,
+    CreateSandbox,
+    ExecRequest,
+    FileEntry,
+    LayerInfo,
+    SandboxInfo,
+)
 from corral.api.service import SandboxService
 from corral.errors import CorralError, InternalError, InvalidArgument, Unauthenticated
 from corral.log import get_logger
@@ -182,5 +189,9 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
         return Response(
             await service.download_tar(sandbox_id, path), media_type="application/x-tar"
         )
+
+    @app.post("/v1/sandboxes/{sandbox_id}/commit", dependencies=v1)
+    async def commit(sandbox_id: str, req: CommitRequest) -> LayerInfo:
+        return await service.commit(sandbox_id, req)
 
     return app

@@ -214,7 +214,7 @@ class ExecRequest(_Model):
     timeout: float | None = 60.0
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
-    user: str = "root"
+    user: str | None = None  # None: the image's user, else root
     stdin: bytes | None = None
     stdout_limit: int = 1 * MiB
     stderr_limit: int = 1 * MiB
@@ -256,8 +256,8 @@ class ExecRequest(_Model):
 
     @field_validator("user")
     @classmethod
-    def _user(cls, v: str) -> str:
-        if not _USER.match(v):
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not _USER.match(v):
             raise ValueError("must be a user name, a uid, or uid:gid")
         return v
 
@@ -274,6 +274,32 @@ class ExecRequest(_Model):
         if not 0 <= v <= 256 * MiB:
             raise ValueError("must be between 0 and 256 MiB")
         return v
+
+
+class CommitRequest(_Model):
+    """Turn a sandbox's writable layer into a new image layer."""
+
+    tag: str
+    kind: Literal["base", "workspace", "toolkit", "layer"] = "layer"
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, v: str) -> str:
+        if not _REF.match(v) or v.startswith("sha256:"):
+            raise ValueError("must be a tag like 'name:tag'")
+        return v
+
+
+class LayerInfo(BaseModel):
+    digest: str
+    names: list[str]
+    kind: str
+    parent: str | None
+    content_size: int
+    meta_size: int
+    blob_size: int
+    chunk_size: int
+    created: float
 
 
 class FileEntry(BaseModel):

@@ -11,7 +11,15 @@ import builtins
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from corral.api.models import CreateSandbox, ExecEvent, ExecRequest, FileEntry, SandboxInfo
+from corral.api.models import (
+    CommitRequest,
+    CreateSandbox,
+    ExecEvent,
+    ExecRequest,
+    FileEntry,
+    LayerInfo,
+    SandboxInfo,
+)
 
 
 class SandboxService(Protocol):
@@ -48,5 +56,7 @@ class SandboxService(Protocol):
     async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None: ...
 
     async def download_tar(self, sandbox_id: str, path: str) -> bytes: ...
+
+    async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo: ...
 
     async def aclose(self) -> None: ...

@@ -229,8 +229,21 @@ async def image_build(a: argparse.Namespace) -> int:
     from corral.images import build
 
     store = _store(a)
+    if a.run:
+        return await _image_run(a)
     with progress_bar(disable=a.json) as progress:
-        if a.from_dir:
+        if a.from_oci:
+            from corral.images.oci import import_oci
+
+            layer = await asyncio.to_thread(
+                import_oci,
+                store,
+                a.from_oci,
+                tag=a.ref,
+                kind=a.kind or "base",
+                progress=progress,
+            )
+        elif a.from_dir:
             layer = await asyncio.to_thread(
                 build.build_from_dir,
                 store,
@@ -264,6 +277,97 @@ async def image_build(a: argparse.Namespace) -> int:
         f"{a.ref} {layer.digest} "
         f"({format_size(layer.content_size)} content, {format_size(layer.meta_size)} metadata)",
     )
+    return 0
+
+
+async def _image_run(a: argparse.Namespace) -> int:
+    """`image build --run BASE -- CMD`: what CMD changes becomes the layer."""
+    cmd = _cmd(a.cmd)
+    async with _client(a) as client:
+        sbx = await client.sandboxes.create(
+            image=a.run,
+            workspace=a.workspace,
+            toolkit=a.toolkit,
+            ttl=a.timeout + 600,
+            idle_timeout=None,
+            labels={"corral.build": a.ref},
+        )
+        try:
+            r = await sbx.commands.run(
+                cmd,
+                timeout=a.timeout,
+                on_stdout=None if a.json else lambda t: sys.stderr.write(t),
+                on_stderr=None if a.json else lambda t: sys.stderr.write(t),
+            )
+            if r.exit_code != 0:
+                raise InvalidArgument(
+                    "cmd", "must succeed to be committed", f"exit {r.exit_code}: {r.stderr[-300:]}"
+                )
+            layer = await sbx.commit(a.ref, kind=a.kind or "layer")
+        finally:
+            await sbx.close()
+    _emit(a, layer.model_dump(), f"{a.ref} {layer.digest} ({format_size(layer.content_size)})")
+    return 0
+
+
+async def image_push(a: argparse.Namespace) -> int:
+    from corral.images import registry
+    from corral.images.objects import open_store
+
+    remote = open_store(a.store)
+    with progress_bar(disable=a.json) as progress:
+        layer = await asyncio.to_thread(registry.push, _store(a), a.ref, remote, progress)
+    _emit(a, _layer_doc(layer), f"pushed {a.ref} {layer.digest[:19]} to {a.store}")
+    return 0
+
+
+async def image_pull(a: argparse.Namespace) -> int:
+    from corral.images import registry
+    from corral.images.objects import open_store
+
+    remote = open_store(a.store)
+    with progress_bar(disable=a.json) as progress:
+        layer = await asyncio.to_thread(registry.pull, _store(a), a.ref, remote, progress)
+    _emit(
+        a,
+        _layer_doc(layer),
+        f"pulled {a.ref} {layer.digest[:19]} from {a.store} (its data loads on first read)",
+    )
+    return 0
+
+
+async def image_gc(a: argparse.Namespace) -> int:
+    from corral.node.store import ACTIVE_STATES, Store
+
+    cfg = _config(a)
+    in_use: set[str] = set()
+    if cfg.db_path.exists():
+        db = Store(cfg.db_path)
+        in_use = {d for r in db.list(ACTIVE_STATES) for d in r.layers}
+        db.close()
+    removed, freed = _store(a).gc(in_use)
+    _emit(
+        a,
+        {"layers_removed": removed, "bytes_freed": freed},
+        f"removed {removed} layers, freed {format_size(freed)}",
+    )
+    return 0
+
+
+async def blobd(a: argparse.Namespace) -> int:
+    import uvicorn
+
+    from corral.images.blobd import create_blob_app
+    from corral.units import parse_size
+
+    rate = parse_size(a.rate, "rate") if a.rate else None
+    app = create_blob_app(a.root, rate=rate, api_key=a.api_key)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=a.host, port=a.port, log_level="warning", access_log=False, lifespan="off"
+        )
+    )
+    await server.serve()
     return 0
 
 

@@ -128,8 +128,21 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--from-dir", type=Path)
     src.add_argument("--from-tar", type=Path, help="a root file system tarball")
     src.add_argument("--debootstrap", metavar="SUITE")
+    src.add_argument(
+        "--from-oci",
+        type=Path,
+        metavar="ARCHIVE",
+        help="an OCI image layout (dir or tar) or a `docker save` tarball",
+    )
+    src.add_argument(
+        "--run", metavar="BASE", help="start a sandbox on BASE, run CMD, keep what it changed"
+    )
     p.add_argument("--packages", default="", help="with --debootstrap: p1,p2")
     p.add_argument("--kind", default=None, choices=["base", "workspace", "toolkit", "layer"])
+    p.add_argument("--workspace", help="with --run: workspace layer of the build sandbox")
+    p.add_argument("--toolkit", action="append", help="with --run: toolkit layers")
+    p.add_argument("--timeout", type=float, default=3600, help="with --run: seconds for CMD")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="with --run: -- CMD ...")
     p = isub.add_parser("import", help="import a root file system tarball")
     p.set_defaults(handler=c.image_import)
     p.add_argument("tarball", type=Path)
@@ -143,6 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = isub.add_parser("rm", help="untag a layer (gc frees it)")
     p.set_defaults(handler=c.image_rm)
     p.add_argument("refs", nargs="+")
+    p = isub.add_parser("push", help="copy a layer to a shared store")
+    p.set_defaults(handler=c.image_push)
+    p.add_argument("ref")
+    p.add_argument("store", help="a directory, http(s)://host:port[/blobs] or s3://bucket/prefix")
+    p = isub.add_parser("pull", help="register a layer from a shared store (data loads lazily)")
+    p.set_defaults(handler=c.image_pull)
+    p.add_argument("ref")
+    p.add_argument("store")
+    p = isub.add_parser("gc", help="drop untagged layers no sandbox uses, and orphan blobs")
+    p.set_defaults(handler=c.image_gc)
+
+    p = cmd("blobd", c.blobd, "serve a directory as an HTTP blob store (ranged reads)")
+    p.add_argument("--root", type=Path, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7071)
+    p.add_argument("--rate", default=None, help="cap on bytes/s sent, e.g. 100MB")
     return parser
 
 

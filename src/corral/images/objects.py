@@ -180,9 +180,7 @@ class S3Objects:
         try:
             import boto3  # type: ignore[import-not-found]
         except ImportError:
-            raise Unavailable(
-                "s3:// stores need boto3: pip install 'corral[s3]'"
-            ) from None
+            raise Unavailable("s3:// stores need boto3: pip install 'corral[s3]'") from None
         self.url = url
         rest = url.removeprefix("s3://")
         self.bucket, _, prefix = rest.partition("/")

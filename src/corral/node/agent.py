@@ -22,6 +22,7 @@ from typing import Any
 
 from corral import metrics
 from corral.api.models import (
+    CommitRequest,
     CreateSandbox,
     ExecEvent,
     ExecExit,
@@ -29,6 +30,7 @@ from corral.api.models import (
     ExecRequest,
     ExecStarted,
     FileEntry,
+    LayerInfo,
     SandboxInfo,
     SandboxState,
     check_path,
@@ -47,6 +49,7 @@ from corral.errors import (
 )
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient, ExecSession
+from corral.images.build import build_from_dir
 from corral.images.layer import Layer
 from corral.images.lazy.loader import LazyLoader
 from corral.images.mounter import LayerMounts
@@ -259,6 +262,7 @@ class NodeAgent:
             last_active=now,
             owner=self.owner,
             labels=dict(req.labels),
+            image_user=next((x.config.user for x in reversed(layers) if x.config.user), None),
         )
         sandbox_dir = self.config.sandboxes_dir / rec.id
         sub = self.scratch.path(rec.id)
@@ -470,7 +474,7 @@ class NodeAgent:
             session = await self._client(sandbox_id).start(
                 argv,
                 env,
-                user=req.user,
+                user=req.user or rec.image_user or "root",
                 cwd=req.cwd or rec.workdir,
                 timeout=req.timeout,
                 stdout_cap=req.stdout_limit,
@@ -671,6 +675,34 @@ class NodeAgent:
             if done:
                 self._children.discard(pid)
 
+    # ---------------------------------------------------------------- layers
+
+    async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
+        """The sandbox's writable layer (what it changed over its image), as a
+        new image layer: how a toolkit or workspace is built by a script or
+        by an agent. Taken from a read-only btrfs snapshot, so the sandbox
+        may keep running."""
+        rec = self._running(sandbox_id)
+        db = self._db()
+        snap = f".commit-{sandbox_id}-{secrets.token_hex(4)}"
+        db.add_resource(sandbox_id, "subvolume", snap)  # recorded before made
+        try:
+            path = await asyncio.to_thread(self.scratch.snapshot, sandbox_id, snap)
+            layer = await asyncio.to_thread(
+                build_from_dir,
+                self.images,
+                path / "upper",
+                tag=req.tag,
+                kind=req.kind,
+                parent=rec.layers[-1],
+                labels={"corral.source": f"commit:{sandbox_id}"},
+            )
+        finally:
+            await asyncio.to_thread(self.scratch.destroy, snap)
+            db.drop_resource(sandbox_id, "subvolume", snap)
+        log.info("layer.committed", sandbox=sandbox_id, digest=layer.digest, tag=req.tag)
+        return layer_info(layer)
+
     # ---------------------------------------------------------------- activity
 
     def flush_activity(self) -> None:
@@ -681,6 +713,20 @@ class NodeAgent:
         if self._activity and self.store is not None:
             self.store.touch(self._activity)
             self._activity = {}
+
+
+def layer_info(layer: Layer) -> LayerInfo:
+    return LayerInfo(
+        digest=layer.digest,
+        names=layer.names,
+        kind=layer.kind,
+        parent=layer.parent,
+        content_size=layer.content_size,
+        meta_size=layer.meta_size,
+        blob_size=layer.blob_size,
+        chunk_size=layer.chunk_size,
+        created=layer.created,
+    )
 
 
 def _entry(e: proto.Entry, path: str) -> FileEntry:

@@ -31,6 +31,7 @@ _MIGRATIONS: dict[int, str] = {
         memory      INTEGER NOT NULL,
         layers      TEXT NOT NULL,
         image_env   TEXT NOT NULL,
+        image_user  TEXT,
         workdir     TEXT NOT NULL,
         created_at  REAL NOT NULL,
         expires_at  REAL,
@@ -79,11 +80,12 @@ class SandboxRecord:
     error: str | None = None
     closed_at: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    image_user: str | None = None
 
 
 _COLUMNS = (
     "id, kind, state, spec, layers, image_env, workdir, created_at, expires_at, "
-    "last_active, owner, init_pid, init_start, error, closed_at, memory"
+    "last_active, owner, init_pid, init_start, error, closed_at, memory, image_user"
 )
 
 
@@ -105,6 +107,7 @@ def _row_to_record(row: sqlite3.Row, labels: dict[str, str]) -> SandboxRecord:
         error=row["error"],
         closed_at=row["closed_at"],
         labels=labels,
+        image_user=row["image_user"],
     )
 
 
@@ -152,7 +155,7 @@ class Store:
 
     def insert(self, rec: SandboxRecord) -> None:
         self.db.execute(
-            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 rec.id,
                 rec.kind,
@@ -170,6 +173,7 @@ class Store:
                 rec.error,
                 rec.closed_at,
                 int(rec.spec.get("memory", 0)),
+                rec.image_user,
             ),
         )
         self.db.executemany(

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from corral.api.models import (
+    CommitRequest,
     CreateSandbox,
     ExecEvent,
     ExecExit,
@@ -20,6 +21,7 @@ from corral.api.models import (
     ExecRequest,
     ExecStarted,
     FileEntry,
+    LayerInfo,
     SandboxInfo,
 )
 from corral.errors import CorralError, InternalError, Unavailable, error_from_wire
@@ -176,3 +178,12 @@ class HttpService:
     async def download_tar(self, sandbox_id: str, path: str) -> bytes:
         resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}/tar", params={"path": path})
         return resp.content
+
+    async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
+        resp = await self._call(
+            "POST",
+            f"/v1/sandboxes/{sandbox_id}/commit",
+            content=req.model_dump_json(),
+            headers={"content-type": "application/json"},
+        )
+        return LayerInfo.model_validate_json(resp.content)

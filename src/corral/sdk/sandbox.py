@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from corral.api.models import SandboxInfo
+from corral.api.models import CommitRequest, LayerInfo, SandboxInfo, validated
 from corral.sdk.commands import AsyncCommands
 from corral.sdk.files import AsyncFiles
 
@@ -29,6 +29,12 @@ class AsyncSandbox:
     async def refresh(self) -> SandboxInfo:
         self.info = await self._service.get(self.id)
         return self.info
+
+    async def commit(self, tag: str, *, kind: str = "layer") -> LayerInfo:
+        """Save what this sandbox changed over its image as a new layer
+        `tag` (kind: base, workspace, toolkit or layer); the sandbox runs on."""
+        req = validated(CommitRequest, {"tag": tag, "kind": kind})
+        return await self._service.commit(self.id, req)
 
     async def close(self) -> None:
         """Stop the sandbox and release everything it holds (idempotent)."""

@@ -11,7 +11,7 @@ import builtins
 import signal as signals
 from pathlib import Path
 
-from corral.api.models import FileEntry, SandboxInfo
+from corral.api.models import FileEntry, LayerInfo, SandboxInfo
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.sdk.client import AsyncClient, AsyncSandboxes
@@ -192,6 +192,11 @@ class Sandbox:
     def close(self) -> None:
         """Stop the sandbox and release everything it holds (idempotent)."""
         return self._portal.call(self._inner.close)
+
+    def commit(self, tag: str, *, kind: str = 'layer') -> LayerInfo:
+        """Save what this sandbox changed over its image as a new layer `tag` (kind: base,
+        workspace, toolkit or layer); the sandbox runs on."""
+        return self._portal.call(self._inner.commit, tag, kind=kind)
 
     @property
     def id(self) -> str:

@@ -25,8 +25,12 @@ _FALLOC_PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01
 
 
 def punch_hole(fd: int, offset: int, length: int) -> None:
-    if _libc.fallocate(fd, _FALLOC_PUNCH_HOLE_KEEP_SIZE, ctypes.c_long(offset),
-                       ctypes.c_long(length)) != 0:
+    if (
+        _libc.fallocate(
+            fd, _FALLOC_PUNCH_HOLE_KEEP_SIZE, ctypes.c_long(offset), ctypes.c_long(length)
+        )
+        != 0
+    ):
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -95,8 +99,9 @@ class ChunkCache:
             fd = blob.data_fd
         return os.pread(fd, length, idx * chunk_size)
 
-    def put(self, key: str, size: int, chunk_size: int, idx: int, data: bytes,
-            pinned: set[str]) -> None:
+    def put(
+        self, key: str, size: int, chunk_size: int, idx: int, data: bytes, pinned: set[str]
+    ) -> None:
         with self._lock:
             blob = self._open(key, size, chunk_size)
             os.pwrite(blob.data_fd, data, idx * chunk_size)

@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lock", type=Path, required=True)
     ap.add_argument("--readahead", type=int, default=4, help="chunks fetched per miss")
     ap.add_argument("--attempts", type=int, default=4)
-    ap.add_argument("--deadline", type=float, default=20.0, help="seconds per read, retries included")
+    ap.add_argument(
+        "--deadline", type=float, default=20.0, help="seconds per read, retries included"
+    )
     args = ap.parse_args(argv)
     configure(os.environ.get("CORRAL_LOG_LEVEL", "info"))
 
@@ -49,8 +51,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args.mount.mkdir(parents=True, exist_ok=True)
     cache = ChunkCache(args.cache, parse_size(args.cache_size, "cache_size"))
-    lazy = fs.LazyFS(ImageStore(args.images), cache, readahead=args.readahead,
-                     attempts=args.attempts, deadline=args.deadline)
+    lazy = fs.LazyFS(
+        ImageStore(args.images),
+        cache,
+        readahead=args.readahead,
+        attempts=args.attempts,
+        deadline=args.deadline,
+    )
     import pyfuse3
 
     signal.signal(signal.SIGTERM, lambda *_: pyfuse3.terminate())

@@ -36,12 +36,20 @@ STATS_INODE = pyfuse3.ROOT_INODE + 1
 FOREVER = 1e9
 
 
-class LazyFS(pyfuse3.Operations):  # type: ignore[misc]
+class LazyFS(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
 
-    def __init__(self, images: ImageStore, cache: ChunkCache, *, readahead: int, attempts: int,
-                 deadline: float, threads: int = 32) -> None:
+    def __init__(
+        self,
+        images: ImageStore,
+        cache: ChunkCache,
+        *,
+        readahead: int,
+        attempts: int,
+        deadline: float,
+        threads: int = 32,
+    ) -> None:
         super().__init__()
         self.images = images
         self.cache = cache
@@ -149,7 +157,7 @@ class LazyFS(pyfuse3.Operations):  # type: ignore[misc]
         return 0
 
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        entries = [(".stats", STATS_INODE)] + sorted(self.inodes.items())
+        entries = [(".stats", STATS_INODE), *sorted(self.inodes.items())]
         for i, (name, inode) in enumerate(entries[start_id:], start=start_id):
             if not pyfuse3.readdir_reply(token, name.encode(), self._attr(inode), i + 1):
                 break
@@ -178,8 +186,13 @@ class LazyFS(pyfuse3.Operations):  # type: ignore[misc]
                 reader.read, off, size, limiter=self.limiter
             )
         except Exception as exc:
-            log.warning("lazy.read_failed", layer=reader.layer.digest[:19], offset=off,
-                        size=size, error=str(exc))
+            log.warning(
+                "lazy.read_failed",
+                layer=reader.layer.digest[:19],
+                offset=off,
+                size=size,
+                error=str(exc),
+            )
             raise pyfuse3.FUSEError(errno.EIO) from None
         return data
 

@@ -21,8 +21,16 @@ START_TIMEOUT = 20.0
 
 
 class LazyLoader:
-    def __init__(self, data_dir: Path, images: Path, *, cache_size: int, readahead: int = 4,
-                 deadline: float = 20.0, attempts: int = 4) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        images: Path,
+        *,
+        cache_size: int,
+        readahead: int = 4,
+        deadline: float = 20.0,
+        attempts: int = 4,
+    ) -> None:
         self.mount = data_dir / "lazy"
         self.cache = data_dir / "cache" / "chunks"
         self.lock = data_dir / "lazy.lock"
@@ -66,12 +74,30 @@ class LazyLoader:
         self.mount.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "corral.images.lazy.daemon",
-                 "--mount", str(self.mount), "--images", str(self.images),
-                 "--cache", str(self.cache), "--cache-size", str(self.cache_size),
-                 "--lock", str(self.lock), "--readahead", str(self.readahead),
-                 "--deadline", str(self.deadline), "--attempts", str(self.attempts)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                [
+                    sys.executable,
+                    "-m",
+                    "corral.images.lazy.daemon",
+                    "--mount",
+                    str(self.mount),
+                    "--images",
+                    str(self.images),
+                    "--cache",
+                    str(self.cache),
+                    "--cache-size",
+                    str(self.cache_size),
+                    "--lock",
+                    str(self.lock),
+                    "--readahead",
+                    str(self.readahead),
+                    "--deadline",
+                    str(self.deadline),
+                    "--attempts",
+                    str(self.attempts),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
                 start_new_session=True,  # outlives the agent that started it
             )
         deadline = time.monotonic() + START_TIMEOUT

@@ -144,9 +144,10 @@ class LayerReader:
         self._inflight[idx] = threading.Event()
         nchunks = len(self.layer.chunk_digests)
         for nxt in range(idx + 1, min(idx + self.readahead, nchunks)):
-            if nxt in self._inflight or self.cache.get(
-                self.key, self.size, self.cs, nxt, 0
-            ) is not None:
+            if (
+                nxt in self._inflight
+                or self.cache.get(self.key, self.size, self.cs, nxt, 0) is not None
+            ):
                 break
             self._inflight[nxt] = threading.Event()
             run.append(nxt)

@@ -1,0 +1,66 @@
+"""Moving layers between the node's store and a shared one (push, pull).
+
+A pull copies only the tag and the manifest: the metadata image comes at
+first mount and the data blob chunk by chunk as sandboxes read it (the
+layer remembers its origin).
+"""
+
+from __future__ import annotations
+
+import json
+
+from corral.errors import ImageNotFound, NotFound
+from corral.images.layer import Layer, Ref
+from corral.images.objects import ObjectStore
+from corral.images.store import ImageStore, ProgressFn
+
+
+def _hex(digest: str) -> str:
+    return digest.removeprefix("sha256:")
+
+
+def push(local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn) -> Layer:
+    layer = local.resolve(ref)
+    label = f"push {ref}"
+    parts = [layer.meta_digest, layer.blob_digest]
+    for i, digest in enumerate(parts):
+        progress(label, i, len(parts) + 1)
+        key = f"blobs/sha256/{_hex(digest)}"
+        if not remote.exists(key):
+            path = local.blob_path(digest)
+            if not path.exists():
+                raise ImageNotFound(
+                    f"{ref}: its blob {digest} is not on this node (pulled lazily?); "
+                    "push from a node that built it"
+                )
+            remote.put_file(key, path)
+    remote.put_bytes(f"layers/{_hex(layer.digest)}.json", json.dumps(layer.to_json()).encode())
+    parsed = Ref.parse(ref)
+    if parsed.name:
+        remote.put_bytes(f"tags/{parsed.name}/{parsed.tag}", layer.digest.encode())
+    progress(label, len(parts) + 1, len(parts) + 1)
+    return layer
+
+
+def pull(local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn) -> Layer:
+    parsed = Ref.parse(ref)
+    label = f"pull {ref}"
+    progress(label, 0, 2)
+    try:
+        digest = parsed.digest or remote.get(f"tags/{parsed.name}/{parsed.tag}").decode().strip()
+        doc = json.loads(remote.get(f"layers/{_hex(digest)}.json"))
+    except NotFound:
+        raise ImageNotFound(f"{ref} is not in {remote.url}", ref=ref) from None
+    layer = Layer.from_json(doc)
+    if (
+        Layer.content_digest(layer.meta_digest, layer.blob_digest, layer.chunk_size, layer.config)
+        != layer.digest
+    ):
+        raise ImageNotFound(f"{ref} in {remote.url}: manifest does not match its digest")
+    local.put_manifest(layer)
+    if not local.blob_path(layer.blob_digest).exists():
+        local.set_origin(layer.digest, remote.url)
+    if parsed.name:
+        local.tag(layer.digest, f"{parsed.name}:{parsed.tag}")
+    progress(label, 2, 2)
+    return local.get(layer.digest)
