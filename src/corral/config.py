@@ -39,6 +39,7 @@ class NodeConfig:
     scratch_size: int = 64 * 1024**3
     max_file_bytes: int = 256 * 1024**2
     reaper_interval: float = 1.0
+    liveness_interval: float = 5.0  # how often dead inits and loaders are looked for
     # Layers are read through the node's lazy loader (FUSE), chunk by chunk.
     lazy: bool = True
     chunk_cache_size: int = 20 * 1024**3
@@ -76,7 +77,12 @@ class NodeConfig:
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
             elif f.name in ("max_sandboxes", "lazy_readahead"):
                 values[f.name] = int(raw)
-            elif f.name in ("memory_overcommit", "reaper_interval", "lazy_deadline"):
+            elif f.name in (
+                "memory_overcommit",
+                "reaper_interval",
+                "lazy_deadline",
+                "liveness_interval",
+            ):
                 values[f.name] = float(raw)
             elif f.name == "lazy":
                 values[f.name] = raw.lower() not in ("0", "false", "no", "off")

@@ -58,12 +58,26 @@ def data_root() -> Iterator[Path]:
     root = Path(f"/tmp/ct{os.getpid()}")
     root.mkdir()
     yield root
-    # Every agent of the session has stopped: nothing may stay mounted.
+    # Every agent of the session has stopped: nothing may stay mounted. (A
+    # failed test may have left sandboxes open: close them, so that one
+    # failure does not leave this machine dirty for the next run.)
     leftover = mounts.mounts_under(root)
+    if leftover:
+        asyncio.run(_close_everything(root))
     for mount_point, _fs, _src in sorted(leftover, reverse=True):
         mounts.umount(mount_point)
     shutil.rmtree(root, ignore_errors=True)
     assert not leftover, f"the test session left mounts behind: {leftover}"
+
+
+async def _close_everything(root: Path) -> None:
+    for db in root.glob("*/state.db"):
+        name = (db.parent / "node").read_text().strip()
+        images = db.parent / "images" if (db.parent / "images").exists() else IMAGES
+        cfg = NodeConfig.from_env(data_dir=db.parent, node=name, images=images)
+        async with corral.AsyncClient(config=cfg) as c:
+            for s in await c.sandboxes.list():
+                await s.close()
 
 
 @pytest.fixture(scope="session")
@@ -215,3 +229,60 @@ def init_processes(config: NodeConfig) -> int:
         except OSError:
             continue
     return n
+
+
+class Blobd:
+    """A `corral blobd` process serving a directory over HTTP."""
+
+    def __init__(self, root: Path, rate: str | None = None) -> None:
+        import socket
+
+        self.root = root
+        self.rate = rate
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import httpx
+
+        cmd = [
+            sys.executable,
+            "-m",
+            "corral.cli.main",
+            "blobd",
+            "--root",
+            str(self.root),
+            "--port",
+            str(self.port),
+        ]
+        if self.rate:
+            cmd += ["--rate", self.rate]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/objects", timeout=1)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("blobd did not start")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def blobd(tmp_path: Path) -> Iterator[Blobd]:
+    srv = Blobd(tmp_path / "blobstore")
+    srv.root.mkdir()
+    srv.start()
+    yield srv
+    srv.kill()

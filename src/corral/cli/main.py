@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", help="with --run: workspace layer of the build sandbox")
     p.add_argument("--toolkit", action="append", help="with --run: toolkit layers")
     p.add_argument("--timeout", type=float, default=3600, help="with --run: seconds for CMD")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="with --run: -- CMD ...")
+    p.add_argument("cmd", nargs="*", help="with --run: -- CMD ...")
     p = isub.add_parser("import", help="import a root file system tarball")
     p.set_defaults(handler=c.image_import)
     p.add_argument("tarball", type=Path)

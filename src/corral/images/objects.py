@@ -27,7 +27,9 @@ from corral.errors import InvalidArgument, NotFound, Unavailable
 class ObjectStore(Protocol):
     url: str
 
-    def get_range(self, key: str, offset: int, length: int) -> bytes: ...
+    def get_range(self, key: str, offset: int, length: int, timeout: float | None = None) -> bytes:
+        """`length` bytes at `offset`; `timeout` bounds the whole transfer."""
+        ...
 
     def get(self, key: str) -> bytes: ...
 
@@ -56,7 +58,7 @@ class LocalObjects:
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
 
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
+    def get_range(self, key: str, offset: int, length: int, timeout: float | None = None) -> bytes:
         try:
             with open(self._path(key), "rb") as f:
                 return os.pread(f.fileno(), length, offset)
@@ -127,9 +129,28 @@ class HttpObjects:
             raise Unavailable(f"blob store {self.url} answered {resp.status_code} for {key}")
         return resp
 
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
-        resp = self._get(key, {"range": f"bytes={offset}-{offset + length - 1}"})
-        return resp.content
+    def get_range(self, key: str, offset: int, length: int, timeout: float | None = None) -> bytes:
+        # httpx's timeouts bound each socket operation, not a transfer: a
+        # store that trickles bytes would never trip them. Count the time.
+        deadline = time.monotonic() + timeout if timeout else None
+        headers = {"range": f"bytes={offset}-{offset + length - 1}"}
+        try:
+            with self._http.stream("GET", f"/objects/{_check_key(key)}", headers=headers) as r:
+                if r.status_code == 404:
+                    raise NotFound(f"{key} is not in {self.url}", key=key)
+                if r.status_code >= 400:
+                    raise Unavailable(f"blob store {self.url} answered {r.status_code} for {key}")
+                parts = []
+                for part in r.iter_bytes():
+                    parts.append(part)
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise Unavailable(
+                            f"blob store {self.url} too slow: {key} range not done "
+                            f"in {timeout:.1f}s"
+                        )
+                return b"".join(parts)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"blob store {self.url} unreachable: {exc}") from exc
 
     def get(self, key: str) -> bytes:
         return self._get(key).content
@@ -190,7 +211,7 @@ class S3Objects:
     def _key(self, key: str) -> str:
         return self.prefix + _check_key(key)
 
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
+    def get_range(self, key: str, offset: int, length: int, timeout: float | None = None) -> bytes:
         return self._read(key, Range=f"bytes={offset}-{offset + length - 1}")
 
     def get(self, key: str) -> bytes:
@@ -251,13 +272,17 @@ def open_store(url: str, api_key: str | None = None) -> ObjectStore:
 
 
 def retrying(fn: Any, *, attempts: int, timeout: float, what: str) -> Any:
-    """Call fn() until it succeeds, at most `attempts` times within `timeout`
-    seconds in all; NotFound is final. Raises Unavailable at the end."""
+    """Call fn(remaining_seconds) until it succeeds, at most `attempts` times
+    within `timeout` seconds in all; NotFound is final. Raises Unavailable
+    at the end."""
     deadline = time.monotonic() + timeout
     delay, last = 0.05, None
     for _ in range(attempts):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
         try:
-            return fn()
+            return fn(remaining)
         except NotFound:
             raise
         except Exception as exc:

@@ -152,6 +152,17 @@ class NodeAgent:
         cfg = self.config
         for d in (cfg.data_dir, cfg.sandboxes_dir, cfg.run_dir, cfg.platform_dir):
             d.mkdir(parents=True, exist_ok=True)
+        # Sandbox ids, cgroups and leftovers are named after the node: one
+        # data dir belongs to one node name for good.
+        name_file = cfg.data_dir / "node"
+        if not name_file.exists():
+            name_file.write_text(cfg.node)
+        if (recorded := name_file.read_text().strip()) != cfg.node:
+            raise InvalidArgument(
+                "node",
+                f"must be {recorded!r}, the node this data dir ({cfg.data_dir}) belongs to",
+                cfg.node,
+            )
         platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
         self.cgroups = cg.Cgroups(cfg.cgroup_parent)
         oci = OciRuntime(

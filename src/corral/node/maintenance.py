@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 log = get_logger("corral.maintenance")
 
 GC_EVERY = 60.0
-LIVENESS_EVERY = 5.0
 PURGE_AFTER = 3600.0
 
 
@@ -121,7 +120,7 @@ class Maintenance:
     async def tick(self) -> None:
         now = time.time()
         db = self.agent._db()
-        check_liveness = now - self._last_liveness >= LIVENESS_EVERY
+        check_liveness = now - self._last_liveness >= self.agent.config.liveness_interval
         if check_liveness:
             self._last_liveness = now
             await self._check_loader()

@@ -182,7 +182,7 @@ class AsyncCommands:
         timeout: float | None = 60.0,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        user: str = "root",
+        user: str | None = None,
         stdin: bytes | str | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
@@ -190,7 +190,8 @@ class AsyncCommands:
         stderr_limit: int = MiB,
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's
-        shell (`sh -c`), a list runs as given. Raises CommandTimeout (a
+        shell (`sh -c`), a list runs as given. `user` defaults to the image's
+        user, else root. Raises CommandTimeout (a
         TimeoutError) after killing the command's whole process tree."""
         req = self._request(
             cmd,
@@ -215,7 +216,7 @@ class AsyncCommands:
         timeout: float | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        user: str = "root",
+        user: str | None = None,
         stdin: bytes | str | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,

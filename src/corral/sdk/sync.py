@@ -120,7 +120,7 @@ class Commands:
         timeout: float | None = 60.0,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        user: str = 'root',
+        user: str | None = None,
         stdin: bytes | str | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
@@ -128,8 +128,8 @@ class Commands:
         stderr_limit: int = MiB,
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's shell (`sh -c`), a list
-        runs as given. Raises CommandTimeout (a TimeoutError) after killing the command's whole
-        process tree."""
+        runs as given. `user` defaults to the image's user, else root. Raises CommandTimeout (a
+        TimeoutError) after killing the command's whole process tree."""
         result = self._portal.call(
             self._inner.run,
             cmd,
@@ -152,7 +152,7 @@ class Commands:
         timeout: float | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        user: str = 'root',
+        user: str | None = None,
         stdin: bytes | str | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,

@@ -9,7 +9,9 @@ Called from the FUSE daemon's worker threads. Guarantees:
     same ranged request;
   - a store that is down or slow costs a bounded time (retries within a
     deadline), then the read fails (EIO in the sandbox that asked) while
-    other reads go on.
+    other reads go on; after such a failure the store is considered down
+    for one deadline, so the kernel's retries of neighbouring pages fail at
+    once instead of each waiting a deadline again (for two deadlines).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +33,32 @@ from corral.log import get_logger
 
 log = get_logger("corral.lazy")
 MAX_REFETCH = 3
+
+
+class Breaker:
+    """Per store: open (failing fast) for `cooldown` seconds after a fetch
+    gave up; then one fetch at a time may try again."""
+
+    _by_url: dict[str, Breaker] = {}
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.open_until = 0.0
+
+    @classmethod
+    def of(cls, url: str) -> Breaker:
+        with cls._lock:
+            return cls._by_url.setdefault(url, cls())
+
+    def check(self, url: str) -> None:
+        if time.monotonic() < self.open_until:
+            raise Unavailable(f"blob store {url} is down (failing fast until it answers again)")
+
+    def tripped(self, cooldown: float) -> None:
+        self.open_until = time.monotonic() + cooldown
+
+    def closed(self) -> None:
+        self.open_until = 0.0
 
 
 @dataclass
@@ -158,12 +187,21 @@ class LayerReader:
         store, key = self.store, f"blobs/sha256/{self.key}"
         start = run[0] * self.cs
         length = sum(self._len(i) for i in run)
-        raw = retrying(
-            lambda: store.get_range(key, start, length),
-            attempts=self.attempts,
-            timeout=self.deadline,
-            what=f"fetching {length} bytes of {self.key[:12]} from {store.url}",
-        )
+        breaker = Breaker.of(store.url)
+        breaker.check(store.url)
+        try:
+            raw = retrying(
+                lambda remaining: store.get_range(key, start, length, timeout=remaining),
+                attempts=self.attempts,
+                timeout=self.deadline,
+                what=f"fetching {length} bytes of {self.key[:12]} from {store.url}",
+            )
+        except Unavailable:
+            # Two deadlines: long enough that the kernel's retries of the
+            # neighbouring pages (which come after the first failure) fail fast.
+            breaker.tripped(2 * self.deadline)
+            raise
+        breaker.closed()
         with self._lock:
             self.stats.fetch_requests += 1
             self.stats.fetched_bytes += len(raw)
@@ -183,7 +221,9 @@ class LayerReader:
                         f"after {MAX_REFETCH} fetches"
                     )
                 data = retrying(
-                    lambda i=i: store.get_range(key, i * self.cs, self._len(i)),
+                    lambda remaining, i=i: store.get_range(
+                        key, i * self.cs, self._len(i), timeout=remaining
+                    ),
                     attempts=self.attempts,
                     timeout=self.deadline,
                     what=f"refetching chunk {i} of {self.key[:12]}",

@@ -1,0 +1,155 @@
+"""Lazy loading when things go wrong: the store down or slow, a corrupt
+chunk, the loader killed; and the chunk cache surviving an agent restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral.config import NodeConfig
+from corral.images import registry
+from corral.images.objects import HttpObjects, open_store
+from corral.images.store import ImageStore
+
+from .conftest import IMAGE, Blobd, node_leftovers
+
+BIG = "/usr/lib/python3.11/pydoc_data/topics.py"  # ~700 KB nobody reads at start
+
+
+def _noprogress(task: str, done: float, total: float | None) -> None:
+    pass
+
+
+@pytest.fixture
+def pulled_node(
+    node_config: NodeConfig, data_root: Path, blobd: Blobd, request: pytest.FixtureRequest
+) -> NodeConfig:
+    """A node whose only image was pulled from the HTTP store (cold cache)."""
+    registry.push(ImageStore(node_config.images_dir), IMAGE, HttpObjects(blobd.url), _noprogress)
+    name = "l" + str(abs(hash(request.node.nodeid)) % 10**6)
+    cfg = replace(
+        node_config,
+        data_dir=data_root / name,
+        node=name,
+        images=data_root / name / "images",
+        lazy_deadline=2.0,
+        liveness_interval=0.3,
+    )
+    registry.pull(ImageStore(cfg.images_dir), IMAGE, open_store(blobd.url), _noprogress)
+    return cfg
+
+
+@pytest.fixture
+async def lazy_client(pulled_node: NodeConfig) -> AsyncIterator[corral.AsyncClient]:
+    async with corral.AsyncClient(config=pulled_node) as c:
+        yield c
+        for s in await c.sandboxes.list():
+            await s.close()
+
+
+def _stats(cfg: NodeConfig) -> dict:  # type: ignore[type-arg]
+    doc = json.loads((cfg.data_dir / "lazy" / ".stats").read_bytes())
+    (layer,) = doc["layers"].values()
+    return layer  # type: ignore[no-any-return]
+
+
+async def test_store_down_fails_only_the_reads_that_need_it(
+    lazy_client: corral.AsyncClient, pulled_node: NodeConfig, blobd: Blobd
+) -> None:
+    a = await lazy_client.sandboxes.create(image=IMAGE)
+    assert (await a.commands.run("python3 -c 'print(1)'")).stdout == "1\n"
+    blobd.kill()
+    t0 = time.monotonic()
+    r = await a.commands.run(f"cat {BIG} > /dev/null", timeout=60)
+    assert time.monotonic() - t0 < 15  # bounded by the read deadline, not hung
+    assert r.exit_code != 0 and "Input/output error" in r.stderr
+    # What was already read still works, in this sandbox and a new one.
+    assert (await a.commands.run("python3 -c 'print(2)'")).stdout == "2\n"
+    b = await lazy_client.sandboxes.create(image=IMAGE)
+    assert (await b.commands.run("echo fine")).stdout == "fine\n"
+    assert _stats(pulled_node)["failed_reads"] >= 1
+    blobd.start()
+    await asyncio.sleep(2 * pulled_node.lazy_deadline)  # the loader fails fast meanwhile
+    r = await a.commands.run(f"wc -c < {BIG}", timeout=60)
+    assert r.exit_code == 0 and int(r.stdout) > 100_000
+
+
+async def test_a_slow_store_costs_bounded_time(pulled_node: NodeConfig, blobd: Blobd) -> None:
+    async with corral.AsyncClient(config=pulled_node) as client:
+        sbx = await client.sandboxes.create(image=IMAGE)
+        await sbx.commands.run("true")
+        blobd.kill()
+        slow = Blobd(blobd.root, rate="20KB")
+        slow.port = blobd.port
+        slow.start()
+        try:
+            t0 = time.monotonic()
+            r = await sbx.commands.run(f"cat {BIG} > /dev/null", timeout=60)
+            assert time.monotonic() - t0 < 5 * pulled_node.lazy_deadline
+            assert r.exit_code != 0 and "Input/output error" in r.stderr
+            assert (await sbx.commands.run("echo responsive")).stdout == "responsive\n"
+        finally:
+            slow.kill()
+        await sbx.close()
+
+
+async def test_a_corrupt_cached_chunk_is_refetched_and_reported(
+    lazy_client: corral.AsyncClient, pulled_node: NodeConfig
+) -> None:
+    sbx = await lazy_client.sandboxes.create(image=IMAGE)
+    want = (await sbx.commands.run(f"md5sum {BIG}")).stdout
+    cache = pulled_node.data_dir / "cache" / "chunks"
+    (data,) = cache.glob("*.data")
+    # Rot every cached byte of the file's chunks, then make the kernel forget
+    # its copies so the next read reaches the loader.
+    raw = bytearray(data.read_bytes())
+    for i in range(0, len(raw), 4096):
+        raw[i] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+    got = (await sbx.commands.run(f"md5sum {BIG}")).stdout
+    assert got == want
+    assert _stats(pulled_node)["corrupt_chunks"] > 0
+
+
+async def test_a_killed_loader_fails_its_sandboxes_and_is_replaced(
+    lazy_client: corral.AsyncClient, pulled_node: NodeConfig
+) -> None:
+    sbx = await lazy_client.sandboxes.create(image=IMAGE)
+    await sbx.commands.run("true")
+    pid = int((pulled_node.data_dir / "lazy.lock").read_text())
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if (await sbx.refresh()).state == corral.SandboxState.failed:
+            break
+        await asyncio.sleep(0.1)
+    assert sbx.info.state == corral.SandboxState.failed
+    assert "loader" in (sbx.info.error or "")
+    fresh = await lazy_client.sandboxes.create(image=IMAGE)
+    assert (await fresh.commands.run("python3 -c 'print(3)'")).stdout == "3\n"
+    await fresh.close()
+
+
+async def test_the_chunk_cache_survives_an_agent_restart(pulled_node: NodeConfig) -> None:
+    async with corral.AsyncClient(config=pulled_node) as c:
+        sbx = await c.sandboxes.create(image=IMAGE)
+        await sbx.commands.run(f"cat {BIG} > /dev/null")
+        first = _stats(pulled_node)["fetched_bytes"]
+        await sbx.close()
+    assert not (pulled_node.data_dir / "lazy" / ".stats").exists()  # the loader stopped
+    async with corral.AsyncClient(config=pulled_node) as c:
+        sbx = await c.sandboxes.create(image=IMAGE)
+        r = await sbx.commands.run(f"md5sum < {BIG}")
+        assert r.exit_code == 0
+        assert _stats(pulled_node)["fetched_bytes"] < first // 10  # served by the cache
+        await sbx.close()
+    assert not any(node_leftovers(pulled_node).values())
