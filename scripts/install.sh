@@ -20,7 +20,7 @@ APT_PACKAGES=(
   crun runc                 # OCI runtimes (crun by default; runc for comparison)
   erofs-utils               # mkfs.erofs: image layers
   btrfs-progs               # per-sandbox writable space with a size limit
-  fuse3 libfuse3-dev        # on-demand layer loading
+  fuse3 libfuse3-dev pkg-config  # on-demand layer loading (pyfuse3 builds against libfuse3)
   debootstrap               # Debian base images
   busybox-static            # the platform shell inside sandboxes
   nftables iproute2         # sandbox networking

@@ -116,3 +116,46 @@ def test_image_import_of_a_rootfs_tarball(corral_cli, tmp_path) -> None:  # type
     out = corral_cli("run", "--image", "tiny-import:1", "--", "/bin/cat", "/etc/motd")
     assert out.stdout == "from a tarball\n"
     corral_cli("image", "rm", "tiny-import:1")
+
+
+def test_image_build_run_push_pull_gc(corral_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    built = json.loads(
+        corral_cli(
+            "--json",
+            "image",
+            "build",
+            "run-built:1",
+            "--run",
+            IMAGE,
+            "--kind",
+            "toolkit",
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /opt/x && echo made-by-run > /opt/x/f && rm /etc/issue",
+        ).stdout
+    )
+    assert built["kind"] == "toolkit" and built["names"] == ["run-built:1"]
+    out = corral_cli(
+        "run",
+        "--image",
+        IMAGE,
+        "--toolkit",
+        "run-built:1",
+        "--",
+        "sh",
+        "-c",
+        "cat /opt/x/f; test -e /etc/issue || echo no-issue",
+    )
+    assert out.stdout.split() == ["made-by-run", "no-issue"]
+    failed = corral_cli("image", "build", "never:1", "--run", IMAGE, "--", "false", check=False)
+    assert failed.returncode == 2 and "must succeed" in failed.stderr
+    store = tmp_path / "shared"
+    corral_cli("image", "push", "run-built:1", str(store))
+    assert (store / "tags" / "run-built" / "1").exists()
+    corral_cli("image", "rm", "run-built:1")
+    pulled = json.loads(corral_cli("--json", "image", "pull", "run-built:1", str(store)).stdout)
+    assert pulled["digest"] == built["digest"]
+    corral_cli("image", "rm", "run-built:1")
+    gc = json.loads(corral_cli("--json", "image", "gc").stdout)
+    assert gc["layers_removed"] >= 1

@@ -63,8 +63,6 @@ async def create(a: argparse.Namespace) -> int:
 
 
 def _cmd(parts: list[str]) -> str | list[str]:
-    if parts and parts[0] == "--":
-        parts = parts[1:]
     if not parts:
         raise InvalidArgument("cmd", "must be given after --", parts)
     return parts[0] if len(parts) == 1 else parts
@@ -327,7 +325,9 @@ async def image_pull(a: argparse.Namespace) -> int:
 
     remote = open_store(a.store)
     with progress_bar(disable=a.json) as progress:
-        layer = await asyncio.to_thread(registry.pull, _store(a), a.ref, remote, progress)
+        layer = await asyncio.to_thread(
+            registry.pull, _store(a), a.ref, remote, progress, eager=a.eager
+        )
     _emit(
         a,
         _layer_doc(layer),

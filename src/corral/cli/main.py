@@ -96,12 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--cwd")
     p.add_argument("--user", default="root")
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.add_argument("cmd", nargs="*", help="the command (after --)")
 
     p = cmd("run", c.run, "create a sandbox, run one command, close it")
     _sandbox_args(p)
     p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.add_argument("cmd", nargs="*", help="the command (after --)")
 
     p = cmd("ls", c.ls, "list live sandboxes")
     p.add_argument("--label", action="append")
@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=c.image_pull)
     p.add_argument("ref")
     p.add_argument("store")
+    p.add_argument("--eager", action="store_true", help="download all data now")
     p = isub.add_parser("gc", help="drop untagged layers no sandbox uses, and orphan blobs")
     p.set_defaults(handler=c.image_gc)
 
@@ -177,7 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     configure(os.environ.get("CORRAL_LOG_LEVEL"))
+    # Everything after the first `--` is the command to run, whatever the
+    # subcommand's options around it (argparse cannot tell them apart).
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
+    if hasattr(args, "cmd"):
+        args.cmd = (args.cmd or []) + tail
     try:
         code: int = asyncio.run(args.handler(args))
         return code

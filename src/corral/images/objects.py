@@ -199,7 +199,7 @@ class S3Objects:
 
     def __init__(self, url: str) -> None:
         try:
-            import boto3  # type: ignore[import-not-found]
+            import boto3
         except ImportError:
             raise Unavailable("s3:// stores need boto3: pip install 'corral[s3]'") from None
         self.url = url

@@ -7,7 +7,9 @@ layer remembers its origin).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 from corral.errors import ImageNotFound, NotFound
 from corral.images.layer import Layer, Ref
@@ -42,7 +44,37 @@ def push(local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn)
     return layer
 
 
-def pull(local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn) -> Layer:
+def _download(
+    local: ImageStore, remote: ObjectStore, digest: str, progress: ProgressFn, label: str
+) -> None:
+    """Fetch a whole blob into the local store, verifying its digest."""
+    dst = local.blob_path(digest)
+    if dst.exists():
+        return
+    key = f"blobs/sha256/{_hex(digest)}"
+    size = remote.size(key)
+    tmp = local.tmpdir("pull") / "blob"
+    h = hashlib.sha256()
+    step = 8 << 20
+    with open(tmp, "wb") as f:
+        for off in range(0, size, step):
+            data = remote.get_range(key, off, min(step, size - off))
+            h.update(data)
+            f.write(data)
+            progress(label, off + len(data), size)
+    if "sha256:" + h.hexdigest() != digest:
+        tmp.unlink()
+        raise ImageNotFound(f"blob {digest} from {remote.url} does not match its digest")
+    os.chmod(tmp, 0o444)
+    os.replace(tmp, dst)
+    tmp.parent.rmdir()
+
+
+def pull(
+    local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn, *, eager: bool = False
+) -> Layer:
+    """Register a layer; with eager, also download its metadata and data now
+    (as a classic image pull does) instead of on first read."""
     parsed = Ref.parse(ref)
     label = f"pull {ref}"
     progress(label, 0, 2)
@@ -58,6 +90,9 @@ def pull(local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn)
     ):
         raise ImageNotFound(f"{ref} in {remote.url}: manifest does not match its digest")
     local.put_manifest(layer)
+    if eager:
+        _download(local, remote, layer.meta_digest, progress, f"download {ref} metadata")
+        _download(local, remote, layer.blob_digest, progress, f"download {ref} data")
     if not local.blob_path(layer.blob_digest).exists():
         local.set_origin(layer.digest, remote.url)
     if parsed.name:
