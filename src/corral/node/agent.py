@@ -53,6 +53,7 @@ from corral.images.build import build_from_dir
 from corral.images.layer import Layer
 from corral.images.lazy.loader import LazyLoader
 from corral.images.mounter import LayerMounts
+from corral.guard.seccompd import SeccompDaemon
 from corral.images.store import ImageStore
 from corral.log import get_logger
 from corral.node import cgroups as cg
@@ -171,7 +172,11 @@ class NodeAgent:
             platform.nsexec,
             hybrid=self.cgroups.mode is cg.Mode.HYBRID,
         )
-        self.runtimes = {"container": ContainerRuntime(oci, self.cgroups, platform)}
+        self.seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd)
+        await asyncio.to_thread(self.seccompd.ensure)
+        self.runtimes = {
+            "container": ContainerRuntime(oci, self.cgroups, platform, self.seccompd.socket)
+        }
         self.store = Store(cfg.db_path)
         await asyncio.to_thread(self.scratch.open)
         self._started = True
@@ -198,6 +203,7 @@ class NodeAgent:
             self.layers.release_unused(db.referenced_layers())
             if active == 0 and self.cgroups is not None:
                 self.cgroups.remove_parent()
+                self.seccompd.stop()
         db.close()
         self.store = None
         log.info("agent.stopped", node=self.config.node, sandboxes_left=active)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -55,6 +55,14 @@ _MIGRATIONS: dict[int, str] = {
         kind       TEXT NOT NULL,
         ref        TEXT NOT NULL,
         PRIMARY KEY (sandbox_id, kind, ref)
+    );
+    """,
+    2: """
+    CREATE TABLE audit (
+        sandbox_id TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        value      INTEGER NOT NULL,
+        PRIMARY KEY (sandbox_id, key)
     );
     """,
 }
@@ -247,6 +255,22 @@ class Store:
             [(t, sid) for sid, t in last_active.items()],
         )
 
+    def count(self, sandbox_id: str, key: str, n: int = 1) -> None:
+        """Add n to one of a sandbox's audit counters."""
+        self.db.execute(
+            "INSERT INTO audit (sandbox_id, key, value) VALUES (?,?,?) "
+            "ON CONFLICT(sandbox_id, key) DO UPDATE SET value = value + excluded.value",
+            (sandbox_id, key, n),
+        )
+
+    def counters(self, sandbox_id: str) -> dict[str, int]:
+        return {
+            k: int(v)
+            for k, v in self.db.execute(
+                "SELECT key, value FROM audit WHERE sandbox_id=?", (sandbox_id,)
+            )
+        }
+
     def purge_closed(self, older_than: float) -> int:
         with self.transaction():
             ids = [
@@ -258,6 +282,7 @@ class Store:
                 )
             ]
             self.db.executemany("DELETE FROM sandboxes WHERE id=?", [(i,) for i in ids])
+            self.db.executemany("DELETE FROM audit WHERE sandbox_id=?", [(i,) for i in ids])
         return len(ids)
 
     # ---------------------------------------------------------------- resources

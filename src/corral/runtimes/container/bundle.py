@@ -24,6 +24,7 @@ class BundleSpec:
     pids: int
     cgroups_path: str
     swap_accounting: bool
+    seccomp: dict[str, Any] | None = None
 
 
 def _nofile_limit() -> int:
@@ -150,5 +151,6 @@ def config(spec: BundleSpec) -> dict[str, Any]:
             },
             "maskedPaths": list(profile.MASKED_PATHS),
             "readonlyPaths": list(profile.READONLY_PATHS),
+            **({"seccomp": spec.seccomp} if spec.seccomp else {}),
         },
     }

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 from corral.errors import SandboxFailed
+from corral.guard import seccomp
 from corral.node.cgroups import Cgroups, Mode
 from corral.node.platform import Platform
 from corral.node.store import SandboxRecord
@@ -19,10 +20,13 @@ from corral.runtimes.container.oci import OciRuntime, Overlay
 class ContainerRuntime:
     kind = "container"
 
-    def __init__(self, oci: OciRuntime, cgroups: Cgroups, platform: Platform) -> None:
+    def __init__(
+        self, oci: OciRuntime, cgroups: Cgroups, platform: Platform, seccomp_listener: Path | None
+    ) -> None:
         self.oci = oci
         self.cgroups = cgroups
         self.platform = platform
+        self.seccomp_listener = seccomp_listener
         self.swap_accounting = cgroups.mode is Mode.V2 or any(
             (h / "memory.memsw.limit_in_bytes").exists() for h in cgroups.hierarchies
         )
@@ -45,6 +49,9 @@ class ContainerRuntime:
                 pids=spec["pids"],
                 cgroups_path=self.cgroups.oci_path(rec.id),
                 swap_accounting=self.swap_accounting,
+                seccomp=seccomp.profile(str(self.seccomp_listener), rec.id)
+                if self.seccomp_listener
+                else None,
             )
         )
         (prep.sandbox_dir / "config.json").write_text(json.dumps(cfg))

@@ -1,0 +1,274 @@
+/*
+ * corral-seccompd: answers and counts the syscalls sandboxes are refused.
+ *
+ * Every container sandbox runs under a seccomp filter whose refusals are
+ * user notifications (SECCOMP_RET_USER_NOTIF). crun hands each sandbox's
+ * notification fd to this daemon over a unix socket (the OCI
+ * `listenerPath`), with the sandbox id as metadata. For every notification
+ * the daemon answers with the errno the policy file gives for the syscall
+ * (EPERM for privileged ones, ENOSYS otherwise) and adds one to the
+ * sandbox's counter for that syscall in <audit-dir>/<id>.seccomp: 1024
+ * little-endian u64, index = syscall number (x86_64), 1023 = other arches.
+ *
+ * One process per node, apart from the node agent, so counting survives
+ * agent restarts. It never executes, reads or trusts anything from a
+ * sandbox beyond the notification structure the kernel fills.
+ *
+ * A sandbox that floods refused syscalls only slows itself: past a budget
+ * per second its fd is not polled for a while, and its threads wait.
+ *
+ * usage: corral-seccompd --listen PATH --audit-dir DIR --policy FILE --lock FILE
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SLOTS 1024
+#define OTHER_ARCH (SLOTS - 1)
+#define MAX_SANDBOXES 65536
+#define BUDGET_PER_SEC 2000
+#define MUTE_MS 100
+
+struct sandbox {
+    int notify_fd;
+    int audit_fd;
+    char id[64];
+    long budget;
+    long long window_start_ms;
+    long long muted_until_ms;
+};
+
+static int errno_for[SLOTS];
+static struct sandbox *boxes;
+static int nboxes;
+static volatile sig_atomic_t stop;
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void on_term(int sig) {
+    (void)sig;
+    stop = 1;
+}
+
+static int valid_id(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 48) return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '-')) return 0;
+    return 1;
+}
+
+/* The sandbox id from crun's state message: "metadata": "<id>". */
+static int metadata(const char *msg, char *out, size_t outlen) {
+    const char *p = strstr(msg, "\"metadata\"");
+    if (!p) return -1;
+    p = strchr(p + 10, '"');
+    if (!p) return -1;
+    p++;
+    const char *q = strchr(p, '"');
+    if (!q || (size_t)(q - p) >= outlen) return -1;
+    memcpy(out, p, (size_t)(q - p));
+    out[q - p] = 0;
+    return valid_id(out) ? 0 : -1;
+}
+
+static void adopt(int conn, const char *audit_dir) {
+    char buf[16384];
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct iovec iov = {buf, sizeof buf - 1};
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    struct timeval tv = {2, 0};
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ssize_t n = recvmsg(conn, &mh, MSG_CMSG_CLOEXEC);
+    if (n <= 0) return;
+    buf[n] = 0;
+    int fd = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            int *fds = (int *)CMSG_DATA(c);
+            for (int i = 0; i < nfds; i++) {
+                if (fd < 0) fd = fds[i];
+                else close(fds[i]);
+            }
+        }
+    }
+    if (fd < 0) return;
+    struct sandbox sb = {.notify_fd = fd, .audit_fd = -1, .budget = BUDGET_PER_SEC};
+    if (metadata(buf, sb.id, sizeof sb.id) < 0 || nboxes >= MAX_SANDBOXES) {
+        fprintf(stderr, "corral-seccompd: refusing a listener with bad metadata\n");
+        close(fd);
+        return;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.seccomp", audit_dir, sb.id);
+    sb.audit_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (sb.audit_fd >= 0 && ftruncate(sb.audit_fd, SLOTS * 8) < 0) {}
+    sb.window_start_ms = now_ms();
+    boxes[nboxes++] = sb;
+}
+
+static void count(struct sandbox *sb, int slot) {
+    if (sb->audit_fd < 0) return;
+    uint64_t v = 0;
+    off_t off = (off_t)slot * 8;
+    if (pread(sb->audit_fd, &v, 8, off) != 8) v = 0;
+    v++;
+    if (pwrite(sb->audit_fd, &v, 8, off) != 8) {}
+}
+
+/* Handle one notification; 0 if the fd is still good. */
+static int answer(struct sandbox *sb) {
+    struct seccomp_notif req;
+    memset(&req, 0, sizeof req);
+    if (ioctl(sb->notify_fd, SECCOMP_IOCTL_NOTIF_RECV, &req) < 0) {
+        if (errno == EINTR || errno == ENOENT) return 0; /* target died meanwhile */
+        return -1;
+    }
+    int slot = OTHER_ARCH;
+    int err = ENOSYS;
+    if (req.data.arch == AUDIT_ARCH_X86_64 && req.data.nr >= 0 && req.data.nr < OTHER_ARCH) {
+        slot = req.data.nr;
+        err = errno_for[slot];
+    }
+    struct seccomp_notif_resp resp;
+    memset(&resp, 0, sizeof resp);
+    resp.id = req.id;
+    resp.error = -err;
+    if (ioctl(sb->notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp) < 0 && errno != ENOENT) {}
+    count(sb, slot);
+    return 0;
+}
+
+static void drop(int i) {
+    close(boxes[i].notify_fd);
+    if (boxes[i].audit_fd >= 0) close(boxes[i].audit_fd);
+    boxes[i] = boxes[--nboxes];
+}
+
+int main(int argc, char **argv) {
+    const char *listen_path = NULL, *audit_dir = NULL, *policy = NULL, *lock = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--listen")) listen_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--audit-dir")) audit_dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--policy")) policy = argv[i + 1];
+        else if (!strcmp(argv[i], "--lock")) lock = argv[i + 1];
+    }
+    if (!listen_path || !audit_dir || !policy || !lock) {
+        fprintf(stderr, "usage: corral-seccompd --listen PATH --audit-dir DIR --policy FILE --lock FILE\n");
+        return 2;
+    }
+    int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lfd < 0 || flock(lfd, LOCK_EX | LOCK_NB) < 0) {
+        fprintf(stderr, "corral-seccompd: another instance serves this node\n");
+        return 1;
+    }
+    char pid[32];
+    int plen = snprintf(pid, sizeof pid, "%d", getpid());
+    if (ftruncate(lfd, 0) < 0 || pwrite(lfd, pid, (size_t)plen, 0) < 0) {}
+
+    for (int i = 0; i < SLOTS; i++) errno_for[i] = ENOSYS;
+    FILE *pf = fopen(policy, "re");
+    if (!pf) {
+        perror("corral-seccompd: policy");
+        return 1;
+    }
+    int nr, e;
+    while (fscanf(pf, "%d %d", &nr, &e) == 2)
+        if (nr >= 0 && nr < OTHER_ARCH) errno_for[nr] = e;
+    fclose(pf);
+    mkdir(audit_dir, 0700);
+
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", listen_path);
+    unlink(listen_path);
+    if (sock < 0 || bind(sock, (struct sockaddr *)&a, sizeof a) < 0 || listen(sock, 256) < 0) {
+        perror("corral-seccompd: listen");
+        return 1;
+    }
+    chmod(listen_path, 0600);
+    boxes = calloc(MAX_SANDBOXES, sizeof *boxes);
+    struct pollfd *pfds = calloc(MAX_SANDBOXES + 1, sizeof *pfds);
+    int *idx = calloc(MAX_SANDBOXES + 1, sizeof *idx);
+    struct sigaction sa = {.sa_handler = on_term};
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    fprintf(stderr, "corral-seccompd[%d]: listening on %s\n", getpid(), listen_path);
+
+    while (!stop) {
+        int n = 0;
+        long long now = now_ms();
+        int timeout = -1;
+        pfds[n] = (struct pollfd){sock, POLLIN, 0};
+        idx[n++] = -1;
+        for (int i = 0; i < nboxes; i++) {
+            struct sandbox *sb = &boxes[i];
+            if (now - sb->window_start_ms >= 1000) {
+                sb->window_start_ms = now;
+                sb->budget = BUDGET_PER_SEC;
+            }
+            if (sb->muted_until_ms > now) {
+                int left = (int)(sb->muted_until_ms - now);
+                if (timeout < 0 || left < timeout) timeout = left;
+                continue;
+            }
+            pfds[n] = (struct pollfd){sb->notify_fd, POLLIN, 0};
+            idx[n++] = i;
+        }
+        if (poll(pfds, (nfds_t)n, timeout) < 0) {
+            if (errno == EINTR) continue;
+            perror("corral-seccompd: poll");
+            return 1;
+        }
+        /* Walk backwards so that drop() (which moves the last box into a
+         * freed slot) never skips or repeats an entry seen in this round. */
+        for (int k = n - 1; k >= 1; k--) {
+            int i = idx[k];
+            if (!pfds[k].revents) continue;
+            struct sandbox *sb = &boxes[i];
+            if (pfds[k].revents & POLLIN) {
+                if (answer(sb) < 0) {
+                    drop(i);
+                    continue;
+                }
+                if (--sb->budget <= 0) sb->muted_until_ms = now_ms() + MUTE_MS;
+            } else if (pfds[k].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+                drop(i); /* every process of the sandbox is gone */
+            }
+        }
+        if (pfds[0].revents & POLLIN) {
+            int conn = accept4(sock, NULL, NULL, SOCK_CLOEXEC);
+            if (conn >= 0) {
+                adopt(conn, audit_dir);
+                close(conn);
+            }
+        }
+    }
+    unlink(listen_path);
+    return 0;
+}

@@ -1,0 +1,101 @@
+"""The agent's side of corral-seccompd: start it, and read what it counted."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from corral.errors import Unavailable
+from corral.guard import seccomp
+from corral.log import get_logger
+
+log = get_logger("corral.seccompd")
+SLOTS = 1024
+OTHER_ARCH = SLOTS - 1
+
+
+def policy_lines() -> str:
+    """`nr errno` for every refused syscall that is not merely unknown."""
+    lines = [f"{nr} 1" for nr in sorted(seccomp.PRIVILEGED)]
+    lines += [f"{seccomp.NR_IOCTL} 1", f"{seccomp.NR_CLONE} 1", f"{seccomp.NR_PERSONALITY} 1"]
+    return "\n".join(lines) + "\n"
+
+
+def syscall_class(nr: int) -> tuple[str, str]:
+    """(class, name) of a counter slot."""
+    if nr == OTHER_ARCH:
+        return "other", "non-x86_64 syscall"
+    if nr in seccomp.PRIVILEGED:
+        return "privileged", seccomp.PRIVILEGED[nr]
+    if nr == seccomp.NR_IOCTL:
+        return "extent-ioctl", "ioctl"
+    if nr == seccomp.NR_CLONE:
+        return "namespace", "clone"
+    if nr == seccomp.NR_PERSONALITY:
+        return "privileged", "personality"
+    return "other", f"syscall {nr}"
+
+
+class SeccompDaemon:
+    def __init__(self, data_dir: Path, binary: Path) -> None:
+        self.binary = binary
+        self.socket = data_dir / "run" / "seccomp.sock"
+        self.audit_dir = data_dir / "audit"
+        self.lock = data_dir / "seccompd.lock"
+        self.policy = data_dir / "run" / "seccomp.policy"
+        self.log_file = data_dir / "seccompd.log"
+
+    def running_pid(self) -> int | None:
+        try:
+            fd = os.open(self.lock, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        return None
+
+    def ensure(self) -> None:
+        """Start the daemon unless one serves this node already."""
+        if self.running_pid() is not None and self.socket.exists():
+            return
+        self.audit_dir.mkdir(parents=True, exist_ok=True)
+        self.policy.write_text(policy_lines())
+        with open(self.log_file, "ab") as out:
+            proc = subprocess.Popen(
+                [str(self.binary), "--listen", str(self.socket), "--audit-dir",
+                 str(self.audit_dir), "--policy", str(self.policy), "--lock", str(self.lock)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            )
+        deadline = time.monotonic() + 10
+        while self.running_pid() is None or not self.socket.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise Unavailable(f"corral-seccompd did not start; see {self.log_file}")
+            time.sleep(0.01)
+        log.info("seccompd.started", pid=proc.pid)
+
+    def stop(self) -> None:
+        pid = self.running_pid()
+        if pid and pid > 0:
+            try:
+                os.kill(pid, 15)
+            except ProcessLookupError:
+                pass
+
+    def counts(self, sandbox_id: str) -> dict[int, int]:
+        try:
+            raw = (self.audit_dir / f"{sandbox_id}.seccomp").read_bytes()
+        except FileNotFoundError:
+            return {}
+        values = memoryview(raw).cast("Q")
+        return {i: int(v) for i, v in enumerate(values) if v}
+
+    def forget(self, sandbox_id: str) -> None:
+        (self.audit_dir / f"{sandbox_id}.seccomp").unlink(missing_ok=True)
