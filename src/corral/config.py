@@ -38,6 +38,9 @@ class NodeConfig:
     memory_overcommit: float = 8.0
     scratch_size: int = 64 * 1024**3
     max_file_bytes: int = 256 * 1024**2
+    # What the platform logs about one sandbox (its command log) is capped:
+    # an endless printer costs at most this, and the cap hit is recorded.
+    log_quota: int = 1024**2
     reaper_interval: float = 1.0
     liveness_interval: float = 5.0  # how often dead inits and loaders are looked for
     # Layers are read through the node's lazy loader (FUSE), chunk by chunk.
@@ -73,7 +76,7 @@ class NodeConfig:
                 continue
             if f.name in ("data_dir", "platform_src", "images"):
                 values[f.name] = Path(raw)
-            elif f.name in ("scratch_size", "max_file_bytes", "chunk_cache_size"):
+            elif f.name in ("scratch_size", "max_file_bytes", "chunk_cache_size", "log_quota"):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
             elif f.name in ("max_sandboxes", "lazy_readahead"):
                 values[f.name] = int(raw)

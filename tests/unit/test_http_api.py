@@ -14,6 +14,7 @@ import pytest
 import corral
 from corral.api.app import create_app
 from corral.api.models import (
+    AuditReport,
     CommitRequest,
     CreateSandbox,
     ExecEvent,
@@ -135,6 +136,10 @@ class FakeService:
             created=0.0,
         )
 
+    async def audit(self, sandbox_id: str) -> AuditReport:
+        await self.get(sandbox_id)
+        return AuditReport(sandbox=sandbox_id, syscalls_denied={"privileged": 2})
+
     async def aclose(self) -> None:
         pass
 
@@ -163,6 +168,7 @@ async def test_sdk_over_http_round_trip() -> None:
         await sbx.files.write("/w/a.txt", "hi")
         assert await sbx.files.read("/w/a.txt") == b"hi"
         assert [e.name for e in await sbx.files.list("/w")] == ["a.txt"]
+        assert (await sbx.audit()).syscalls_denied == {"privileged": 2}
         layer = await sbx.commit("mine:1", kind="toolkit")
         assert layer.names == ["mine:1"] and layer.kind == "toolkit"
         await sbx.files.upload_tar("/t", b"TAR")

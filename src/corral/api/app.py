@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral import __version__, metrics
 from corral.api.models import (
+    AuditReport,
     CommitRequest,
     CreateSandbox,
     ExecRequest,
@@ -189,6 +190,10 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
         return Response(
             await service.download_tar(sandbox_id, path), media_type="application/x-tar"
         )
+
+    @app.get("/v1/sandboxes/{sandbox_id}/audit", dependencies=v1)
+    async def audit(sandbox_id: str) -> AuditReport:
+        return await service.audit(sandbox_id)
 
     @app.post("/v1/sandboxes/{sandbox_id}/commit", dependencies=v1)
     async def commit(sandbox_id: str, req: CommitRequest) -> LayerInfo:

@@ -302,6 +302,26 @@ class LayerInfo(BaseModel):
     created: float
 
 
+class AuditReport(BaseModel):
+    """What a sandbox was refused, hit, or had killed, counted by the
+    platform (never by the sandbox itself)."""
+
+    sandbox: str
+    syscalls_denied: dict[str, int] = Field(default_factory=dict)  # by class
+    syscalls: dict[str, int] = Field(default_factory=dict)  # by name
+    oom_kills: int = 0
+    pids_limit_hits: int = 0
+    commands: int = 0
+    commands_timed_out: int = 0
+    commands_killed: int = 0
+    output_truncated: int = 0
+    output_dropped_bytes: int = 0
+    log_bytes: int = 0
+    log_quota_hits: int = 0
+    egress_denied: int = 0
+    dns_denied: int = 0
+
+
 class FileEntry(BaseModel):
     name: str
     path: str

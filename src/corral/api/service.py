@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from corral.api.models import (
+    AuditReport,
     CommitRequest,
     CreateSandbox,
     ExecEvent,
@@ -58,5 +59,7 @@ class SandboxService(Protocol):
     async def download_tar(self, sandbox_id: str, path: str) -> bytes: ...
 
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo: ...
+
+    async def audit(self, sandbox_id: str) -> AuditReport: ...
 
     async def aclose(self) -> None: ...

@@ -70,9 +70,21 @@ class SeccompDaemon:
         self.policy.write_text(policy_lines())
         with open(self.log_file, "ab") as out:
             proc = subprocess.Popen(
-                [str(self.binary), "--listen", str(self.socket), "--audit-dir",
-                 str(self.audit_dir), "--policy", str(self.policy), "--lock", str(self.lock)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                [
+                    str(self.binary),
+                    "--listen",
+                    str(self.socket),
+                    "--audit-dir",
+                    str(self.audit_dir),
+                    "--policy",
+                    str(self.policy),
+                    "--lock",
+                    str(self.lock),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
             )
         deadline = time.monotonic() + 10
         while self.running_pid() is None or not self.socket.exists():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import json
 import os
 import secrets
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 
 from corral import metrics
 from corral.api.models import (
+    AuditReport,
     CommitRequest,
     CreateSandbox,
     ExecEvent,
@@ -49,11 +51,11 @@ from corral.errors import (
 )
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient, ExecSession
+from corral.guard.seccompd import SeccompDaemon, syscall_class
 from corral.images.build import build_from_dir
 from corral.images.layer import Layer
 from corral.images.lazy.loader import LazyLoader
 from corral.images.mounter import LayerMounts
-from corral.guard.seccompd import SeccompDaemon
 from corral.images.store import ImageStore
 from corral.log import get_logger
 from corral.node import cgroups as cg
@@ -378,6 +380,7 @@ class NodeAgent:
         record once it is gone, then mark the sandbox final_state."""
         db = self._db()
         errors = []
+        self._snapshot_cgroup_audit(sandbox_id)
         for kind, ref in db.resources(sandbox_id):
             try:
                 await self.release_resource(kind, ref)
@@ -504,6 +507,7 @@ class NodeAgent:
         self._sessions[key] = session
         self._busy[sandbox_id] = self._busy.get(sandbox_id, 0) + 1
         outcome = "error"
+        exit_event: ExecExit | None = None
         try:
             yield ExecStarted(pid=session.pid)
             limit = req.timeout + EXEC_GRACE if req.timeout else None
@@ -529,7 +533,7 @@ class NodeAgent:
                     if dropped:
                         metrics.OUTPUT_DROPPED.inc(dropped)
                     outcome = "timeout" if x.timed_out else "ok"
-                    yield ExecExit(
+                    exit_event = ExecExit(
                         exit_code=x.exit_code,
                         signal=x.signal,
                         timed_out=x.timed_out,
@@ -540,6 +544,7 @@ class NodeAgent:
                         max_rss=x.max_rss,
                         duration=time.monotonic() - t0,
                     )
+                    yield exit_event
                     return
                 yield ExecOutput(
                     type="stdout" if kind == proto.RSP_STDOUT else "stderr", data=payload
@@ -547,12 +552,52 @@ class NodeAgent:
         finally:
             session.close()
             self._sessions.pop(key, None)
+            self._account(sandbox_id, argv, req, outcome, exit_event, t0)
             self._busy[sandbox_id] -= 1
             if not self._busy[sandbox_id]:
                 del self._busy[sandbox_id]
             self._activity[sandbox_id] = time.time()
             metrics.EXEC_TOTAL.labels(outcome).inc()
             metrics.EXEC_SECONDS.observe(time.monotonic() - t0)
+
+    def _account(
+        self,
+        sandbox_id: str,
+        argv: builtins.list[str],
+        req: ExecRequest,
+        outcome: str,
+        x: ExecExit | None,
+        t0: float,
+    ) -> None:
+        db = self.store
+        if db is None or db.get(sandbox_id) is None:
+            return
+        db.count(sandbox_id, "commands")
+        entry: dict[str, Any] = {
+            "ts": time.time(),
+            "argv": [a[:512] for a in argv[-3:]],
+            "user": req.user,
+            "outcome": outcome,
+        }
+        if x is not None:
+            dropped = max(0, x.stdout_bytes - req.stdout_limit) + max(
+                0, x.stderr_bytes - req.stderr_limit
+            )
+            if x.timed_out:
+                db.count(sandbox_id, "commands_timed_out")
+            if dropped:
+                db.count(sandbox_id, "output_truncated")
+                db.count(sandbox_id, "output_dropped_bytes", dropped)
+            entry.update(
+                exit_code=x.exit_code,
+                signal=x.signal,
+                stdout_bytes=x.stdout_bytes,
+                stderr_bytes=x.stderr_bytes,
+                seconds=round(x.duration, 3),
+            )
+        else:
+            entry["seconds"] = round(time.monotonic() - t0, 3)
+        self._log_command(sandbox_id, entry)
 
     def _gone(self, sandbox_id: str) -> CorralError:
         """The exec server stopped answering: say why, from the record."""
@@ -567,6 +612,7 @@ class NodeAgent:
         self._running(sandbox_id)
         if not 0 < signal < 65:
             raise InvalidArgument("signal", "must be a signal number between 1 and 64", signal)
+        self._db().count(sandbox_id, "commands_killed")
         session = self._sessions.get((sandbox_id, pid))
         if session is not None:
             await session.signal(signal)
@@ -721,6 +767,58 @@ class NodeAgent:
         return layer_info(layer)
 
     # ---------------------------------------------------------------- activity
+
+    # ---------------------------------------------------------------- audit
+
+    def _log_command(self, sandbox_id: str, entry: dict[str, Any]) -> None:
+        """Append to the sandbox's command log on the host, within its quota.
+        Command output is never logged: only what ran and how it ended."""
+        path = self.config.sandboxes_dir / sandbox_id / "commands.log"
+        line = (json.dumps(entry, default=str)[:4096] + "\n").encode()
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        db = self._db()
+        if size + len(line) > self.config.log_quota:
+            if not db.counters(sandbox_id).get("log_quota_hits"):
+                marker = json.dumps({"event": "log quota reached", "quota": self.config.log_quota})
+                with open(path, "ab") as f:
+                    f.write(marker.encode() + b"\n")
+            db.count(sandbox_id, "log_quota_hits")
+            return
+        with open(path, "ab") as f:
+            f.write(line)
+
+    def _snapshot_cgroup_audit(self, sandbox_id: str) -> None:
+        """Keep the kernel's counters before the cgroup goes away."""
+        if self.cgroups is None:
+            return
+        db = self._db()
+        for key, value in (
+            ("oom_kills", self.cgroups.oom_kills(sandbox_id)),
+            ("pids_limit_hits", self.cgroups.pids_limit_hits(sandbox_id)),
+        ):
+            if value:
+                db.count(sandbox_id, key, value)
+
+    async def audit(self, sandbox_id: str) -> AuditReport:
+        rec = self._record(sandbox_id)
+        counters = self._db().counters(sandbox_id)
+        report = AuditReport(sandbox=sandbox_id)
+        for key, value in counters.items():
+            if key in AuditReport.model_fields:
+                setattr(report, key, value)
+        if rec.state == "running" and self.cgroups is not None:
+            report.oom_kills += self.cgroups.oom_kills(sandbox_id)
+            report.pids_limit_hits += self.cgroups.pids_limit_hits(sandbox_id)
+        for slot, n in self.seccompd.counts(sandbox_id).items():
+            cls, name = syscall_class(slot)
+            report.syscalls_denied[cls] = report.syscalls_denied.get(cls, 0) + n
+            report.syscalls[name] = report.syscalls.get(name, 0) + n
+        log_path = self.config.sandboxes_dir / sandbox_id / "commands.log"
+        report.log_bytes = log_path.stat().st_size if log_path.exists() else 0
+        return report
 
     def flush_activity(self) -> None:
         """Record when each sandbox was last used (running commands count)."""

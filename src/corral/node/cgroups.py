@@ -95,6 +95,20 @@ class Cgroups:
             pass
         return 0
 
+    def pids_limit_hits(self, sandbox_id: str) -> int:
+        """How many forks the pids limit refused."""
+        base = self._controller("pids")
+        if base is None:
+            return 0
+        try:
+            for line in (base / self.parent / sandbox_id / "pids.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value)
+        except OSError:
+            pass
+        return 0
+
     def present(self) -> set[str]:
         """Sandbox ids that have a cgroup under our parent in any hierarchy."""
         out: set[str] = set()

@@ -240,7 +240,7 @@ import builtins
 import signal as signals
 from pathlib import Path
 
-from corral.api.models import FileEntry, LayerInfo, SandboxInfo
+from corral.api.models import AuditReport, FileEntry, LayerInfo, SandboxInfo
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.sdk.client import AsyncClient, AsyncSandboxes

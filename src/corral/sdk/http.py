@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from corral.api.models import (
+    AuditReport,
     CommitRequest,
     CreateSandbox,
     ExecEvent,
@@ -187,3 +188,7 @@ class HttpService:
             headers={"content-type": "application/json"},
         )
         return LayerInfo.model_validate_json(resp.content)
+
+    async def audit(self, sandbox_id: str) -> AuditReport:
+        resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}/audit")
+        return AuditReport.model_validate_json(resp.content)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from corral.api.models import CommitRequest, LayerInfo, SandboxInfo, validated
+from corral.api.models import AuditReport, CommitRequest, LayerInfo, SandboxInfo, validated
 from corral.sdk.commands import AsyncCommands
 from corral.sdk.files import AsyncFiles
 
@@ -35,6 +35,12 @@ class AsyncSandbox:
         `tag` (kind: base, workspace, toolkit or layer); the sandbox runs on."""
         req = validated(CommitRequest, {"tag": tag, "kind": kind})
         return await self._service.commit(self.id, req)
+
+    async def audit(self) -> AuditReport:
+        """What this sandbox was refused, hit or had killed (also after it
+        closed): denied syscalls by class and name, OOM kills, pids-limit
+        hits, timed-out and killed commands, dropped output, log quota."""
+        return await self._service.audit(self.id)
 
     async def close(self) -> None:
         """Stop the sandbox and release everything it holds (idempotent)."""

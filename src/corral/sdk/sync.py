@@ -11,7 +11,7 @@ import builtins
 import signal as signals
 from pathlib import Path
 
-from corral.api.models import FileEntry, LayerInfo, SandboxInfo
+from corral.api.models import AuditReport, FileEntry, LayerInfo, SandboxInfo
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.sdk.client import AsyncClient, AsyncSandboxes
@@ -188,6 +188,12 @@ class Sandbox:
     @property
     def info(self) -> SandboxInfo:
         return self._inner.info
+
+    def audit(self) -> AuditReport:
+        """What this sandbox was refused, hit or had killed (also after it closed): denied syscalls
+        by class and name, OOM kills, pids-limit hits, timed-out and killed commands, dropped
+        output, log quota."""
+        return self._portal.call(self._inner.audit)
 
     def close(self) -> None:
         """Stop the sandbox and release everything it holds (idempotent)."""
