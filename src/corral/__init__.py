@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from corral.api.models import FileEntry, SandboxInfo, SandboxState
+from corral.api.models import AuditReport, FileEntry, NetworkPolicy, SandboxInfo, SandboxState
 from corral.errors import (
     CommandNotFound,
     CommandTimeout,
@@ -41,9 +41,17 @@ from corral.sdk.files import AsyncFiles
 from corral.sdk.sandbox import AsyncSandbox
 
 if TYPE_CHECKING:
-    from corral.sdk.sync import Client, CommandHandle, Commands, Files, Sandbox, Sandboxes
+    from corral.sdk.sync import (
+        Client,
+        CommandHandle,
+        Commands,
+        Files,
+        Network,
+        Sandbox,
+        Sandboxes,
+    )
 
-_SYNC = ("Client", "CommandHandle", "Commands", "Files", "Sandbox", "Sandboxes")
+_SYNC = ("Client", "CommandHandle", "Commands", "Files", "Network", "Sandbox", "Sandboxes")
 
 
 def __getattr__(name: str) -> Any:
@@ -63,6 +71,7 @@ __all__ = [
     "AsyncFiles",
     "AsyncSandbox",
     "AsyncSandboxes",
+    "AuditReport",
     "Client",
     "CommandHandle",
     "CommandNotFound",
@@ -78,6 +87,8 @@ __all__ = [
     "ImageNotFound",
     "InternalError",
     "InvalidArgument",
+    "Network",
+    "NetworkPolicy",
     "NotFound",
     "PermissionDenied",
     "ResourceExhausted",

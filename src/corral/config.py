@@ -7,6 +7,7 @@ passing flags around.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -16,6 +17,14 @@ from corral.errors import InvalidArgument
 from corral.units import parse_size
 
 _NODE = re.compile(r"^[a-z0-9]{1,16}$")
+# Named package sources a network policy can turn on; configuration, not code.
+ECOSYSTEMS: dict[str, list[str]] = {
+    "pypi": ["pypi.org", "files.pythonhosted.org"],
+    "npm": ["registry.npmjs.org", "registry.yarnpkg.com"],
+    "debian": ["deb.debian.org", "security.debian.org"],
+    "github": ["github.com", "codeload.github.com", "*.githubusercontent.com"],
+    "huggingface": ["huggingface.co", "*.huggingface.co", "*.hf.co"],
+}
 # AF_UNIX paths are limited to 107 bytes; the longest one we make is
 # <data>/run/<node>-<16 chars>.sock.
 MAX_DATA_DIR = 107 - len("/run/") - 16 - 1 - 16 - len(".sock")
@@ -51,6 +60,13 @@ class NodeConfig:
     # Layers may be shared by several nodes of one machine (tests, the
     # multi-node setup); None means <data_dir>/images.
     images: Path | None = None
+    # Sandbox networking (only for sandboxes given a policy).
+    network_pool: str = "10.200.0.0/16"
+    dns_port: int = 10053
+    network_deny: list[str] = field(default_factory=list)  # e.g. the control plane
+    ecosystems: dict[str, list[str]] = field(default_factory=lambda: dict(ECOSYSTEMS))
+    dns_hosts: dict[str, str] = field(default_factory=dict)  # names answered locally
+    dns_upstream: str | None = None  # None: the host's resolver
 
     def __post_init__(self) -> None:
         if not _NODE.match(self.node):
@@ -78,7 +94,9 @@ class NodeConfig:
                 values[f.name] = Path(raw)
             elif f.name in ("scratch_size", "max_file_bytes", "chunk_cache_size", "log_quota"):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
-            elif f.name in ("max_sandboxes", "lazy_readahead"):
+            elif f.name in ("ecosystems", "dns_hosts", "network_deny"):
+                values[f.name] = json.loads(raw)
+            elif f.name in ("max_sandboxes", "lazy_readahead", "dns_port"):
                 values[f.name] = int(raw)
             elif f.name in (
                 "memory_overcommit",

@@ -24,6 +24,7 @@ from corral.api.models import (
     ExecRequest,
     FileEntry,
     LayerInfo,
+    NetworkPolicy,
     SandboxInfo,
 )
 from corral.api.service import SandboxService
@@ -190,6 +191,10 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
         return Response(
             await service.download_tar(sandbox_id, path), media_type="application/x-tar"
         )
+
+    @app.put("/v1/sandboxes/{sandbox_id}/network", dependencies=v1)
+    async def update_network(sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
+        return await service.update_network(sandbox_id, policy)
 
     @app.get("/v1/sandboxes/{sandbox_id}/audit", dependencies=v1)
     async def audit(sandbox_id: str) -> AuditReport:

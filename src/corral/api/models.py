@@ -79,6 +79,64 @@ def invalid_from_pydantic(exc: ValidationError) -> InvalidArgument:
     return InvalidArgument(field, rule, first.get("input"))
 
 
+_DOMAIN = re.compile(
+    r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+)
+
+
+class NetworkPolicy(_Model):
+    """Where a sandbox may connect. Everything else is refused (and counted).
+
+    `domains` are names the sandbox may resolve and reach ("*.example.com"
+    covers subdomains); `cidrs` are addresses it may reach without DNS;
+    `ports` restricts both (empty: any port); `ecosystems` turn on named
+    package sources ({"pypi": True}), mapped to hosts by node configuration.
+    """
+
+    domains: list[str] = Field(default_factory=list)
+    cidrs: list[str] = Field(default_factory=list)
+    ports: list[int] = Field(default_factory=lambda: [80, 443])
+    ecosystems: dict[str, bool] = Field(default_factory=dict)
+
+    @field_validator("domains")
+    @classmethod
+    def _domains(cls, v: list[str]) -> list[str]:
+        if len(v) > 256:
+            raise ValueError("at most 256 domains")
+        out = []
+        for d in v:
+            d = d.lower().rstrip(".")
+            if len(d) > 253 or not _DOMAIN.match(d):
+                raise ValueError(f"{d!r} must be a host name, optionally starting with '*.'")
+            out.append(d)
+        return out
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        if len(v) > 256:
+            raise ValueError("at most 256 CIDRs")
+        out = []
+        for c in v:
+            try:
+                net = ipaddress.ip_network(c, strict=False)
+            except ValueError:
+                raise ValueError(f"{c!r} must be an IPv4 address or CIDR") from None
+            if net.version != 4:
+                raise ValueError(f"{c!r} must be IPv4 (sandboxes have no IPv6)")
+            out.append(str(net))
+        return out
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, v: list[int]) -> list[int]:
+        if len(v) > 64 or any(not 1 <= p <= 65535 for p in v):
+            raise ValueError("must be at most 64 ports between 1 and 65535")
+        return sorted(set(v))
+
+
 class SandboxState(StrEnum):
     creating = "creating"
     running = "running"
@@ -102,6 +160,7 @@ class CreateSandbox(_Model):
     idle_timeout: float | None = 600.0
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
+    network: NetworkPolicy | None = None  # None: no network at all
 
     @field_validator("kind")
     @classmethod
@@ -202,6 +261,8 @@ class SandboxInfo(BaseModel):
     expires_at: float | None
     error: str | None = None
     workdir: str = "/"
+    network: NetworkPolicy | None = None
+    address: str | None = None
 
 
 class ExecRequest(_Model):

@@ -19,6 +19,7 @@ from corral.api.models import (
     ExecRequest,
     FileEntry,
     LayerInfo,
+    NetworkPolicy,
     SandboxInfo,
 )
 
@@ -61,5 +62,7 @@ class SandboxService(Protocol):
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo: ...
 
     async def audit(self, sandbox_id: str) -> AuditReport: ...
+
+    async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo: ...
 
     async def aclose(self) -> None: ...

@@ -33,6 +33,7 @@ from corral.api.models import (
     ExecStarted,
     FileEntry,
     LayerInfo,
+    NetworkPolicy,
     SandboxInfo,
     SandboxState,
     check_path,
@@ -51,6 +52,8 @@ from corral.errors import (
 )
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient, ExecSession
+from corral.guard.dns import Resolver, upstream_from_resolv_conf
+from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon, syscall_class
 from corral.images.build import build_from_dir
 from corral.images.layer import Layer
@@ -130,6 +133,14 @@ class NodeAgent:
             else None
         )
         self.layers = LayerMounts(self.images, self.config.mounts_dir, lazy)
+        self.network = NodeNetwork(
+            self.config.node,
+            self.config.network_pool,
+            self.config.dns_port,
+            self.config.network_deny,
+            self.config.ecosystems,
+        )
+        self._resolver: asyncio.DatagramTransport | None = None
         self.scratch = Scratch(
             self.config.scratch_dir, self.config.scratch_image, self.config.scratch_size
         )
@@ -195,6 +206,7 @@ class NodeAgent:
         self._started = False
         was_leader = self._maintenance.is_leader
         await self._maintenance.stop()
+        self.stop_resolver()
         for session in list(self._sessions.values()):
             session.close()
         db = self._db()
@@ -206,6 +218,7 @@ class NodeAgent:
             if active == 0 and self.cgroups is not None:
                 self.cgroups.remove_parent()
                 self.seccompd.stop()
+                self.network.remove_base()
         db.close()
         self.store = None
         log.info("agent.stopped", node=self.config.node, sandboxes_left=active)
@@ -233,7 +246,7 @@ class NodeAgent:
 
     def _admit(
         self, req: CreateSandbox, rec: SandboxRecord, resources: builtins.list[tuple[str, str]]
-    ) -> None:
+    ) -> int | None:
         """Check capacity and record the sandbox with every resource it will
         hold, in one transaction, before any of them exists."""
         db = self._db()
@@ -256,6 +269,10 @@ class NodeAgent:
             db.insert(rec)
             for kind, ref in resources:
                 db.add_resource(rec.id, kind, ref)
+            if req.network is None:
+                return None
+            db.add_resource(rec.id, "net", rec.id)
+            return db.net_allocate(rec.id, req.network.model_dump_json(), self.network.capacity)
 
     async def create(self, req: CreateSandbox) -> SandboxInfo:
         t0 = time.monotonic()
@@ -265,6 +282,8 @@ class NodeAgent:
                 "kind", f"must be one this node runs: {', '.join(sorted(self.runtimes))}", req.kind
             )
         layers = self._resolve_layers(req)
+        if req.network is not None:
+            self.network.check(req.network)
         now = time.time()
         image_env = merge_env(*(layer.config.env for layer in layers))
         workdir = "/workspace" if req.workspace else (layers[0].config.workdir or "/")
@@ -294,7 +313,7 @@ class NodeAgent:
             env=merge_env(image_env, req.env),
         )
         own = [("dir", str(sandbox_dir)), ("subvolume", rec.id)]
-        self._admit(req, rec, own + runtime.resources(rec.id, prep))
+        net_index = self._admit(req, rec, own + runtime.resources(rec.id, prep))
         db = self._db()
         phases: dict[str, float] = {}
         mark = time.monotonic()
@@ -317,6 +336,9 @@ class NodeAgent:
             if self.reap_children:
                 self._children.add(started.pid)
             await self._wait_ready(rec.id, prep.control)
+            if req.network is not None and net_index is not None:
+                await self._connect(rec.id, started.pid, net_index, req.network)
+                phase("network")
             phase("ready")
             if not db.transition(
                 rec.id, ["creating"], "running", init_pid=started.pid, init_start=started.pid_start
@@ -372,6 +394,8 @@ class NodeAgent:
             await asyncio.to_thread(shutil.rmtree, ref, True)
         elif kind == "socket":
             Path(ref).unlink(missing_ok=True)
+        elif kind == "net":
+            await asyncio.to_thread(self._disconnect, ref)
         else:
             raise ValueError(f"unknown resource kind {kind!r}")
 
@@ -472,7 +496,17 @@ class NodeAgent:
             expires_at=rec.expires_at,
             error=rec.error,
             workdir=rec.workdir,
+            **self._net_info(rec.id),
         )
+
+    def _net_info(self, sandbox_id: str) -> dict[str, Any]:
+        row = self._db().net_get(sandbox_id)
+        if row is None:
+            return {}
+        return {
+            "network": NetworkPolicy.model_validate_json(row[1]),
+            "address": self.network.addresses(row[0])[1],
+        }
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         return self._info(self._record(sandbox_id))
@@ -738,6 +772,100 @@ class NodeAgent:
             if done:
                 self._children.discard(pid)
 
+    # ---------------------------------------------------------------- network
+
+    async def _connect(self, sandbox_id: str, pid: int, index: int, policy: NetworkPolicy) -> None:
+        """Give a running sandbox its interface and policy, and point its
+        resolver at the node's (the only DNS it can reach anyway)."""
+        att = await asyncio.to_thread(self.network.attach, index, pid)
+        await asyncio.to_thread(self.network.apply, index, policy)
+        client = self._client(sandbox_id)
+        try:
+            await client.remove("root", "/etc/resolv.conf", recursive=False)
+        except CorralError:
+            pass
+        await client.write(
+            "root",
+            "/etc/resolv.conf",
+            f"nameserver {att.host_ip}\n".encode(),
+            max_bytes=4096,
+            mkdirs=True,
+        )
+
+    def _disconnect(self, sandbox_id: str) -> None:
+        db = self._db()
+        row = db.net_get(sandbox_id)
+        if row is None:
+            return
+        denied = self.network.denied(row[0])
+        if denied:
+            db.count(sandbox_id, "egress_denied", denied)
+        self.network.detach(row[0])
+        db.net_free(sandbox_id)
+
+    async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
+        """Change where a running sandbox may connect (loose while its
+        environment is set up, tight while the task is solved)."""
+        rec = self._running(sandbox_id)
+        self.network.check(policy)
+        db = self._db()
+        row = db.net_get(sandbox_id)
+        if row is None:  # created without network: give it an interface now
+            with db.transaction():
+                db.add_resource(sandbox_id, "net", sandbox_id)
+                index = db.net_allocate(sandbox_id, policy.model_dump_json(), self.network.capacity)
+            assert rec.init_pid is not None
+            await self._connect(sandbox_id, rec.init_pid, index, policy)
+        else:
+            await asyncio.to_thread(self.network.apply, row[0], policy)
+            db.net_set_policy(sandbox_id, policy.model_dump_json())
+        log.info(
+            "network.updated",
+            sandbox=sandbox_id,
+            domains=len(policy.domains),
+            cidrs=len(policy.cidrs),
+            ecosystems=sorted(k for k, v in policy.ecosystems.items() if v),
+        )
+        return self._info(self._record(sandbox_id))
+
+    def _policy_of(self, ip: str) -> tuple[str, int, NetworkPolicy] | None:
+        index = self.network.index_of(ip)
+        if index is None or self.store is None:
+            return None
+        row = self.store.net_by_index(index)
+        if row is None:
+            return None
+        return row[0], index, NetworkPolicy.model_validate_json(row[1])
+
+    async def start_resolver(self) -> None:
+        """The node's DNS for sandboxes (run by the leader agent)."""
+        if self._resolver is not None:
+            return
+        loop = asyncio.get_running_loop()
+        db = self._db()
+        try:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: Resolver(
+                    lookup=self._policy_of,
+                    allowed_names=self.network.allowed_names,
+                    learn=self.network.learn,
+                    denied=lambda sid: db.count(sid, "dns_denied"),
+                    hosts=self.config.dns_hosts,
+                    upstream=self.config.dns_upstream or upstream_from_resolv_conf(),
+                ),
+                local_addr=("0.0.0.0", self.config.dns_port),
+            )
+        except OSError as exc:
+            log.error("dns.bind_failed", port=self.config.dns_port, error=str(exc))
+            return
+        self._resolver = transport
+        log.info("dns.serving", port=self.config.dns_port)
+
+    def stop_resolver(self) -> None:
+        if self._resolver is not None:
+            self._resolver.close()
+            self._resolver = None
+
     # ---------------------------------------------------------------- layers
 
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
@@ -816,6 +944,9 @@ class NodeAgent:
             cls, name = syscall_class(slot)
             report.syscalls_denied[cls] = report.syscalls_denied.get(cls, 0) + n
             report.syscalls[name] = report.syscalls.get(name, 0) + n
+        row = self._db().net_get(sandbox_id)
+        if row is not None:
+            report.egress_denied += self.network.denied(row[0])
         log_path = self.config.sandboxes_dir / sandbox_id / "commands.log"
         report.log_bytes = log_path.stat().st_size if log_path.exists() else 0
         return report

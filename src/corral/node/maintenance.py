@@ -71,6 +71,7 @@ class Maintenance:
     async def start(self) -> None:
         if self._try_lead():
             self.recovered = await self.recover()
+            await self.agent.start_resolver()
         self._task = asyncio.create_task(self._loop(), name="corral-maintenance")
 
     async def stop(self) -> None:
@@ -110,6 +111,7 @@ class Maintenance:
                 self.agent.reap()
                 if not self.is_leader and self._try_lead():
                     self.recovered = await self.recover()
+                    await self.agent.start_resolver()
                 if self.is_leader:
                     await self.tick()
             except asyncio.CancelledError:

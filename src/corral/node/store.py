@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -63,6 +63,13 @@ _MIGRATIONS: dict[int, str] = {
         key        TEXT NOT NULL,
         value      INTEGER NOT NULL,
         PRIMARY KEY (sandbox_id, key)
+    );
+    """,
+    3: """
+    CREATE TABLE net (
+        sandbox_id TEXT PRIMARY KEY,
+        idx        INTEGER NOT NULL UNIQUE,
+        policy     TEXT NOT NULL
     );
     """,
 }
@@ -270,6 +277,40 @@ class Store:
                 "SELECT key, value FROM audit WHERE sandbox_id=?", (sandbox_id,)
             )
         }
+
+    # ---------------------------------------------------------------- network
+
+    def net_allocate(self, sandbox_id: str, policy: str, capacity: int) -> int:
+        """The lowest free address block of the node (caller holds a
+        transaction)."""
+        used = {r[0] for r in self.db.execute("SELECT idx FROM net")}
+        for idx in range(1, capacity):  # block 0 is left alone
+            if idx not in used:
+                self.db.execute(
+                    "INSERT INTO net (sandbox_id, idx, policy) VALUES (?,?,?)",
+                    (sandbox_id, idx, policy),
+                )
+                return idx
+        raise RuntimeError("no free sandbox address block")
+
+    def net_get(self, sandbox_id: str) -> tuple[int, str] | None:
+        row = self.db.execute(
+            "SELECT idx, policy FROM net WHERE sandbox_id=?", (sandbox_id,)
+        ).fetchone()
+        return (int(row[0]), str(row[1])) if row else None
+
+    def net_by_index(self, idx: int) -> tuple[str, str] | None:
+        row = self.db.execute("SELECT sandbox_id, policy FROM net WHERE idx=?", (idx,)).fetchone()
+        return (str(row[0]), str(row[1])) if row else None
+
+    def net_set_policy(self, sandbox_id: str, policy: str) -> None:
+        self.db.execute("UPDATE net SET policy=? WHERE sandbox_id=?", (policy, sandbox_id))
+
+    def net_free(self, sandbox_id: str) -> None:
+        self.db.execute("DELETE FROM net WHERE sandbox_id=?", (sandbox_id,))
+
+    def net_indices(self) -> dict[int, str]:
+        return {int(r[0]): str(r[1]) for r in self.db.execute("SELECT idx, sandbox_id FROM net")}
 
     def purge_closed(self, older_than: float) -> int:
         with self.transaction():

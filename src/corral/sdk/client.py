@@ -15,7 +15,7 @@ import builtins
 from pathlib import Path
 from typing import Any
 
-from corral.api.models import CreateSandbox, validated
+from corral.api.models import CreateSandbox, NetworkPolicy, validated
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.sdk.sandbox import AsyncSandbox
@@ -40,12 +40,16 @@ class AsyncSandboxes:
         idle_timeout: float | None = 600,
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
+        network: NetworkPolicy | dict[str, Any] | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return once it accepts commands.
 
         The root file system is the image with the workspace and toolkit
         layers composed over it (toolkits in the order given, the last on
-        top) and a private writable layer of at most `disk` bytes."""
+        top) and a private writable layer of at most `disk` bytes. With no
+        `network` policy the sandbox has loopback only; with one, it may reach
+        what the policy allows (NetworkPolicy: domains, cidrs, ports,
+        ecosystems) and nothing else."""
         req = validated(
             CreateSandbox,
             {
@@ -61,6 +65,7 @@ class AsyncSandboxes:
                 "idle_timeout": idle_timeout,
                 "env": env or {},
                 "labels": labels or {},
+                "network": network.model_dump() if isinstance(network, NetworkPolicy) else network,
             },
         )
         service = await self._client._ready()

@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from corral.sdk import client, commands, files, sandbox
+from corral.sdk import client, commands, files, network, sandbox
 
 CLASSES: list[tuple[type[Any], str]] = [
     (client.AsyncClient, "Client"),
@@ -28,6 +28,7 @@ CLASSES: list[tuple[type[Any], str]] = [
     (commands.AsyncCommands, "Commands"),
     (commands.AsyncCommandHandle, "CommandHandle"),
     (files.AsyncFiles, "Files"),
+    (network.AsyncNetwork, "Network"),
 ]
 RENAME = {cls.__name__: name for cls, name in CLASSES}
 TARGET = Path(__file__).with_name("sync.py")
@@ -239,8 +240,9 @@ from __future__ import annotations
 import builtins
 import signal as signals
 from pathlib import Path
+from typing import Any
 
-from corral.api.models import AuditReport, FileEntry, LayerInfo, SandboxInfo
+from corral.api.models import AuditReport, FileEntry, LayerInfo, NetworkPolicy, SandboxInfo
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.sdk.client import AsyncClient, AsyncSandboxes
@@ -252,12 +254,13 @@ from corral.sdk.commands import (
     OutputCallback,
 )
 from corral.sdk.files import AsyncFiles
+from corral.sdk.network import AsyncNetwork
 from corral.sdk.portal import Portal
 from corral.sdk.sandbox import AsyncSandbox
 
-__all__ = ["Client", "CommandHandle", "Commands", "Files", "Sandbox", "Sandboxes"]
+__all__ = ["Client", "CommandHandle", "Commands", "Files", "Network", "Sandbox", "Sandboxes"]
 '''
-    order = ["Files", "CommandHandle", "Commands", "Sandbox", "Sandboxes", "Client"]
+    order = ["Files", "Network", "CommandHandle", "Commands", "Sandbox", "Sandboxes", "Client"]
     by_name = {name: cls for cls, name in CLASSES}
     body = "\n\n".join(_class(by_name[n], n) for n in order)
     return head + "\n\n" + body

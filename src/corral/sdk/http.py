@@ -23,6 +23,7 @@ from corral.api.models import (
     ExecStarted,
     FileEntry,
     LayerInfo,
+    NetworkPolicy,
     SandboxInfo,
 )
 from corral.errors import CorralError, InternalError, Unavailable, error_from_wire
@@ -192,3 +193,12 @@ class HttpService:
     async def audit(self, sandbox_id: str) -> AuditReport:
         resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}/audit")
         return AuditReport.model_validate_json(resp.content)
+
+    async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
+        resp = await self._call(
+            "PUT",
+            f"/v1/sandboxes/{sandbox_id}/network",
+            content=policy.model_dump_json(),
+            headers={"content-type": "application/json"},
+        )
+        return SandboxInfo.model_validate_json(resp.content)

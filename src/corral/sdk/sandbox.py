@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from corral.api.models import AuditReport, CommitRequest, LayerInfo, SandboxInfo, validated
 from corral.sdk.commands import AsyncCommands
 from corral.sdk.files import AsyncFiles
+from corral.sdk.network import AsyncNetwork
 
 if TYPE_CHECKING:
     from corral.api.service import SandboxService
@@ -18,6 +19,7 @@ class AsyncSandbox:
         self.info = info
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
+        self.network = AsyncNetwork(self)
 
     @property
     def id(self) -> str:

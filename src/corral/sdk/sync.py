@@ -10,8 +10,9 @@ from __future__ import annotations
 import builtins
 import signal as signals
 from pathlib import Path
+from typing import Any
 
-from corral.api.models import AuditReport, FileEntry, LayerInfo, SandboxInfo
+from corral.api.models import AuditReport, FileEntry, LayerInfo, NetworkPolicy, SandboxInfo
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.sdk.client import AsyncClient, AsyncSandboxes
@@ -23,10 +24,11 @@ from corral.sdk.commands import (
     OutputCallback,
 )
 from corral.sdk.files import AsyncFiles
+from corral.sdk.network import AsyncNetwork
 from corral.sdk.portal import Portal
 from corral.sdk.sandbox import AsyncSandbox
 
-__all__ = ["Client", "CommandHandle", "Commands", "Files", "Sandbox", "Sandboxes"]
+__all__ = ["Client", "CommandHandle", "Commands", "Files", "Network", "Sandbox", "Sandboxes"]
 
 
 class Files:
@@ -68,6 +70,23 @@ class Files:
     def write(self, path: str, data: bytes | str, *, user: str = 'root', mode: int = 420) -> int:
         """Create or replace a file (parent directories are made). Returns bytes written."""
         return self._portal.call(self._inner.write, path, data, user=user, mode=mode)
+
+
+class Network:
+    """Blocking twin of AsyncNetwork."""
+
+    def __init__(self, portal: Portal, inner: AsyncNetwork) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    @property
+    def policy(self) -> NetworkPolicy | None:
+        return self._inner.policy
+
+    def update(self, policy: NetworkPolicy | dict[str, Any]) -> SandboxInfo:
+        """Replace where the sandbox may connect; takes effect at once, also for connections
+        already open. A sandbox created without network gets an interface now."""
+        return self._portal.call(self._inner.update, policy)
 
 
 class CommandHandle:
@@ -184,6 +203,7 @@ class Sandbox:
         self._inner = inner
         self.commands = Commands(portal, inner.commands)
         self.files = Files(portal, inner.files)
+        self.network = Network(portal, inner.network)
 
     @property
     def info(self) -> SandboxInfo:
@@ -243,6 +263,7 @@ class Sandboxes:
         idle_timeout: float | None = 600,
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
+        network: NetworkPolicy | dict[str, Any] | None = None,
     ) -> Sandbox:
         """Create a sandbox and return once it accepts commands."""
         result = self._portal.call(
@@ -259,6 +280,7 @@ class Sandboxes:
             idle_timeout=idle_timeout,
             env=env,
             labels=labels,
+            network=network,
         )
         return Sandbox(self._portal, result)
 

@@ -1,0 +1,250 @@
+"""Per-sandbox egress: a veth into the sandbox's own network namespace,
+routed (no bridge: sandboxes share no L2), filtered by nftables.
+
+Per node, one table `inet corral_<node>`:
+  - prerouting: every DNS packet from a sandbox goes to the node's resolver
+    (guard/dns.py), whatever server the sandbox asked;
+  - input: from a sandbox, only that resolver port reaches the host;
+  - forward: into a sandbox, only replies; out of a sandbox, a per-sandbox
+    chain chosen by interface (never by source address, which a sandbox
+    cannot spoof anyway without CAP_NET_RAW/NET_ADMIN);
+  - per sandbox: addresses always refused (metadata service, link-local,
+    loopback, every sandbox address, configured control-plane ranges), then
+    its allowed CIDRs and the addresses its allowed names resolved to, on its
+    allowed ports; everything else dropped and counted;
+  - postrouting: masquerade to the outside.
+
+Sandboxes created without a policy have no veth at all: loopback only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.api.models import NetworkPolicy
+from corral.errors import InvalidArgument, Unavailable
+from corral.guard.nft import Nft
+from corral.log import get_logger
+
+log = get_logger("corral.network")
+
+ALWAYS_DENIED = ["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4"]
+LEARNED_TIMEOUT = "10m"
+
+
+@dataclass(frozen=True)
+class Attachment:
+    index: int
+    host_if: str
+    host_ip: str
+    sandbox_ip: str
+
+
+def _sh(cmd: list[str], stdin: str | None = None) -> None:
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise Unavailable(f"network setup failed: {' '.join(cmd)}: {proc.stderr.strip()}")
+
+
+class NodeNetwork:
+    def __init__(
+        self, node: str, pool: str, dns_port: int, deny: list[str], ecosystems: dict[str, list[str]]
+    ) -> None:
+        self.node = node
+        self.pool = ipaddress.ip_network(pool)
+        self.dns_port = dns_port
+        self.deny = [*ALWAYS_DENIED, str(self.pool), *deny]
+        self.ecosystems = ecosystems
+        self.table = f"corral_{node}"
+        self.prefix = "cr" + hashlib.sha1(node.encode()).hexdigest()[:4]
+        self._nft: Nft | None = None
+
+    @property
+    def nft(self) -> Nft:
+        if self._nft is None:
+            self._nft = Nft()
+        return self._nft
+
+    @property
+    def capacity(self) -> int:
+        return int(self.pool.num_addresses // 4)
+
+    def check(self, policy: NetworkPolicy) -> None:
+        unknown = sorted(set(policy.ecosystems) - set(self.ecosystems))
+        if unknown:
+            raise InvalidArgument(
+                "network.ecosystems",
+                f"must name ecosystems this node maps: {', '.join(sorted(self.ecosystems))}",
+                unknown,
+            )
+
+    def addresses(self, index: int) -> tuple[str, str]:
+        base = int(self.pool.network_address) + 4 * index
+        return str(ipaddress.ip_address(base + 1)), str(ipaddress.ip_address(base + 2))
+
+    def index_of(self, ip: str) -> int | None:
+        addr = ipaddress.ip_address(ip)
+        if addr not in self.pool:
+            return None
+        return (int(addr) - int(self.pool.network_address)) // 4
+
+    def allowed_names(self, policy: NetworkPolicy) -> list[str]:
+        names = list(policy.domains)
+        for eco, on in policy.ecosystems.items():
+            if on:
+                names += self.ecosystems.get(eco, [])
+        return names
+
+    # ------------------------------------------------------------ node tables
+
+    def ensure_base(self) -> None:
+        """Create the node's table once (idempotent); turn on forwarding."""
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
+        try:
+            self.nft.run(f"list table inet {self.table}")
+            return
+        except Unavailable:
+            pass
+        t, p = self.table, self.prefix
+        deny = ", ".join(self.deny)
+        self.nft.run(f"""
+        add table inet {t}
+        add set inet {t} deny {{ type ipv4_addr; flags interval; elements = {{ {deny} }}; }}
+        add map inet {t} egress {{ type ifname : verdict; }}
+        add chain inet {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
+        add rule inet {t} prerouting iifname "{p}*" meta l4proto {{ udp, tcp }} th dport 53 \
+            redirect to :{self.dns_port}
+        add chain inet {t} postrouting {{ type nat hook postrouting priority srcnat; \
+            policy accept; }}
+        add rule inet {t} postrouting ip saddr {self.pool} oifname != "{p}*" masquerade
+        add chain inet {t} input {{ type filter hook input priority filter; policy accept; }}
+        add rule inet {t} input iifname "{p}*" udp dport {self.dns_port} accept
+        add rule inet {t} input iifname "{p}*" ct state established,related accept
+        add rule inet {t} input iifname "{p}*" drop
+        add chain inet {t} forward {{ type filter hook forward priority filter; policy accept; }}
+        add rule inet {t} forward oifname "{p}*" ct state established,related accept
+        add rule inet {t} forward oifname "{p}*" drop
+        add rule inet {t} forward iifname "{p}*" iifname vmap @egress
+        add rule inet {t} forward iifname "{p}*" drop
+        """)
+        log.info("network.table", table=t)
+
+    def remove_base(self) -> None:
+        try:
+            self.nft.run(f"delete table inet {self.table}")
+        except Unavailable:
+            pass
+
+    # ------------------------------------------------------------ sandboxes
+
+    def host_if(self, index: int) -> str:
+        return f"{self.prefix}{index}"
+
+    def attach(self, index: int, pid: int) -> Attachment:
+        """Give the sandbox whose init is `pid` an interface and a route."""
+        self.ensure_base()
+        host_ip, sbx_ip = self.addresses(index)
+        host = self.host_if(index)
+        peer = f"{host}p"
+        _sh(
+            ["ip", "-batch", "-"],
+            stdin=(
+                f"link add {host} type veth peer name {peer}\n"
+                f"link set {peer} netns {pid}\n"
+                f"addr add {host_ip}/30 dev {host}\n"
+                f"link set {host} up\n"
+            ),
+        )
+        for key in ("rp_filter", "accept_local"):
+            path = Path(f"/proc/sys/net/ipv4/conf/{host}/{key}")
+            if path.exists():
+                path.write_text("1" if key == "rp_filter" else "0")
+        _sh(
+            ["nsenter", "-t", str(pid), "-n", "ip", "-batch", "-"],
+            stdin=(
+                f"link set {peer} name eth0\n"
+                f"addr add {sbx_ip}/30 dev eth0\n"
+                "link set eth0 up\n"
+                f"route add default via {host_ip}\n"
+            ),
+        )
+        t, i = self.table, index
+        self.nft.run(
+            "\n".join(
+                [
+                    f"add set inet {t} a{i} {{ type ipv4_addr; flags interval; }}",
+                    f"add set inet {t} n{i} {{ type ipv4_addr; flags timeout; }}",
+                    f"add set inet {t} p{i} {{ type inet_service; }}",
+                    f"add counter inet {t} d{i}",
+                    f"add chain inet {t} s{i}",
+                    f"add rule inet {t} s{i} counter name d{i} drop",
+                    f'add element inet {t} egress {{ "{host}" : jump s{i} }}',
+                ]
+            )
+        )
+        return Attachment(index, host, host_ip, sbx_ip)
+
+    def apply(self, index: int, policy: NetworkPolicy) -> None:
+        """(Re)write the sandbox's chain and sets in one transaction. Names
+        the sandbox resolved earlier are forgotten: a tighter policy takes
+        effect at once, also on connections already open."""
+        t, i = self.table, index
+        cidrs = ", ".join(policy.cidrs)
+        ports = ", ".join(str(p) for p in policy.ports)
+        match_port = f"th dport @p{i} " if policy.ports else ""
+        cmds = [
+            f"flush set inet {t} a{i}",
+            f"flush set inet {t} n{i}",
+            f"flush set inet {t} p{i}",
+            f"flush chain inet {t} s{i}",
+        ]
+        if cidrs:
+            cmds.append(f"add element inet {t} a{i} {{ {cidrs} }}")
+        if ports:
+            cmds.append(f"add element inet {t} p{i} {{ {ports} }}")
+        cmds += [
+            f"add rule inet {t} s{i} ip daddr @deny counter name d{i} drop",
+            f"add rule inet {t} s{i} meta l4proto {{ tcp, udp }} ip daddr @a{i} {match_port}accept",
+            f"add rule inet {t} s{i} meta l4proto {{ tcp, udp }} ip daddr @n{i} {match_port}accept",
+            f"add rule inet {t} s{i} counter name d{i} drop",
+        ]
+        self.nft.run("\n".join(cmds))
+
+    def learn(self, index: int, addresses: list[str], ttl: int) -> None:
+        """Addresses an allowed name resolved to, for as long as its TTL."""
+        if not addresses:
+            return
+        timeout = max(30, min(ttl, 3600))
+        elements = ", ".join(f"{a} timeout {timeout}s" for a in addresses)
+        self.nft.run(f"add element inet {self.table} n{index} {{ {elements} }}")
+
+    def denied(self, index: int) -> int:
+        try:
+            doc = self.nft.json(f"list counter inet {self.table} d{index}")
+        except Unavailable:
+            return 0
+        for item in doc.get("nftables", []):
+            if "counter" in item:
+                return int(item["counter"].get("packets", 0))
+        return 0
+
+    def detach(self, index: int) -> None:
+        """Remove everything of the sandbox (idempotent)."""
+        t, i = self.table, index
+        for cmd in (
+            f'delete element inet {t} egress {{ "{self.host_if(i)}" }}',
+            f"delete chain inet {t} s{i}",
+            f"delete set inet {t} a{i}",
+            f"delete set inet {t} n{i}",
+            f"delete set inet {t} p{i}",
+            f"delete counter inet {t} d{i}",
+        ):
+            try:
+                self.nft.run(cmd)
+            except Unavailable:
+                pass
+        subprocess.run(["ip", "link", "del", self.host_if(i)], capture_output=True)
