@@ -22,6 +22,7 @@ unit:
 
 integration:
 	.venv/bin/pytest -q tests/integration -m integration
+	.venv/bin/pytest -q tests/redteam -m redteam
 
 bench: install
 	.venv/bin/corral bench

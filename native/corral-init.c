@@ -816,7 +816,13 @@ static int handle_remove(int conn, const char *path, uint32_t flags) {
 static int handle_kill(int conn, struct cursor *c) {
     pid_t pid = (pid_t)cur_u32(c);
     int sig = (int)cur_u32(c);
-    if (c->bad || pid <= 1 || sig <= 0 || sig >= NSIG) return send_error(conn, EINVAL, "bad kill request");
+    if (c->bad || pid == 1 || sig <= 0 || sig >= NSIG) return send_error(conn, EINVAL, "bad kill request");
+    if (pid == 0) {
+        /* Every process of the sandbox but PID 1 (kill(-1) from the
+         * namespace's init spares the caller). */
+        if (kill(-1, sig) < 0 && errno != ESRCH) return send_error(conn, errno, "kill all: %s", strerror(errno));
+        return send_ok(conn, 0);
+    }
     /* Only a command's process group (commands start with setsid()). */
     if (getpgid(pid) != pid) return send_error(conn, ESRCH, "no command with pid %d", pid);
     if (kill(-pid, sig) < 0) return send_error(conn, errno, "kill %d: %s", pid, strerror(errno));
@@ -952,11 +958,21 @@ int main(int argc, char **argv) {
             if (conn < 0) continue;
             /* A ping (readiness check) that has already arrived is answered
              * here, without a handler: it is most of what create waits on.
-             * (17 bytes on a fresh socket: the write cannot block.) */
-            unsigned char peek[FRAME_HEADER];
-            if (recv(conn, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof peek &&
-                peek[8] == REQ_PING && get_u32le(peek) == 0) {
+             * (17 bytes on a fresh socket: the write cannot block.) A kill
+             * is too: it must work when the sandbox has no pid left to fork
+             * a handler with (a fork bomb against pids.max). */
+            unsigned char peek[FRAME_HEADER + 8];
+            ssize_t got = recv(conn, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
+            if (got == (ssize_t)sizeof peek && peek[8] == REQ_KILL && get_u32le(peek) == 8) {
                 if (recv(conn, peek, sizeof peek, MSG_DONTWAIT) == (ssize_t)sizeof peek) {
+                    struct cursor kc = {.p = peek + FRAME_HEADER, .left = 8, .bad = 0};
+                    handle_kill(conn, &kc);
+                }
+                close(conn);
+                continue;
+            }
+            if (got >= FRAME_HEADER && peek[8] == REQ_PING && get_u32le(peek) == 0) {
+                if (recv(conn, peek, FRAME_HEADER, MSG_DONTWAIT) == FRAME_HEADER) {
                     unsigned char b[8];
                     put_u32(b, CORRAL_PROTO_VERSION);
                     put_u32(b + 4, (uint32_t)getpid());

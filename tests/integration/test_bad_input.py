@@ -10,7 +10,7 @@ import pytest
 import corral
 from corral.config import NodeConfig
 
-from .conftest import IMAGE, init_processes, node_leftovers
+from ..support import IMAGE, init_processes, node_leftovers
 
 CREATE_CASES: list[tuple[dict[str, Any], type[corral.CorralError], str | None]] = [
     ({"kind": "teleporter"}, corral.InvalidArgument, "kind"),

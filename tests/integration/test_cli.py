@@ -11,7 +11,7 @@ import pytest
 
 from corral.config import NodeConfig
 
-from .conftest import IMAGE
+from ..support import IMAGE
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 import corral
 
-from .conftest import IMAGE
+from ..support import IMAGE
 
 
 @pytest.fixture

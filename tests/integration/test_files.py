@@ -11,7 +11,7 @@ import pytest
 
 import corral
 
-from .conftest import IMAGE
+from ..support import IMAGE
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from corral.images.objects import HttpObjects, open_store
 from corral.images.oci import import_oci
 from corral.images.store import ImageStore
 
-from .conftest import IMAGE, Blobd
+from ..support import IMAGE, Blobd
 
 
 def _noprogress(task: str, done: float, total: float | None) -> None:

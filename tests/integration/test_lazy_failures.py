@@ -20,7 +20,7 @@ from corral.images import registry
 from corral.images.objects import HttpObjects, open_store
 from corral.images.store import ImageStore
 
-from .conftest import IMAGE, Blobd, node_leftovers
+from ..support import IMAGE, Blobd, node_leftovers
 
 BIG = "/usr/lib/python3.11/pydoc_data/topics.py"  # ~700 KB nobody reads at start
 

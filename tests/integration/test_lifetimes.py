@@ -7,7 +7,7 @@ import time
 
 import corral
 
-from .conftest import IMAGE
+from ..support import IMAGE
 
 
 async def _wait_state(sbx: corral.AsyncSandbox, state: str, within: float) -> float:

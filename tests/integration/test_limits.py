@@ -9,7 +9,7 @@ import pytest
 import corral
 from corral.config import NodeConfig
 
-from .conftest import IMAGE
+from ..support import IMAGE
 
 
 async def test_memory_limit_kills_inside_only(embedded: corral.AsyncClient) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import corral
 
-from .conftest import IMAGE
+from ..support import IMAGE
 
 
 async def test_replacing_the_images_shells_changes_nothing_we_run(

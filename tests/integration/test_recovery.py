@@ -15,7 +15,7 @@ import corral
 from corral.config import NodeConfig
 from corral.node import mounts
 
-from .conftest import IMAGE, Server, init_processes, node_leftovers
+from ..support import IMAGE, Server, init_processes, node_leftovers
 
 
 async def test_kill_9_with_50_sandboxes_then_restart(

@@ -381,6 +381,8 @@ class AuditReport(BaseModel):
     log_quota_hits: int = 0
     egress_denied: int = 0
     dns_denied: int = 0
+    disk_used: int | None = None
+    disk_limit: int | None = None
 
 
 class FileEntry(BaseModel):

@@ -141,7 +141,10 @@ class Resolver(asyncio.DatagramProtocol):
                 if not fut.done():
                     fut.set_result(d)
 
-        transport, _ = await loop.create_datagram_endpoint(_Once, remote_addr=(self.upstream, 53))
+        host, _, port = self.upstream.partition(":")
+        transport, _ = await loop.create_datagram_endpoint(
+            _Once, remote_addr=(host, int(port or 53))
+        )
         try:
             transport.sendto(data)
             return await asyncio.wait_for(fut, 3.0)

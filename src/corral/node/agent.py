@@ -643,9 +643,13 @@ class NodeAgent:
         )
 
     async def kill(self, sandbox_id: str, pid: int, signal: int = signals.SIGKILL) -> None:
+        """Signal a command's process group; pid 0 means every process of
+        the sandbox but its init."""
         self._running(sandbox_id)
         if not 0 < signal < 65:
             raise InvalidArgument("signal", "must be a signal number between 1 and 64", signal)
+        if pid < 0 or pid == 1:
+            raise InvalidArgument("pid", "must be a command's pid, or 0 for all processes", pid)
         self._db().count(sandbox_id, "commands_killed")
         session = self._sessions.get((sandbox_id, pid))
         if session is not None:
@@ -940,6 +944,9 @@ class NodeAgent:
         if rec.state == "running" and self.cgroups is not None:
             report.oom_kills += self.cgroups.oom_kills(sandbox_id)
             report.pids_limit_hits += self.cgroups.pids_limit_hits(sandbox_id)
+            usage = await asyncio.to_thread(self.scratch.usage, sandbox_id)
+            if usage is not None:
+                report.disk_used, report.disk_limit = usage
         for slot, n in self.seccompd.counts(sandbox_id).items():
             cls, name = syscall_class(slot)
             report.syscalls_denied[cls] = report.syscalls_denied.get(cls, 0) + n

@@ -209,6 +209,19 @@ class Scratch:
         finally:
             os.close(dirfd)
 
+    def usage(self, name: str) -> tuple[int, int] | None:
+        """(bytes referenced, limit) of a sandbox's subvolume."""
+        proc = subprocess.run(
+            ["btrfs", "qgroup", "show", "--raw", "-re", "-f", str(self.root / name)],
+            capture_output=True, text=True,
+        )
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[0].startswith("0/") and parts[1].isdigit():
+                limit = int(parts[3]) if parts[3].isdigit() else 0
+                return int(parts[1]), limit
+        return None
+
     def names(self) -> list[str]:
         return self._subvolumes() if self.root.is_dir() else []
 

@@ -244,3 +244,8 @@ class AsyncCommands:
         """Signal a command's process group by pid (e.g. one started from
         another process)."""
         await self._sandbox._service.kill(self._sandbox.id, pid, signal)
+
+    async def kill_all(self, signal: int = signals.SIGKILL) -> None:
+        """Signal every process in the sandbox (its init excepted): clears
+        runaway background work, even a fork bomb at the pids limit."""
+        await self._sandbox._service.kill(self._sandbox.id, 0, signal)

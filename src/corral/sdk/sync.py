@@ -132,6 +132,11 @@ class Commands:
         """Signal a command's process group by pid (e.g. one started from another process)."""
         return self._portal.call(self._inner.kill, pid, signal)
 
+    def kill_all(self, signal: int = signals.SIGKILL) -> None:
+        """Signal every process in the sandbox (its init excepted): clears runaway background work,
+        even a fork bomb at the pids limit."""
+        return self._portal.call(self._inner.kill_all, signal)
+
     def run(
         self,
         cmd: str | list[str],

@@ -1,0 +1,271 @@
+"""One test per attack. Each asserts three things: the attack failed or was
+contained; a neighbour sandbox with a steady workload was unaffected (its
+exec latency within 2x of its baseline during the attack, none of its files
+changed); and the audit recorded it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import corral
+from corral.config import NodeConfig
+
+from . import attacks as a
+from .attacks import Neighbour, Outcome
+from .conftest import Standin, UpstreamDNS
+
+
+async def check(neighbour: Neighbour, outcome: Outcome, ratio: float) -> None:
+    assert outcome.contained, outcome.detail
+    same, after, detail = await neighbour.unaffected()
+    assert same, detail
+    assert ratio <= 2.0, f"neighbour latency x{ratio:.2f} during the attack ({outcome.detail})"
+    assert after <= 2.0, f"neighbour latency x{after:.2f} after the attack ({outcome.detail})"
+
+
+def host_alive() -> None:
+    assert Path("/proc/self/stat").read_text()  # and this test process still runs
+    assert subprocess.run(["true"]).returncode == 0
+
+
+async def test_replaced_shell_changes_nothing_the_platform_runs(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.replace_platform_binaries(attacker))
+    await check(neighbour, outcome, ratio)
+    audit = await attacker.audit()
+    assert audit.commands >= 2 and audit.log_bytes > 0
+
+
+async def test_extent_swap_and_clone_ioctls_are_refused(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.extent_ioctls(attacker))
+    await check(neighbour, outcome, ratio)
+    audit = await attacker.audit()
+    assert audit.syscalls_denied.get("extent-ioctl", 0) >= 6, audit.syscalls_denied
+
+
+async def test_forged_requests_reach_nothing(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.forge_control_requests(attacker))
+    await check(neighbour, outcome, ratio)
+    assert (await attacker.audit()).syscalls.get("pidfd_getfd") == 1
+
+
+async def test_no_answers_or_platform_logs_inside(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour, rt_config: NodeConfig
+) -> None:
+    # The platform's own files about this sandbox: logs, bundle, and a
+    # grader's answer key, all on the host side.
+    host_side = rt_config.sandboxes_dir / attacker.id
+    (host_side / "grader-answer.txt").write_text("CORRAL-SECRET-ANSWER 42\n")
+    await attacker.commands.run("echo CORRAL-SECRET-ANSWER-is-not-here-yet > /dev/null")
+    outcome, ratio = await a.during(neighbour, a.read_for_answers(attacker))
+    await check(neighbour, outcome, ratio)
+    log = (host_side / "commands.log").read_text()
+    assert "grep -rIl" in log  # the audit trail has the search
+
+
+async def test_recursive_grep_from_root_finishes_and_the_host_stays_up(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.recursive_grep_from_root(attacker))
+    await check(neighbour, outcome, ratio)
+    host_alive()
+    assert (await attacker.audit()).commands >= 1
+
+
+async def test_kernel_knobs_are_read_only(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.write_kernel_knobs(attacker))
+    await check(neighbour, outcome, ratio)
+    host_alive()
+    assert (await attacker.audit()).commands >= 1
+
+
+async def test_privileged_syscalls_are_refused_and_counted(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    pid = int((await neighbour.sbx.commands.run("echo $$")).stdout)  # a pid in its namespace
+    outcome, ratio = await a.during(neighbour, a.privileged_syscalls(attacker, pid))
+    await check(neighbour, outcome, ratio)
+    audit = await attacker.audit()
+    for name in (
+        "mount",
+        "unshare",
+        "setns",
+        "ptrace",
+        "keyctl",
+        "bpf",
+        "userfaultfd",
+        "perf_event_open",
+        "kexec_load",
+        "open_by_handle_at",
+        "init_module",
+    ):
+        assert audit.syscalls.get(name) == 1, (name, audit.syscalls)
+    assert audit.syscalls_denied["privileged"] >= 11
+
+
+async def test_runc_cve_classes(attacker: corral.AsyncSandbox, neighbour: Neighbour) -> None:
+    outcome, ratio = await a.during(neighbour, a.runc_cve_classes(attacker))
+    await check(neighbour, outcome, ratio)
+    assert (await attacker.audit()).commands >= 1
+
+
+async def test_fork_bomb_is_held_by_the_pids_limit(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.fork_bomb(attacker))
+    await check(neighbour, outcome, ratio)
+    audit = await attacker.audit()
+    assert audit.pids_limit_hits > 0 and audit.commands_killed >= 1
+
+
+async def test_memory_bomb_is_killed_inside(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.memory_bomb(attacker))
+    await check(neighbour, outcome, ratio)
+    assert (await attacker.audit()).oom_kills >= 1
+
+
+async def test_disk_fill_stops_at_the_quota(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.disk_fill(attacker))
+    await check(neighbour, outcome, ratio)
+    audit = await attacker.audit()
+    assert audit.disk_limit == 64 << 20
+    assert audit.disk_used is not None and audit.disk_used >= 0.95 * audit.disk_limit, audit
+
+
+async def test_inode_exhaustion_stops_at_the_quota(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.inode_exhaustion(attacker))
+    await check(neighbour, outcome, ratio)
+    audit = await attacker.audit()
+    assert audit.disk_used is not None and audit.disk_used >= 0.9 * (64 << 20), audit
+
+
+async def test_output_floods_cost_at_most_the_caps(
+    attacker: corral.AsyncSandbox, neighbour: Neighbour, rt_config: NodeConfig
+) -> None:
+    outcome, ratio = await a.during(neighbour, a.output_flood(attacker))
+    await check(neighbour, outcome, ratio)
+    audit = await attacker.audit()
+    assert audit.output_truncated >= 2 and audit.output_dropped_bytes >= 9_000_000_000
+    assert audit.commands_timed_out >= 1
+    log = rt_config.sandboxes_dir / attacker.id / "commands.log"
+    assert log.stat().st_size < rt_config.log_quota
+
+
+async def test_an_endless_printer_cannot_grow_the_platform_log(
+    rt_client: corral.AsyncClient, neighbour: Neighbour, rt_config: NodeConfig
+) -> None:
+    sbx = await rt_client.sandboxes.create(image=a.IMAGE)
+
+    async def spam() -> Outcome:
+        for i in range(400):
+            await sbx.commands.run(["echo", "x" * 3000, str(i)])
+        return Outcome(True, "400 commands with 3 KB argv each")
+
+    outcome, ratio = await a.during(neighbour, spam())
+    await check(neighbour, outcome, ratio)
+    log = rt_config.sandboxes_dir / sbx.id / "commands.log"
+    assert log.stat().st_size <= rt_config.log_quota + 200
+    audit = await sbx.audit()
+    assert audit.log_quota_hits > 0 and audit.commands == 400
+
+
+async def _networked(client: corral.AsyncClient, **extra: object) -> corral.AsyncSandbox:
+    return await client.sandboxes.create(
+        image=a.IMAGE,
+        cpu=0.5,
+        memory="128MiB",
+        network={"ecosystems": {"pypi": True}, "ports": [8080]},
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+async def test_port_scan_of_host_and_neighbours(
+    rt_client: corral.AsyncClient, neighbour: Neighbour
+) -> None:
+    attacker = await _networked(rt_client)
+    victim = await _networked(rt_client)
+    await victim.commands.start("python3 -m http.server 8080")
+    gateway = attacker.info.address.rsplit(".", 1)[0] + ".1"  # type: ignore[union-attr]
+    targets = [victim.info.address, gateway, "192.0.2.2", "169.254.169.254", "10.0.0.1"]
+    outcome, ratio = await a.during(neighbour, a.port_scan(attacker, targets))  # type: ignore[arg-type]
+    await check(neighbour, outcome, ratio)
+    assert (await attacker.audit()).egress_denied > 0
+
+
+async def test_egress_to_a_denied_host_by_ip_and_by_name(
+    rt_client: corral.AsyncClient, neighbour: Neighbour, standins: dict[str, Standin]
+) -> None:
+    attacker = await _networked(rt_client)
+    assert (await a.fetch(attacker, "http://pypi.test:8080/answer.txt")).startswith("THE-REF")
+    forbidden = standins["forbidden"]
+    outcome, ratio = await a.during(
+        neighbour,
+        a.egress_to_denied(
+            attacker, "http://answers.test:8080/answer.txt", f"{forbidden.url}/answer.txt"
+        ),
+    )
+    await check(neighbour, outcome, ratio)
+    audit = await attacker.audit()
+    assert audit.egress_denied > 0 and audit.dns_denied > 0
+
+
+async def test_dns_tunnelling_through_the_resolver(
+    rt_client: corral.AsyncClient, neighbour: Neighbour, upstream: UpstreamDNS
+) -> None:
+    attacker = await _networked(rt_client)
+    before = len(upstream.asked)
+    outcome, ratio = await a.during(neighbour, a.dns_tunnel(attacker))
+    await check(neighbour, outcome, ratio)
+    leaked = [n for n in upstream.asked[before:] if "attacker" in n]
+    assert leaked == []
+    assert (await attacker.audit()).dns_denied >= 8
+
+
+async def test_package_install_allowed_while_setting_up_then_refused(
+    rt_client: corral.AsyncClient, neighbour: Neighbour, pip_toolkit: str
+) -> None:
+    sbx = await _networked(rt_client, toolkit=pip_toolkit)
+    pip = (
+        "python3 -m pip install --break-system-packages --disable-pip-version-check "
+        "--no-cache-dir --timeout 5 "
+        "--retries 0 --index-url http://pypi.test:8080/simple corral-canary"
+    )
+
+    async def install_then_tighten() -> Outcome:
+        first = await sbx.commands.run(pip, timeout=120)
+        value = await sbx.commands.run("python3 -c 'import corral_canary as c; print(c.VALUE)'")
+        await sbx.network.update({"ecosystems": {"pypi": False}, "ports": [8080]})
+        await sbx.commands.run("python3 -m pip uninstall -y corral-canary", timeout=60)
+        second = await sbx.commands.run(pip, timeout=120)
+        ok = (
+            first.exit_code == 0
+            and "installed from the stand-in index" in value.stdout
+            and second.exit_code != 0
+        )
+        return Outcome(
+            ok,
+            f"setup: exit {first.exit_code} {first.stderr[-400:]}; after "
+            f"tightening: exit {second.exit_code}",
+        )
+
+    outcome, ratio = await a.during(neighbour, install_then_tighten())
+    await check(neighbour, outcome, ratio)
+    assert (await sbx.audit()).dns_denied > 0
+    info = await sbx.refresh()
+    assert info.network is not None and info.network.ecosystems == {"pypi": False}
+    json.dumps(info.model_dump(mode="json"))  # serialisable for the API
