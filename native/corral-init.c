@@ -416,8 +416,12 @@ static int has_env(char **env, const char *key) {
     return 0;
 }
 
+/* The request streams input (stdin, a file body) whose end is not read yet. */
+static int input_open;
+
 static int handle_exec(int conn, struct cursor *c) {
     uint32_t flags = cur_u32(c);
+    input_open = (flags & EXEC_STDIN_STREAM) != 0;
     int64_t timeout_ms = (int64_t)cur_u64(c);
     uint64_t out_cap = cur_u64(c), err_cap = cur_u64(c);
     char *user = cur_str(c);
@@ -579,6 +583,7 @@ static int handle_exec(int conn, struct cursor *c) {
                     }
                 } else if (f.type == REQ_STDIN_EOF) {
                     in_eof = 1;
+                    input_open = 0;
                 } else if (f.type == REQ_SIGNAL && f.len == 4) {
                     int sig = (int)get_u32le(f.data);
                     if (sig > 0 && sig < NSIG) {
@@ -748,6 +753,7 @@ static int handle_write(int conn, const char *path, uint32_t mode, uint32_t flag
         }
         if (f.type == REQ_END) {
             free(f.data);
+            input_open = 0;
             break;
         }
         if (f.type == REQ_DATA && !err) {
@@ -831,10 +837,26 @@ static int handle_kill(int conn, struct cursor *c) {
 
 /* ------------------------------------------------------------------ dispatch */
 
+/* The agent may still be sending when an answer is final: stdin for a
+ * command that exited without reading it, a file body after an error.
+ * Closing with unread input would reset the connection, and the agent would
+ * lose the answer already sent. So: stop writing, read and drop until the
+ * agent closes (it does once it has the answer), for a bounded time. */
+static void linger_input(int conn) {
+    if (!input_open) return;
+    shutdown(conn, SHUT_WR);
+    static char sink[65536];
+    struct pollfd p = {conn, POLLIN, 0};
+    for (int rounds = 0; rounds < 8192 && poll(&p, 1, 2000) > 0; rounds++) {
+        if (read(conn, sink, sizeof sink) <= 0) break;
+    }
+}
+
 static void serve_connection(int conn) {
     struct frame f;
     if (recv_frame(conn, &f) < 0) return;
     struct cursor c = {.p = f.data, .left = f.len, .bad = 0};
+    input_open = f.type == REQ_WRITE;
     if (f.type == REQ_PING) {
         unsigned char b[8];
         put_u32(b, CORRAL_PROTO_VERSION);
@@ -987,6 +1009,7 @@ int main(int argc, char **argv) {
                 close(sfd);
                 prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
                 serve_connection(conn);
+                linger_input(conn);
                 _exit(0);
             }
             if (h < 0) send_error(conn, errno, "fork: %s", strerror(errno));

@@ -11,7 +11,21 @@
  * /sys/fs/cgroup/unified ("hybrid"), crun 1.8 refuses to run; unmounting
  * that cgroup2 mount inside this private namespace makes it choose v1.
  *
+ * With --idmap HOSTID:SIZE the sandbox runs in a user namespace whose root
+ * is host uid/gid HOSTID: every lower layer is then mounted here again
+ * through an idmapped mount (mount_setattr), so files that are root's in a
+ * layer are root's inside the sandbox. (The upper is not idmapped: overlay
+ * works in it with the mounter's credentials, which an idmapping of the
+ * sandbox's ids cannot express; what the sandbox writes is stored with its
+ * host ids, and a commit reads it back through --view.) Staging mounts go
+ * under STAGE.
+ *
+ * --view SRC DST MAP mounts SRC at DST through an idmapping with the uid/gid
+ * map line MAP ("inside outside count") before running the program: how a
+ * committed layer reads a sandbox's upper with its ids shifted back.
+ *
  * usage: corral-nsexec [--hybrid] [--overlay LOWER UPPER WORK TARGET]
+ *                      [--idmap HOSTID:SIZE --stage DIR] [--view SRC DST MAP]
  *                      [--listen-fd N] [--log FILE] -- PROGRAM ARGS...
  * Exit status 125 means corral-nsexec itself failed (message on stderr).
  */
@@ -22,9 +36,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/mount.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void die(const char *what, const char *obj) {
@@ -32,9 +50,60 @@ static void die(const char *what, const char *obj) {
     exit(125);
 }
 
+/* A user namespace with the uid_map/gid_map line `map` ("inside outside
+ * count"), kept alive by a child until its fd is open; returns the fd. */
+static int make_userns(const char *map) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) die("pipe", "userns");
+    pid_t c = fork();
+    if (c < 0) die("fork", "userns");
+    if (c == 0) {
+        char x = 0;
+        if (unshare(CLONE_NEWUSER) < 0) _exit(1);
+        if (write(p[1], &x, 1) < 0) _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(p[1]);
+    char x;
+    if (read(p[0], &x, 1) != 1) die("creating", "user namespace");
+    close(p[0]);
+    char path[64];
+    int n = (int)strlen(map);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "/proc/%d/%s", c, i ? "gid_map" : "uid_map");
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, map, (size_t)n) != n) die("writing", path);
+        close(fd);
+    }
+    snprintf(path, sizeof path, "/proc/%d/ns/user", c);
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0) die("opening", path);
+    kill(c, SIGKILL);
+    waitpid(c, NULL, 0);
+    return ns;
+}
+
+/* Mount `src` again at `dst` through the user namespace's id mapping. */
+static void idmapped(int userns, const char *src, const char *dst) {
+    int t = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (t < 0) die("open_tree", src);
+    struct mount_attr attr = {0};
+    attr.attr_set = MOUNT_ATTR_IDMAP;
+    attr.userns_fd = (unsigned long long)userns;
+    if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+        die("idmapping", src);
+    if (mkdir(dst, 0700) < 0 && errno != EEXIST) die("mkdir", dst);
+    if (syscall(SYS_move_mount, t, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        die("move_mount to", dst);
+    close(t);
+}
+
+
 int main(int argc, char **argv) {
     int hybrid = 0, listen_fd = -1;
     const char *lower = NULL, *upper = NULL, *work = NULL, *target = NULL, *log = NULL;
+    const char *idmap = NULL, *stage = NULL, *view_src = NULL, *view_dst = NULL, *view_map = NULL;
     int i = 1;
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--")) { i++; break; }
@@ -43,6 +112,11 @@ int main(int argc, char **argv) {
             lower = argv[++i]; upper = argv[++i]; work = argv[++i]; target = argv[++i];
         } else if (!strcmp(argv[i], "--listen-fd") && i + 1 < argc) listen_fd = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--log") && i + 1 < argc) log = argv[++i];
+        else if (!strcmp(argv[i], "--idmap") && i + 1 < argc) idmap = argv[++i];
+        else if (!strcmp(argv[i], "--stage") && i + 1 < argc) stage = argv[++i];
+        else if (!strcmp(argv[i], "--view") && i + 3 < argc) {
+            view_src = argv[++i]; view_dst = argv[++i]; view_map = argv[++i];
+        }
         else { fprintf(stderr, "corral-nsexec: unknown option %s\n", argv[i]); return 125; }
     }
     if (i >= argc) { fprintf(stderr, "corral-nsexec: no program given\n"); return 125; }
@@ -62,6 +136,39 @@ int main(int argc, char **argv) {
     if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) die("making private", "/");
     if (hybrid && umount2("/sys/fs/cgroup/unified", MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
         die("unmounting", "/sys/fs/cgroup/unified");
+    char lowers[4096];
+    if (target && idmap) {
+        unsigned long base, size;
+        if (!stage || sscanf(idmap, "%lu:%lu", &base, &size) != 2) {
+            fprintf(stderr, "corral-nsexec: --idmap needs HOSTID:SIZE and --stage\n");
+            return 125;
+        }
+        char map[64];
+        snprintf(map, sizeof map, "0 %lu %lu\n", base, size);
+        int ns = make_userns(map);
+        char *copy = strdup(lower), *save = NULL, *out = lowers;
+        size_t left = sizeof lowers;
+        int k = 0;
+        for (char *l = strtok_r(copy, ":", &save); l; l = strtok_r(NULL, ":", &save), k++) {
+            char dst[1024];
+            snprintf(dst, sizeof dst, "%s/l%d", stage, k);
+            idmapped(ns, l, dst);
+            int w = snprintf(out, left, "%s%s", k ? ":" : "", dst);
+            if (w < 0 || (size_t)w >= left) { errno = E2BIG; die("lower list for", target); }
+            out += w;
+            left -= (size_t)w;
+        }
+        free(copy);
+        lower = lowers;
+        close(ns);
+    }
+    if (view_src) {
+        char map[128];
+        snprintf(map, sizeof map, "%s\n", view_map);
+        int ns = make_userns(map);
+        idmapped(ns, view_src, view_dst);
+        close(ns);
+    }
     if (target) {
         char opts[4096];
         int n = snprintf(opts, sizeof opts,
@@ -83,7 +190,7 @@ int main(int argc, char **argv) {
         dup2(lf, 1);
         dup2(lf, 2);
     }
-    execv(argv[i], argv + i);
+    execvp(argv[i], argv + i);
     die("executing", argv[i]);
     return 125;
 }

@@ -51,6 +51,11 @@ class NodeConfig:
     # an endless printer costs at most this, and the cap hit is recorded.
     log_quota: int = 1024**2
     reaper_interval: float = 1.0
+    # The seccomp allow-list. Off only to measure what it costs.
+    seccomp: bool = True
+    # Sandbox root is not host root: each sandbox gets its own block of 65536
+    # host ids (a user namespace, layers seen through idmapped mounts).
+    userns: bool = True
     liveness_interval: float = 5.0  # how often dead inits and loaders are looked for
     # Layers are read through the node's lazy loader (FUSE), chunk by chunk.
     lazy: bool = True
@@ -105,7 +110,7 @@ class NodeConfig:
                 "liveness_interval",
             ):
                 values[f.name] = float(raw)
-            elif f.name == "lazy":
+            elif f.name in ("lazy", "seccomp", "userns"):
                 values[f.name] = raw.lower() not in ("0", "false", "no", "off")
             else:
                 values[f.name] = raw

@@ -46,6 +46,14 @@ async def test_cwd_env_user_stdin(sbx: corral.AsyncSandbox) -> None:
     assert (await sbx.commands.run("cat", stdin="héllo")).stdout == "héllo"
 
 
+async def test_a_command_that_ignores_its_stdin_still_reports(sbx: corral.AsyncSandbox) -> None:
+    # The command exits while its input is still being sent: the rest is
+    # dropped, and the exit status arrives all the same.
+    for _ in range(3):
+        r = await sbx.commands.run("echo early; exit 3", stdin=b"x" * (16 << 20))
+        assert (r.exit_code, r.stdout) == (3, "early\n")
+
+
 async def test_bad_cwd_user_and_program_are_invalid_arguments(sbx: corral.AsyncSandbox) -> None:
     with pytest.raises(corral.InvalidArgument) as exc:
         await sbx.commands.run("true", cwd="/does/not/exist")

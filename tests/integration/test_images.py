@@ -187,6 +187,7 @@ async def test_commit_a_sandbox_into_a_toolkit(client: corral.AsyncClient) -> No
     sbx = await client.sandboxes.create(image=IMAGE)
     await sbx.commands.run(
         "mkdir -p /opt/tool && echo 'print(\"tool v1\")' > /opt/tool/run.py && "
+        "chown 1000:1000 /opt/tool/run.py && "
         "rm /etc/debian_version && echo changed > /etc/hostname"
     )
     layer = await sbx.commit("committed-tool:1", kind="toolkit")
@@ -196,9 +197,11 @@ async def test_commit_a_sandbox_into_a_toolkit(client: corral.AsyncClient) -> No
     await sbx.close()
     other = await client.sandboxes.create(image=IMAGE, toolkit="committed-tool:1")
     r = await other.commands.run(
-        "python3 /opt/tool/run.py; cat /etc/hostname; test -e /etc/debian_version || echo deleted"
+        "python3 /opt/tool/run.py; cat /etc/hostname; test -e /etc/debian_version || echo deleted;"
+        "stat -c %u /opt/tool /opt/tool/run.py"
     )
-    assert r.stdout.split() == ["tool", "v1", "changed", "deleted"]
+    # Owners come back as the sandbox saw them, not as the host stored them.
+    assert r.stdout.split() == ["tool", "v1", "changed", "deleted", "0", "1000"]
     await other.close()
 
 

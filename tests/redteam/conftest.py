@@ -4,21 +4,15 @@ reach), a recording upstream DNS server, an attacker and a neighbour."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
-import zipfile
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from dnslib import RR, A, DNSRecord
 
 import corral
 from corral.config import NodeConfig
@@ -27,142 +21,15 @@ from corral.images.store import ImageStore
 
 from ..support import IMAGE
 from .attacks import Neighbour
+from .standins import Standin, UpstreamDNS, standin_hosts
 
 PIP_TOOLKIT = "pip:24.2"
 
 
-@dataclass(frozen=True)
-class Standin:
-    name: str
-    host_ip: str
-    ip: str
-    port: int = 8080
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.ip}:{self.port}"
-
-
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True)
-
-
-def _canary_wheel() -> tuple[str, bytes]:
-    name = "corral_canary-1.0-py3-none-any.whl"
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("corral_canary/__init__.py", 'VALUE = "installed from the stand-in index"\n')
-        z.writestr(
-            "corral_canary-1.0.dist-info/METADATA",
-            "Metadata-Version: 2.1\nName: corral-canary\nVersion: 1.0\n",
-        )
-        z.writestr(
-            "corral_canary-1.0.dist-info/WHEEL",
-            "Wheel-Version: 1.0\nGenerator: corral-tests\nRoot-Is-Purelib: true\n"
-            "Tag: py3-none-any\n",
-        )
-        z.writestr("corral_canary-1.0.dist-info/RECORD", "")
-    return name, buf.getvalue()
-
-
 @pytest.fixture(scope="session")
 def standins(data_root: Path) -> Iterator[dict[str, Standin]]:
-    hosts = {
-        "index": Standin("crti", "10.212.0.1", "10.212.0.2"),
-        "forbidden": Standin("crtf", "10.213.0.1", "10.213.0.2"),
-    }
-    web = data_root / "standin-web"
-    (web / "simple" / "corral-canary").mkdir(parents=True)
-    (web / "packages").mkdir()
-    wheel, data = _canary_wheel()
-    (web / "packages" / wheel).write_bytes(data)
-    digest = hashlib.sha256(data).hexdigest()
-    (web / "simple" / "corral-canary" / "index.html").write_text(
-        f'<a href="/packages/{wheel}#sha256={digest}">{wheel}</a>\n'
-    )
-    (web / "answer.txt").write_text("THE-REFERENCE-SOLUTION\n")
-    procs = []
-    for s in hosts.values():
-        subprocess.run(["ip", "netns", "del", s.name], capture_output=True)
-        subprocess.run(["ip", "link", "del", s.name + "h"], capture_output=True)
-        _sh("ip", "netns", "add", s.name)
-        _sh("ip", "link", "add", s.name + "h", "type", "veth", "peer", "name", s.name + "n")
-        _sh("ip", "link", "set", s.name + "n", "netns", s.name)
-        _sh("ip", "addr", "add", f"{s.host_ip}/24", "dev", s.name + "h")
-        _sh("ip", "link", "set", s.name + "h", "up")
-        for cmd in (
-            ["ip", "addr", "add", f"{s.ip}/24", "dev", s.name + "n"],
-            ["ip", "link", "set", s.name + "n", "up"],
-            ["ip", "link", "set", "lo", "up"],
-            ["ip", "route", "add", "default", "via", s.host_ip],
-        ):
-            _sh("ip", "netns", "exec", s.name, *cmd)
-        procs.append(
-            subprocess.Popen(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    s.name,
-                    sys.executable,
-                    "-m",
-                    "http.server",
-                    str(s.port),
-                    "--bind",
-                    s.ip,
-                    "--directory",
-                    str(web),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-    for s in hosts.values():
-        for _ in range(100):
-            try:
-                socket.create_connection((s.ip, s.port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-    yield hosts
-    for p in procs:
-        p.kill()
-        p.wait()
-    for s in hosts.values():
-        subprocess.run(["ip", "link", "del", s.name + "h"], capture_output=True)
-        subprocess.run(["ip", "netns", "del", s.name], capture_output=True)
-
-
-class UpstreamDNS:
-    """A DNS server that answers everything with 10.213.0.2 and records
-    every name it was asked: what leaks past the node's resolver."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.asked: list[str] = []
-        self._stop = False
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop:
-            try:
-                data, addr = self.sock.recvfrom(4096)
-            except TimeoutError:
-                continue
-            q = DNSRecord.parse(data)
-            self.asked.append(str(q.q.qname).rstrip("."))
-            r = q.reply()
-            r.add_answer(RR(q.q.qname, rdata=A("10.213.0.2"), ttl=60))
-            self.sock.sendto(r.pack(), addr)
-
-    def close(self) -> None:
-        self._stop = True
-        self.thread.join()
-        self.sock.close()
+    with standin_hosts(data_root) as hosts:
+        yield hosts
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from corral.config import NodeConfig
 
 from . import attacks as a
 from .attacks import Neighbour, Outcome
-from .conftest import Standin, UpstreamDNS
+from .standins import Standin, UpstreamDNS
 
 
 async def check(neighbour: Neighbour, outcome: Outcome, ratio: float) -> None:
@@ -243,14 +243,16 @@ async def test_package_install_allowed_while_setting_up_then_refused(
     pip = (
         "python3 -m pip install --break-system-packages --disable-pip-version-check "
         "--no-cache-dir --timeout 5 "
-        "--retries 0 --index-url http://pypi.test:8080/simple corral-canary"
+        "--retries 0 --trusted-host pypi.test --index-url http://pypi.test:8080/simple corral-canary"
     )
 
     async def install_then_tighten() -> Outcome:
         first = await sbx.commands.run(pip, timeout=120)
         value = await sbx.commands.run("python3 -c 'import corral_canary as c; print(c.VALUE)'")
         await sbx.network.update({"ecosystems": {"pypi": False}, "ports": [8080]})
-        await sbx.commands.run("python3 -m pip uninstall -y corral-canary", timeout=60)
+        removed = await sbx.commands.run(
+            "python3 -m pip uninstall -y --break-system-packages corral-canary", timeout=60
+        )
         second = await sbx.commands.run(pip, timeout=120)
         ok = (
             first.exit_code == 0
@@ -260,7 +262,8 @@ async def test_package_install_allowed_while_setting_up_then_refused(
         return Outcome(
             ok,
             f"setup: exit {first.exit_code} {first.stderr[-400:]}; after "
-            f"tightening: exit {second.exit_code}",
+            f"tightening: uninstall exit {removed.exit_code} {removed.stderr[-300:]}, "
+            f"install exit {second.exit_code} {second.stdout[-300:]}",
         )
 
     outcome, ratio = await a.during(neighbour, install_then_tighten())

@@ -215,10 +215,17 @@ class ExecdClient:
             )
             if stdin is not None:
                 view = memoryview(stdin)
-                for off in range(0, len(view), CHUNK):
-                    conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
-                conn.writer.write(p.frame(p.REQ_STDIN_EOF))
-                await conn.writer.drain()
+                try:
+                    for off in range(0, len(view), CHUNK):
+                        conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
+                    conn.writer.write(p.frame(p.REQ_STDIN_EOF))
+                    await conn.writer.drain()
+                except (ConnectionResetError, BrokenPipeError):
+                    # The command exited without reading all its input (tar
+                    # refusing a bad archive) and the server dropped the
+                    # rest: like a pipe's reader going away. What it said
+                    # before that is still ours to read.
+                    pass
             f = await conn.recv()
             if f.kind == p.RSP_ERROR:
                 raise_remote(p.parse_error(f.payload))

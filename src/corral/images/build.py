@@ -52,14 +52,22 @@ def build_from_dir(
     labels: dict[str, str] | None = None,
     parent: str | None = None,
     progress: ProgressFn = _no_progress,
+    wrap: list[str] | None = None,
+    measure: Path | None = None,
 ) -> Layer:
-    """mkfs.erofs the tree at src into a (metadata, chunked blob) layer."""
-    if not src.is_dir():
-        raise InvalidArgument("from_dir", "must be an existing directory", str(src))
-    total = _count_entries(src)
+    """mkfs.erofs the tree at src into a (metadata, chunked blob) layer.
+
+    `wrap` prefixes the mkfs command (corral-nsexec with a --view, when src
+    exists only in that command's mount namespace); `measure` is then where
+    the same tree can be sized from here."""
+    measure = measure or src
+    if not measure.is_dir():
+        raise InvalidArgument("from_dir", "must be an existing directory", str(measure))
+    total = _count_entries(measure)
     work = store.tmpdir("build")
     meta, blob = work / "meta.erofs", work / "blob"
     cmd = [
+        *(wrap or []),
         "mkfs.erofs",
         f"--chunksize={CHUNK_SIZE}",
         f"--blobdev={blob}",
@@ -95,7 +103,7 @@ def build_from_dir(
             config=config,
             labels=labels,
             parent=parent,
-            content_size=_tree_size(src),
+            content_size=_tree_size(measure),
             tag=tag,
         )
     finally:

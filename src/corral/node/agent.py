@@ -18,6 +18,7 @@ import shutil
 import signal as signals
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +67,17 @@ from corral.node import platform as plat
 from corral.node.scratch import Scratch
 from corral.node.store import ACTIVE_STATES, SandboxRecord, Store
 from corral.runtimes.base import Prepared, Runtime, process_start_time
+from corral.runtimes.container.bundle import IDS
 from corral.runtimes.container.oci import OciRuntime
 from corral.runtimes.container.runtime import ContainerRuntime, control_path
 
 log = get_logger("corral.node")
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Host ids for sandbox user namespaces: block k is ID_BASE + k * IDS onwards,
+# above the ids a host gives its own users and services.
+ID_BASE = 1 << 20
+ID_SLOTS = ((1 << 32) - ID_BASE) // IDS
 READY_TIMEOUT = 30.0
 EXEC_GRACE = 10.0  # how long past its timeout the agent waits for the exec server
 
@@ -185,10 +191,13 @@ class NodeAgent:
             platform.nsexec,
             hybrid=self.cgroups.mode is cg.Mode.HYBRID,
         )
+        self._nsexec = platform.nsexec
         self.seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd)
         await asyncio.to_thread(self.seccompd.ensure)
         self.runtimes = {
-            "container": ContainerRuntime(oci, self.cgroups, platform, self.seccompd.socket)
+            "container": ContainerRuntime(
+                oci, self.cgroups, platform, self.seccompd.socket if cfg.seccomp else None
+            )
         }
         self.store = Store(cfg.db_path)
         await asyncio.to_thread(self.scratch.open)
@@ -269,6 +278,9 @@ class NodeAgent:
             db.insert(rec)
             for kind, ref in resources:
                 db.add_resource(rec.id, kind, ref)
+            if self.config.userns:
+                db.add_resource(rec.id, "idmap", rec.id)
+                db.idmap_allocate(rec.id, ID_SLOTS)
             if req.network is None:
                 return None
             db.add_resource(rec.id, "net", rec.id)
@@ -314,6 +326,9 @@ class NodeAgent:
         )
         own = [("dir", str(sandbox_dir)), ("subvolume", rec.id)]
         net_index = self._admit(req, rec, own + runtime.resources(rec.id, prep))
+        slot = self._db().idmap_slot(rec.id)
+        if slot is not None:
+            prep = replace(prep, host_id=ID_BASE + slot * IDS)
         db = self._db()
         phases: dict[str, float] = {}
         mark = time.monotonic()
@@ -327,7 +342,11 @@ class NodeAgent:
         phase("admit")
         try:
             sandbox_dir.mkdir()
+            (sandbox_dir / "stage").mkdir()
             self.scratch.create(rec.id, req.disk)  # two ioctls: ~0.1 ms
+            if prep.host_id is not None:
+                # The merged root is the upper's root: the sandbox's root owns it.
+                os.chown(prep.upper, prep.host_id, prep.host_id)
             for layer in layers:
                 self.layers.ensure(layer)
             phase("prepare")
@@ -396,6 +415,8 @@ class NodeAgent:
             Path(ref).unlink(missing_ok=True)
         elif kind == "net":
             await asyncio.to_thread(self._disconnect, ref)
+        elif kind == "idmap":
+            self._db().idmap_free(ref)
         else:
             raise ValueError(f"unknown resource kind {kind!r}")
 
@@ -883,14 +904,32 @@ class NodeAgent:
         db.add_resource(sandbox_id, "subvolume", snap)  # recorded before made
         try:
             path = await asyncio.to_thread(self.scratch.snapshot, sandbox_id, snap)
+            src, wrap = path / "upper", None
+            slot = db.idmap_slot(sandbox_id)
+            if slot is not None:
+                # The upper holds the sandbox's host ids: read it through a
+                # view that shifts them back, so the layer is root's again.
+                src = self.config.sandboxes_dir / sandbox_id / "stage" / "commit"
+                src.mkdir(exist_ok=True)
+                base = ID_BASE + slot * IDS
+                wrap = [
+                    str(self._nsexec),
+                    "--view",
+                    str(path / "upper"),
+                    str(src),
+                    f"{base} 0 {IDS}",
+                    "--",
+                ]
             layer = await asyncio.to_thread(
                 build_from_dir,
                 self.images,
-                path / "upper",
+                src,
                 tag=req.tag,
                 kind=req.kind,
                 parent=rec.layers[-1],
                 labels={"corral.source": f"commit:{sandbox_id}"},
+                wrap=wrap,
+                measure=path / "upper",
             )
         finally:
             await asyncio.to_thread(self.scratch.destroy, snap)

@@ -213,7 +213,8 @@ class Scratch:
         """(bytes referenced, limit) of a sandbox's subvolume."""
         proc = subprocess.run(
             ["btrfs", "qgroup", "show", "--raw", "-re", "-f", str(self.root / name)],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         for line in proc.stdout.splitlines():
             parts = line.split()

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 3
+from corral.errors import ResourceExhausted
+
+SCHEMA_VERSION = 4
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -70,6 +72,12 @@ _MIGRATIONS: dict[int, str] = {
         sandbox_id TEXT PRIMARY KEY,
         idx        INTEGER NOT NULL UNIQUE,
         policy     TEXT NOT NULL
+    );
+    """,
+    4: """
+    CREATE TABLE idmap (
+        sandbox_id TEXT PRIMARY KEY,
+        slot       INTEGER NOT NULL UNIQUE
     );
     """,
 }
@@ -278,6 +286,26 @@ class Store:
             )
         }
 
+    # ---------------------------------------------------------------- user ids
+
+    def idmap_allocate(self, sandbox_id: str, slots: int) -> int:
+        """The lowest free block of host ids (caller holds a transaction)."""
+        used = {r[0] for r in self.db.execute("SELECT slot FROM idmap")}
+        for slot in range(slots):
+            if slot not in used:
+                self.db.execute(
+                    "INSERT INTO idmap (sandbox_id, slot) VALUES (?,?)", (sandbox_id, slot)
+                )
+                return slot
+        raise ResourceExhausted(f"node: all {slots} blocks of host ids are in use")
+
+    def idmap_slot(self, sandbox_id: str) -> int | None:
+        row = self.db.execute("SELECT slot FROM idmap WHERE sandbox_id=?", (sandbox_id,)).fetchone()
+        return int(row[0]) if row else None
+
+    def idmap_free(self, sandbox_id: str) -> None:
+        self.db.execute("DELETE FROM idmap WHERE sandbox_id=?", (sandbox_id,))
+
     # ---------------------------------------------------------------- network
 
     def net_allocate(self, sandbox_id: str, policy: str, capacity: int) -> int:
@@ -291,7 +319,7 @@ class Store:
                     (sandbox_id, idx, policy),
                 )
                 return idx
-        raise RuntimeError("no free sandbox address block")
+        raise ResourceExhausted(f"network: all {capacity - 1} sandbox address blocks are in use")
 
     def net_get(self, sandbox_id: str) -> tuple[int, str] | None:
         row = self.db.execute(

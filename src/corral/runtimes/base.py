@@ -26,6 +26,7 @@ class Prepared:
     sandbox_dir: Path
     control: Path  # where the exec server must listen
     env: list[str]
+    host_id: int | None = None  # first host uid/gid of the sandbox's user namespace
 
 
 @dataclass(frozen=True)

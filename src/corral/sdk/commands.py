@@ -130,6 +130,9 @@ class AsyncCommandHandle:
         self._collector = collector
         self._req = req
         self._task = asyncio.create_task(self._drain(events))
+        # An error (the sandbox closed under a background command) is seen by
+        # wait(); nobody waiting must not be reported as a lost exception.
+        self._task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _drain(self, events: AsyncIterator[Any]) -> None:
         async for ev in events:

@@ -11,6 +11,7 @@ from corral.guard import profile
 from corral.node import platform
 
 CPU_PERIOD = 100_000
+IDS = 65536  # host ids per sandbox user namespace
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class BundleSpec:
     cgroups_path: str
     swap_accounting: bool
     seccomp: dict[str, Any] | None = None
+    host_id: int | None = None  # user namespace: container 0..65535 = host_id..+65535
 
 
 def _nofile_limit() -> int:
@@ -137,7 +139,16 @@ def config(spec: BundleSpec) -> dict[str, Any]:
                 {"type": "uts"},
                 {"type": "mount"},
                 {"type": "cgroup"},
+                *([{"type": "user"}] if spec.host_id is not None else []),
             ],
+            **(
+                {
+                    "uidMappings": [{"containerID": 0, "hostID": spec.host_id, "size": IDS}],
+                    "gidMappings": [{"containerID": 0, "hostID": spec.host_id, "size": IDS}],
+                }
+                if spec.host_id is not None
+                else {}
+            ),
             "cgroupsPath": spec.cgroups_path,
             "resources": {
                 "memory": memory,

@@ -64,6 +64,8 @@ class OciRuntime:
         listen_fd: int,
         pid_file: Path,
         log_file: Path,
+        idmap: tuple[int, int] | None = None,
+        stage: Path | None = None,
     ) -> None:
         """Mount the root and start the container detached; fd listen_fd
         becomes fd 3 of its init."""
@@ -74,6 +76,11 @@ class OciRuntime:
             str(overlay.upper),
             str(overlay.work),
             str(overlay.target),
+            *(
+                ["--idmap", f"{idmap[0]}:{idmap[1]}", "--stage", str(stage)]
+                if idmap and stage
+                else []
+            ),
             "--listen-fd",
             str(listen_fd),
             "--log",

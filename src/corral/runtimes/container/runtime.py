@@ -52,6 +52,7 @@ class ContainerRuntime:
                 seccomp=seccomp.profile(str(self.seccomp_listener), rec.id)
                 if self.seccomp_listener
                 else None,
+                host_id=prep.host_id,
             )
         )
         (prep.sandbox_dir / "config.json").write_text(json.dumps(cfg))
@@ -68,6 +69,8 @@ class ContainerRuntime:
                 rec.id,
                 prep.sandbox_dir,
                 overlay=Overlay(prep.lower, prep.upper, prep.work, rootfs),
+                idmap=(prep.host_id, bundle.IDS) if prep.host_id is not None else None,
+                stage=prep.sandbox_dir / "stage",
                 listen_fd=listener.fileno(),
                 pid_file=pid_file,
                 log_file=prep.sandbox_dir / "oci.log",

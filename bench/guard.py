@@ -1,0 +1,212 @@
+"""The guard, measured: every attack of the red-team suite with its outcome
+and the neighbour's latency during it, and what the defences cost.
+
+    corral bench guard
+
+Runs the attacks of tests/redteam/attacks.py against a real node with
+stand-in hosts (the same set-up as the suite), one fresh attacker each,
+next to one neighbour with a steady workload. Then create and exec latency
+with the defences on and off: seccomp (allow-list with notifications),
+and the per-sandbox network (netns + veth + nftables + DNS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from tests.redteam import attacks as a  # noqa: E402
+from tests.redteam.standins import UpstreamDNS, standin_hosts  # noqa: E402
+
+import corral  # noqa: E402
+from _common import IMAGES, pct, table, write_result  # noqa: E402
+from corral.config import NodeConfig  # noqa: E402
+
+WORK = Path("/var/lib/corral-guard")
+NET = {"ecosystems": {"pypi": True}, "ports": [8080]}
+
+
+async def attacker(c: corral.AsyncClient, network: bool = False) -> corral.AsyncSandbox:
+    return await c.sandboxes.create(
+        image=a.IMAGE,
+        cpu=0.5,
+        memory="128MiB",
+        pids=64,
+        disk="64MiB",
+        network=NET if network else None,
+    )
+
+
+async def run_attacks(c: corral.AsyncClient, forbidden_url: str) -> list[list[str]]:
+    n = await a.Neighbour.start(c)
+    rows = []
+
+    async def one(name: str, make: Callable[[], Awaitable[a.Outcome]]) -> None:
+        t0 = time.perf_counter()
+        outcome, ratio = await a.during(n, make())
+        same, after, _ = await n.unaffected()
+        rows.append(
+            [
+                name,
+                "contained" if outcome.contained else "**NOT CONTAINED**",
+                f"{max(ratio, after):.2f}",
+                "unchanged" if same else "**CHANGED**",
+                f"{time.perf_counter() - t0:.0f}",
+                outcome.detail.replace("|", "/")[:160],
+            ]
+        )
+        print(rows[-1], flush=True)
+
+    pid = int((await n.sbx.commands.run("echo $$")).stdout)
+    plain = [
+        ("replace /bin/bash and friends", a.replace_platform_binaries),
+        ("extent swap / clone ioctls", a.extent_ioctls),
+        ("forged requests to every socket and fd", a.forge_control_requests),
+        ("read for answers and platform logs", a.read_for_answers),
+        ("grep -r from /", a.recursive_grep_from_root),
+        ("write /proc/sys, sysrq, core_pattern", a.write_kernel_knobs),
+        ("runc CVE classes (/proc/self/exe, leaked fds)", a.runc_cve_classes),
+        ("fork bomb", a.fork_bomb),
+        ("memory bomb", a.memory_bomb),
+        ("disk fill", a.disk_fill),
+        ("inode exhaustion", a.inode_exhaustion),
+        ("`yes` flood and a 10 GB stdout", a.output_flood),
+    ]
+    for name, fn in plain:
+        sbx = await attacker(c)
+        await one(name, lambda fn=fn, sbx=sbx: fn(sbx))
+        await sbx.close()
+    sbx = await attacker(c)
+    await one(
+        "privileged syscalls (mount, unshare, setns, ptrace, bpf, ...)",
+        lambda: a.privileged_syscalls(sbx, pid),
+    )
+    await sbx.close()
+    sbx, victim = await attacker(c, True), await attacker(c, True)
+    await victim.commands.start("python3 -m http.server 8080")
+    gw = str(sbx.info.address).rsplit(".", 1)[0] + ".1"
+    await one(
+        "port scan of host and neighbours",
+        lambda: a.port_scan(sbx, [str(victim.info.address), gw, "192.0.2.2", "169.254.169.254"]),
+    )
+    await one(
+        "egress to a denied host, by IP and by name",
+        lambda: a.egress_to_denied(sbx, "http://answers.test:8080/answer.txt", forbidden_url),
+    )
+    await one("DNS tunnelling through the resolver", lambda: a.dns_tunnel(sbx))
+    for s in (sbx, victim):
+        await s.close()
+    await n.stop()
+    return rows
+
+
+async def costs(cfg: NodeConfig) -> list[list[str]]:
+    rows = []
+    variants = [
+        ("all defences (seccomp, no network)", cfg, None),
+        ("seccomp off", replace(cfg, seccomp=False), None),
+        ("seccomp + network policy (netns, veth, nftables, DNS)", cfg, NET),
+    ]
+    for name, config, net in variants:
+        async with corral.AsyncClient(config=config) as c:
+            creates, execs = [], []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                s = await c.sandboxes.create(image=a.IMAGE, network=net)
+                creates.append(time.perf_counter() - t0)
+                for _ in range(40):
+                    t0 = time.perf_counter()
+                    await s.commands.run(["true"])
+                    execs.append(time.perf_counter() - t0)
+                await s.close()
+            py = []
+            s = await c.sandboxes.create(image=a.IMAGE, network=net)
+            for _ in range(10):
+                t0 = time.perf_counter()
+                await s.commands.run(["python3", "-c", "import json, os; os.listdir('/')"])
+                py.append(time.perf_counter() - t0)
+            await s.close()
+        rows.append(
+            [
+                name,
+                f"{statistics.median(creates) * 1000:.1f}",
+                f"{pct(creates, 99) * 1000:.1f}",
+                f"{statistics.median(execs) * 1000:.2f}",
+                f"{pct(execs, 99) * 1000:.2f}",
+                f"{statistics.median(py) * 1000:.1f}",
+            ]
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+async def main() -> None:
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    upstream = UpstreamDNS()
+    with standin_hosts(WORK) as hosts:
+        cfg = NodeConfig.from_env(
+            data_dir=WORK / "node",
+            images=IMAGES,
+            node="guard",
+            network_pool="10.202.0.0/16",
+            dns_port=10253,
+            dns_upstream=f"127.0.0.1:{upstream.port}",
+            dns_hosts={"pypi.test": hosts["index"].ip, "answers.test": hosts["forbidden"].ip},
+            ecosystems={"pypi": ["pypi.test"]},
+            log_quota=64 * 1024,
+        )
+        async with corral.AsyncClient(config=cfg) as c:
+            rows = await run_attacks(c, f"{hosts['forbidden'].url}/answer.txt")
+        cost = await costs(cfg)
+    upstream.close()
+    sections = [
+        "## Attacks\n\nEach attack in a fresh sandbox (0.5 CPU, 128 MiB, 64 pids, 64 MiB "
+        "disk) next to a neighbour sandbox running a steady workload; the ratio is the "
+        "neighbour's median exec latency of `true` during (or right after) the attack over "
+        "its baseline; its files are checksummed before and after.\n\n"
+        + table(
+            [
+                "attack",
+                "outcome",
+                "neighbour latency ratio",
+                "neighbour files",
+                "seconds",
+                "what the attacker saw",
+            ],
+            rows,
+        ),
+        "## What the defences cost\n\nMedians over 15 creates and 600 execs per row, same "
+        "machine, same run.\n\n"
+        + table(
+            [
+                "configuration",
+                "create p50 (ms)",
+                "create p99 (ms)",
+                "exec `true` p50 (ms)",
+                "exec p99 (ms)",
+                "python3 start (ms)",
+            ],
+            cost,
+        ),
+    ]
+    print(
+        write_result(
+            "guard", "Guard: attacks contained, and the cost of the defences", sections
+        ).read_text()
+    )
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
