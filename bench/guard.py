@@ -113,8 +113,10 @@ async def run_attacks(c: corral.AsyncClient, forbidden_url: str) -> list[list[st
 async def costs(cfg: NodeConfig) -> list[list[str]]:
     rows = []
     variants = [
-        ("all defences (seccomp, no network)", cfg, None),
+        ("all defences (seccomp, user namespace, no network)", cfg, None),
         ("seccomp off", replace(cfg, seccomp=False), None),
+        ("user namespace off", replace(cfg, userns=False), None),
+        ("seccomp and user namespace off", replace(cfg, seccomp=False, userns=False), None),
         ("seccomp + network policy (netns, veth, nftables, DNS)", cfg, NET),
     ]
     for name, config, net in variants:

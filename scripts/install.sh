@@ -22,7 +22,8 @@ APT_PACKAGES=(
   btrfs-progs               # per-sandbox writable space with a size limit
   fuse3 libfuse3-dev pkg-config  # on-demand layer loading (pyfuse3 builds against libfuse3)
   debootstrap               # Debian base images
-  busybox-static            # the platform shell inside sandboxes
+  busybox-static            # the platform's tar inside sandboxes
+  bash-static               # the platform shell inside sandboxes
   nftables iproute2         # sandbox networking
   gcc libc6-dev make        # the static platform helpers
   python3 python3-venv python3-dev

@@ -52,7 +52,7 @@ def _layer_tar(build) -> bytes:  # type: ignore[no-untyped-def]
 def _busybox_layer(tar: tarfile.TarFile) -> None:
     _entry(tar, "bin", kind=tarfile.DIRTYPE, mode=0o755)
     _entry(tar, "bin/busybox", Path("/bin/busybox").read_bytes(), mode=0o755)
-    for app in ("sh", "cat", "ls", "readlink"):
+    for app in ("sh", "cat", "ls", "readlink", "id"):
         _entry(tar, f"bin/{app}", kind=tarfile.SYMTYPE, link="busybox")
     _entry(tar, "etc", kind=tarfile.DIRTYPE, mode=0o755)
     _entry(

@@ -170,6 +170,7 @@ async def doctor(a: argparse.Namespace) -> int:
         "mkfs.erofs": shutil.which("mkfs.erofs"),
         "mkfs.btrfs": shutil.which("mkfs.btrfs"),
         "busybox": shutil.which("busybox"),
+        "bash-static": shutil.which("bash-static"),
         "debootstrap": shutil.which("debootstrap"),
         "erofs": "erofs" in Path("/proc/filesystems").read_text(),
         "overlay": "overlay" in Path("/proc/filesystems").read_text(),

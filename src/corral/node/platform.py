@@ -1,9 +1,12 @@
 """The platform layer: the read-only tree every sandbox sees at /.corral.
 
-It holds corral-init (PID 1 and exec server) and a static busybox whose sh
-runs every shell command the platform issues. Nothing the platform executes
-inside a sandbox comes from the image, so an agent that replaces /bin/sh or
-/bin/bash can only fool itself.
+It holds corral-init (PID 1 and exec server), a static bash that runs every
+command given as a string, and a static busybox for the platform's own file
+operations (tar). Nothing the platform executes inside a sandbox comes from
+the image, so an agent that replaces /bin/sh or /bin/bash can only fool
+itself. The shell is bash, not busybox sh: Debian's static busybox runs its
+own applets ahead of PATH, so `grep` in a command would have been busybox
+grep rather than the image's.
 
 Installed content-addressed (<data>/platform/<hash16>/), so a running
 sandbox keeps the version it started with while new ones get the new one.
@@ -21,10 +24,11 @@ from pathlib import Path
 from corral.errors import Unavailable
 
 MOUNT_POINT = "/.corral"
-SHELL = f"{MOUNT_POINT}/bin/sh"
+SHELL = f"{MOUNT_POINT}/bin/bash"
 BUSYBOX = f"{MOUNT_POINT}/bin/busybox"
 INIT = f"{MOUNT_POINT}/bin/corral-init"
 BUSYBOX_CANDIDATES = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
+BASH_CANDIDATES = (Path("/bin/bash-static"), Path("/usr/bin/bash-static"))
 PT_INTERP = 3
 
 
@@ -63,7 +67,12 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
         raise Unavailable(
             "a static busybox is needed for the platform shell: apt-get install busybox-static"
         )
-    files = {"corral-init": init, "busybox": busybox}
+    bash = next((p for p in BASH_CANDIDATES if p.is_file()), None)
+    if bash is None or not is_static_elf(bash):
+        raise Unavailable(
+            "a static bash is needed for the platform shell: apt-get install bash-static"
+        )
+    files = {"corral-init": init, "busybox": busybox, "bash": bash}
     h = hashlib.sha256()
     for name, path in sorted(files.items()):
         h.update(name.encode() + b"\0" + path.read_bytes())

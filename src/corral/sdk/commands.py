@@ -193,7 +193,8 @@ class AsyncCommands:
         stderr_limit: int = MiB,
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's
-        shell (`sh -c`), a list runs as given. `user` defaults to the image's
+        own static bash (`bash -c`; programs still come from the image's
+        PATH), a list runs as given. `user` defaults to the image's
         user, else root. Raises CommandTimeout (a
         TimeoutError) after killing the command's whole process tree."""
         req = self._request(
