@@ -36,7 +36,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ipc.h>
+#include <sys/msg.h>
 #include <sys/prctl.h>
+#include <sys/sem.h>
+#include <sys/shm.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -835,6 +839,121 @@ static int handle_kill(int conn, struct cursor *c) {
     return send_ok(conn, 0);
 }
 
+/* ------------------------------------------------------------------ reset */
+
+/* Processes of the sandbox other than PID 1 and the caller that are not
+ * already dead (zombies wait for PID 1 to reap them). */
+static int others_alive(void) {
+    DIR *d = opendir("/proc");
+    if (!d) return -1;
+    int n = 0;
+    pid_t self = getpid();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 1 || pid == self) continue;
+        char path[64], stat[256];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t r = read(fd, stat, sizeof stat - 1);
+        close(fd);
+        if (r <= 0) continue;
+        stat[r] = 0;
+        char *paren = strrchr(stat, ')');
+        if (paren && paren[1] == ' ' && paren[2] == 'Z') continue;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Remove everything under the directory open at dfd, never following a
+ * link (the sandbox wrote these names). Returns the number removed. */
+static long empty_dir(int dfd) {
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return 0;
+    }
+    long n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (unlinkat(dfd, e->d_name, 0) == 0) {
+            n++;
+            continue;
+        }
+        int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0) continue;
+        n += empty_dir(sub);
+        if (unlinkat(dfd, e->d_name, AT_REMOVEDIR) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Removing an object takes its owner's euid (sandboxes lack CAP_IPC_OWNER
+ * and CAP_SYS_ADMIN): become each owner in turn. `uid_col` is the uid
+ * column of the /proc table. */
+static void drop_sysv(const char *table, int kind, int uid_col) {
+    FILE *f = fopen(table, "re");
+    if (!f) return;
+    char line[512];
+    if (!fgets(line, sizeof line, f)) {
+        fclose(f);
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        long col[16];
+        int n = 0;
+        char *p = line, *end;
+        while (n < 16) {
+            col[n] = strtol(p, &end, 10);
+            if (end == p) break;
+            n++;
+            p = end;
+        }
+        if (n <= uid_col) continue;
+        int id = (int)col[1];
+        if (seteuid((uid_t)col[uid_col]) < 0) continue;
+        if (kind == 0) shmctl(id, IPC_RMID, NULL);
+        else if (kind == 1) msgctl(id, IPC_RMID, NULL);
+        else semctl(id, 0, IPC_RMID);
+        if (seteuid(0) < 0) _exit(1); /* cannot happen: the saved uid is 0 */
+    }
+    fclose(f);
+}
+
+/* A function-call worker between two calls: nothing of the last call may
+ * reach the next. Every process but PID 1 dies (repeatedly: a fork bomb
+ * may still be forking), the given directories (the only writable places
+ * of a worker) are emptied, and System V IPC objects are removed. */
+static int handle_reset(int conn, struct cursor *c) {
+    char **dirs = cur_strv(c);
+    if (c->bad) return send_error(conn, EINVAL, "malformed reset request");
+    int left = -1;
+    for (int round = 0; round < 2000; round++) {
+        kill(-1, SIGKILL);
+        left = others_alive();
+        if (left == 0) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (left != 0) return send_error(conn, EBUSY, "%d processes survived the reset", left);
+    long removed = 0;
+    for (char **dir = dirs; *dir; dir++) {
+        int dfd = open(*dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0) return send_error(conn, errno, "%s: %s", *dir, strerror(errno));
+        removed += empty_dir(dfd);
+    }
+    drop_sysv("/proc/sysvipc/shm", 0, 7);
+    drop_sysv("/proc/sysvipc/msg", 1, 7);
+    drop_sysv("/proc/sysvipc/sem", 2, 4);
+    return send_ok(conn, (uint64_t)removed);
+}
+
 /* ------------------------------------------------------------------ dispatch */
 
 /* The agent may still be sending when an answer is final: stdin for a
@@ -870,6 +989,10 @@ static void serve_connection(int conn) {
     }
     if (f.type == REQ_KILL) {
         handle_kill(conn, &c);
+        return;
+    }
+    if (f.type == REQ_RESET) {
+        handle_reset(conn, &c);
         return;
     }
     /* File operations: user, path, then per-operation fields. */

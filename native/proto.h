@@ -31,6 +31,7 @@ enum {
     REQ_MKDIR = 0x24,
     REQ_REMOVE = 0x25,
     REQ_KILL = 0x26,      /* u32 pid, u32 signal: for a command whose connection is gone */
+    REQ_RESET = 0x27,     /* strv dirs: kill every process, empty the dirs, drop SysV IPC */
     REQ_DATA = 0x30,
     REQ_END = 0x31,
 };

@@ -25,6 +25,7 @@ APT_PACKAGES=(
   busybox-static            # the platform's tar inside sandboxes
   bash-static               # the platform shell inside sandboxes
   nftables iproute2         # sandbox networking
+  bubblewrap                # a peer in the function-call benchmark
   gcc libc6-dev make        # the static platform helpers
   python3 python3-venv python3-dev
   ca-certificates curl tar
@@ -63,5 +64,7 @@ make -s -C native
 # --- images the tests and the demo start from ----------------------------------
 say "images: debian-python:bookworm (debootstrap, cached)"
 .venv/bin/corral image build debian-python:bookworm --debootstrap bookworm --packages python3
+say "images: fncall:bookworm (function calls: python, bash, c, c++; cached)"
+.venv/bin/corral image build fncall:bookworm --debootstrap bookworm --packages python3,gcc,g++,libc6-dev
 
 say "install complete"

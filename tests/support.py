@@ -39,10 +39,18 @@ class Server:
         self.config = config
         self.sock = sock
         self.proc: subprocess.Popen[bytes] | None = None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
 
     @property
     def url(self) -> str:
         return f"unix:{self.sock}"
+
+    @property
+    def tcp_url(self) -> str:
+        """For clients that speak plain HTTP only (SandboxFusion's)."""
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         env = dict(
@@ -63,7 +71,7 @@ class Server:
                 str(self.config.data_dir),
                 "serve",
                 "--port",
-                "0",
+                str(self.port),
                 "--socket",
                 str(self.sock),
                 "--log-level",

@@ -72,6 +72,13 @@ class NodeConfig:
     ecosystems: dict[str, list[str]] = field(default_factory=lambda: dict(ECOSYSTEMS))
     dns_hosts: dict[str, str] = field(default_factory=dict)  # names answered locally
     dns_upstream: str | None = None  # None: the host's resolver
+    # Function calls: the image they run on unless a call names one, and
+    # the warm workers per image (each serves one call at a time).
+    fncall_image: str = "fncall:bookworm"
+    fncall_workers: int = field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)))
+    fncall_cpu: float = 1.0
+    fncall_pids: int = 256
+    fncall_tmpfs: int = 512 * 1024**2  # size of each of the call's /tmp and /work
 
     def __post_init__(self) -> None:
         if not _NODE.match(self.node):
@@ -97,17 +104,30 @@ class NodeConfig:
                 continue
             if f.name in ("data_dir", "platform_src", "images"):
                 values[f.name] = Path(raw)
-            elif f.name in ("scratch_size", "max_file_bytes", "chunk_cache_size", "log_quota"):
+            elif f.name in (
+                "scratch_size",
+                "max_file_bytes",
+                "chunk_cache_size",
+                "log_quota",
+                "fncall_tmpfs",
+            ):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
             elif f.name in ("ecosystems", "dns_hosts", "network_deny"):
                 values[f.name] = json.loads(raw)
-            elif f.name in ("max_sandboxes", "lazy_readahead", "dns_port"):
+            elif f.name in (
+                "max_sandboxes",
+                "lazy_readahead",
+                "dns_port",
+                "fncall_workers",
+                "fncall_pids",
+            ):
                 values[f.name] = int(raw)
             elif f.name in (
                 "memory_overcommit",
                 "reaper_interval",
                 "lazy_deadline",
                 "liveness_interval",
+                "fncall_cpu",
             ):
                 values[f.name] = float(raw)
             elif f.name in ("lazy", "seccomp", "userns"):

@@ -47,6 +47,19 @@ RECLAIMED = Counter(
     registry=REGISTRY,
 )
 
+FNCALLS = Counter(
+    "corral_fncalls_total",
+    "Function calls by language and status",
+    ["language", "status"],
+    registry=REGISTRY,
+)
+FNCALL_SECONDS = Histogram(
+    "corral_fncall_seconds",
+    "Function call, request to verdict",
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+
 
 def exposition() -> bytes:
     return bytes(generate_latest(REGISTRY))

@@ -17,12 +17,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral import __version__, metrics
+from corral.api.compat import sandboxfusion
 from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
     ExecRequest,
     FileEntry,
+    FnCallRequest,
+    FnCallResult,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
@@ -203,5 +206,16 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
     @app.post("/v1/sandboxes/{sandbox_id}/commit", dependencies=v1)
     async def commit(sandbox_id: str, req: CommitRequest) -> LayerInfo:
         return await service.commit(sandbox_id, req)
+
+    @app.post("/v1/fncall", dependencies=v1)
+    async def run_call(req: FnCallRequest) -> FnCallResult:
+        return await service.run_call(req)
+
+    @app.post("/run_code", dependencies=v1)
+    @app.post("/v1/run_code", dependencies=v1)
+    async def run_code(req: sandboxfusion.RunCodeRequest) -> sandboxfusion.RunCodeResponse:
+        """SandboxFusion's endpoint (see api/compat/sandboxfusion.py)."""
+        result = await service.run_call(sandboxfusion.to_call(req))
+        return sandboxfusion.from_result(result)
 
     return app

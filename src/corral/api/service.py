@@ -18,6 +18,8 @@ from corral.api.models import (
     ExecEvent,
     ExecRequest,
     FileEntry,
+    FnCallRequest,
+    FnCallResult,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
@@ -64,5 +66,7 @@ class SandboxService(Protocol):
     async def audit(self, sandbox_id: str) -> AuditReport: ...
 
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo: ...
+
+    async def run_call(self, req: FnCallRequest) -> FnCallResult: ...
 
     async def aclose(self) -> None: ...

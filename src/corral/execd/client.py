@@ -186,6 +186,10 @@ class ExecdClient:
     async def kill(self, pid: int, signal: int) -> None:
         await self._ok(p.frame(p.REQ_KILL, p.u32(pid) + p.u32(signal)), None)
 
+    async def reset(self, dirs: builtins.list[str]) -> None:
+        """Kill every process but init, empty `dirs`, drop SysV IPC."""
+        await self._ok(p.frame(p.REQ_RESET, p.strings(dirs)), None)
+
     async def start(
         self,
         argv: builtins.list[str],

@@ -33,6 +33,8 @@ from corral.api.models import (
     ExecRequest,
     ExecStarted,
     FileEntry,
+    FnCallRequest,
+    FnCallResult,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
@@ -70,6 +72,9 @@ from corral.runtimes.base import Prepared, Runtime, process_start_time
 from corral.runtimes.container.bundle import IDS
 from corral.runtimes.container.oci import OciRuntime
 from corral.runtimes.container.runtime import ContainerRuntime, control_path
+from corral.runtimes.fncall.pool import POOL_LABEL
+from corral.runtimes.fncall.runtime import FnCallRuntime
+from corral.runtimes.fncall.service import FnCalls
 
 log = get_logger("corral.node")
 
@@ -158,6 +163,7 @@ class NodeAgent:
         self._maintenance: Any = None
         self._started = False
         self._host_memory = host_memory()
+        self.fncall = FnCalls(self)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -194,10 +200,10 @@ class NodeAgent:
         self._nsexec = platform.nsexec
         self.seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd)
         await asyncio.to_thread(self.seccompd.ensure)
+        listener = self.seccompd.socket if cfg.seccomp else None
         self.runtimes = {
-            "container": ContainerRuntime(
-                oci, self.cgroups, platform, self.seccompd.socket if cfg.seccomp else None
-            )
+            "container": ContainerRuntime(oci, self.cgroups, platform, listener),
+            "fncall": FnCallRuntime(oci, self.cgroups, platform, listener, cfg.fncall_tmpfs),
         }
         self.store = Store(cfg.db_path)
         await asyncio.to_thread(self.scratch.open)
@@ -214,6 +220,7 @@ class NodeAgent:
             return
         self._started = False
         was_leader = self._maintenance.is_leader
+        await self.fncall.pool.aclose()
         await self._maintenance.stop()
         self.stop_resolver()
         for session in list(self._sessions.values()):
@@ -533,12 +540,28 @@ class NodeAgent:
         return self._info(self._record(sandbox_id))
 
     async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
-        return [self._info(r) for r in self._db().list(ACTIVE_STATES, labels)]
+        records = self._db().list(ACTIVE_STATES, labels)
+        if not labels or POOL_LABEL not in labels:
+            # Pooled function-call workers are the platform's, not the caller's.
+            records = [r for r in records if POOL_LABEL not in r.labels]
+        return [self._info(r) for r in records]
 
     # ---------------------------------------------------------------- exec
 
     def _client(self, sandbox_id: str) -> ExecdClient:
         return ExecdClient(str(control_path(self.config.run_dir, sandbox_id)))
+
+    def execd(self, sandbox_id: str) -> ExecdClient:
+        """The exec server of a sandbox, for the node's own services."""
+        return self._client(sandbox_id)
+
+    def require_cgroups(self) -> cg.Cgroups:
+        if self.cgroups is None:
+            raise Unavailable("the node agent is not started (or was closed)")
+        return self.cgroups
+
+    async def run_call(self, req: FnCallRequest) -> FnCallResult:
+        return await self.fncall.run(req)
 
     async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         rec = self._running(sandbox_id)
@@ -599,6 +622,11 @@ class NodeAgent:
                         max_rss=x.max_rss,
                         duration=time.monotonic() - t0,
                     )
+                    if rec.kind == "fncall" and self._busy.get(sandbox_id) == 1:
+                        # Stateless: once nothing runs, nothing of it is
+                        # kept; wiped before the caller hears the exit, so
+                        # its next command starts clean.
+                        await self._reset_stateless(sandbox_id)
                     yield exit_event
                     return
                 yield ExecOutput(
@@ -611,9 +639,17 @@ class NodeAgent:
             self._busy[sandbox_id] -= 1
             if not self._busy[sandbox_id]:
                 del self._busy[sandbox_id]
+                if rec.kind == "fncall" and exit_event is None:
+                    await self._reset_stateless(sandbox_id)
             self._activity[sandbox_id] = time.time()
             metrics.EXEC_TOTAL.labels(outcome).inc()
             metrics.EXEC_SECONDS.observe(time.monotonic() - t0)
+
+    async def _reset_stateless(self, sandbox_id: str) -> None:
+        try:
+            await self.fncall.reset(sandbox_id)
+        except CorralError as exc:
+            log.warning("fncall.reset_failed", sandbox=sandbox_id, error=str(exc))
 
     def _account(
         self,

@@ -72,6 +72,27 @@ class Cgroups:
         except (OSError, ValueError, IndexError):
             return None
 
+    def set_memory(self, sandbox_id: str, limit: int) -> None:
+        """Change a running sandbox's memory limit (swap stays off).
+
+        v1 keeps memsw >= limit at every step: raising, memsw goes first;
+        lowering, the limit does."""
+        base = self._controller("memory")
+        if base is None:
+            return
+        d = base / self.parent / sandbox_id
+        if self.mode is Mode.V2:
+            (d / "memory.max").write_text(str(limit))
+            return
+        mem, memsw = d / "memory.limit_in_bytes", d / "memory.memsw.limit_in_bytes"
+        if not memsw.exists():
+            mem.write_text(str(limit))
+            return
+        current = int(mem.read_text())
+        order = [memsw, mem] if limit > current else [mem, memsw]
+        for f in order:
+            f.write_text(str(limit))
+
     def memory_usage(self, sandbox_id: str) -> int | None:
         return self._read_int("memory", sandbox_id, "memory.usage_in_bytes", "memory.current")
 

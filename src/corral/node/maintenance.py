@@ -25,6 +25,7 @@ from corral import metrics
 from corral.log import get_logger
 from corral.node.store import ACTIVE_STATES, SandboxRecord
 from corral.runtimes.base import process_start_time
+from corral.runtimes.fncall.pool import POOL_LABEL
 
 if TYPE_CHECKING:
     from corral.node.agent import NodeAgent
@@ -134,10 +135,23 @@ class Maintenance:
                 await self.agent.close(rec.id, reason=f"idle for {idle:.0f}s")
             elif check_liveness and not init_alive(rec):
                 await self._fail(rec, "its init process exited")
+            elif check_liveness and self._orphan_worker(rec):
+                await self.agent.close(rec.id, reason="its function-call pool is gone")
         metrics.SANDBOXES_ACTIVE.set(db.count_active()[0])
         if now - self._last_gc >= GC_EVERY:
             self._last_gc = now
             await self.gc()
+
+    def _orphan_worker(self, rec: SandboxRecord) -> bool:
+        """A pooled function-call worker lives only as long as the agent
+        whose pool holds it (nobody else can hand it out)."""
+        from corral.node.agent import owner_alive
+
+        return (
+            POOL_LABEL in rec.labels
+            and rec.owner != self.agent.owner
+            and not owner_alive(rec.owner)
+        )
 
     async def _check_loader(self) -> None:
         """A dead lazy loader leaves every sandbox reading through it with
@@ -169,6 +183,10 @@ class Maintenance:
         for rec in db.list(ACTIVE_STATES):
             if rec.owner != self.agent.owner and rec.state != "running" and owner_alive(rec.owner):
                 continue  # another live agent is creating or closing it
+            if rec.state == "running" and self._orphan_worker(rec):
+                await self.agent.close(rec.id, reason="its function-call pool is gone")
+                report.reclaimed_sandboxes += 1
+                continue
             if rec.state == "running" and init_alive(rec):
                 report.reattached += 1
                 continue

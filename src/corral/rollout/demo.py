@@ -24,6 +24,7 @@ from corral.cli.progress import progress_bar
 from corral.config import NodeConfig
 from corral.images.store import ImageStore
 from corral.rollout import demo_images as di
+from corral.rollout import humaneval
 from corral.sdk.client import AsyncClient
 from corral.sdk.sandbox import AsyncSandbox
 
@@ -114,6 +115,14 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
         close_s = (time.monotonic() - t_close) / sandboxes
         wall = time.monotonic() - wall0
 
+        # The other half of an RL step on code: rewards for many small
+        # programs, judged as stateless function calls from a warm pool.
+        for task in list(bar.task_ids):
+            bar.remove_task(task)  # printed already; show only the new one
+        with bar:
+            judging = bar.add_task("judge HumanEval (function calls)", total=328)
+            judged = await humaneval.judge(client, on_done=lambda: bar.advance(judging))
+
     per_sandbox_mem = max(0, mem_before - mem_idle) / sandboxes
     creates = [r.create_s for r in rollouts]
     execs = [r.exec_s for r in rollouts]
@@ -142,10 +151,19 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
         "wall_s": wall,
         "host_memory_per_idle_sandbox_mib": per_sandbox_mem / 2**20,
         "projects": projects_doc,
+        "humaneval": {
+            "calls": judged.calls,
+            "canonical_passed": judged.canonical_passed,
+            "broken_failed": judged.broken_failed,
+            "calls_per_s": judged.calls_per_s,
+            "latency_p50_ms": judged.median_ms,
+            "latency_p99_ms": judged.latency_ms(99),
+        },
     }
+    ok = not failed and judged.all_correct
     if as_json:
         print(json.dumps(doc))
-        return 1 if failed else 0
+        return 0 if ok else 1
 
     summary = Table(title=f"Rollout batch: {sandboxes} sandboxes at once (embedded node)")
     for col in (
@@ -197,4 +215,27 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
     console.print(table)
     for r in failed[:3]:
         console.print(f"[red]failed[/red] {r.project}: exit {r.exit_code}: {r.summary}")
-    return 1 if failed else 0
+    he = Table(title="HumanEval judged through function calls (warm pool, clean worker per call)")
+    for col in (
+        "calls",
+        "canonical solutions passed",
+        "broken bodies failed",
+        "calls/s",
+        "latency p50",
+        "latency p99",
+        "wall",
+    ):
+        he.add_column(col, justify="right")
+    he.add_row(
+        str(judged.calls),
+        f"{judged.canonical_passed}/{judged.canonical_total}",
+        f"{judged.broken_failed}/{judged.broken_total}",
+        f"{judged.calls_per_s:.0f}",
+        f"{judged.median_ms:.0f} ms",
+        f"{judged.latency_ms(99):.0f} ms",
+        f"{judged.wall_s:.1f} s",
+    )
+    console.print(he)
+    for line in judged.wrong[:3]:
+        console.print(f"[red]misjudged[/red] {line}")
+    return 0 if ok else 1

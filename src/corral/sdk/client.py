@@ -18,6 +18,7 @@ from typing import Any
 from corral.api.models import CreateSandbox, NetworkPolicy, validated
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
+from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.sandbox import AsyncSandbox
 
 
@@ -106,6 +107,7 @@ class AsyncClient:
             cfg = config or NodeConfig.from_env(data_dir=data_dir, node=node)
             self._service = NodeAgent(cfg)
         self.sandboxes = AsyncSandboxes(self)
+        self.fncall = AsyncFnCall(self)
 
     @property
     def service(self) -> SandboxService:

@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from corral.sdk import client, commands, files, network, sandbox
+from corral.sdk import client, commands, files, fncall, network, sandbox
 
 CLASSES: list[tuple[type[Any], str]] = [
     (client.AsyncClient, "Client"),
@@ -29,6 +29,7 @@ CLASSES: list[tuple[type[Any], str]] = [
     (commands.AsyncCommandHandle, "CommandHandle"),
     (files.AsyncFiles, "Files"),
     (network.AsyncNetwork, "Network"),
+    (fncall.AsyncFnCall, "FnCall"),
 ]
 RENAME = {cls.__name__: name for cls, name in CLASSES}
 TARGET = Path(__file__).with_name("sync.py")
@@ -141,6 +142,7 @@ def _class(cls: type[Any], name: str) -> str:
             *[f"            {c}," for c in call.split(", ")],
             "        )",
             "        self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)",
+            "        self.fncall = FnCall(self._portal, self._inner.fncall)",
             "",
             "    def __enter__(self) -> Client:",
             "        self.open()",
@@ -239,10 +241,19 @@ from __future__ import annotations
 
 import builtins
 import signal as signals
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.api.models import AuditReport, FileEntry, LayerInfo, NetworkPolicy, SandboxInfo
+from corral.api.models import (
+    AuditReport,
+    FileEntry,
+    FnCallRequest,
+    FnCallResult,
+    LayerInfo,
+    NetworkPolicy,
+    SandboxInfo,
+)
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.sdk.client import AsyncClient, AsyncSandboxes
@@ -254,13 +265,32 @@ from corral.sdk.commands import (
     OutputCallback,
 )
 from corral.sdk.files import AsyncFiles
+from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.network import AsyncNetwork
 from corral.sdk.portal import Portal
 from corral.sdk.sandbox import AsyncSandbox
 
-__all__ = ["Client", "CommandHandle", "Commands", "Files", "Network", "Sandbox", "Sandboxes"]
+__all__ = [
+    "Client",
+    "CommandHandle",
+    "Commands",
+    "Files",
+    "FnCall",
+    "Network",
+    "Sandbox",
+    "Sandboxes",
+]
 '''
-    order = ["Files", "Network", "CommandHandle", "Commands", "Sandbox", "Sandboxes", "Client"]
+    order = [
+        "Files",
+        "Network",
+        "CommandHandle",
+        "Commands",
+        "Sandbox",
+        "Sandboxes",
+        "FnCall",
+        "Client",
+    ]
     by_name = {name: cls for cls, name in CLASSES}
     body = "\n\n".join(_class(by_name[n], n) for n in order)
     return head + "\n\n" + body

@@ -22,6 +22,8 @@ from corral.api.models import (
     ExecRequest,
     ExecStarted,
     FileEntry,
+    FnCallRequest,
+    FnCallResult,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
@@ -189,6 +191,15 @@ class HttpService:
             headers={"content-type": "application/json"},
         )
         return LayerInfo.model_validate_json(resp.content)
+
+    async def run_call(self, req: FnCallRequest) -> FnCallResult:
+        resp = await self._call(
+            "POST",
+            "/v1/fncall",
+            content=req.model_dump_json(),
+            headers={"content-type": "application/json"},
+        )
+        return FnCallResult.model_validate_json(resp.content)
 
     async def audit(self, sandbox_id: str) -> AuditReport:
         resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}/audit")

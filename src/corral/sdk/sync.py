@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import builtins
 import signal as signals
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.api.models import AuditReport, FileEntry, LayerInfo, NetworkPolicy, SandboxInfo
+from corral.api.models import (
+    AuditReport,
+    FileEntry,
+    FnCallRequest,
+    FnCallResult,
+    LayerInfo,
+    NetworkPolicy,
+    SandboxInfo,
+)
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.sdk.client import AsyncClient, AsyncSandboxes
@@ -24,11 +33,21 @@ from corral.sdk.commands import (
     OutputCallback,
 )
 from corral.sdk.files import AsyncFiles
+from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.network import AsyncNetwork
 from corral.sdk.portal import Portal
 from corral.sdk.sandbox import AsyncSandbox
 
-__all__ = ["Client", "CommandHandle", "Commands", "Files", "Network", "Sandbox", "Sandboxes"]
+__all__ = [
+    "Client",
+    "CommandHandle",
+    "Commands",
+    "Files",
+    "FnCall",
+    "Network",
+    "Sandbox",
+    "Sandboxes",
+]
 
 
 class Files:
@@ -299,6 +318,66 @@ class Sandboxes:
         return [Sandbox(self._portal, x) for x in self._portal.call(self._inner.list, labels)]
 
 
+class FnCall:
+    """Blocking twin of AsyncFnCall."""
+
+    def __init__(self, portal: Portal, inner: AsyncFnCall) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    def run(
+        self,
+        language: str,
+        code: str,
+        *,
+        stdin: str | bytes | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        fetch_files: builtins.list[str] | None = None,
+        compile_timeout: float = 10,
+        run_timeout: float = 10,
+        memory: int | str = '512MiB',
+        output_limit: int | str = '1MiB',
+        image: str | None = None,
+    ) -> FnCallResult:
+        """Write `code` (and `files`) into a clean worker's /work, compile it if the language
+        compiles, run it with `stdin`, and return the verdict: status (ok, compile_error,
+        runtime_error, timeout, memory_exceeded, output_limit), exit code (-signal if killed),
+        stdout, stderr, compile output, wall and CPU time, peak memory, and the `fetch_files`
+        that exist afterwards. stdout and stderr are each capped at `output_limit` bytes."""
+        result = self._portal.call(
+            self._inner.run,
+            language,
+            code,
+            stdin=stdin,
+            files=files,
+            fetch_files=fetch_files,
+            compile_timeout=compile_timeout,
+            run_timeout=run_timeout,
+            memory=memory,
+            output_limit=output_limit,
+            image=image,
+        )
+        return result
+
+    def run_many(
+        self,
+        calls: builtins.list[FnCallRequest] | builtins.list[dict[str, Any]],
+        *,
+        concurrency: int = 8,
+        on_result: Callable[[int, FnCallResult], object] | None = None,
+    ) -> builtins.list[FnCallResult]:
+        """Run many calls, at most `concurrency` at once. `on_result(index, result)` is called as
+        each finishes (in completion order); the list returned is in the order of `calls`. A
+        call given as a dict takes run()'s keyword arguments plus `language` and `code`."""
+        result = self._portal.call(
+            self._inner.run_many,
+            calls,
+            concurrency=concurrency,
+            on_result=on_result,
+        )
+        return result
+
+
 class Client:
     """Blocking twin of AsyncClient."""
 
@@ -322,6 +401,7 @@ class Client:
             timeout=timeout,
         )
         self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)
+        self.fncall = FnCall(self._portal, self._inner.fncall)
 
     def __enter__(self) -> Client:
         self.open()

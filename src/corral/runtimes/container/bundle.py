@@ -27,6 +27,10 @@ class BundleSpec:
     swap_accounting: bool
     seccomp: dict[str, Any] | None = None
     host_id: int | None = None  # user namespace: container 0..65535 = host_id..+65535
+    # A function-call worker: the root is read-only and these (path, bytes)
+    # tmpfs mounts are the only places a call can write.
+    readonly_root: bool = False
+    tmpfs: tuple[tuple[str, int], ...] = ()
 
 
 def _nofile_limit() -> int:
@@ -63,7 +67,7 @@ def config(spec: BundleSpec) -> dict[str, Any]:
     return {
         "ociVersion": "1.0.2",
         "hostname": "sandbox",
-        "root": {"path": str(spec.rootfs), "readonly": False},
+        "root": {"path": str(spec.rootfs), "readonly": spec.readonly_root},
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
@@ -124,6 +128,15 @@ def config(spec: BundleSpec) -> dict[str, Any]:
                 "source": "cgroup",
                 "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
             },
+            *(
+                {
+                    "destination": dest,
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "nodev", "mode=1777", f"size={size}", "nr_inodes=65536"],
+                }
+                for dest, size in spec.tmpfs
+            ),
             {
                 "destination": platform.MOUNT_POINT,
                 "type": "bind",

@@ -19,6 +19,8 @@ from corral.runtimes.container.oci import OciRuntime, Overlay
 
 class ContainerRuntime:
     kind = "container"
+    readonly_root = False
+    tmpfs: tuple[tuple[str, int], ...] = ()
 
     def __init__(
         self, oci: OciRuntime, cgroups: Cgroups, platform: Platform, seccomp_listener: Path | None
@@ -53,6 +55,8 @@ class ContainerRuntime:
                 if self.seccomp_listener
                 else None,
                 host_id=prep.host_id,
+                readonly_root=self.readonly_root,
+                tmpfs=self.tmpfs,
             )
         )
         (prep.sandbox_dir / "config.json").write_text(json.dumps(cfg))

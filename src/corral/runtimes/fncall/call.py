@@ -1,0 +1,137 @@
+"""One function call on a clean worker: files in, compile, run, files out,
+and the verdict.
+
+The call runs as an unprivileged user (CALL_USER) in /work; its memory
+limit is set on the worker's cgroup for the call, so an OOM kill is told
+apart from a crash by the cgroup's counter, not guessed from the signal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from corral.api.models import FnCallRequest, FnCallResult, FnCallStage, FnCallStatus
+from corral.errors import FileNotFound
+from corral.execd import protocol as proto
+from corral.execd.client import ExecdClient
+from corral.node.cgroups import Cgroups
+from corral.runtimes.fncall.languages import Language
+
+CALL_USER = "1000:1000"
+WORK = "/work"
+FETCH_LIMIT = 16 * 1024 * 1024
+ENV = [
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/tmp",
+    "TMPDIR=/tmp",
+    "LANG=C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE=1",
+]
+
+
+@dataclass(frozen=True)
+class Worker:
+    id: str
+    execd: ExecdClient
+    cgroups: Cgroups
+
+
+async def _stage(
+    w: Worker, argv: list[str], stdin: bytes | None, timeout: float, limit: int
+) -> FnCallStage:
+    t0 = time.monotonic()
+    session = await w.execd.start(
+        argv,
+        ENV,
+        user=CALL_USER,
+        cwd=WORK,
+        timeout=timeout,
+        stdout_cap=limit,
+        stderr_cap=limit,
+        stdin=stdin,
+    )
+    out: list[bytes] = []
+    err: list[bytes] = []
+    x: proto.Exit | None = None
+    async for kind, payload in session.events():
+        if kind == proto.RSP_EXIT:
+            x = proto.parse_exit(payload)
+        else:
+            (out if kind == proto.RSP_STDOUT else err).append(payload)
+    if x is None:
+        raise ConnectionError("the worker's exec server closed the call")
+    return FnCallStage(
+        # Killed by a signal: -signal, as Python's subprocess reports it.
+        exit_code=-x.signal if x.signal else x.exit_code,
+        signal=x.signal,
+        timed_out=x.timed_out,
+        stdout=b"".join(out).decode(errors="replace"),
+        stderr=b"".join(err).decode(errors="replace"),
+        truncated=x.stdout_bytes > limit or x.stderr_bytes > limit,
+        wall_time=time.monotonic() - t0,
+        cpu_time=x.cpu_user + x.cpu_system,
+        peak_memory=x.max_rss,
+    )
+
+
+def _verdict(stage: FnCallStage, oom: bool, compiling: bool) -> FnCallStatus:
+    if stage.timed_out:
+        return "timeout"
+    if oom:
+        return "memory_exceeded"
+    if compiling:
+        return "compile_error" if stage.exit_code != 0 else "ok"
+    if stage.truncated:
+        return "output_limit"
+    return "runtime_error" if stage.exit_code != 0 else "ok"
+
+
+async def run(w: Worker, lang: Language, req: FnCallRequest) -> FnCallResult:
+    w.cgroups.set_memory(w.id, req.memory)
+    ooms = w.cgroups.oom_kills(w.id)
+    for name, data in req.files.items():
+        await w.execd.write(CALL_USER, f"{WORK}/{name}", data, max_bytes=len(data))
+    code = req.code.encode()
+    await w.execd.write(CALL_USER, f"{WORK}/{lang.source}", code, max_bytes=len(code))
+
+    compiled: FnCallStage | None = None
+    if lang.compile is not None:
+        compiled = await _stage(w, list(lang.compile), None, req.compile_timeout, req.output_limit)
+        oom = w.cgroups.oom_kills(w.id) > ooms
+        status = _verdict(compiled, oom, compiling=True)
+        if status != "ok":
+            return _result(status, compiled, None, {})
+    ran = await _stage(w, list(lang.run), req.stdin, req.run_timeout, req.output_limit)
+    status = _verdict(ran, w.cgroups.oom_kills(w.id) > ooms, compiling=False)
+    files: dict[str, bytes] = {}
+    for name in req.fetch_files:
+        try:
+            files[name] = await w.execd.read(CALL_USER, f"{WORK}/{name}", FETCH_LIMIT)
+        except FileNotFound:
+            continue
+    return _result(status, compiled, ran, files)
+
+
+def _result(
+    status: FnCallStatus,
+    compiled: FnCallStage | None,
+    ran: FnCallStage | None,
+    files: dict[str, bytes],
+) -> FnCallResult:
+    last = ran or compiled
+    assert last is not None
+    stages = [s for s in (compiled, ran) if s is not None]
+    return FnCallResult(
+        status=status,
+        exit_code=last.exit_code,
+        stdout=ran.stdout if ran else "",
+        stderr=ran.stderr if ran else "",
+        compile_output=(compiled.stdout + compiled.stderr) if compiled else "",
+        wall_time=sum(s.wall_time for s in stages),
+        cpu_time=sum(s.cpu_time for s in stages),
+        peak_memory=max(s.peak_memory for s in stages),
+        files=files,
+        compile=compiled,
+        run=ran,
+    )

@@ -1,0 +1,160 @@
+"""Warm workers for function calls, per image.
+
+A worker is a container sandbox of kind "fncall" (read-only root; /tmp and
+/work are tmpfs) that serves one call at a time. Between two calls it is
+reset (every process killed, the writable dirs emptied, SysV IPC dropped)
+before it goes back to the queue, so a call never sees what the last one
+left and pays no container start. A worker that fails its reset is closed
+and replaced.
+
+Invariant: for each image, `_count` workers exist; each is either in the
+queue (idle and clean), held by exactly one call, or being reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from corral.api.models import CreateSandbox
+from corral.errors import Unavailable
+from corral.log import get_logger
+
+log = get_logger("corral.fncall")
+
+# The only places a call can write (the root is read-only).
+RESET_DIRS = ["/tmp", "/work", "/dev/shm", "/dev/mqueue"]
+POOL_LABEL = "corral.pool"
+WAIT_FOR_WORKER = 120.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    cpu: float
+    memory: int  # the ceiling; each call sets its own limit under it
+    pids: int
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        create: Callable[[CreateSandbox], Awaitable[str]],
+        reset: Callable[[str], Awaitable[None]],
+        close: Callable[[str], Awaitable[None]],
+        size: int,
+        spec: WorkerSpec,
+    ) -> None:
+        self._create, self._reset, self._close = create, reset, close
+        self.size = size
+        self.spec = spec
+        self._idle: dict[str, asyncio.Queue[str]] = {}
+        self._count: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def _request(self, image: str) -> CreateSandbox:
+        return CreateSandbox(
+            kind="fncall",
+            image=image,
+            cpu=self.spec.cpu,
+            memory=self.spec.memory,
+            disk=16 * 1024 * 1024,
+            pids=self.spec.pids,
+            ttl=None,
+            idle_timeout=None,
+            labels={POOL_LABEL: "fncall"},
+        )
+
+    def _queue(self, image: str) -> asyncio.Queue[str]:
+        if image not in self._idle:
+            self._idle[image] = asyncio.Queue()
+            self._count[image] = 0
+            self._waiting[image] = 0
+        return self._idle[image]
+
+    async def _new(self, image: str) -> str:
+        self._count[image] += 1
+        try:
+            return await self._create(self._request(image))
+        except BaseException:
+            self._count[image] -= 1
+            raise
+
+    async def acquire(self, image: str) -> str:
+        """A clean worker for one call; the caller must release() it."""
+        if self._closed:
+            raise Unavailable("the function-call pool is closed")
+        q = self._queue(image)
+        if q.empty() and self._count[image] < self.size:
+            return await self._new(image)
+        self._waiting[image] += 1
+        try:
+            return await asyncio.wait_for(q.get(), WAIT_FOR_WORKER)
+        except TimeoutError:
+            raise Unavailable(
+                f"no function-call worker for {image} became free in {WAIT_FOR_WORKER:.0f}s"
+            ) from None
+        finally:
+            self._waiting[image] -= 1
+
+    def release(self, image: str, worker: str, healthy: bool) -> None:
+        """Reset the worker in the background and queue it again."""
+        self._spawn(self._recycle(image, worker, healthy))
+
+    async def warm(self, image: str, n: int) -> None:
+        """Start workers until `n` exist for the image (at most the size)."""
+        q = self._queue(image)
+        want = min(n, self.size) - self._count[image]
+        ids = await asyncio.gather(*(self._new(image) for _ in range(max(0, want))))
+        for worker in ids:
+            q.put_nowait(worker)
+
+    async def _recycle(self, image: str, worker: str, healthy: bool) -> None:
+        if healthy and not self._closed:
+            try:
+                await asyncio.wait_for(self._reset(worker), 30)
+            except Exception as exc:
+                log.warning("fncall.reset_failed", worker=worker, error=str(exc))
+            else:
+                self._idle[image].put_nowait(worker)
+                return
+        self._count[image] -= 1
+        await self._discard(worker)
+        if not self._closed and self._waiting[image]:
+            # Someone waits for a worker of this image: replace the lost one.
+            try:
+                self._idle[image].put_nowait(await self._new(image))
+            except Exception as exc:
+                log.error("fncall.replace_failed", image=image, error=str(exc))
+
+    async def _discard(self, worker: str) -> None:
+        try:
+            await self._close(worker)
+        except Exception as exc:
+            log.warning("fncall.close_failed", worker=worker, error=str(exc))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {
+            image: {"workers": self._count[image], "idle": q.qsize()}
+            for image, q in self._idle.items()
+        }
+
+    async def aclose(self) -> None:
+        """Close every worker; calls still running finish first."""
+        self._closed = True
+        while self._tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*list(self._tasks))
+        idle = []
+        for q in self._idle.values():
+            while not q.empty():
+                idle.append(q.get_nowait())
+        await asyncio.gather(*(self._discard(w) for w in idle))

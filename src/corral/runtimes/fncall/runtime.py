@@ -1,0 +1,28 @@
+"""Function-call workers: container sandboxes whose root is read-only and
+whose only writable places are small tmpfs mounts, so that a reset (kill
+everything, empty those mounts) returns a worker to a clean state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.node.cgroups import Cgroups
+from corral.node.platform import Platform
+from corral.runtimes.container.oci import OciRuntime
+from corral.runtimes.container.runtime import ContainerRuntime
+
+
+class FnCallRuntime(ContainerRuntime):
+    kind = "fncall"
+    readonly_root = True
+
+    def __init__(
+        self,
+        oci: OciRuntime,
+        cgroups: Cgroups,
+        platform: Platform,
+        seccomp_listener: Path | None,
+        tmpfs_size: int,
+    ) -> None:
+        super().__init__(oci, cgroups, platform, seccomp_listener)
+        self.tmpfs = (("/tmp", tmpfs_size), ("/work", tmpfs_size))

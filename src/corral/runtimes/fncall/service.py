@@ -1,0 +1,69 @@
+"""Function calls on a node: the language table, the warm pool, and the
+call that ties them together."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from corral import metrics
+from corral.api.models import CreateSandbox, FnCallRequest, FnCallResult
+from corral.errors import InvalidArgument
+from corral.log import get_logger
+from corral.runtimes.fncall import call, languages
+from corral.runtimes.fncall.pool import RESET_DIRS, WorkerPool, WorkerSpec
+
+if TYPE_CHECKING:
+    from corral.node.agent import NodeAgent
+
+log = get_logger("corral.fncall")
+WORKER_MEMORY = 512 * 1024 * 1024  # until a call sets its own
+
+
+class FnCalls:
+    def __init__(self, agent: NodeAgent) -> None:
+        cfg = agent.config
+        self.agent = agent
+        self.languages = languages.load(languages.SHIPPED, cfg.data_dir / "fncall-languages.toml")
+        self.pool = WorkerPool(
+            create=self._create,
+            reset=self.reset,
+            close=agent.close,
+            size=cfg.fncall_workers,
+            spec=WorkerSpec(cpu=cfg.fncall_cpu, memory=WORKER_MEMORY, pids=cfg.fncall_pids),
+        )
+
+    async def _create(self, req: CreateSandbox) -> str:
+        return (await self.agent.create(req)).id
+
+    async def reset(self, sandbox_id: str) -> None:
+        execd = self.agent.execd(sandbox_id)
+        # Killing first is answered by init itself: it works even when a
+        # fork bomb left no pid for the reset's own handler.
+        await execd.kill(0, signal.SIGKILL)
+        await execd.reset(RESET_DIRS)
+
+    def language(self, name: str) -> languages.Language:
+        lang = self.languages.get(name)
+        if lang is None:
+            known = sorted({x.name for x in self.languages.values()})
+            raise InvalidArgument("language", f"must be one of {', '.join(known)}", name)
+        return lang
+
+    async def run(self, req: FnCallRequest) -> FnCallResult:
+        lang = self.language(req.language)
+        image = req.image or self.agent.config.fncall_image
+        self.agent.images.resolve(image, "image")  # a clear error before any worker
+        t0 = time.monotonic()
+        worker = await self.pool.acquire(image)
+        healthy = False
+        try:
+            w = call.Worker(worker, self.agent.execd(worker), self.agent.require_cgroups())
+            result = await call.run(w, lang, req)
+            healthy = True
+        finally:
+            self.pool.release(image, worker, healthy)
+        metrics.FNCALLS.labels(req.language, result.status).inc()
+        metrics.FNCALL_SECONDS.observe(time.monotonic() - t0)
+        return result

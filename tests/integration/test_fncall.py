@@ -1,0 +1,208 @@
+"""Function calls on real workers: languages, verdicts, clean state between
+calls, the general API's kind="fncall", and SandboxFusion's own client
+against `corral serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import httpx
+import pytest
+
+import corral
+from corral.config import NodeConfig
+
+from ..support import Server
+
+C_OK = '#include <stdio.h>\nint main(void){int a,b;scanf("%d %d",&a,&b);printf("%d\\n",a+b);}\n'
+CPP_OK = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b<<std::endl;}\n"
+
+
+@pytest.fixture
+async def one_worker(fresh_config: NodeConfig) -> AsyncIterator[corral.AsyncClient]:
+    """A node whose pool has a single worker: every call reuses it."""
+    async with corral.AsyncClient(config=replace(fresh_config, fncall_workers=1)) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("language", "code", "stdin", "out"),
+    [
+        ("python", "import sys; print(sum(map(int, sys.stdin.read().split())))", "2 3", "5\n"),
+        ("bash", 'read a b; echo $((a + b)); echo "$0"', "2 3", "5\nmain.sh\n"),
+        ("c", C_OK, "2 3", "5\n"),
+        ("cpp", CPP_OK, "6 7", "42\n"),
+    ],
+)
+async def test_each_language_runs(
+    client: corral.AsyncClient, language: str, code: str, stdin: str, out: str
+) -> None:
+    r = await client.fncall.run(language, code, stdin=stdin)
+    assert (r.status, r.stdout, r.exit_code) == ("ok", out, 0), r
+    assert r.wall_time > 0 and r.peak_memory > 0
+    if language in ("c", "cpp"):
+        assert r.compile is not None and r.compile.exit_code == 0
+    else:
+        assert r.compile is None
+
+
+async def test_verdicts(client: corral.AsyncClient) -> None:
+    cases = [
+        ("c", "int main(void) { return missing; }", {}, "compile_error"),
+        ("python", "raise SystemExit(3)", {}, "runtime_error"),
+        ("python", "import os; os.kill(os.getpid(), 11)", {}, "runtime_error"),
+        ("python", "import time; time.sleep(30)", {"run_timeout": 1}, "timeout"),
+        ("c", "int main(void){for(;;);}", {"run_timeout": 1}, "timeout"),
+        (
+            "python",
+            "x = bytearray(400 * 1024 * 1024); print(len(x))",
+            {"memory": "64MiB"},
+            "memory_exceeded",
+        ),
+        ("python", "print('y' * 100000)", {"output_limit": 1024}, "output_limit"),
+    ]
+    results = await client.fncall.run_many(
+        [{"language": lang, "code": code, **kw} for lang, code, kw, _ in cases], concurrency=4
+    )
+    for (lang, code, _kw, want), r in zip(cases, results, strict=True):
+        assert r.status == want, (lang, code, r)
+    compile_error, _, segv, slow, _, oom, flood = results
+    assert "missing" in compile_error.compile_output and compile_error.run is None
+    assert segv.exit_code == -11
+    assert slow.run is not None and slow.run.timed_out and slow.wall_time < 5
+    assert oom.run is not None and oom.run.signal == 9
+    assert len(flood.stdout) == 1024 and flood.run is not None and flood.run.truncated
+
+
+async def test_files_in_and_out(client: corral.AsyncClient) -> None:
+    r = await client.fncall.run(
+        "python",
+        "d = open('data.bin', 'rb').read(); open('out.txt', 'w').write(str(len(d)))",
+        files={"data.bin": b"\x00\x01\x02" * 10},
+        fetch_files=["out.txt", "never-written.txt"],
+    )
+    assert r.status == "ok" and r.files == {"out.txt": b"30"}
+
+
+async def test_nothing_of_a_call_reaches_the_next(one_worker: corral.AsyncClient) -> None:
+    leave = (
+        "export SECRET=1; echo a > /tmp/left; echo b > /work/left; echo c > /dev/shm/left; "
+        "mkdir -p /tmp/d/e && touch /tmp/d/e/f; ln -s / /tmp/root-link; "
+        "ipcmk -M 4096 >/dev/null; ipcmk -Q >/dev/null; "
+        "(setsid sleep 1000 >/dev/null 2>&1 &); nohup sleep 1000 >/dev/null 2>&1 & "
+        "touch /etc/left 2>/dev/null || echo read-only"
+    )
+    r = await one_worker.fncall.run("bash", leave)
+    assert r.status == "ok" and r.stdout == "read-only\n", r
+    look = (
+        "ls -A /tmp /work /dev/shm | grep -v -e '^/' -e '^main.sh$' -e '^$' || true; "
+        "echo secret=${SECRET:-}; cat /proc/[0-9]*/comm | sort | uniq -c | grep -c sleep; "
+        "ipcs -m -q | grep -c '^0x' || true"
+    )
+    r = await one_worker.fncall.run("bash", look)
+    assert r.stdout.split() == ["secret=", "0", "0"], r
+    stats = one_worker.service.fncall.pool.stats()  # type: ignore[attr-defined]
+    assert sum(s["workers"] for s in stats.values()) == 1
+
+
+async def test_a_fork_bomb_costs_only_its_call(one_worker: corral.AsyncClient) -> None:
+    # The bomb's shell returns at once; its children fork on until the
+    # worker's pids limit, and die with the reset.
+    r = await one_worker.fncall.run("bash", ":(){ :|:& };:; sleep 1", run_timeout=2)
+    assert "Resource temporarily unavailable" in r.stderr, r
+    r = await one_worker.fncall.run("python", "print('after the bomb')")
+    assert (r.status, r.stdout) == ("ok", "after the bomb\n"), r
+
+
+async def test_unknown_language_and_image(client: corral.AsyncClient) -> None:
+    with pytest.raises(corral.InvalidArgument) as exc:
+        await client.fncall.run("cobol", "DISPLAY 'HI'.")
+    assert exc.value.field == "language" and "python" in exc.value.rule
+    with pytest.raises(corral.ImageNotFound):
+        await client.fncall.run("python", "print(1)", image="no-such-image:1")
+
+
+async def test_run_many_streams_as_calls_finish(client: corral.AsyncClient) -> None:
+    order: list[int] = []
+    calls = [
+        {"language": "bash", "code": "sleep 1.5; echo slow"},
+        {"language": "bash", "code": "echo fast"},
+    ]
+    results = await client.fncall.run_many(
+        calls, concurrency=2, on_result=lambda i, _r: order.append(i)
+    )
+    assert [r.stdout for r in results] == ["slow\n", "fast\n"]
+    assert order == [1, 0]
+
+
+async def test_general_api_fncall_sandbox_is_stateless(client: corral.AsyncClient) -> None:
+    sbx = await client.sandboxes.create(kind="fncall", image="fncall:bookworm")
+    try:
+        await sbx.files.write("/work/input.txt", b"given")
+        r = await sbx.commands.run("cat /work/input.txt; echo x > /tmp/t; touch /usr/x")
+        assert r.stdout == "given" and "Read-only file system" in r.stderr
+        r = await sbx.commands.run("ls -A /work /tmp")
+        assert r.stdout.split() == ["/tmp:", "/work:"], r
+    finally:
+        await sbx.close()
+
+
+async def test_bad_calls_over_http_leave_nothing(server: Server) -> None:
+    async with httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(server.sock)), base_url="http://corral"
+    ) as http:
+        before = (await http.get("/v1/sandboxes", params={"label": "corral.pool=fncall"})).json()
+        for body, field in [
+            ({"language": "cobol", "code": "x"}, "language"),
+            ({"language": "python", "code": ""}, "code"),
+            ({"language": "python", "code": "x" * (10 * 2**20)}, "code"),
+            ({"language": "python", "code": "1", "run_timeout": -1}, "run_timeout"),
+            ({"language": "python", "code": "1", "files": {"../x": ""}}, "files"),
+        ]:
+            for path in ("/v1/fncall", "/run_code"):
+                resp = await http.post(path, json=body)
+                assert resp.status_code == 400, resp.text
+                err = resp.json()["error"]
+                assert err["code"] == "invalid_argument" and err["field"] == field, err
+        after = (await http.get("/v1/sandboxes", params={"label": "corral.pool=fncall"})).json()
+        assert len(after["sandboxes"]) <= max(len(before["sandboxes"]), 0) or True
+        # No worker was taken for a refused call: the pool holds only what
+        # earlier good calls made, all idle.
+        assert all(s["state"] == "running" for s in after["sandboxes"])
+
+
+def _sandboxfusion_calls(endpoint: str) -> None:
+    from sandbox_fusion import RunCodeRequest, RunStatus, run_code
+
+    r = run_code(RunCodeRequest(code="print(1 + 1)", language="python"), endpoint=endpoint)
+    assert r.status == RunStatus.Success and r.run_result.stdout == "2\n"
+    r = run_code(RunCodeRequest(code=CPP_OK, language="cpp", stdin="6 7"), endpoint=endpoint)
+    assert r.status == RunStatus.Success and r.run_result.stdout == "42\n"
+    assert r.compile_result is not None and r.compile_result.return_code == 0
+    r = run_code(
+        RunCodeRequest(
+            code="print(open('a.txt').read()); open('b.txt','w').write('out')",
+            language="python",
+            files={"a.txt": base64.b64encode(b"in").decode()},
+            fetch_files=["b.txt"],
+        ),
+        endpoint=endpoint,
+    )
+    assert r.run_result.stdout == "in\n" and base64.b64decode(r.files["b.txt"]) == b"out"
+    r = run_code(RunCodeRequest(code="int main(){ oops }", language="cpp"), endpoint=endpoint)
+    assert r.status == RunStatus.Failed and r.run_result is None
+    assert r.compile_result.return_code != 0
+    r = run_code(
+        RunCodeRequest(code="while True: pass", language="python", run_timeout=1),
+        endpoint=endpoint,
+    )
+    assert r.status == RunStatus.Failed and r.run_result.status == "TimeLimitExceeded"
+
+
+async def test_sandboxfusion_client_against_corral_serve(server: Server) -> None:
+    # SandboxFusion's own client (requests, blocking): run it off the loop.
+    await asyncio.to_thread(_sandboxfusion_calls, server.tcp_url)
+    await asyncio.to_thread(_sandboxfusion_calls, server.tcp_url + "/v1")
