@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from corral.api.models import AuditReport, FileEntry, NetworkPolicy, SandboxInfo, SandboxState
+from corral.api.models import (
+    AuditReport,
+    FileEntry,
+    FnCallRequest,
+    FnCallResult,
+    NetworkPolicy,
+    SandboxInfo,
+    SandboxState,
+)
 from corral.errors import (
     CommandNotFound,
     CommandTimeout,
@@ -38,6 +46,7 @@ from corral.errors import (
 from corral.sdk.client import AsyncClient, AsyncSandboxes
 from corral.sdk.commands import AsyncCommandHandle, AsyncCommands, CommandResult
 from corral.sdk.files import AsyncFiles
+from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.sandbox import AsyncSandbox
 
 if TYPE_CHECKING:
@@ -46,12 +55,22 @@ if TYPE_CHECKING:
         CommandHandle,
         Commands,
         Files,
+        FnCall,
         Network,
         Sandbox,
         Sandboxes,
     )
 
-_SYNC = ("Client", "CommandHandle", "Commands", "Files", "Network", "Sandbox", "Sandboxes")
+_SYNC = (
+    "Client",
+    "CommandHandle",
+    "Commands",
+    "Files",
+    "FnCall",
+    "Network",
+    "Sandbox",
+    "Sandboxes",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -69,6 +88,7 @@ __all__ = [
     "AsyncCommandHandle",
     "AsyncCommands",
     "AsyncFiles",
+    "AsyncFnCall",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AuditReport",
@@ -84,6 +104,9 @@ __all__ = [
     "FileError",
     "FileNotFound",
     "Files",
+    "FnCall",
+    "FnCallRequest",
+    "FnCallResult",
     "ImageNotFound",
     "InternalError",
     "InvalidArgument",

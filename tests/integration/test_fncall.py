@@ -206,3 +206,15 @@ async def test_sandboxfusion_client_against_corral_serve(server: Server) -> None
     # SandboxFusion's own client (requests, blocking): run it off the loop.
     await asyncio.to_thread(_sandboxfusion_calls, server.tcp_url)
     await asyncio.to_thread(_sandboxfusion_calls, server.tcp_url + "/v1")
+
+
+def test_the_blocking_client_runs_calls(node_config: NodeConfig) -> None:
+    with corral.Client(config=node_config) as c:
+        r = c.fncall.run("python", "print(6 * 7)")
+        seen: list[int] = []
+        many = c.fncall.run_many(
+            [{"language": "bash", "code": f"echo {i}"} for i in range(3)],
+            on_result=lambda i, _r: seen.append(i),
+        )
+    assert r.stdout == "42\n"
+    assert [m.stdout for m in many] == ["0\n", "1\n", "2\n"] and sorted(seen) == [0, 1, 2]
