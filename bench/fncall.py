@@ -4,7 +4,7 @@ per call doing the same job, in one run.
     corral bench fncall [--quick]
 
 The job: python3 printing 1 in an isolated, read-only copy of the function
-image with a private /tmp and /work, as an unprivileged user. Corral serves
+image with a private /tmp (and, for Corral, /work), as an unprivileged user. Corral serves
 it from its warm pool (embedded client; each call writes main.py, runs it,
 and the worker is reset after). The peers start fresh each call: bwrap
 (namespaces only: no cgroup limits, no seccomp) and crun run (namespaces,
@@ -76,7 +76,7 @@ class Bwrap:
     async def call(self) -> str:
         return await _out(
             "bwrap", "--ro-bind", str(self.root), "/", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "--tmpfs", "/work", "--chdir", "/work",
+            "--tmpfs", "/tmp", "--chdir", "/tmp",
             "--unshare-all", "--die-with-parent", "--new-session",
             "--uid", "1000", "--gid", "1000",
             "python3", "-c", "print(1)",
@@ -109,11 +109,11 @@ class CrunRun:
                 cgroups_path=f"/corral/benchfn/{cid}",
                 swap_accounting=True,
                 readonly_root=True,
-                tmpfs=(("/tmp", 512 * 2**20), ("/work", 512 * 2**20)),
+                tmpfs=(("/tmp", 512 * 2**20),),
             )
         )
         cfg["process"]["args"] = ["python3", "-c", "print(1)"]
-        cfg["process"]["cwd"] = "/work"
+        cfg["process"]["cwd"] = "/tmp"
         cfg["process"]["user"] = {"uid": 1000, "gid": 1000}
         cfg["mounts"] = [m for m in cfg["mounts"] if m["destination"] != "/.corral"]
         (b / "config.json").write_text(json.dumps(cfg))
