@@ -154,24 +154,61 @@ async def test_bad_calls_over_http_leave_nothing(server: Server) -> None:
     async with httpx.AsyncClient(
         transport=httpx.AsyncHTTPTransport(uds=str(server.sock)), base_url="http://corral"
     ) as http:
-        before = (await http.get("/v1/sandboxes", params={"label": "corral.pool=fncall"})).json()
-        for body, field in [
-            ({"language": "cobol", "code": "x"}, "language"),
-            ({"language": "python", "code": ""}, "code"),
-            ({"language": "python", "code": "x" * (10 * 2**20)}, "code"),
-            ({"language": "python", "code": "1", "run_timeout": -1}, "run_timeout"),
-            ({"language": "python", "code": "1", "files": {"../x": ""}}, "files"),
-        ]:
-            for path in ("/v1/fncall", "/run_code"):
+
+        async def everything() -> list[str]:
+            pooled = await http.get("/v1/sandboxes", params={"label": "corral.pool=fncall"})
+            other = await http.get("/v1/sandboxes")
+            return sorted(s["id"] for r in (pooled, other) for s in r.json()["sandboxes"])
+
+        before = await everything()
+        cases: list[tuple[dict[str, object], str, tuple[str, ...]]] = [
+            ({"language": "cobol", "code": "x"}, "language", ("/v1/fncall", "/run_code")),
+            ({"language": "python", "code": ""}, "code", ("/v1/fncall", "/run_code")),
+            (
+                {"language": "python", "code": "x" * (10 * 2**20)},
+                "code",
+                ("/v1/fncall", "/run_code"),
+            ),
+            (
+                {"language": "python", "code": "1", "run_timeout": -1},
+                "run_timeout",
+                ("/v1/fncall", "/run_code"),
+            ),
+            (
+                {"language": "python", "code": "1", "compile_timeout": 1e9},
+                "compile_timeout",
+                ("/v1/fncall", "/run_code"),
+            ),
+            (
+                {"language": "python", "code": "1", "files": {"../x": ""}},
+                "files",
+                ("/v1/fncall", "/run_code"),
+            ),
+            (
+                {"language": "python", "code": "1", "files": {"a/b": ""}},
+                "files",
+                ("/v1/fncall", "/run_code"),
+            ),
+            (
+                {"language": "python", "code": "1", "stdin": "%%% not base64"},
+                "stdin",
+                ("/v1/fncall",),
+            ),
+            (
+                {"language": "python", "code": "1", "files": {"a": "%%% not base64"}},
+                "files.a",
+                ("/run_code",),
+            ),
+        ]
+        for body, field, paths in cases:
+            for path in paths:
                 resp = await http.post(path, json=body)
-                assert resp.status_code == 400, resp.text
+                assert resp.status_code == 400, (path, body, resp.text)
                 err = resp.json()["error"]
-                assert err["code"] == "invalid_argument" and err["field"] == field, err
-        after = (await http.get("/v1/sandboxes", params={"label": "corral.pool=fncall"})).json()
-        assert len(after["sandboxes"]) <= max(len(before["sandboxes"]), 0) or True
-        # No worker was taken for a refused call: the pool holds only what
-        # earlier good calls made, all idle.
-        assert all(s["state"] == "running" for s in after["sandboxes"])
+                assert err["code"] == "invalid_argument", err
+                assert err["field"] == field or err["field"].startswith(field + "."), (path, err)
+        # A refused call takes no worker and makes no sandbox.
+        assert await everything() == before
 
 
 def _sandboxfusion_calls(endpoint: str) -> None:
