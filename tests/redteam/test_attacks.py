@@ -272,3 +272,45 @@ async def test_package_install_allowed_while_setting_up_then_refused(
     info = await sbx.refresh()
     assert info.network is not None and info.network.ecosystems == {"pypi": False}
     json.dumps(info.model_dump(mode="json"))  # serialisable for the API
+
+
+FNCALL_PROBE = r"""
+import json, os, socket
+out = {}
+for name, path in (("kcore", "/proc/kcore"), ("sysrq", "/proc/sysrq-trigger")):
+    try:
+        open(path, "rb").read(16); out[name] = "read"
+    except OSError as e:
+        out[name] = e.errno
+try:
+    open("/proc/sys/kernel/panic", "w").write("1"); out["proc_sys"] = "wrote"
+except OSError as e:
+    out["proc_sys"] = e.errno
+for host in ("169.254.169.254", "10.200.0.1", "1.1.1.1"):
+    s = socket.socket(); s.settimeout(1)
+    try:
+        s.connect((host, 80)); out[host] = "connected"
+    except OSError as e:
+        out[host] = e.errno or "timeout"
+print(json.dumps(out))
+"""
+
+
+async def test_function_calls_are_held_like_sandboxes(
+    rt_client: corral.AsyncClient, neighbour: Neighbour
+) -> None:
+    async def attack() -> Outcome:
+        priv = await rt_client.fncall.run("python", a.PRIV_SCRIPT)
+        probe = await rt_client.fncall.run("python", FNCALL_PROBE)
+        errnos = json.loads(priv.stdout)
+        seen = json.loads(probe.stdout)
+        ok = all(e == 1 for e in errnos.values()) and not any(
+            v in ("read", "wrote", "connected") for v in seen.values()
+        )
+        return Outcome(ok, f"syscalls {errnos}; probes {seen}")
+
+    outcome, ratio = await a.during(neighbour, attack())
+    await check(neighbour, outcome, ratio)
+    workers = await rt_client.sandboxes.list(labels={"corral.pool": "fncall"})
+    denied = [await w.audit() for w in workers]
+    assert sum(r.syscalls_denied.get("privileged", 0) for r in denied) >= 10
