@@ -4,7 +4,11 @@ tests/redteam; these are the foundation's own guarantees.)"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import corral
+from corral.config import NodeConfig
 
 from ..support import IMAGE
 
@@ -83,3 +87,22 @@ async def test_commands_cannot_see_the_agents_socket_fd(client: corral.AsyncClie
     sbx = await client.sandboxes.create(image=IMAGE)
     r = await sbx.commands.run("ls -l /proc/self/fd/ | grep -c socket || true")
     assert r.stdout.strip() == "0"
+
+
+async def test_a_reused_compiled_filter_still_refuses_and_counts(
+    embedded: corral.AsyncClient, node_config: NodeConfig
+) -> None:
+    # The second sandbox gets the filter crun compiled for an earlier one
+    # (run.oci.seccomp_bpf_data): it must refuse, and report, the same.
+    first = await embedded.sandboxes.create(image=IMAGE)
+    second = await embedded.sandboxes.create(image=IMAGE)
+    config = json.loads((node_config.sandboxes_dir / second.id / "config.json").read_text())
+    assert "run.oci.seccomp_bpf_data" in config.get("annotations", {})
+    probe = (
+        "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+        "print(l.syscall(165, 0, 0, 0, 0, 0), ctypes.get_errno())'"
+    )
+    r = await second.commands.run(probe)
+    assert r.stdout.split() == ["-1", "1"]
+    assert (await second.audit()).syscalls.get("mount") == 1
+    await asyncio.gather(first.close(), second.close())
