@@ -273,7 +273,9 @@ async def main(quick: bool) -> None:
 
     sections = [
         "## Create to ready (ms)\n\nCorral: `sandboxes.create()` returns once the sandbox's "
-        "exec server answers. Peers: the script returns after `<runtime> start`.\n\n"
+        "exec server answers, with every defence on (seccomp allow-list with notify, user "
+        "namespace). Peers: the script returns after `<runtime> start`; their bundle has "
+        "neither.\n\n"
         + table(["concurrency", "system", "p50", "p99", "p50 vs bare crun"], rows_create)
         + "\n\nTarget p50 within 1.25x of bare crun: "
         + ", ".join(f"concurrency {k}: {v:.2f}x" for k, v in ratios.items())
