@@ -53,6 +53,12 @@ FNCALLS = Counter(
     ["language", "status"],
     registry=REGISTRY,
 )
+FNCALL_WORKERS = Gauge(
+    "corral_fncall_workers",
+    "Function-call workers of this process by image and state",
+    ["image", "state"],
+    registry=REGISTRY,
+)
 FNCALL_SECONDS = Histogram(
     "corral_fncall_seconds",
     "Function call, request to verdict",

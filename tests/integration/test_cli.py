@@ -18,7 +18,9 @@ from ..support import IMAGE
 def corral_cli(node_config: NodeConfig):  # type: ignore[no-untyped-def]
     env = dict(os.environ, CORRAL_NODE=node_config.node, CORRAL_IMAGES=str(node_config.images_dir))
 
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [
                 sys.executable,
@@ -32,6 +34,7 @@ def corral_cli(node_config: NodeConfig):  # type: ignore[no-untyped-def]
             text=True,
             env=env,
             timeout=120,
+            input=input,
         )
         if check:
             assert proc.returncode == 0, proc.stderr
@@ -159,3 +162,20 @@ def test_image_build_run_push_pull_gc(corral_cli, tmp_path) -> None:  # type: ig
     corral_cli("image", "rm", "run-built:1")
     gc = json.loads(corral_cli("--json", "image", "gc").stdout)
     assert gc["layers_removed"] >= 1
+
+
+def test_call_runs_code_as_a_function_call(corral_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = tmp_path / "sum.c"
+    src.write_text(
+        '#include <stdio.h>\nint main(){int a,b;scanf("%d %d",&a,&b);printf("%d\\n",a+b);}\n'
+    )
+    feed = tmp_path / "in.txt"
+    feed.write_text("20 22")
+    out = corral_cli("call", "c", str(src), "--stdin", str(feed))
+    assert out.stdout == "42\n" and "[ok]" in out.stderr
+    bad = corral_cli("call", "python", "-", check=False, input="raise SystemExit(5)")
+    assert bad.returncode == 5 and "[runtime_error]" in bad.stderr
+    doc = json.loads(corral_cli("--json", "call", "bash", "-", input="echo hi").stdout)
+    assert doc["status"] == "ok" and doc["stdout"] == "hi\n"
+    missing = corral_cli("call", "python", str(tmp_path / "nope.py"), check=False)
+    assert missing.returncode == 2 and "source" in missing.stderr

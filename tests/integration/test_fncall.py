@@ -255,3 +255,16 @@ def test_the_blocking_client_runs_calls(node_config: NodeConfig) -> None:
         )
     assert r.stdout == "42\n"
     assert [m.stdout for m in many] == ["0\n", "1\n", "2\n"] and sorted(seen) == [0, 1, 2]
+
+
+async def test_calls_are_counted_in_the_metrics(server: Server) -> None:
+    async with corral.AsyncClient(server.url) as c:
+        await c.fncall.run("python", "print(1)")
+        await c.fncall.run("python", "raise SystemExit(1)")
+    async with httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(server.sock)), base_url="http://corral"
+    ) as http:
+        text = (await http.get("/metrics")).text
+    assert 'corral_fncalls_total{language="python",status="ok"}' in text
+    assert 'corral_fncalls_total{language="python",status="runtime_error"}' in text
+    assert 'corral_fncall_workers{image="fncall:bookworm",state="total"}' in text

@@ -106,6 +106,47 @@ async def run(a: argparse.Namespace) -> int:
             await sbx.close()
 
 
+async def call(a: argparse.Namespace) -> int:
+    from corral.errors import InvalidArgument
+
+    def read(path: Path, what: str) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise InvalidArgument(
+                what, f"must be a readable file ({exc.strerror})", str(path)
+            ) from None
+
+    source = sys.stdin.read() if a.source == "-" else read(Path(a.source), "source").decode()
+    async with _client(a) as client:
+        r = await client.fncall.run(
+            a.language,
+            source,
+            stdin=read(a.stdin, "stdin") if a.stdin else None,
+            files={f.name: read(f, "file") for f in a.file},
+            fetch_files=[Path(n).name for n in a.fetch],
+            run_timeout=a.timeout,
+            compile_timeout=a.compile_timeout,
+            memory=a.memory,
+            image=a.image,
+        )
+    if a.json:
+        print(r.model_dump_json())
+    else:
+        sys.stdout.write(r.compile_output if r.status == "compile_error" else r.stdout)
+        sys.stderr.write(r.stderr)
+        for name, data in r.files.items():
+            sys.stdout.write(f"--- {name} ---\n{data.decode(errors='replace')}")
+        print(
+            f"[{r.status}] exit {r.exit_code}, {r.wall_time * 1000:.0f} ms, "
+            f"peak {r.peak_memory // 1024} KiB",
+            file=sys.stderr,
+        )
+    if r.status == "ok":
+        return 0
+    return r.exit_code if r.exit_code and r.exit_code > 0 else 1
+
+
 async def ls(a: argparse.Namespace) -> int:
     async with _client(a) as client:
         boxes = await client.sandboxes.list(_labels(a.label) or None)

@@ -103,6 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("cmd", nargs="*", help="the command (after --)")
 
+    p = cmd("call", c.call, "run code as a stateless function call; exits with its status")
+    p.add_argument("language", help="python, bash, c, cpp, ... (see docs/fncall.md)")
+    p.add_argument("source", help="a file with the code, or - for standard input")
+    p.add_argument("--stdin", type=Path, help="a file fed to the program's standard input")
+    p.add_argument(
+        "--file", action="append", type=Path, default=[], help="also put this file in /work"
+    )
+    p.add_argument("--fetch", action="append", default=[], help="print this file of /work after")
+    p.add_argument("--timeout", type=float, default=10.0, help="run timeout (s)")
+    p.add_argument("--compile-timeout", type=float, default=10.0)
+    p.add_argument("--memory", default="512MiB")
+    p.add_argument("--image")
+
     p = cmd("ls", c.ls, "list live sandboxes")
     p.add_argument("--label", action="append")
 

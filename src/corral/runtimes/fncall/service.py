@@ -66,4 +66,7 @@ class FnCalls:
             self.pool.release(image, worker, healthy)
         metrics.FNCALLS.labels(req.language, result.status).inc()
         metrics.FNCALL_SECONDS.observe(time.monotonic() - t0)
+        for img, counts in self.pool.stats().items():
+            metrics.FNCALL_WORKERS.labels(img, "idle").set(counts["idle"])
+            metrics.FNCALL_WORKERS.labels(img, "total").set(counts["workers"])
         return result
