@@ -35,9 +35,10 @@ def missing_capability() -> str | None:
 class Server:
     """A `corral serve` process on a unix socket."""
 
-    def __init__(self, config: NodeConfig, sock: Path) -> None:
+    def __init__(self, config: NodeConfig, sock: Path, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.sock = sock
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -59,6 +60,7 @@ class Server:
             CORRAL_IMAGES=str(self.config.images_dir),
             CORRAL_SCRATCH_SIZE=str(self.config.scratch_size),
             CORRAL_REAPER_INTERVAL=str(self.config.reaper_interval),
+            **self.env,
         )
         self.sock.unlink(missing_ok=True)
         self.log = open(self.sock.with_suffix(".log"), "ab")  # noqa: SIM115

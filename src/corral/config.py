@@ -79,6 +79,7 @@ class NodeConfig:
     fncall_cpu: float = 1.0
     fncall_pids: int = 256
     fncall_tmpfs: int = 512 * 1024**2  # size of each of the call's /tmp and /work
+    fncall_warm: int = 0  # workers `corral serve` starts for fncall_image before any call
 
     def __post_init__(self) -> None:
         if not _NODE.match(self.node):
@@ -120,6 +121,7 @@ class NodeConfig:
                 "dns_port",
                 "fncall_workers",
                 "fncall_pids",
+                "fncall_warm",
             ):
                 values[f.name] = int(raw)
             elif f.name in (

@@ -51,6 +51,7 @@ async def serve(
     become_subreaper()
     agent = NodeAgent(config, reap_children=True)
     await agent.start()
+    warming = asyncio.create_task(_warm(agent)) if config.fncall_warm else None
     key = api_key or os.environ.get("CORRAL_API_KEY")
     app = create_app(agent, api_key=key)
     # The node's layer store, readable by other nodes (image pull, lazy loading).
@@ -82,5 +83,17 @@ async def serve(
     try:
         await asyncio.gather(*(s.serve() for s in servers))
     finally:
+        if warming is not None:
+            warming.cancel()
         await agent.aclose()
         log.info("server.stopped")
+
+
+async def _warm(agent: NodeAgent) -> None:
+    """Start function-call workers ahead of the first calls."""
+    cfg = agent.config
+    try:
+        await agent.fncall.pool.warm(cfg.fncall_image, cfg.fncall_warm)
+        log.info("fncall.warm", image=cfg.fncall_image, workers=cfg.fncall_warm)
+    except Exception as exc:
+        log.error("fncall.warm_failed", image=cfg.fncall_image, error=str(exc))

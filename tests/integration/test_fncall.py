@@ -8,6 +8,7 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -268,3 +269,28 @@ async def test_calls_are_counted_in_the_metrics(server: Server) -> None:
     assert 'corral_fncalls_total{language="python",status="ok"}' in text
     assert 'corral_fncalls_total{language="python",status="runtime_error"}' in text
     assert 'corral_fncall_workers{image="fncall:bookworm",state="total"}' in text
+
+
+async def test_serve_warms_workers_before_the_first_call(
+    fresh_config: NodeConfig, data_root: Path
+) -> None:
+    srv = Server(fresh_config, data_root / f"{fresh_config.node}.sock", {"CORRAL_FNCALL_WARM": "2"})
+    srv.start()
+    try:
+        async with corral.AsyncClient(srv.url) as c:
+            for _ in range(100):
+                pool = await c.sandboxes.list(labels={"corral.pool": "fncall"})
+                if [w.info.state.value for w in pool] == ["running", "running"]:
+                    break
+                await asyncio.sleep(0.1)
+            workers = await c.sandboxes.list(labels={"corral.pool": "fncall"})
+            assert len(workers) == 2
+            assert await c.sandboxes.list() == []  # the pool's are not the caller's
+            r = await c.fncall.run("python", "print('warm')")
+            assert r.stdout == "warm\n"
+            assert len(await c.sandboxes.list(labels={"corral.pool": "fncall"})) == 2
+    finally:
+        srv.stop()
+    # The server closed its workers on the way out.
+    async with corral.AsyncClient(config=fresh_config) as c:
+        assert await c.sandboxes.list(labels={"corral.pool": "fncall"}) == []

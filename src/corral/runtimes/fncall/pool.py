@@ -107,10 +107,12 @@ class WorkerPool:
     async def warm(self, image: str, n: int) -> None:
         """Start workers until `n` exist for the image (at most the size)."""
         q = self._queue(image)
+
+        async def one() -> None:
+            q.put_nowait(await self._new(image))  # usable as soon as it is ready
+
         want = min(n, self.size) - self._count[image]
-        ids = await asyncio.gather(*(self._new(image) for _ in range(max(0, want))))
-        for worker in ids:
-            q.put_nowait(worker)
+        await asyncio.gather(*(one() for _ in range(max(0, want))))
 
     async def _recycle(self, image: str, worker: str, healthy: bool) -> None:
         if healthy and not self._closed:
