@@ -36,6 +36,8 @@ GOOD_SANDBOX = {"image": "debian-python:bookworm"}
         ({"labels": {"bad key!": "x"}}, "labels", "must match"),
         ({"labels": {"k": "v" * 300}}, "labels", "256"),
         ({"nonsense": 1}, "nonsense", "not a known field"),
+        ({"idempotency_key": "has space"}, "idempotency_key", "1-128 characters"),
+        ({"idempotency_key": "k" * 129}, "idempotency_key", "1-128 characters"),
     ],
 )
 def test_create_sandbox_rejects(change: dict[str, Any], field: str, rule_part: str) -> None:

@@ -161,6 +161,16 @@ class CreateSandbox(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     network: NetworkPolicy | None = None  # None: no network at all
+    # A retried create with the same key returns the sandbox the first one
+    # made, instead of making another (create_many's per-item keys).
+    idempotency_key: str | None = None
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _idempotency_key(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", v):
+            raise ValueError("must be 1-128 characters of letters, digits and . _ : -")
+        return v
 
     @field_validator("kind")
     @classmethod

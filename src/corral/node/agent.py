@@ -119,6 +119,13 @@ def merge_env(*layers: list[str] | dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in env.items()]
 
 
+class _AlreadyCreated(Exception):
+    """Control flow inside create: never raised out of the agent."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+
+
 class NodeAgent:
     """Implements api.service.SandboxService for the sandboxes of one node."""
 
@@ -282,7 +289,17 @@ class NodeAgent:
                     f"(host memory x memory_overcommit {self.config.memory_overcommit})",
                     node=self.config.node,
                 )
+            key = req.idempotency_key
+            if key is not None:
+                made = db.idempotent(key)
+                earlier = db.get(made) if made is not None else None
+                if earlier is not None and earlier.state == "failed":
+                    db.idempotent_drop(key, earlier.id)  # a failed create may be retried
+                elif made is not None:
+                    raise _AlreadyCreated(made)
             db.insert(rec)
+            if key is not None:
+                db.idempotent_put(key, rec.id)
             for kind, ref in resources:
                 db.add_resource(rec.id, kind, ref)
             if self.config.userns:
@@ -294,6 +311,31 @@ class NodeAgent:
             return db.net_allocate(rec.id, req.network.model_dump_json(), self.network.capacity)
 
     async def create(self, req: CreateSandbox) -> SandboxInfo:
+        if req.idempotency_key is not None:
+            made = self._db().idempotent(req.idempotency_key)
+            earlier = self._db().get(made) if made is not None else None
+            if earlier is not None and earlier.state != "failed":
+                return await self._made_by_key(earlier.id)
+        try:
+            return await self._create(req)
+        except _AlreadyCreated as dup:  # a concurrent create with the same key won
+            return await self._made_by_key(dup.sandbox_id)
+
+    async def _made_by_key(self, sandbox_id: str) -> SandboxInfo:
+        """The sandbox an earlier create with the same key made, once ready."""
+        deadline = time.monotonic() + READY_TIMEOUT * 2
+        while True:
+            rec = self._record(sandbox_id)
+            if rec.state != "creating" or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        if rec.state == "failed":
+            raise SandboxFailed(
+                f"the create with this idempotency key failed: {rec.error}", sandbox=sandbox_id
+            )
+        return self._info(rec)
+
+    async def _create(self, req: CreateSandbox) -> SandboxInfo:
         t0 = time.monotonic()
         runtime = self.runtimes.get(req.kind)
         if runtime is None:
@@ -372,6 +414,9 @@ class NodeAgent:
                 raise SandboxClosed(f"sandbox {rec.id} was closed while it was being created")
         except BaseException as exc:
             await self._release(rec.id, "failed", f"create failed: {exc}")
+            if req.idempotency_key is not None:
+                # A retry with the same key may try again.
+                db.idempotent_drop(req.idempotency_key, rec.id)
             code = exc.code if isinstance(exc, CorralError) else "internal"
             metrics.SANDBOX_CREATE_FAILURES.labels(code).inc()
             log.warning("sandbox.create_failed", sandbox=rec.id, error=str(exc))

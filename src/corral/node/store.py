@@ -21,7 +21,7 @@ from typing import Any
 
 from corral.errors import ResourceExhausted
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -78,6 +78,12 @@ _MIGRATIONS: dict[int, str] = {
     CREATE TABLE idmap (
         sandbox_id TEXT PRIMARY KEY,
         slot       INTEGER NOT NULL UNIQUE
+    );
+    """,
+    5: """
+    CREATE TABLE idempotency (
+        key        TEXT PRIMARY KEY,
+        sandbox_id TEXT NOT NULL REFERENCES sandboxes(id) ON DELETE CASCADE
     );
     """,
 }
@@ -352,7 +358,21 @@ class Store:
             ]
             self.db.executemany("DELETE FROM sandboxes WHERE id=?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM audit WHERE sandbox_id=?", [(i,) for i in ids])
+            self.db.executemany("DELETE FROM idempotency WHERE sandbox_id=?", [(i,) for i in ids])
         return len(ids)
+
+    # ---------------------------------------------------------------- idempotency
+
+    def idempotent(self, key: str) -> str | None:
+        """The sandbox a create with this key made (or is making)."""
+        row = self.db.execute("SELECT sandbox_id FROM idempotency WHERE key=?", (key,)).fetchone()
+        return str(row[0]) if row else None
+
+    def idempotent_put(self, key: str, sandbox_id: str) -> None:
+        self.db.execute("INSERT INTO idempotency (key, sandbox_id) VALUES (?,?)", (key, sandbox_id))
+
+    def idempotent_drop(self, key: str, sandbox_id: str) -> None:
+        self.db.execute("DELETE FROM idempotency WHERE key=? AND sandbox_id=?", (key, sandbox_id))
 
     # ---------------------------------------------------------------- resources
 

@@ -11,15 +11,57 @@ talks to `corral serve`. Both behave the same, errors included.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import inspect
+import re
+import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from corral.api.models import CreateSandbox, NetworkPolicy, validated
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
+from corral.errors import CorralError, InvalidArgument
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.sandbox import AsyncSandbox
+
+
+def _create_request(
+    *,
+    kind: str = "container",
+    image: str,
+    workspace: str | None = None,
+    toolkit: str | list[str] | None = None,
+    cpu: float = 1.0,
+    memory: int | str = "1GiB",
+    disk: int | str = "2GiB",
+    pids: int = 512,
+    ttl: float | None = 3600,
+    idle_timeout: float | None = 600,
+    env: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    network: NetworkPolicy | dict[str, Any] | None = None,
+) -> CreateSandbox:
+    return validated(
+        CreateSandbox,
+        {
+            "kind": kind,
+            "image": image,
+            "workspace": workspace,
+            "toolkit": toolkit,
+            "cpu": cpu,
+            "memory": memory,
+            "disk": disk,
+            "pids": pids,
+            "ttl": ttl,
+            "idle_timeout": idle_timeout,
+            "env": env or {},
+            "labels": labels or {},
+            "network": network.model_dump() if isinstance(network, NetworkPolicy) else network,
+        },
+    )
 
 
 class AsyncSandboxes:
@@ -51,26 +93,75 @@ class AsyncSandboxes:
         `network` policy the sandbox has loopback only; with one, it may reach
         what the policy allows (NetworkPolicy: domains, cidrs, ports,
         ecosystems) and nothing else."""
-        req = validated(
-            CreateSandbox,
-            {
-                "kind": kind,
-                "image": image,
-                "workspace": workspace,
-                "toolkit": toolkit,
-                "cpu": cpu,
-                "memory": memory,
-                "disk": disk,
-                "pids": pids,
-                "ttl": ttl,
-                "idle_timeout": idle_timeout,
-                "env": env or {},
-                "labels": labels or {},
-                "network": network.model_dump() if isinstance(network, NetworkPolicy) else network,
-            },
+        req = _create_request(
+            kind=kind,
+            image=image,
+            workspace=workspace,
+            toolkit=toolkit,
+            cpu=cpu,
+            memory=memory,
+            disk=disk,
+            pids=pids,
+            ttl=ttl,
+            idle_timeout=idle_timeout,
+            env=env,
+            labels=labels,
+            network=network,
         )
         service = await self._client._ready()
         return AsyncSandbox(service, await service.create(req))
+
+    async def create_many(
+        self,
+        spec: dict[str, Any],
+        count: int,
+        *,
+        concurrency: int = 32,
+        key: str | None = None,
+        on_ready: Callable[[int, str | CorralError], object] | None = None,
+    ) -> builtins.list[AsyncSandbox | CorralError]:
+        """Create `count` sandboxes from one spec (create()'s keyword
+        arguments), at most `concurrency` at a time. Item i's result is its
+        sandbox, or the error that stopped it: one failure does not stop
+        the others. `on_ready(i, id_or_error)` is called as each finishes.
+
+        Each item carries the idempotency key `<key>-<i>`: calling again
+        with the same `key` (after a timeout, a lost connection, a crash)
+        returns the sandboxes already made instead of making more. Without
+        a `key` one is drawn at random, so only passing one makes a retry
+        safe."""
+        if not 1 <= count <= 100_000:
+            raise InvalidArgument("count", "must be between 1 and 100000", count)
+        if concurrency < 1:
+            raise InvalidArgument("concurrency", "must be at least 1", concurrency)
+        unknown = sorted(set(spec) - set(inspect.signature(_create_request).parameters))
+        if unknown:
+            raise InvalidArgument(f"spec.{unknown[0]}", "is not a known field", spec[unknown[0]])
+        if "image" not in spec:
+            raise InvalidArgument("spec.image", "is required", None)
+        base = _create_request(**spec)
+        key = key or secrets.token_hex(8)
+        if not re.fullmatch(r"[A-Za-z0-9._:-]{1,100}", key):
+            raise InvalidArgument("key", "must be 1-100 letters, digits and . _ : -", key)
+        service = await self._client._ready()
+        gate = asyncio.Semaphore(concurrency)
+        results: builtins.list[AsyncSandbox | CorralError | None] = [None] * count
+
+        async def one(i: int) -> None:
+            req = base.model_copy(update={"idempotency_key": f"{key}-{i}"})
+            async with gate:
+                try:
+                    out: AsyncSandbox | CorralError = AsyncSandbox(
+                        service, await service.create(req)
+                    )
+                except CorralError as exc:
+                    out = exc
+            results[i] = out
+            if on_ready is not None:
+                on_ready(i, out.id if isinstance(out, AsyncSandbox) else out)
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+        return [r for r in results if r is not None]
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
         """Re-attach to a sandbox by id (from any process)."""

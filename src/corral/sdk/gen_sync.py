@@ -41,6 +41,10 @@ def _sync_type(annotation: str) -> str:
 
 def _wrapper(annotation: str, expr: str) -> str:
     """Code turning an async-API value into its blocking twin."""
+    m = re.fullmatch(r"(?:builtins\.)?list\[(Async\w+) \| CorralError\]", annotation)
+    if m and m.group(1) in RENAME:
+        twin = RENAME[m.group(1)]
+        return f"[{twin}(self._portal, x) if isinstance(x, {m.group(1)}) else x for x in {expr}]"
     m = re.fullmatch(r"(?:builtins\.)?list\[(Async\w+)\]", annotation)
     if m and m.group(1) in RENAME:
         return f"[{RENAME[m.group(1)]}(self._portal, x) for x in {expr}]"
@@ -256,6 +260,7 @@ from corral.api.models import (
 )
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
+from corral.errors import CorralError
 from corral.sdk.client import AsyncClient, AsyncSandboxes
 from corral.sdk.commands import (
     AsyncCommandHandle,

@@ -24,6 +24,7 @@ from corral.api.models import (
 )
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
+from corral.errors import CorralError
 from corral.sdk.client import AsyncClient, AsyncSandboxes
 from corral.sdk.commands import (
     AsyncCommandHandle,
@@ -308,6 +309,29 @@ class Sandboxes:
             network=network,
         )
         return Sandbox(self._portal, result)
+
+    def create_many(
+        self,
+        spec: dict[str, Any],
+        count: int,
+        *,
+        concurrency: int = 32,
+        key: str | None = None,
+        on_ready: Callable[[int, str | CorralError], object] | None = None,
+    ) -> builtins.list[Sandbox | CorralError]:
+        """Create `count` sandboxes from one spec (create()'s keyword arguments), at most
+        `concurrency` at a time. Item i's result is its sandbox, or the error that stopped it:
+        one failure does not stop the others. `on_ready(i, id_or_error)` is called as each
+        finishes."""
+        result = self._portal.call(
+            self._inner.create_many,
+            spec,
+            count,
+            concurrency=concurrency,
+            key=key,
+            on_ready=on_ready,
+        )
+        return [Sandbox(self._portal, x) if isinstance(x, AsyncSandbox) else x for x in result]
 
     def get(self, sandbox_id: str) -> Sandbox:
         """Re-attach to a sandbox by id (from any process)."""
