@@ -947,6 +947,16 @@ static int handle_reset(int conn, struct cursor *c) {
         int dfd = open(*dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dfd < 0) return send_error(conn, errno, "%s: %s", *dir, strerror(errno));
         removed += empty_dir(dfd);
+        /* What could not be removed (a tree deeper than the fds we may
+         * open, say) must not reach the next call: say so, and the worker
+         * is discarded instead of reused. */
+        DIR *d = opendir(*dir);
+        struct dirent *e;
+        int left = 0;
+        while (d && (e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) left++;
+        if (d) closedir(d);
+        if (left) return send_error(conn, ENOTEMPTY, "%s: %d entries survived the reset", *dir, left);
     }
     drop_sysv("/proc/sysvipc/shm", 0, 7);
     drop_sysv("/proc/sysvipc/msg", 1, 7);

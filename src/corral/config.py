@@ -80,6 +80,9 @@ class NodeConfig:
     fncall_pids: int = 256
     fncall_tmpfs: int = 512 * 1024**2  # size of each of the call's /tmp and /work
     fncall_warm: int = 0  # workers `corral serve` starts for fncall_image before any call
+    # The most memory a call may ask for: workers are admitted at this
+    # ceiling, and each call's own limit is set under it.
+    fncall_max_memory: int = 2 * 1024**3
 
     def __post_init__(self) -> None:
         if not _NODE.match(self.node):
@@ -111,6 +114,7 @@ class NodeConfig:
                 "chunk_cache_size",
                 "log_quota",
                 "fncall_tmpfs",
+                "fncall_max_memory",
             ):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
             elif f.name in ("ecosystems", "dns_hosts", "network_deny"):

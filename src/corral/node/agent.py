@@ -326,12 +326,20 @@ class NodeAgent:
         deadline = time.monotonic() + READY_TIMEOUT * 2
         while True:
             rec = self._record(sandbox_id)
-            if rec.state != "creating" or time.monotonic() > deadline:
+            if rec.state != "creating":
                 break
+            if time.monotonic() > deadline:
+                raise Unavailable(
+                    f"sandbox {sandbox_id}, made for this idempotency key, is still being "
+                    "created: retry later",
+                    sandbox=sandbox_id,
+                )
             await asyncio.sleep(0.02)
         if rec.state == "failed":
             raise SandboxFailed(
-                f"the create with this idempotency key failed: {rec.error}", sandbox=sandbox_id
+                f"the create with this idempotency key failed: {rec.error} (a retry with the "
+                "same key creates it afresh)",
+                sandbox=sandbox_id,
             )
         return self._info(rec)
 
@@ -693,7 +701,7 @@ class NodeAgent:
     async def _reset_stateless(self, sandbox_id: str) -> None:
         try:
             await self.fncall.reset(sandbox_id)
-        except CorralError as exc:
+        except (CorralError, OSError) as exc:  # a dead reset handler: a closed connection
             log.warning("fncall.reset_failed", sandbox=sandbox_id, error=str(exc))
 
     def _account(

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from corral.api.models import FnCallRequest, FnCallResult, validated
+from corral.errors import CorralError, InvalidArgument
 
 if TYPE_CHECKING:
     from corral.sdk.client import AsyncClient
@@ -101,26 +102,31 @@ class AsyncFnCall:
         calls: builtins.list[FnCallRequest] | builtins.list[dict[str, Any]],
         *,
         concurrency: int = 8,
-        on_result: Callable[[int, FnCallResult], object] | None = None,
-    ) -> builtins.list[FnCallResult]:
-        """Run many calls, at most `concurrency` at once. `on_result(index,
-        result)` is called as each finishes (in completion order); the list
-        returned is in the order of `calls`. A call given as a dict takes
-        run()'s keyword arguments plus `language` and `code`."""
+        on_result: Callable[[int, FnCallResult | CorralError], object] | None = None,
+    ) -> builtins.list[FnCallResult | CorralError]:
+        """Run many calls, at most `concurrency` at once. Item i's result is
+        its verdict, or the error that kept it from running (one failure
+        does not stop the others). `on_result(index, result)` is called as
+        each finishes (in completion order); the list returned is in the
+        order of `calls`. A call given as a dict takes run()'s keyword
+        arguments plus `language` and `code`; all are checked before any
+        runs."""
         if concurrency < 1:
-            from corral.errors import InvalidArgument
-
             raise InvalidArgument("concurrency", "must be at least 1", concurrency)
         reqs = [c if isinstance(c, FnCallRequest) else call_request(**c) for c in calls]
         service = await self._client._ready()
         gate = asyncio.Semaphore(concurrency)
-        results: builtins.list[FnCallResult | None] = [None] * len(reqs)
+        results: builtins.list[FnCallResult | CorralError | None] = [None] * len(reqs)
 
         async def one(i: int, req: FnCallRequest) -> None:
             async with gate:
-                results[i] = await service.run_call(req)
+                try:
+                    out: FnCallResult | CorralError = await service.run_call(req)
+                except CorralError as exc:
+                    out = exc
+            results[i] = out
             if on_result is not None:
-                on_result(i, results[i])  # type: ignore[arg-type]
+                on_result(i, out)
 
         await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
         return [r for r in results if r is not None]

@@ -388,11 +388,13 @@ class FnCall:
         calls: builtins.list[FnCallRequest] | builtins.list[dict[str, Any]],
         *,
         concurrency: int = 8,
-        on_result: Callable[[int, FnCallResult], object] | None = None,
-    ) -> builtins.list[FnCallResult]:
-        """Run many calls, at most `concurrency` at once. `on_result(index, result)` is called as
-        each finishes (in completion order); the list returned is in the order of `calls`. A
-        call given as a dict takes run()'s keyword arguments plus `language` and `code`."""
+        on_result: Callable[[int, FnCallResult | CorralError], object] | None = None,
+    ) -> builtins.list[FnCallResult | CorralError]:
+        """Run many calls, at most `concurrency` at once. Item i's result is its verdict, or the
+        error that kept it from running (one failure does not stop the others).
+        `on_result(index, result)` is called as each finishes (in completion order); the list
+        returned is in the order of `calls`. A call given as a dict takes run()'s keyword
+        arguments plus `language` and `code`; all are checked before any runs."""
         result = self._portal.call(
             self._inner.run_many,
             calls,

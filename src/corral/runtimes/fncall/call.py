@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from corral.api.models import FnCallRequest, FnCallResult, FnCallStage, FnCallStatus
-from corral.errors import FileNotFound
+from corral.errors import CorralError
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
 from corral.node.cgroups import Cgroups
@@ -20,7 +20,8 @@ from corral.runtimes.fncall.languages import Language
 
 CALL_USER = "1000:1000"
 WORK = "/work"
-FETCH_LIMIT = 16 * 1024 * 1024
+FETCH_LIMIT = 16 * 1024 * 1024  # per file
+FETCH_TOTAL = 64 * 1024 * 1024  # per call: hard links make 64 names cheap to fill
 ENV = [
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME=/tmp",
@@ -105,11 +106,16 @@ async def run(w: Worker, lang: Language, req: FnCallRequest) -> FnCallResult:
     ran = await _stage(w, list(lang.run), req.stdin, req.run_timeout, req.output_limit)
     status = _verdict(ran, w.cgroups.oom_kills(w.id) > ooms, compiling=False)
     files: dict[str, bytes] = {}
+    budget = FETCH_TOTAL
     for name in req.fetch_files:
         try:
-            files[name] = await w.execd.read(CALL_USER, f"{WORK}/{name}", FETCH_LIMIT)
-        except FileNotFound:
-            continue
+            data = await w.execd.read(CALL_USER, f"{WORK}/{name}", min(FETCH_LIMIT, budget))
+        except CorralError:
+            continue  # missing, a directory, too big, unreadable: the code's doing
+        files[name] = data
+        budget -= len(data)
+        if budget <= 0:
+            break
     return _result(status, compiled, ran, files)
 
 

@@ -29,11 +29,12 @@ def _entry(name: str, raw: object, origin: Path) -> Language:
     source, run, comp = raw.get("source"), raw.get("run"), raw.get("compile")
     if not isinstance(source, str) or not source or "/" in source:
         raise bad("source must be a plain file name")
-    for argv in (run, comp):
-        if argv is None and argv is comp:
-            continue
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise bad("run and compile must be non-empty lists of strings")
+
+    def argv_ok(argv: object) -> bool:
+        return isinstance(argv, list) and bool(argv) and all(isinstance(a, str) for a in argv)
+
+    if not argv_ok(run) or (comp is not None and not argv_ok(comp)):
+        raise bad("run (and compile, if given) must be non-empty lists of strings")
     assert isinstance(run, list)
     return Language(name, source, tuple(run), tuple(comp) if isinstance(comp, list) else None)
 

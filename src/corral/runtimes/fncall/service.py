@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from corral.node.agent import NodeAgent
 
 log = get_logger("corral.fncall")
-WORKER_MEMORY = 512 * 1024 * 1024  # until a call sets its own
 
 
 class FnCalls:
@@ -31,7 +30,7 @@ class FnCalls:
             reset=self.reset,
             close=agent.close,
             size=cfg.fncall_workers,
-            spec=WorkerSpec(cpu=cfg.fncall_cpu, memory=WORKER_MEMORY, pids=cfg.fncall_pids),
+            spec=WorkerSpec(cpu=cfg.fncall_cpu, memory=cfg.fncall_max_memory, pids=cfg.fncall_pids),
         )
 
     async def _create(self, req: CreateSandbox) -> str:
@@ -53,6 +52,14 @@ class FnCalls:
 
     async def run(self, req: FnCallRequest) -> FnCallResult:
         lang = self.language(req.language)
+        ceiling = self.agent.config.fncall_max_memory
+        if req.memory > ceiling:
+            raise InvalidArgument(
+                "memory",
+                f"must be at most {ceiling} bytes for a function call on this node "
+                "(fncall_max_memory)",
+                req.memory,
+            )
         image = req.image or self.agent.config.fncall_image
         self.agent.images.resolve(image, "image")  # a clear error before any worker
         t0 = time.monotonic()
