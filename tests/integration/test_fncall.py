@@ -298,6 +298,22 @@ def test_the_blocking_client_runs_calls(node_config: NodeConfig) -> None:
     assert sorted(seen) == [0, 1, 2]
 
 
+async def test_the_nodes_workers_are_not_the_callers(client: corral.AsyncClient) -> None:
+    await client.fncall.run("python", "print(1)")
+    workers = await client.sandboxes.list(labels={"corral.pool": "fncall"})
+    assert workers
+    w = workers[0]
+    for attempt in (
+        w.commands.run("echo hijack"),
+        w.files.write("/work/x", b"x"),
+        w.files.read("/etc/hostname"),
+        w.close(),
+    ):
+        with pytest.raises(corral.PermissionDenied):
+            await attempt
+    assert (await w.audit()).sandbox == w.id  # reading what it did is fine
+
+
 async def test_calls_are_counted_in_the_metrics(server: Server) -> None:
     async with corral.AsyncClient(server.url) as c:
         await c.fncall.run("python", "print(1)")

@@ -37,6 +37,7 @@ GOOD_SANDBOX = {"image": "debian-python:bookworm"}
         ({"labels": {"k": "v" * 300}}, "labels", "256"),
         ({"nonsense": 1}, "nonsense", "not a known field"),
         ({"idempotency_key": "has space"}, "idempotency_key", "1-128 characters"),
+        ({"labels": {"corral.pool": "fncall"}}, "labels", "node's own workers"),
         ({"idempotency_key": "k" * 129}, "idempotency_key", "1-128 characters"),
     ],
 )

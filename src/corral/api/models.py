@@ -245,6 +245,8 @@ class CreateSandbox(_Model):
         for k, val in v.items():
             if not _LABEL_KEY.match(k):
                 raise ValueError(f"key {k!r} must match [A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}")
+            if k == "corral.pool":
+                raise ValueError(f"key {k!r} marks the node's own workers")
             if len(val) > 256:
                 raise ValueError(f"value of {k!r} must be at most 256 characters")
         return v

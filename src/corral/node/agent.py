@@ -47,6 +47,7 @@ from corral.errors import (
     CorralError,
     FileError,
     InvalidArgument,
+    PermissionDenied,
     ResourceExhausted,
     SandboxClosed,
     SandboxFailed,
@@ -511,6 +512,13 @@ class NodeAgent:
         )
 
     async def close(self, sandbox_id: str, reason: str = "closed by caller") -> None:
+        """Close a caller's sandbox (the node's own workers are not theirs)."""
+        self._not_a_worker(self._record(sandbox_id))
+        await self.retire(sandbox_id, reason)
+
+    async def retire(self, sandbox_id: str, reason: str) -> None:
+        """Close any sandbox of the node: the node's own path (TTL, idle,
+        pools, recovery)."""
         rec = self._record(sandbox_id)
         db = self._db()
         if rec.state in ("closed", "failed"):
@@ -539,8 +547,17 @@ class NodeAgent:
             )
         return rec
 
+    def _not_a_worker(self, rec: SandboxRecord) -> None:
+        if POOL_LABEL in rec.labels:
+            raise PermissionDenied(
+                f"sandbox {rec.id} is one of the node's function-call workers: "
+                "use client.fncall, not the sandbox API",
+                sandbox=rec.id,
+            )
+
     def _running(self, sandbox_id: str) -> SandboxRecord:
         rec = self._record(sandbox_id)
+        self._not_a_worker(rec)
         if rec.state != "running":
             if rec.state in ("closed", "closing"):
                 raise SandboxClosed(

@@ -130,13 +130,13 @@ class Maintenance:
         for rec in db.list(["running"]):
             idle = rec.spec.get("idle_timeout")
             if rec.expires_at is not None and now >= rec.expires_at:
-                await self.agent.close(rec.id, reason="ttl expired")
+                await self.agent.retire(rec.id, reason="ttl expired")
             elif idle and now - rec.last_active >= idle:
-                await self.agent.close(rec.id, reason=f"idle for {idle:.0f}s")
+                await self.agent.retire(rec.id, reason=f"idle for {idle:.0f}s")
             elif check_liveness and not init_alive(rec):
                 await self._fail(rec, "its init process exited")
             elif check_liveness and self._orphan_worker(rec):
-                await self.agent.close(rec.id, reason="its function-call pool is gone")
+                await self.agent.retire(rec.id, reason="its function-call pool is gone")
         metrics.SANDBOXES_ACTIVE.set(db.count_active()[0])
         if now - self._last_gc >= GC_EVERY:
             self._last_gc = now
@@ -184,7 +184,7 @@ class Maintenance:
             if rec.owner != self.agent.owner and rec.state != "running" and owner_alive(rec.owner):
                 continue  # another live agent is creating or closing it
             if rec.state == "running" and self._orphan_worker(rec):
-                await self.agent.close(rec.id, reason="its function-call pool is gone")
+                await self.agent.retire(rec.id, reason="its function-call pool is gone")
                 report.reclaimed_sandboxes += 1
                 continue
             if rec.state == "running" and init_alive(rec):

@@ -65,7 +65,6 @@ class WorkerPool:
             pids=self.spec.pids,
             ttl=None,
             idle_timeout=None,
-            labels={POOL_LABEL: "fncall"},
         )
 
     def _queue(self, image: str) -> asyncio.Queue[str]:

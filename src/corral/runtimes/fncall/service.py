@@ -12,7 +12,7 @@ from corral.api.models import CreateSandbox, FnCallRequest, FnCallResult
 from corral.errors import InvalidArgument
 from corral.log import get_logger
 from corral.runtimes.fncall import call, languages
-from corral.runtimes.fncall.pool import RESET_DIRS, WorkerPool, WorkerSpec
+from corral.runtimes.fncall.pool import POOL_LABEL, RESET_DIRS, WorkerPool, WorkerSpec
 
 if TYPE_CHECKING:
     from corral.node.agent import NodeAgent
@@ -28,13 +28,18 @@ class FnCalls:
         self.pool = WorkerPool(
             create=self._create,
             reset=self.reset,
-            close=agent.close,
+            close=self._retire,
             size=cfg.fncall_workers,
             spec=WorkerSpec(cpu=cfg.fncall_cpu, memory=cfg.fncall_max_memory, pids=cfg.fncall_pids),
         )
 
     async def _create(self, req: CreateSandbox) -> str:
-        return (await self.agent.create(req)).id
+        # The pool's label is set past validation: callers cannot use it.
+        own = req.model_copy(update={"labels": {**req.labels, POOL_LABEL: "fncall"}})
+        return (await self.agent.create(own)).id
+
+    async def _retire(self, worker: str) -> None:
+        await self.agent.retire(worker, "function-call worker retired")
 
     async def reset(self, sandbox_id: str) -> None:
         execd = self.agent.execd(sandbox_id)
