@@ -350,3 +350,17 @@ async def test_serve_warms_workers_before_the_first_call(
     # The server closed its workers on the way out.
     async with corral.AsyncClient(config=fresh_config) as c:
         assert await c.sandboxes.list(labels={"corral.pool": "fncall"}) == []
+
+
+async def test_closing_the_client_lets_calls_finish_and_retires_workers(
+    fresh_config: NodeConfig,
+) -> None:
+    c = corral.AsyncClient(config=fresh_config)
+    await c.open()
+    call = asyncio.create_task(c.fncall.run("bash", "sleep 1; echo finished"))
+    await asyncio.sleep(0.5)
+    await c.aclose()  # while the call runs
+    r = await call
+    assert r.stdout == "finished\n"
+    async with corral.AsyncClient(config=fresh_config) as again:
+        assert await again.sandboxes.list(labels={"corral.pool": "fncall"}) == []

@@ -54,6 +54,9 @@ class WorkerPool:
         self._waiting: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._held = 0  # workers handed to calls and not yet released
+        self._none_held = asyncio.Event()
+        self._none_held.set()
 
     def _request(self, image: str) -> CreateSandbox:
         return CreateSandbox(
@@ -84,6 +87,12 @@ class WorkerPool:
 
     async def acquire(self, image: str) -> str:
         """A clean worker for one call; the caller must release() it."""
+        worker = await self._acquire(image)
+        self._held += 1
+        self._none_held.clear()
+        return worker
+
+    async def _acquire(self, image: str) -> str:
         if self._closed:
             raise Unavailable("the function-call pool is closed")
         q = self._queue(image)
@@ -101,6 +110,9 @@ class WorkerPool:
 
     def release(self, image: str, worker: str, healthy: bool) -> None:
         """Reset the worker in the background and queue it again."""
+        self._held -= 1
+        if not self._held:
+            self._none_held.set()
         self._spawn(self._recycle(image, worker, healthy))
 
     async def warm(self, image: str, n: int) -> None:
@@ -149,8 +161,11 @@ class WorkerPool:
         }
 
     async def aclose(self) -> None:
-        """Close every worker; calls still running finish first."""
+        """Close every worker; calls still running finish first (for a
+        bounded time: the agent is going away)."""
         self._closed = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none_held.wait(), 60)
         while self._tasks:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*list(self._tasks))
