@@ -79,6 +79,7 @@ class NodeConfig:
     fncall_cpu: float = 1.0
     fncall_pids: int = 256
     fncall_tmpfs: int = 512 * 1024**2  # size of each of the call's /tmp and /work
+    fncall_workers_total: int = 0  # across images; 0: twice fncall_workers
     fncall_warm: int = 0  # workers `corral serve` starts for fncall_image before any call
     # The most memory a call may ask for: workers are admitted at this
     # ceiling, and each call's own limit is set under it.
@@ -124,6 +125,7 @@ class NodeConfig:
                 "lazy_readahead",
                 "dns_port",
                 "fncall_workers",
+                "fncall_workers_total",
                 "fncall_pids",
                 "fncall_warm",
             ):

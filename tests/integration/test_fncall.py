@@ -364,3 +364,28 @@ async def test_closing_the_client_lets_calls_finish_and_retires_workers(
     assert r.stdout == "finished\n"
     async with corral.AsyncClient(config=fresh_config) as again:
         assert await again.sandboxes.list(labels={"corral.pool": "fncall"}) == []
+
+
+async def test_images_share_the_workers_of_the_node(fresh_config: NodeConfig) -> None:
+    # One worker per image and one in all: calling a second image retires
+    # the first image's idle worker; calls on both at once both finish.
+    cfg = replace(fresh_config, fncall_workers=1, fncall_workers_total=1)
+    async with corral.AsyncClient(config=cfg) as c:
+        pool = c.service.fncall.pool  # type: ignore[attr-defined]
+
+        def total() -> int:
+            return sum(s["workers"] for s in pool.stats().values())
+
+        assert (await c.fncall.run("python", "print(1)")).stdout == "1\n"
+        r = await c.fncall.run("python", "print(2)", image="debian-python:bookworm")
+        assert r.stdout == "2\n" and total() == 1
+        both = await asyncio.gather(
+            c.fncall.run("bash", "sleep 0.5; echo a"),
+            c.fncall.run("bash", "sleep 0.5; echo b", image="debian-python:bookworm"),
+        )
+        assert [b.stdout for b in both] == ["a\n", "b\n"]
+        for _ in range(100):  # resets and retirements run in the background
+            if total() <= 1:
+                break
+            await asyncio.sleep(0.05)
+        assert total() <= 1

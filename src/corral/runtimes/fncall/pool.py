@@ -45,9 +45,13 @@ class WorkerPool:
         close: Callable[[str], Awaitable[None]],
         size: int,
         spec: WorkerSpec,
+        total: int | None = None,
     ) -> None:
         self._create, self._reset, self._close = create, reset, close
-        self.size = size
+        self.size = size  # workers per image
+        # Workers across images: an image nobody calls any more gives its
+        # idle workers up to the images being called.
+        self.total = total or 2 * size
         self.spec = spec
         self._idle: dict[str, asyncio.Queue[str]] = {}
         self._count: dict[str, int] = {}
@@ -97,7 +101,10 @@ class WorkerPool:
             raise Unavailable("the function-call pool is closed")
         q = self._queue(image)
         if q.empty() and self._count[image] < self.size:
-            return await self._new(image)
+            if sum(self._count.values()) >= self.total:
+                self._evict_idle(other_than=image)
+            if sum(self._count.values()) < self.total:
+                return await self._new(image)
         self._waiting[image] += 1
         try:
             return await asyncio.wait_for(q.get(), WAIT_FOR_WORKER)
@@ -132,16 +139,52 @@ class WorkerPool:
             except Exception as exc:
                 log.warning("fncall.reset_failed", worker=worker, error=str(exc))
             else:
-                self._idle[image].put_nowait(worker)
+                starved = self._starved(other_than=image)
+                if starved is None:
+                    self._idle[image].put_nowait(worker)
+                    return
+                # Another image waits with no room left: this worker goes,
+                # and one of that image takes its place.
+                self._count[image] -= 1
+                await self._discard(worker)
+                await self._replace(starved)
                 return
         self._count[image] -= 1
         await self._discard(worker)
-        if not self._closed and self._waiting[image]:
-            # Someone waits for a worker of this image: replace the lost one.
-            try:
-                self._idle[image].put_nowait(await self._new(image))
-            except Exception as exc:
-                log.error("fncall.replace_failed", image=image, error=str(exc))
+        # The slot is free: give it to whoever waits (this image first).
+        for img in [image, *self._waiting]:
+            if self._waiting[img] and self._count[img] < self.size:
+                await self._replace(img)
+                break
+
+    async def _replace(self, image: str) -> None:
+        if self._closed:
+            return
+        try:
+            self._idle[image].put_nowait(await self._new(image))
+        except Exception as exc:
+            log.error("fncall.replace_failed", image=image, error=str(exc))
+
+    def _evict_idle(self, other_than: str) -> bool:
+        """Retire one idle worker of another image (the one with most idle)."""
+        idle = [(q.qsize(), img) for img, q in self._idle.items() if img != other_than]
+        if not idle or max(idle)[0] == 0:
+            return False
+        _, img = max(idle)
+        worker = self._idle[img].get_nowait()
+        self._count[img] -= 1
+        self._spawn(self._discard(worker))
+        return True
+
+    def _starved(self, other_than: str) -> str | None:
+        """An image whose callers wait with none of its workers to wait
+        for, while every worker slot is taken."""
+        if sum(self._count.values()) < self.total:
+            return None
+        for img, waiting in self._waiting.items():
+            if img != other_than and waiting and self._count[img] < self.size:
+                return img
+        return None
 
     async def _discard(self, worker: str) -> None:
         try:

@@ -30,6 +30,7 @@ class FnCalls:
             reset=self.reset,
             close=self._retire,
             size=cfg.fncall_workers,
+            total=cfg.fncall_workers_total or None,
             spec=WorkerSpec(cpu=cfg.fncall_cpu, memory=cfg.fncall_max_memory, pids=cfg.fncall_pids),
         )
 
