@@ -15,6 +15,7 @@
      +-- ResourceExhausted            429 resource_exhausted
      +-- FileError                    422 file_error       (an OS error inside the sandbox)
      +-- SandboxFailed                500 sandbox_failed
+     +-- SandboxLost                  410 sandbox_lost     (its node died; not recreated)
      +-- Unavailable                  503 unavailable
      +-- InternalError                500 internal
 
@@ -145,6 +146,15 @@ class SandboxFailed(CorralError):
     http_status = 500
 
 
+class SandboxLost(CorralError):
+    """The sandbox's node stopped answering (died, partitioned, stopped
+    heartbeating) and the sandbox is written off: it is never recreated
+    behind the caller's back, whose rollout must decide what to do."""
+
+    code = "sandbox_lost"
+    http_status = 410
+
+
 class Unavailable(CorralError):
     code = "unavailable"
     http_status = 503
@@ -172,6 +182,7 @@ ERROR_CODES: dict[str, type[CorralError]] = {
         ResourceExhausted,
         FileError,
         SandboxFailed,
+        SandboxLost,
         Unavailable,
         InternalError,
     )

@@ -8,6 +8,7 @@ import ctypes
 import os
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -38,6 +39,40 @@ class _Server(uvicorn.Server):
         yield
 
 
+async def _run(
+    app: Any, *, host: str, port: int, socket: str | None = None, signals: bool = True
+) -> None:
+    """Serve `app` on host:port (and a unix socket) until SIGTERM/SIGINT,
+    or until cancelled when `signals` is off (inside a Ray actor, whose
+    signals are Ray's)."""
+    configs = [dict(host=host, port=port)] + ([dict(uds=socket)] if socket else [])
+    servers = [
+        _Server(
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                **cfg,  # type: ignore[arg-type]
+            )
+        )
+        for cfg in configs
+    ]
+
+    def stop() -> None:
+        for s in servers:
+            s.should_exit = True
+
+    if signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+    try:
+        await asyncio.gather(*(s.serve() for s in servers))
+    finally:
+        stop()
+
+
 async def serve(
     config: NodeConfig,
     *,
@@ -46,7 +81,13 @@ async def serve(
     socket: str | None = None,
     api_key: str | None = None,
     log_level: str = "info",
+    state: str | None = None,
+    advertise: str | None = None,
+    signals: bool = True,
 ) -> None:
+    """A node agent behind the HTTP API. With `state` (a cluster's state
+    store), it also heartbeats its capacity there as reachable at
+    `advertise` (default http://host:port), so gateways place on it."""
     configure(log_level)
     become_subreaper()
     agent = NodeAgent(config, reap_children=True)
@@ -56,37 +97,81 @@ async def serve(
     app = create_app(agent, api_key=key)
     # The node's layer store, readable by other nodes (image pull, lazy loading).
     create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs")
-    servers = [
-        _Server(
-            uvicorn.Config(
-                app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
-            )
-        )
-    ]
-    if socket:
-        servers.append(
-            _Server(
-                uvicorn.Config(
-                    app, uds=socket, log_level="warning", access_log=False, lifespan="off"
-                )
-            )
-        )
-
-    def stop() -> None:
-        for s in servers:
-            s.should_exit = True
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    log.info("server.listening", host=host, port=port, socket=socket, node=config.node)
+    beat = None
+    db = None
     try:
-        await asyncio.gather(*(s.serve() for s in servers))
+        if state is not None:
+            from corral.control.db import connect
+            from corral.control.heartbeat import Heartbeat
+            from corral.control.schema import migrate
+
+            db = await connect(state)
+            await migrate(db)
+            beat = Heartbeat(agent, db, advertise or f"http://{host}:{port}")
+        log.info("server.listening", host=host, port=port, socket=socket, node=config.node)
+        server = asyncio.create_task(
+            _run(app, host=host, port=port, socket=socket, signals=signals)
+        )
+        if beat is not None:
+            await _until_listening(host, port, server)
+            await beat.start()
+        await server
     finally:
         if warming is not None:
             warming.cancel()
+        if beat is not None:
+            await beat.stop(leave=False)
+        if db is not None:
+            await db.aclose()
         await agent.aclose()
         log.info("server.stopped")
+
+
+async def _until_listening(host: str, port: int, server: asyncio.Task[None]) -> None:
+    """A node is announced only once it answers: a gateway may place on it
+    the moment its heartbeat lands."""
+    for _ in range(500):
+        if server.done():
+            await server  # re-raises why it could not start
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.02)
+    raise OSError(f"the server did not start listening on {host}:{port}")
+
+
+async def serve_gateway(
+    state: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 7070,
+    node_key: str | None = None,
+    node_timeout: float = 10.0,
+    log_level: str = "info",
+    signals: bool = True,
+) -> None:
+    """A gateway replica: the same API, placing on and routing to the node
+    agents that heartbeat into `state`. Callers authenticate with a
+    project's API key; nodes are reached with `node_key`."""
+    from corral.control.db import connect
+    from corral.control.gateway import Gateway
+
+    configure(log_level)
+    db = await connect(state)
+    gateway = Gateway(
+        db, node_key=node_key or os.environ.get("CORRAL_NODE_KEY"), node_timeout=node_timeout
+    )
+    try:
+        await gateway.start()
+        app = create_app(None, for_token=gateway.for_token)
+        log.info("gateway.listening", host=host, port=port)
+        await _run(app, host=host, port=port, signals=signals)
+    finally:
+        await gateway.aclose()
+        await db.aclose()
+        log.info("gateway.stopped")
 
 
 async def _warm(agent: NodeAgent) -> None:

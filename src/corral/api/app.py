@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request, Response
@@ -66,7 +66,24 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
+async def _service(request: Request) -> SandboxService:
+    """The service this request is for (its caller's view, on a gateway)."""
+    svc: SandboxService = await request.app.state.resolve(request)
+    return svc
+
+
+Svc = Annotated[SandboxService, Depends(_service)]
+
+
+def create_app(
+    service: SandboxService | None,
+    api_key: str | None = None,
+    *,
+    for_token: Callable[[str], Awaitable[SandboxService]] | None = None,
+) -> FastAPI:
+    """The API over `service`, behind `api_key` if given; or, for a gateway,
+    over whatever `for_token(key)` returns for the caller's key (its
+    project's view), which also decides whether the key is valid."""
     app = FastAPI(
         title="Corral",
         version=__version__,
@@ -91,15 +108,17 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
         log.error("api.unexpected", exc=True, error=str(exc))
         return _error_response(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
 
-    async def auth(request: Request) -> None:
-        if api_key is None:
-            return
+    async def resolve(request: Request) -> SandboxService:
         header = request.headers.get("authorization", "")
         given = header.removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), api_key.encode()):
+        if for_token is not None:
+            return await for_token(given)
+        if api_key is not None and not hmac.compare_digest(given.encode(), api_key.encode()):
             raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
+        assert service is not None
+        return service
 
-    v1 = [Depends(auth)]
+    app.state.resolve = resolve
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -109,28 +128,29 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/sandboxes", status_code=201, dependencies=v1)
-    async def create(req: CreateSandbox) -> SandboxInfo:
-        return await service.create(req)
+    @app.post("/v1/sandboxes", status_code=201)
+    async def create(svc: Svc, req: CreateSandbox) -> SandboxInfo:
+        return await svc.create(req)
 
-    @app.get("/v1/sandboxes", dependencies=v1)
+    @app.get("/v1/sandboxes")
     async def list_sandboxes(
+        svc: Svc,
         label: Annotated[list[str], Query()] = [],  # noqa: B006 (FastAPI idiom)
     ) -> dict[str, list[SandboxInfo]]:
-        return {"sandboxes": await service.list(parse_labels(label) or None)}
+        return {"sandboxes": await svc.list(parse_labels(label) or None)}
 
-    @app.get("/v1/sandboxes/{sandbox_id}", dependencies=v1)
-    async def get(sandbox_id: str) -> SandboxInfo:
-        return await service.get(sandbox_id)
+    @app.get("/v1/sandboxes/{sandbox_id}")
+    async def get(svc: Svc, sandbox_id: str) -> SandboxInfo:
+        return await svc.get(sandbox_id)
 
-    @app.delete("/v1/sandboxes/{sandbox_id}", status_code=204, dependencies=v1)
-    async def close(sandbox_id: str) -> Response:
-        await service.close(sandbox_id)
+    @app.delete("/v1/sandboxes/{sandbox_id}", status_code=204)
+    async def close(svc: Svc, sandbox_id: str) -> Response:
+        await svc.close(sandbox_id)
         return Response(status_code=204)
 
-    @app.post("/v1/sandboxes/{sandbox_id}/exec", dependencies=v1)
-    async def exec_command(sandbox_id: str, req: ExecRequest) -> StreamingResponse:
-        events = service.exec(sandbox_id, req)
+    @app.post("/v1/sandboxes/{sandbox_id}/exec")
+    async def exec_command(svc: Svc, sandbox_id: str, req: ExecRequest) -> StreamingResponse:
+        events = svc.exec(sandbox_id, req)
         # Errors before the command starts become a plain HTTP error.
         first = await anext(aiter(events))
 
@@ -145,77 +165,82 @@ def create_app(service: SandboxService, api_key: str | None = None) -> FastAPI:
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
 
-    @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/kill", status_code=204, dependencies=v1)
-    async def kill(sandbox_id: str, pid: int, signal: int = 9) -> Response:
-        await service.kill(sandbox_id, pid, signal)
+    @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/kill", status_code=204)
+    async def kill(svc: Svc, sandbox_id: str, pid: int, signal: int = 9) -> Response:
+        await svc.kill(sandbox_id, pid, signal)
         return Response(status_code=204)
 
-    @app.get("/v1/sandboxes/{sandbox_id}/files", dependencies=v1)
-    async def read_file(sandbox_id: str, path: str, user: str = "root") -> Response:
-        data = await service.read_file(sandbox_id, path, user)
+    @app.get("/v1/sandboxes/{sandbox_id}/files")
+    async def read_file(svc: Svc, sandbox_id: str, path: str, user: str = "root") -> Response:
+        data = await svc.read_file(sandbox_id, path, user)
         return Response(data, media_type="application/octet-stream")
 
-    @app.put("/v1/sandboxes/{sandbox_id}/files", dependencies=v1)
+    @app.put("/v1/sandboxes/{sandbox_id}/files")
     async def write_file(
-        sandbox_id: str, path: str, request: Request, user: str = "root", mode: int = 0o644
+        svc: Svc,
+        sandbox_id: str,
+        path: str,
+        request: Request,
+        user: str = "root",
+        mode: int = 0o644,
     ) -> dict[str, int]:
         data = await _body(request, MAX_BODY)
-        return {"bytes": await service.write_file(sandbox_id, path, data, user, mode)}
+        return {"bytes": await svc.write_file(sandbox_id, path, data, user, mode)}
 
-    @app.delete("/v1/sandboxes/{sandbox_id}/files", status_code=204, dependencies=v1)
+    @app.delete("/v1/sandboxes/{sandbox_id}/files", status_code=204)
     async def remove_file(
-        sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+        svc: Svc, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
     ) -> Response:
-        await service.remove_file(sandbox_id, path, user, recursive)
+        await svc.remove_file(sandbox_id, path, user, recursive)
         return Response(status_code=204)
 
-    @app.get("/v1/sandboxes/{sandbox_id}/files/list", dependencies=v1)
+    @app.get("/v1/sandboxes/{sandbox_id}/files/list")
     async def list_files(
-        sandbox_id: str, path: str, user: str = "root"
+        svc: Svc, sandbox_id: str, path: str, user: str = "root"
     ) -> dict[str, list[FileEntry]]:
-        return {"entries": await service.list_files(sandbox_id, path, user)}
+        return {"entries": await svc.list_files(sandbox_id, path, user)}
 
-    @app.get("/v1/sandboxes/{sandbox_id}/files/stat", dependencies=v1)
-    async def stat_file(sandbox_id: str, path: str, user: str = "root") -> FileEntry:
-        return await service.stat_file(sandbox_id, path, user)
+    @app.get("/v1/sandboxes/{sandbox_id}/files/stat")
+    async def stat_file(svc: Svc, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+        return await svc.stat_file(sandbox_id, path, user)
 
-    @app.post("/v1/sandboxes/{sandbox_id}/files/mkdir", status_code=204, dependencies=v1)
-    async def make_dir(sandbox_id: str, path: str, user: str = "root") -> Response:
-        await service.make_dir(sandbox_id, path, user)
+    @app.post("/v1/sandboxes/{sandbox_id}/files/mkdir", status_code=204)
+    async def make_dir(svc: Svc, sandbox_id: str, path: str, user: str = "root") -> Response:
+        await svc.make_dir(sandbox_id, path, user)
         return Response(status_code=204)
 
-    @app.put("/v1/sandboxes/{sandbox_id}/tar", status_code=204, dependencies=v1)
-    async def upload_tar(sandbox_id: str, path: str, request: Request) -> Response:
-        await service.upload_tar(sandbox_id, path, await _body(request, MAX_BODY))
+    @app.put("/v1/sandboxes/{sandbox_id}/tar", status_code=204)
+    async def upload_tar(svc: Svc, sandbox_id: str, path: str, request: Request) -> Response:
+        await svc.upload_tar(sandbox_id, path, await _body(request, MAX_BODY))
         return Response(status_code=204)
 
-    @app.get("/v1/sandboxes/{sandbox_id}/tar", dependencies=v1)
-    async def download_tar(sandbox_id: str, path: str) -> Response:
-        return Response(
-            await service.download_tar(sandbox_id, path), media_type="application/x-tar"
-        )
+    @app.get("/v1/sandboxes/{sandbox_id}/tar")
+    async def download_tar(svc: Svc, sandbox_id: str, path: str) -> Response:
+        return Response(await svc.download_tar(sandbox_id, path), media_type="application/x-tar")
 
-    @app.put("/v1/sandboxes/{sandbox_id}/network", dependencies=v1)
-    async def update_network(sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
-        return await service.update_network(sandbox_id, policy)
+    @app.put("/v1/sandboxes/{sandbox_id}/network")
+    async def update_network(svc: Svc, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
+        return await svc.update_network(sandbox_id, policy)
 
-    @app.get("/v1/sandboxes/{sandbox_id}/audit", dependencies=v1)
-    async def audit(sandbox_id: str) -> AuditReport:
-        return await service.audit(sandbox_id)
+    @app.get("/v1/sandboxes/{sandbox_id}/audit")
+    async def audit(svc: Svc, sandbox_id: str) -> AuditReport:
+        return await svc.audit(sandbox_id)
 
-    @app.post("/v1/sandboxes/{sandbox_id}/commit", dependencies=v1)
-    async def commit(sandbox_id: str, req: CommitRequest) -> LayerInfo:
-        return await service.commit(sandbox_id, req)
+    @app.post("/v1/sandboxes/{sandbox_id}/commit")
+    async def commit(svc: Svc, sandbox_id: str, req: CommitRequest) -> LayerInfo:
+        return await svc.commit(sandbox_id, req)
 
-    @app.post("/v1/fncall", dependencies=v1)
-    async def run_call(req: FnCallRequest) -> FnCallResult:
-        return await service.run_call(req)
+    @app.post("/v1/fncall")
+    async def run_call(svc: Svc, req: FnCallRequest) -> FnCallResult:
+        return await svc.run_call(req)
 
-    @app.post("/run_code", dependencies=v1)
-    @app.post("/v1/run_code", dependencies=v1)
-    async def run_code(req: sandboxfusion.RunCodeRequest) -> sandboxfusion.RunCodeResponse:
+    @app.post("/run_code")
+    @app.post("/v1/run_code")
+    async def run_code(
+        svc: Svc, req: sandboxfusion.RunCodeRequest
+    ) -> sandboxfusion.RunCodeResponse:
         """SandboxFusion's endpoint (see api/compat/sandboxfusion.py)."""
-        result = await service.run_call(sandboxfusion.to_call(req))
+        result = await svc.run_call(sandboxfusion.to_call(req))
         return sandboxfusion.from_result(result)
 
     return app

@@ -82,11 +82,72 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    p = cmd("serve", c.serve, "run the node agent behind the HTTP API")
+    p = cmd("serve", c.serve, "run the node agent (or, with --gateway, a gateway) over HTTP")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7070)
     p.add_argument("--socket", help="also listen on this unix socket")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--gateway",
+        action="store_true",
+        help="serve as a gateway over the node agents heartbeating into --state",
+    )
+    p.add_argument(
+        "--state",
+        default=os.environ.get("CORRAL_STATE"),
+        help="a cluster's state store: postgresql://... or sqlite:///PATH; a node agent "
+        "given one heartbeats into it",
+    )
+    p.add_argument("--node", default=None, help="this node agent's name ([a-z0-9]{1,16})")
+    p.add_argument("--advertise", help="the URL gateways reach this node at")
+    p.add_argument(
+        "--node-key",
+        default=os.environ.get("CORRAL_NODE_KEY"),
+        help="gateway: the key node agents require (theirs is --api-key)",
+    )
+    p.add_argument("--node-timeout", type=float, default=10.0, help="gateway: silence = lost")
+
+    proj = cmd("project", c.project_help, "projects (org / team / job), quotas and API keys")
+    psub = proj.add_subparsers(dest="project_command", required=True)
+    p = psub.add_parser("create", help="create a project, nested under --parent")
+    p.set_defaults(handler=c.project_create)
+    p.add_argument("name")
+    p.add_argument("--parent")
+    p.add_argument("--max-sandboxes", type=int)
+    p.add_argument("--max-cpu", type=float)
+    p.add_argument("--max-memory", help="e.g. 64GiB")
+    p = psub.add_parser("ls", help="list projects with their use and limits")
+    p.set_defaults(handler=c.project_ls)
+    p = psub.add_parser("key", help="make an API key for a project (printed once)")
+    p.set_defaults(handler=c.project_key)
+    p.add_argument("name")
+    for p in psub.choices.values():
+        p.add_argument("--state", default=os.environ.get("CORRAL_STATE"), help="state store URL")
+        p.add_argument("--cluster-dir", type=Path, default=Path("/var/lib/corral/cluster"))
+
+    clu = cmd("cluster", c.cluster_help, "Corral on a Ray cluster: up, status, down")
+    csub = clu.add_subparsers(dest="cluster_command", required=True)
+    p = csub.add_parser("up", help="start the state store, node agents on Ray, the gateway")
+    p.set_defaults(handler=c.cluster_up)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--local-nodes", type=int, help="start a Ray cluster of N nodes on this machine"
+    )
+    where.add_argument("--ray-address", help="use a running Ray cluster (host:port)")
+    p.add_argument("--state", help="use this PostgreSQL instead of starting one")
+    p.add_argument("--ray-port", type=int, default=6390)
+    p.add_argument("--pg-port", type=int, default=5433)
+    p.add_argument("--gateway-host", default="127.0.0.1")
+    p.add_argument("--gateway-port", type=int, default=7070)
+    p.add_argument("--node-port", type=int, default=7100, help="first node agent's port")
+    p.add_argument("--node-timeout", type=float, default=10.0)
+    p.add_argument("--images", type=Path, help="a layer store the local nodes share")
+    p = csub.add_parser("status", help="the nodes and their last heartbeat")
+    p.set_defaults(handler=c.cluster_status)
+    p = csub.add_parser("down", help="close every sandbox, stop what up started")
+    p.set_defaults(handler=c.cluster_down)
+    for p in csub.choices.values():
+        p.add_argument("--dir", type=Path, default=Path("/var/lib/corral/cluster"))
 
     p = cmd("create", c.create, "create a sandbox and print its id")
     _sandbox_args(p)

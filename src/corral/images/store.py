@@ -193,6 +193,10 @@ class ImageStore:
     def _names_of(self, digest: str) -> list[str]:
         return sorted(self._all_tags().get(digest, []))
 
+    def names(self) -> list[str]:
+        """Every name:tag this store resolves."""
+        return sorted(n for names in self._all_tags().values() for n in names)
+
     def list(self) -> list[Layer]:
         tags = self._all_tags()
         out = []

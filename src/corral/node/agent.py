@@ -609,6 +609,22 @@ class NodeAgent:
     async def get(self, sandbox_id: str) -> SandboxInfo:
         return self._info(self._record(sandbox_id))
 
+    def capacity(self, labelled: str = "corral.project") -> dict[str, Any]:
+        """What this node can still take, for placement (its heartbeat).
+        `held` counts the sandboxes a gateway made (they carry `labelled`)."""
+        db = self._db()
+        count, promised = db.count_active()
+        return {
+            "max_sandboxes": self.config.max_sandboxes,
+            "active": count,
+            "held": db.count_labelled(labelled),
+            "memory_budget": int(self._host_memory * self.config.memory_overcommit),
+            "memory_promised": promised,
+            "cpus": os.cpu_count() or 1,
+            "kinds": sorted(self.runtimes),
+            "images": self.images.names(),
+        }
+
     async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
         records = self._db().list(ACTIVE_STATES, labels)
         if not labels or POOL_LABEL not in labels:

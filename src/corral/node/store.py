@@ -270,6 +270,16 @@ class Store:
         ).fetchone()
         return int(n), int(mem)
 
+    def count_labelled(self, key: str) -> int:
+        """Active sandboxes carrying label `key` (any value)."""
+        marks = ",".join("?" * len(ACTIVE_STATES))
+        (n,) = self.db.execute(
+            f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks})"
+            " AND id IN (SELECT sandbox_id FROM labels WHERE key=?)",
+            [*ACTIVE_STATES, key],
+        ).fetchone()
+        return int(n)
+
     def touch(self, last_active: dict[str, float]) -> None:
         self.db.executemany(
             "UPDATE sandboxes SET last_active=MAX(last_active, ?) WHERE id=?",

@@ -1,0 +1,507 @@
+"""The gateway: the sandbox API in front of many node agents.
+
+Stateless by construction: everything it knows about a sandbox is a row in
+the state store (sandboxes.py), written before a node is asked, so any
+replica can serve any request and a killed replica loses nothing. What it
+does keep in memory is per node, not per sandbox: a membership snapshot at
+most `view_ttl` old, an HTTP connection pool, and how many creates it has in
+flight to each node (placement subtracts them from stale capacity).
+
+A sandbox id is ``<node>-<16 hex>``: the gateway checks the row (the
+caller's project must own it, or be an ancestor of its owner) and sends the
+request to that node agent's own HTTP endpoint. Ray is never on this path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from corral.api.models import (
+    AuditReport,
+    CommitRequest,
+    CreateSandbox,
+    ExecEvent,
+    ExecRequest,
+    FileEntry,
+    FnCallRequest,
+    FnCallResult,
+    LayerInfo,
+    NetworkPolicy,
+    SandboxInfo,
+)
+from corral.api.service import SandboxService
+from corral.control import nodes, placement, quotas, sandboxes
+from corral.control.db import Database
+from corral.control.nodes import NodeRow
+from corral.control.sandboxes import SandboxRow
+from corral.control.schema import migrate
+from corral.errors import (
+    Conflict,
+    CorralError,
+    InvalidArgument,
+    ResourceExhausted,
+    SandboxLost,
+    SandboxNotFound,
+    Unavailable,
+)
+from corral.log import get_logger
+from corral.sdk.http import HttpService
+
+log = get_logger("corral.gateway")
+
+PROJECT_LABEL = "corral.project"
+KEY_LABEL = "corral.key"
+RESERVED_LABELS = (PROJECT_LABEL, KEY_LABEL, "corral.pool")
+_ID = re.compile(r"([a-z0-9]{1,16})-[0-9a-f]{16}")
+# A create a gateway abandoned (it died) is adopted or failed by the sweep
+# once it is this old.
+STALE_PLACING = 300.0
+
+
+class Gateway:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        node_key: str | None,
+        node_timeout: float = 10.0,
+        sweep_interval: float = 1.0,
+        view_ttl: float = 0.5,
+        k: int = placement.K,
+    ) -> None:
+        self.db = db
+        self.node_key = node_key
+        self.node_timeout = node_timeout
+        self.sweep_interval = sweep_interval
+        self.view_ttl = view_ttl
+        self.k = k
+        self._view: tuple[float, list[NodeRow]] = (0.0, [])
+        self._clients: dict[tuple[str, str], HttpService] = {}
+        self.in_flight: dict[str, int] = {}
+        self._keys: dict[str, tuple[float, str]] = {}
+        self._chains: dict[str, tuple[float, list[str]]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._mismatch: dict[str, int] = {}
+
+    async def start(self, *, sweep: bool = True) -> Gateway:
+        await migrate(self.db)
+        if sweep:
+            self._sweeper = asyncio.create_task(self._sweep_loop())
+        return self
+
+    async def aclose(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    # ------------------------------------------------------------ callers
+
+    async def for_token(self, token: str) -> SandboxService:
+        """The API as seen by the project that owns API key `token`."""
+        now = time.monotonic()
+        cached = self._keys.get(token)
+        if cached is not None and now - cached[0] < 5.0:
+            return GatewayView(self, cached[1])
+        if not token:
+            from corral.errors import Unauthenticated
+
+            raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
+        project = await quotas.project_of_key(self.db, token)
+        self._keys[token] = (now, project)
+        return GatewayView(self, project)
+
+    async def chain(self, project: str) -> list[str]:
+        """`project` and its ancestors (cached briefly: projects rarely move)."""
+        now = time.monotonic()
+        cached = self._chains.get(project)
+        if cached is not None and now - cached[0] < 5.0:
+            return cached[1]
+        async with self.db.transaction() as tx:
+            names = await quotas.ancestors(tx, project)
+        self._chains[project] = (now, names)
+        return names
+
+    # ------------------------------------------------------------ nodes
+
+    async def nodes(self, *, fresh: bool = False) -> list[NodeRow]:
+        at, rows = self._view
+        if fresh or time.monotonic() - at > self.view_ttl:
+            rows = await nodes.list_nodes(self.db)
+            self._view = (time.monotonic(), rows)
+        return rows
+
+    async def node(self, name: str) -> NodeRow | None:
+        for n in await self.nodes():
+            if n.name == name:
+                return n
+        return next((n for n in await self.nodes(fresh=True) if n.name == name), None)
+
+    def client(self, node: NodeRow) -> HttpService:
+        key = (node.name, node.url)
+        if key not in self._clients:
+            self._clients[key] = HttpService(node.url, api_key=self.node_key)
+        return self._clients[key]
+
+    async def choose(
+        self, *, kind: str, image: str | None, memory: int, exclude: set[str]
+    ) -> NodeRow:
+        return placement.choose(
+            await self.nodes(),
+            kind=kind,
+            image=image,
+            memory=memory,
+            in_flight=self.in_flight,
+            exclude=exclude,
+            k=self.k,
+        )
+
+    # ------------------------------------------------------------ sweep
+
+    async def _sweep_loop(self) -> None:
+        reachable_since: float | None = None
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                if reachable_since is None:
+                    await nodes.list_nodes(self.db)
+                    reachable_since = time.monotonic()
+                # Silence is judged only after a full timeout of reaching the
+                # store: nodes could not heartbeat while it was down either.
+                if time.monotonic() - reachable_since >= self.node_timeout:
+                    for name in await nodes.sweep_lost(self.db, self.node_timeout):
+                        log.warning("node.lost", node=name, timeout=self.node_timeout)
+                await self.reconcile_all()
+            except Unavailable as exc:
+                if reachable_since is not None:
+                    log.warning("gateway.store_unavailable", error=str(exc))
+                reachable_since = None
+            except Exception as exc:
+                log.error("gateway.sweep_failed", exc=True, error=str(exc))
+
+    async def reconcile_all(self) -> None:
+        """Reconcile a node whose count of gateway sandboxes disagrees with
+        the store's twice in a row (once may be a create in flight)."""
+        for n in await self.nodes(fresh=True):
+            if n.state != nodes.ALIVE:
+                continue
+            held = int(n.capacity.get("held", 0))
+            if held == await sandboxes.count_on_node(self.db, n.name):
+                self._mismatch.pop(n.name, None)
+                continue
+            self._mismatch[n.name] = self._mismatch.get(n.name, 0) + 1
+            if self._mismatch[n.name] >= 2:
+                self._mismatch.pop(n.name, None)
+                with contextlib.suppress(CorralError):
+                    await self.reconcile(n)
+
+    async def reconcile(self, node: NodeRow) -> dict[str, int]:
+        """Make `node` and the store agree about the sandboxes gateways made:
+        - on the node, no row or a written-off one (lost, closed, failed,
+          placed elsewhere): closed on the node (a lost node came back);
+        - a placing row whose sandbox the node has: adopted (ready);
+        - a ready row the node no longer has (TTL, idle timeout, failure):
+          closed in the store, its quota released;
+        - a placing row older than STALE_PLACING the node never made: failed.
+        """
+        client = self.client(node)
+        held = [s for s in await client.list() if KEY_LABEL in s.labels]
+        rows = await sandboxes.by_keys(self.db, [s.labels[KEY_LABEL] for s in held])
+        out = {"closed_on_node": 0, "adopted": 0, "closed_in_store": 0, "failed": 0}
+        seen: set[str] = set()
+        for s in held:
+            key = s.labels[KEY_LABEL]
+            row = rows.get(key)
+            if row is None or row.node != node.name or row.state not in sandboxes.CHARGED:
+                with contextlib.suppress(CorralError):
+                    await client.close(s.id)
+                out["closed_on_node"] += 1
+                continue
+            seen.add(key)
+            stale = row.state == "placing" and row.age > STALE_PLACING
+            if (
+                stale
+                and s.state.value == "running"
+                and await sandboxes.mark_ready(self.db, key, s.id)
+            ):
+                out["adopted"] += 1
+        for row in await sandboxes.on_node(self.db, node.name):
+            if row.key in seen:
+                continue
+            # Young rows may be creates still in flight.
+            if row.state == "ready" and row.age > 5.0:
+                closed = await sandboxes.finish(self.db, row.key, "closed", "gone from its node")
+                out["closed_in_store"] += closed
+            elif row.state == "placing" and row.age > STALE_PLACING:
+                failed = await sandboxes.finish(self.db, row.key, "failed", "abandoned create")
+                out["failed"] += failed
+        if any(out.values()):
+            log.info("node.reconciled", node=node.name, **out)
+        return out
+
+
+class GatewayView:
+    """The sandbox API for one project, served by a Gateway."""
+
+    def __init__(self, gateway: Gateway, project: str) -> None:
+        self.gw = gateway
+        self.project = project
+
+    # ------------------------------------------------------------ routing
+
+    async def _row(self, sandbox_id: str) -> SandboxRow:
+        m = _ID.fullmatch(sandbox_id)
+        if m is None:
+            raise InvalidArgument("sandbox_id", "must be <node>-<16 hex digits>", sandbox_id)
+        row = await sandboxes.by_id(self.gw.db, sandbox_id)
+        if row is None or self.project not in await self.gw.chain(row.project):
+            # A forged id, another project's sandbox, or one never made: all
+            # look the same, so ids cannot be probed across projects.
+            known = await self.gw.node(m.group(1)) is not None
+            where = "" if known else f": node {m.group(1)!r} is not a member of this cluster"
+            raise SandboxNotFound(f"no sandbox {sandbox_id}{where}", sandbox=sandbox_id)
+        if row.state == "lost":
+            raise SandboxLost(
+                f"sandbox {sandbox_id} was lost with its node {row.node}: {row.error}",
+                sandbox=sandbox_id,
+                node=row.node,
+            )
+        return row
+
+    async def _route(self, sandbox_id: str) -> tuple[SandboxRow, HttpService]:
+        row = await self._row(sandbox_id)
+        node = await self.gw.node(row.node)
+        if node is None or node.state != nodes.ALIVE:
+            raise SandboxLost(
+                f"sandbox {sandbox_id} is on node {row.node}, which is "
+                f"{'unknown' if node is None else node.state}",
+                sandbox=sandbox_id,
+                node=row.node,
+            )
+        return row, self.gw.client(node)
+
+    async def _forward(self, sandbox_id: str, call: Callable[[HttpService], Any]) -> Any:
+        row, client = await self._route(sandbox_id)
+        try:
+            return await call(client)
+        except SandboxNotFound:
+            # The node no longer has it (TTL, idle timeout): the store agrees now.
+            await sandboxes.finish(self.gw.db, row.key, "closed", "gone from its node")
+            raise
+        except Unavailable as exc:
+            raise Unavailable(
+                f"node {row.node} of sandbox {sandbox_id} is unreachable ({exc.message}); "
+                f"if it stays silent for {self.gw.node_timeout:g} s its sandboxes are "
+                "marked lost",
+                sandbox=sandbox_id,
+                node=row.node,
+            ) from exc
+
+    # ------------------------------------------------------------ create
+
+    async def create(self, req: CreateSandbox) -> SandboxInfo:
+        for key in req.labels:
+            if key in RESERVED_LABELS:
+                raise InvalidArgument(
+                    f"labels.{key}", "is reserved for the platform (set by the gateway)", key
+                )
+        gw = self.gw
+        key = sandboxes.node_key(self.project, req.idempotency_key or secrets.token_hex(16))
+        row = (await sandboxes.by_keys(gw.db, [key])).get(key)
+        if row is None or row.state == "failed":
+            first = await gw.choose(
+                kind=req.kind, image=req.image, memory=req.memory, exclude=set()
+            )
+            row, new = await sandboxes.reserve(
+                gw.db, key, self.project, first.name, req.kind, req.cpu, req.memory
+            )
+        else:
+            new = False
+        if not new:
+            if row.state == "ready" and row.id is not None:
+                return await self.get(row.id)
+            if row.state == "lost":
+                raise SandboxLost(
+                    f"the sandbox made for this idempotency key was lost: {row.error}",
+                    sandbox=row.id,
+                )
+            if row.state == "closed":
+                raise Conflict(
+                    f"the sandbox made for this idempotency key ({row.id}) was closed",
+                    sandbox=row.id,
+                )
+        labels = {**req.labels, PROJECT_LABEL: self.project, KEY_LABEL: key}
+        to_node = req.model_copy(update={"idempotency_key": key, "labels": labels})
+        return await self._drive(row, to_node)
+
+    async def _drive(self, row: SandboxRow, req: CreateSandbox) -> SandboxInfo:
+        """Ask the row's node; on "full" or "unreachable" move the row to
+        another node and ask it. Any other error fails the row."""
+        gw = self.gw
+        name, refused = row.node, set[str]()
+        while True:
+            node = await gw.node(name)
+            try:
+                if node is None or node.state != nodes.ALIVE:
+                    raise Unavailable(f"node {name} is not alive")
+                gw.in_flight[name] = gw.in_flight.get(name, 0) + 1
+                try:
+                    info = await gw.client(node).create(req)
+                finally:
+                    gw.in_flight[name] -= 1
+            except (ResourceExhausted, Unavailable) as exc:
+                if isinstance(exc, ResourceExhausted) and "node" not in exc.details:
+                    await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+                    raise
+                refused.add(name)
+                log.info("create.retry_elsewhere", node=name, reason=exc.message)
+                try:
+                    nxt = await gw.choose(
+                        kind=req.kind, image=req.image, memory=req.memory, exclude=refused
+                    )
+                except ResourceExhausted:
+                    await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+                    raise
+                if not await sandboxes.move(gw.db, row.key, name, nxt.name):
+                    raise Conflict(
+                        "another request is creating the sandbox for this idempotency key: "
+                        "retry with the same key to get it",
+                    ) from exc
+                name = nxt.name
+                continue
+            except CorralError as exc:
+                await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+                raise
+            if await sandboxes.mark_ready(gw.db, row.key, info.id) is None:
+                with contextlib.suppress(CorralError):
+                    await gw.client(node).close(info.id)
+                raise SandboxLost(
+                    f"sandbox {info.id} was written off while it was being created "
+                    f"(node {name} was marked lost)",
+                    sandbox=info.id,
+                )
+            return info
+
+    # ------------------------------------------------------------ the rest
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        info: SandboxInfo = await self._forward(sandbox_id, lambda c: c.get(sandbox_id))
+        return info
+
+    async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
+        """This project's live sandboxes (not its sub-projects'), from their nodes."""
+        wanted = {**(labels or {}), PROJECT_LABEL: self.project}
+        alive = [n for n in await self.gw.nodes() if n.state == nodes.ALIVE]
+        found = await asyncio.gather(
+            *(self.gw.client(n).list(wanted) for n in alive), return_exceptions=True
+        )
+        out: builtins.list[SandboxInfo] = []
+        for n, result in zip(alive, found, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("list.node_failed", node=n.name, error=str(result))
+                continue
+            out += result
+        return sorted(out, key=lambda s: s.created_at)
+
+    async def close(self, sandbox_id: str) -> None:
+        try:
+            row = await self._row(sandbox_id)
+        except SandboxLost:
+            lost = await sandboxes.by_id(self.gw.db, sandbox_id)
+            if lost is not None:
+                await sandboxes.finish(self.gw.db, lost.key, "closed")
+            return
+        node = await self.gw.node(row.node)
+        if node is not None and node.state == nodes.ALIVE:
+            with contextlib.suppress(SandboxNotFound):
+                await self.gw.client(node).close(sandbox_id)
+        await sandboxes.finish(self.gw.db, row.key, "closed")
+
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        _row, client = await self._route(sandbox_id)
+        async for event in client.exec(sandbox_id, req):
+            yield event
+
+    async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None:
+        await self._forward(sandbox_id, lambda c: c.kill(sandbox_id, pid, signal))
+
+    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
+        data: bytes = await self._forward(sandbox_id, lambda c: c.read_file(sandbox_id, path, user))
+        return data
+
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, user: str = "root", mode: int = 0o644
+    ) -> int:
+        n: int = await self._forward(
+            sandbox_id, lambda c: c.write_file(sandbox_id, path, data, user, mode)
+        )
+        return n
+
+    async def list_files(
+        self, sandbox_id: str, path: str, user: str = "root"
+    ) -> builtins.list[FileEntry]:
+        entries: builtins.list[FileEntry] = await self._forward(
+            sandbox_id, lambda c: c.list_files(sandbox_id, path, user)
+        )
+        return entries
+
+    async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+        entry: FileEntry = await self._forward(
+            sandbox_id, lambda c: c.stat_file(sandbox_id, path, user)
+        )
+        return entry
+
+    async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
+        await self._forward(sandbox_id, lambda c: c.make_dir(sandbox_id, path, user))
+
+    async def remove_file(
+        self, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+    ) -> None:
+        await self._forward(sandbox_id, lambda c: c.remove_file(sandbox_id, path, user, recursive))
+
+    async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None:
+        await self._forward(sandbox_id, lambda c: c.upload_tar(sandbox_id, path, data))
+
+    async def download_tar(self, sandbox_id: str, path: str) -> bytes:
+        data: bytes = await self._forward(sandbox_id, lambda c: c.download_tar(sandbox_id, path))
+        return data
+
+    async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
+        layer: LayerInfo = await self._forward(sandbox_id, lambda c: c.commit(sandbox_id, req))
+        return layer
+
+    async def audit(self, sandbox_id: str) -> AuditReport:
+        report: AuditReport = await self._forward(sandbox_id, lambda c: c.audit(sandbox_id))
+        return report
+
+    async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
+        info: SandboxInfo = await self._forward(
+            sandbox_id, lambda c: c.update_network(sandbox_id, policy)
+        )
+        return info
+
+    async def run_call(self, req: FnCallRequest) -> FnCallResult:
+        """Stateless: any node with function-call workers; "full" or
+        unreachable nodes are skipped."""
+        refused: set[str] = set()
+        while True:
+            node = await self.gw.choose(kind="fncall", image=None, memory=0, exclude=refused)
+            try:
+                return await self.gw.client(node).run_call(req)
+            except (ResourceExhausted, Unavailable) as exc:
+                if isinstance(exc, ResourceExhausted) and "node" not in exc.details:
+                    raise
+                refused.add(node.name)
+
+    async def aclose(self) -> None:
+        """A view is a lens on the shared gateway: nothing of its own to close."""

@@ -1,0 +1,63 @@
+"""A node agent's heartbeat: its capacity, written to the state store.
+
+Ray supervises node agents but is never asked where they are or how full:
+the state store is the one membership list gateways read. A failed beat
+(the store restarting) is logged and retried at the next interval; the
+gateways' sweep judges silence only on a store it has reached without a
+break for a full timeout, so a store outage does not write nodes off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from corral.control import nodes
+from corral.control.db import Database
+from corral.log import get_logger
+from corral.node.agent import NodeAgent
+
+log = get_logger("corral.heartbeat")
+
+
+class Heartbeat:
+    def __init__(self, agent: NodeAgent, db: Database, url: str, interval: float = 1.0) -> None:
+        self.agent = agent
+        self.db = db
+        self.url = url
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def beat(self) -> None:
+        before = await nodes.heartbeat(
+            self.db, self.agent.config.node, self.url, self.agent.capacity()
+        )
+        if before != nodes.ALIVE:
+            log.info("node.joined", node=self.agent.config.node, url=self.url, was=before)
+
+    async def start(self) -> None:
+        await self.beat()  # registered before the server reports ready
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.beat()
+                if failing:
+                    log.info("heartbeat.recovered", node=self.agent.config.node)
+                failing = False
+            except Exception as exc:
+                if not failing:
+                    log.warning("heartbeat.failed", node=self.agent.config.node, error=str(exc))
+                failing = True
+
+    async def stop(self, *, leave: bool) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if leave:
+            with contextlib.suppress(Exception):
+                await nodes.leave(self.db, self.agent.config.node)

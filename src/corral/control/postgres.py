@@ -1,0 +1,112 @@
+"""A PostgreSQL server of Corral's own, for a cluster's state store.
+
+`corral cluster up` and the tests start one from Debian's `postgresql`
+package: a fresh cluster directory (initdb), owned by the `postgres` user
+(initdb refuses root), password authentication over TCP only, and a
+`corral` role and database. Where a PostgreSQL is already run by someone
+else, pass its URL instead (`--state postgresql://...`) and none is started.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from corral.errors import Unavailable
+from corral.log import get_logger
+
+log = get_logger("corral.postgres")
+
+
+def _bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    if found:
+        return found[-1]
+    path = shutil.which(name)
+    if path is None:
+        raise Unavailable(
+            f"PostgreSQL's {name} is not installed (apt install postgresql); "
+            "or pass --state postgresql://... of a running server"
+        )
+    return path
+
+
+class LocalPostgres:
+    def __init__(self, directory: Path, port: int = 5433) -> None:
+        self.dir = directory
+        self.data = directory / "data"
+        self.port = port
+        self.password_file = directory / "password"
+
+    @property
+    def url(self) -> str:
+        password = self.password_file.read_text().strip()
+        return f"postgresql://corral:{password}@127.0.0.1:{self.port}/corral"
+
+    def _as_postgres(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["runuser", "-u", "postgres", "--", *argv],
+            check=check,
+            capture_output=True,
+            text=True,
+            cwd="/",
+        )
+
+    def running(self) -> bool:
+        r = self._as_postgres(_bin("pg_ctl"), "status", "-D", str(self.data), check=False)
+        return r.returncode == 0
+
+    def start(self) -> str:
+        """Start (initialising on first use); returns the URL to reach it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o755)
+        fresh = not (self.data / "PG_VERSION").exists()
+        if fresh:
+            if self.data.exists():
+                shutil.rmtree(self.data)  # a half-made cluster from a failed initdb
+            self.data.mkdir()
+            shutil.chown(self.data, "postgres", "postgres")
+            self.password_file.write_text(secrets.token_urlsafe(18) + "\n")
+            os.chmod(self.password_file, 0o600)
+            self._as_postgres(
+                _bin("initdb"), "-D", str(self.data), "-U", "postgres", "--auth-local=peer",
+                "--auth-host=scram-sha-256", "-E", "UTF8",
+            )  # fmt: skip
+            with (self.data / "postgresql.conf").open("a") as conf:
+                conf.write(
+                    "\n# corral\nlisten_addresses = '127.0.0.1'\n"
+                    f"port = {self.port}\nunix_socket_directories = '{self.data}'\n"
+                    "max_connections = 300\nfsync = on\nsynchronous_commit = off\n"
+                )
+        if not self.running():
+            self._as_postgres(
+                _bin("pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
+                "-l", str(self.data / "server.log"),
+            )  # fmt: skip
+        if fresh:
+            password = self.password_file.read_text().strip()
+            self._psql(f"CREATE ROLE corral LOGIN PASSWORD '{password}'")
+            self._psql("CREATE DATABASE corral OWNER corral")
+        log.info("postgres.started", dir=str(self.data), port=self.port)
+        return self.url
+
+    def _psql(self, sql: str) -> None:
+        self._as_postgres(
+            _bin("psql"), "-h", str(self.data), "-p", str(self.port), "-d", "postgres",
+            "-v", "ON_ERROR_STOP=1", "-c", sql,
+        )  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.data.exists() and self.running():
+            self._as_postgres(_bin("pg_ctl"), "stop", "-w", "-m", mode, "-D", str(self.data))
+            log.info("postgres.stopped", dir=str(self.data))
+
+    def restart(self) -> None:
+        self.stop("immediate")
+        time.sleep(0.1)
+        self.start()

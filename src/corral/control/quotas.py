@@ -1,0 +1,191 @@
+"""Projects nested in levels (org / team / job) and what they may hold.
+
+A sandbox is charged to its project and every ancestor, in the transaction
+that records it; it is released, once, when it leaves the charged states.
+Limits are checked at every level: a job under its own limit is still
+refused when its team or org is full. Rows are locked leaf to root, one
+order for every transaction, so two charges cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+from corral.control.db import Database, Tx
+from corral.errors import Conflict, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+MAX_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class Project:
+    name: str
+    parent: str | None
+    max_sandboxes: int | None
+    max_cpu: float | None
+    max_memory: int | None
+    used_sandboxes: int
+    used_cpu: float
+    used_memory: int
+
+
+_COLUMNS = "name, parent, max_sandboxes, max_cpu, max_memory, used_sandboxes, used_cpu, used_memory"
+
+
+def _project(row: tuple[object, ...]) -> Project:
+    name, parent, ms, mc, mm, us, uc, um = row
+    return Project(
+        str(name),
+        None if parent is None else str(parent),
+        None if ms is None else int(ms),  # type: ignore[call-overload]
+        None if mc is None else float(mc),  # type: ignore[arg-type]
+        None if mm is None else int(mm),  # type: ignore[call-overload]
+        int(us),  # type: ignore[call-overload]
+        float(uc),  # type: ignore[arg-type]
+        int(um),  # type: ignore[call-overload]
+    )
+
+
+def hash_key(key: str) -> str:
+    """Keys are stored hashed: a leaked database does not leak keys."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+async def create_project(
+    db: Database,
+    name: str,
+    *,
+    parent: str | None = None,
+    max_sandboxes: int | None = None,
+    max_cpu: float | None = None,
+    max_memory: int | None = None,
+) -> Project:
+    if not _NAME.fullmatch(name):
+        raise InvalidArgument("name", "must be 1-63 of [a-z0-9_-], starting alphanumeric", name)
+    for field, value in (
+        ("max_sandboxes", max_sandboxes),
+        ("max_cpu", max_cpu),
+        ("max_memory", max_memory),
+    ):
+        if value is not None and value < 0:
+            raise InvalidArgument(field, "must be >= 0 (or unset for no limit)", value)
+    async with db.transaction() as tx:
+        if await tx.fetchone("SELECT 1 FROM projects WHERE name = %s", (name,)):
+            raise Conflict(f"project {name!r} already exists", project=name)
+        if parent is not None:
+            chain = await _chain(tx, parent, lock=False)
+            if len(chain) >= MAX_DEPTH:
+                raise InvalidArgument("parent", f"nesting is at most {MAX_DEPTH} levels", parent)
+        await tx.execute(
+            "INSERT INTO projects (name, parent, max_sandboxes, max_cpu, max_memory, created_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s)",
+            (name, parent, max_sandboxes, max_cpu, max_memory, time.time()),
+        )
+        return _project(
+            (name, parent, max_sandboxes, max_cpu, max_memory, 0, 0.0, 0)  # fresh row
+        )
+
+
+async def get_project(db: Database, name: str) -> Project:
+    async with db.transaction() as tx:
+        row = await tx.fetchone(f"SELECT {_COLUMNS} FROM projects WHERE name = %s", (name,))
+    if row is None:
+        raise NotFound(f"no project {name!r}", project=name)
+    return _project(row)
+
+
+async def list_projects(db: Database) -> list[Project]:
+    async with db.transaction() as tx:
+        rows = await tx.fetchall(f"SELECT {_COLUMNS} FROM projects ORDER BY name")
+    return [_project(r) for r in rows]
+
+
+async def create_key(db: Database, project: str) -> str:
+    """A new API key for `project`; shown once, stored hashed."""
+    key = "ck_" + secrets.token_urlsafe(24)
+    async with db.transaction() as tx:
+        if not await tx.fetchone("SELECT 1 FROM projects WHERE name = %s", (project,)):
+            raise NotFound(f"no project {project!r}", project=project)
+        await tx.execute(
+            "INSERT INTO api_keys (key_hash, project, created_at) VALUES (%s, %s, %s)",
+            (hash_key(key), project, time.time()),
+        )
+    return key
+
+
+async def project_of_key(db: Database, key: str) -> str:
+    async with db.transaction() as tx:
+        row = await tx.fetchone(
+            "SELECT project FROM api_keys WHERE key_hash = %s", (hash_key(key),)
+        )
+    if row is None:
+        raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
+    return str(row[0])
+
+
+async def _chain(tx: Tx, name: str, *, lock: bool) -> list[Project]:
+    """`name` and its ancestors, leaf first (locked for update if asked)."""
+    out: list[Project] = []
+    current: str | None = name
+    while current is not None:
+        if len(out) > MAX_DEPTH:
+            raise InvalidArgument("project", "has a cycle in its parents", name)
+        row = await tx.fetchone(
+            f"SELECT {_COLUMNS} FROM projects WHERE name = %s" + (tx.for_update() if lock else ""),
+            (current,),
+        )
+        if row is None:
+            raise NotFound(f"no project {current!r}", project=current)
+        project = _project(row)
+        out.append(project)
+        current = project.parent
+    return out
+
+
+async def ancestors(tx: Tx, name: str) -> list[str]:
+    return [p.name for p in await _chain(tx, name, lock=False)]
+
+
+async def charge(tx: Tx, project: str, cpu: float, memory: int) -> None:
+    """Charge one sandbox up the chain, or raise ResourceExhausted naming
+    the level, the resource, its limit and its use."""
+    chain = await _chain(tx, project, lock=True)
+    for p in chain:
+        checks = (
+            ("sandboxes", p.used_sandboxes + 1, p.max_sandboxes, p.used_sandboxes),
+            ("cpu", p.used_cpu + cpu, p.max_cpu, p.used_cpu),
+            ("memory", p.used_memory + memory, p.max_memory, p.used_memory),
+        )
+        for resource, wanted, limit, used in checks:
+            if limit is not None and wanted > limit + 1e-9:
+                where = "" if p.name == project else f" (an ancestor of {project!r})"
+                raise ResourceExhausted(
+                    f"quota exceeded: project {p.name!r}{where} has {used:g} of {limit:g} "
+                    f"{resource} in use; this sandbox needs "
+                    f"{1 if resource == 'sandboxes' else cpu if resource == 'cpu' else memory:g}",
+                    project=p.name,
+                    resource=resource,
+                    limit=limit,
+                    used=used,
+                    quota=True,
+                )
+    for p in chain:
+        await tx.execute(
+            "UPDATE projects SET used_sandboxes = used_sandboxes + 1, used_cpu = used_cpu + %s,"
+            " used_memory = used_memory + %s WHERE name = %s",
+            (cpu, memory, p.name),
+        )
+
+
+async def release(tx: Tx, project: str, cpu: float, memory: int) -> None:
+    for p in await _chain(tx, project, lock=True):
+        await tx.execute(
+            "UPDATE projects SET used_sandboxes = used_sandboxes - 1, used_cpu = used_cpu - %s,"
+            " used_memory = used_memory - %s WHERE name = %s",
+            (cpu, memory, p.name),
+        )
