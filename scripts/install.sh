@@ -26,6 +26,7 @@ APT_PACKAGES=(
   bash-static               # the platform shell inside sandboxes
   nftables iproute2         # sandbox networking
   bubblewrap                # a peer in the function-call benchmark
+  postgresql                # the cluster state store (started by Corral, not by systemd)
   gcc libc6-dev make        # the static platform helpers
   python3 python3-venv python3-dev
   ca-certificates curl tar
@@ -48,10 +49,10 @@ PY=python3
 if ! "$PY" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then PY=/usr/bin/python3; fi
 want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMPS/venv" 2>/dev/null)" != "$want" ]; then
-  say "venv: creating .venv and installing corral[dev]"
+  say "venv: creating .venv and installing corral[dev,cluster]"
   "$PY" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e '.[dev,cluster]'
   echo "$want" > "$STAMPS/venv"
 else
   say "venv: up to date"

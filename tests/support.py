@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import shutil
 import signal
@@ -10,12 +12,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import corral
 from corral.config import NodeConfig
 from corral.node import mounts
 
+T = TypeVar("T")
 IMAGES = Path(os.environ.get("CORRAL_TEST_IMAGES", "/var/lib/corral/images"))
 IMAGE = "debian-python:bookworm"
 
@@ -32,17 +37,28 @@ def missing_capability() -> str | None:
     return None
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Server:
     """A `corral serve` process on a unix socket."""
 
-    def __init__(self, config: NodeConfig, sock: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        sock: Path,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+    ) -> None:
         self.config = config
         self.sock = sock
         self.env = env or {}
+        self.args = args or []
         self.proc: subprocess.Popen[bytes] | None = None
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
 
     @property
     def url(self) -> str:
@@ -78,6 +94,7 @@ class Server:
                 str(self.sock),
                 "--log-level",
                 "warning",
+                *self.args,
             ],
             env=env,
             stdout=self.log,
@@ -106,9 +123,7 @@ class Blobd:
     def __init__(self, root: Path, rate: str | None = None) -> None:
         self.root = root
         self.rate = rate
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -196,3 +211,205 @@ async def close_everything(root: Path) -> None:
         async with corral.AsyncClient(config=cfg) as c:
             for s in await c.sandboxes.list():
                 await s.close()
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to completion from sync or async code (on its own thread
+    and loop, so it works inside a running event loop too)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+class GatewayProcess:
+    """A `corral serve --gateway` process on a TCP port."""
+
+    def __init__(self, state: str, node_key: str, node_timeout: float, log: Path) -> None:
+        self.state = state
+        self.node_key = node_key
+        self.node_timeout = node_timeout
+        self.log_path = log
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import httpx
+
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        argv = [
+            sys.executable, "-m", "corral.cli.main", "serve", "--gateway",
+            "--state", self.state, "--port", str(self.port),
+            "--node-timeout", str(self.node_timeout), "--log-level", "warning",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv,
+            env=dict(os.environ, CORRAL_NODE_KEY=self.node_key),
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(self.url + "/healthz", timeout=1)
+                return
+            except httpx.HTTPError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the gateway did not start; see {self.log_path}") from None
+                time.sleep(0.05)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+
+
+class ProcessCluster:
+    """A cluster of processes on this machine: a PostgreSQL of its own, node
+    agents (`corral serve --state`, each its own data dir, cgroup subtree,
+    address pool and DNS port) and a gateway. What the cluster tests and
+    bench/cluster.py run; `corral cluster up` runs the same parts under Ray."""
+
+    NODE_KEY = "nk-" + "0" * 8
+
+    def __init__(self, root: Path, nodes: int = 3, node_timeout: float = 3.0) -> None:
+        from corral.control.postgres import LocalPostgres
+
+        self.root = root
+        self.node_timeout = node_timeout
+        self.pg = LocalPostgres(root / "pg", port=free_port())
+        self.nodes: list[Server] = []
+        for i in range(nodes):
+            name = f"k{i}"
+            cfg = NodeConfig.from_env(
+                data_dir=root / name,
+                images=IMAGES,
+                scratch_size=16 * 2**30,
+                node=name,
+                reaper_interval=0.5,
+            )
+            srv = Server(
+                cfg,
+                root / f"{name}.sock",
+                env={
+                    "CORRAL_API_KEY": self.NODE_KEY,
+                    "CORRAL_NETWORK_POOL": f"10.{210 + i}.0.0/16",
+                    "CORRAL_DNS_PORT": str(10253 + i),
+                },
+            )
+            self.nodes.append(srv)
+        self.state = ""
+        self.gateway: GatewayProcess | None = None
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)  # PostgreSQL runs as its own user
+        self.state = self.pg.start()
+        for srv in self.nodes:
+            srv.args = ["--state", self.state, "--advertise", srv.tcp_url]
+            srv.start()
+        self.wait_alive([s.config.node for s in self.nodes])
+        self.gateway = GatewayProcess(
+            self.state, self.NODE_KEY, self.node_timeout, self.root / "gateway.log"
+        )
+        self.gateway.start()
+
+    def node_states(self) -> dict[str, str]:
+        from corral.control import nodes
+
+        async def go() -> dict[str, str]:
+            db = await self.db()
+            try:
+                return {n.name: n.state for n in await nodes.list_nodes(db)}
+            finally:
+                await db.aclose()
+
+        return run_sync(go())
+
+    def wait_alive(self, names: list[str], timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.node_states()
+            if all(states.get(n) == "alive" for n in names):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nodes did not join: {states}")
+            time.sleep(0.1)
+
+    async def db(self) -> Any:
+        from corral.control.db import connect
+
+        return await connect(self.state)
+
+    def project(self, name: str, parent: str | None = None, **limits: Any) -> str:
+        """Create a project; returns an API key of it."""
+        from corral.control import quotas
+
+        async def go() -> str:
+            db = await self.db()
+            try:
+                await quotas.create_project(db, name, parent=parent, **limits)
+                return await quotas.create_key(db, name)
+            finally:
+                await db.aclose()
+
+        return run_sync(go())
+
+    def used(self, name: str) -> tuple[int, float, int]:
+        from corral.control import quotas
+
+        async def go() -> tuple[int, float, int]:
+            db = await self.db()
+            try:
+                p = await quotas.get_project(db, name)
+                return p.used_sandboxes, p.used_cpu, p.used_memory
+            finally:
+                await db.aclose()
+
+        return run_sync(go())
+
+    def rows(self) -> dict[str, int]:
+        """Sandbox rows by state."""
+
+        async def go() -> dict[str, int]:
+            db = await self.db()
+            try:
+                async with db.transaction() as tx:
+                    found = await tx.fetchall(
+                        "SELECT state, COUNT(*) FROM sandboxes GROUP BY state"
+                    )
+                return {str(s): int(n) for s, n in found}
+            finally:
+                await db.aclose()
+
+        return run_sync(go())
+
+    def client(self, key: str, **kw: Any) -> corral.AsyncClient:
+        assert self.gateway is not None
+        return corral.AsyncClient(self.gateway.url, api_key=key, **kw)
+
+    def node_client(self, srv: Server) -> corral.AsyncClient:
+        """Straight to a node agent, past the gateway (what the node holds)."""
+        return corral.AsyncClient(srv.url, api_key=self.NODE_KEY)
+
+    def stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.kill(signal.SIGTERM)
+        for srv in self.nodes:
+            if srv.proc is not None and srv.proc.poll() is None:
+                srv.proc.send_signal(signal.SIGCONT)  # a test may have left one stopped
+                run_sync(_close_all(self.node_client(srv)))
+                srv.stop()
+        self.pg.stop()
+
+
+async def _close_all(client: corral.AsyncClient) -> None:
+    async with client as c:
+        for s in await c.sandboxes.list():
+            try:
+                await s.close()
+            except corral.CorralError:
+                pass  # fncall workers are the node's own

@@ -81,7 +81,7 @@ async def during(neighbour: Neighbour, attack: Awaitable[Outcome]) -> tuple[Outc
     """Run the attack and, meanwhile, measure the neighbour's latency."""
     task = asyncio.ensure_future(attack)
     await asyncio.sleep(0.3)
-    ratio = await neighbour.latency(11) / neighbour.baseline
+    ratio = await neighbour.latency(21) / neighbour.baseline
     return await task, ratio
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral import __version__, metrics
 from corral.api.compat import sandboxfusion
@@ -31,7 +32,13 @@ from corral.api.models import (
     SandboxInfo,
 )
 from corral.api.service import SandboxService
-from corral.errors import CorralError, InternalError, InvalidArgument, Unauthenticated
+from corral.errors import (
+    CorralError,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    Unauthenticated,
+)
 from corral.log import get_logger
 
 log = get_logger("corral.api")
@@ -102,6 +109,16 @@ def create_app(
         if first.get("type") == "extra_forbidden":
             rule = "is not a known field"
         return _error_response(InvalidArgument(".".join(loc) or "body", rule, first.get("input")))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _routing(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # No route matched (or the method is wrong): the same wire error
+        # shape as everything else, so clients never see a bare 404.
+        if exc.status_code == 404:
+            return _error_response(NotFound(f"no endpoint {req.method} {req.url.path}"))
+        return _error_response(
+            InvalidArgument("request", str(exc.detail), f"{req.method} {req.url.path}")
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:

@@ -20,8 +20,9 @@ import contextlib
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from corral.api.models import (
     AuditReport,
@@ -45,6 +46,7 @@ from corral.control.schema import migrate
 from corral.errors import (
     Conflict,
     CorralError,
+    InternalError,
     InvalidArgument,
     ResourceExhausted,
     SandboxLost,
@@ -63,6 +65,15 @@ _ID = re.compile(r"([a-z0-9]{1,16})-[0-9a-f]{16}")
 # A create a gateway abandoned (it died) is adopted or failed by the sweep
 # once it is this old.
 STALE_PLACING = 300.0
+T = TypeVar("T")
+
+
+class NodeLost(Unavailable):
+    """A request's node was written off while the request was in flight."""
+
+    def __init__(self, node: str, state: str) -> None:
+        super().__init__(f"node {node} is {state}", node=node)
+        self.node = node
 
 
 class Gateway:
@@ -88,6 +99,7 @@ class Gateway:
         self._keys: dict[str, tuple[float, str]] = {}
         self._chains: dict[str, tuple[float, list[str]]] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._reconciling: asyncio.Task[None] | None = None
         self._mismatch: dict[str, int] = {}
 
     async def start(self, *, sweep: bool = True) -> Gateway:
@@ -97,10 +109,11 @@ class Gateway:
         return self
 
     async def aclose(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._reconciling):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
@@ -156,7 +169,10 @@ class Gateway:
     async def choose(
         self, *, kind: str, image: str | None, memory: int, exclude: set[str]
     ) -> NodeRow:
-        return placement.choose(
+        """A node for one sandbox, counted in flight to it until release():
+        the count is taken in the same step as the choice (no await between),
+        so a burst of concurrent creates sees each other's picks."""
+        node = placement.choose(
             await self.nodes(),
             kind=kind,
             image=image,
@@ -165,6 +181,38 @@ class Gateway:
             exclude=exclude,
             k=self.k,
         )
+        self.hold(node.name)
+        return node
+
+    def hold(self, name: str) -> None:
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+
+    def release(self, name: str) -> None:
+        left = self.in_flight.get(name, 0) - 1
+        if left > 0:
+            self.in_flight[name] = left
+        else:
+            self.in_flight.pop(name, None)
+
+    async def watch(self, name: str, request: Awaitable[T]) -> T:
+        """`request` to node `name`, abandoned if the node is marked lost
+        meanwhile: a stopped node accepts connections and never answers, so
+        without this a caller would wait out the HTTP timeout instead of the
+        loss bound (node_timeout + a sweep)."""
+        task = asyncio.ensure_future(request)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.sweep_interval)
+                if done:
+                    return task.result()
+                node = await self.node(name)
+                if node is None or node.state != nodes.ALIVE:
+                    raise NodeLost(name, "unknown" if node is None else node.state)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
 
     # ------------------------------------------------------------ sweep
 
@@ -181,7 +229,10 @@ class Gateway:
                 if time.monotonic() - reachable_since >= self.node_timeout:
                     for name in await nodes.sweep_lost(self.db, self.node_timeout):
                         log.warning("node.lost", node=name, timeout=self.node_timeout)
-                await self.reconcile_all()
+                # Reconciling talks to nodes, and a node may hang: it runs
+                # beside the sweep, never in its way.
+                if self._reconciling is None or self._reconciling.done():
+                    self._reconciling = asyncio.create_task(self.reconcile_all())
             except Unavailable as exc:
                 if reachable_since is not None:
                     log.warning("gateway.store_unavailable", error=str(exc))
@@ -202,8 +253,10 @@ class Gateway:
             self._mismatch[n.name] = self._mismatch.get(n.name, 0) + 1
             if self._mismatch[n.name] >= 2:
                 self._mismatch.pop(n.name, None)
-                with contextlib.suppress(CorralError):
-                    await self.reconcile(n)
+                try:
+                    await asyncio.wait_for(self.reconcile(n), timeout=max(self.node_timeout, 5.0))
+                except (CorralError, TimeoutError) as exc:
+                    log.warning("node.reconcile_failed", node=n.name, error=str(exc))
 
     async def reconcile(self, node: NodeRow) -> dict[str, int]:
         """Make `node` and the store agree about the sandboxes gateways made:
@@ -290,10 +343,20 @@ class GatewayView:
             )
         return row, self.gw.client(node)
 
+    def _lost(self, sandbox_id: str, row: SandboxRow) -> SandboxLost:
+        return SandboxLost(
+            f"sandbox {sandbox_id} was lost with its node {row.node}, which stopped "
+            f"heartbeating for more than {self.gw.node_timeout:g} s",
+            sandbox=sandbox_id,
+            node=row.node,
+        )
+
     async def _forward(self, sandbox_id: str, call: Callable[[HttpService], Any]) -> Any:
         row, client = await self._route(sandbox_id)
         try:
-            return await call(client)
+            return await self.gw.watch(row.node, call(client))
+        except NodeLost as exc:
+            raise self._lost(sandbox_id, row) from exc
         except SandboxNotFound:
             # The node no longer has it (TTL, idle timeout): the store agrees now.
             await sandboxes.finish(self.gw.db, row.key, "closed", "gone from its node")
@@ -322,9 +385,12 @@ class GatewayView:
             first = await gw.choose(
                 kind=req.kind, image=req.image, memory=req.memory, exclude=set()
             )
-            row, new = await sandboxes.reserve(
-                gw.db, key, self.project, first.name, req.kind, req.cpu, req.memory
-            )
+            try:
+                row, new = await sandboxes.reserve(
+                    gw.db, key, self.project, first.name, req.kind, req.cpu, req.memory
+                )
+            finally:
+                gw.release(first.name)  # _drive holds the row's node from here
         else:
             new = False
         if not new:
@@ -346,51 +412,69 @@ class GatewayView:
 
     async def _drive(self, row: SandboxRow, req: CreateSandbox) -> SandboxInfo:
         """Ask the row's node; on "full" or "unreachable" move the row to
-        another node and ask it. Any other error fails the row."""
+        another node and ask it. Any other error fails the row. The node
+        being asked is counted in flight (placement sees it) throughout."""
         gw = self.gw
         name, refused = row.node, set[str]()
-        while True:
-            node = await gw.node(name)
-            try:
-                if node is None or node.state != nodes.ALIVE:
-                    raise Unavailable(f"node {name} is not alive")
-                gw.in_flight[name] = gw.in_flight.get(name, 0) + 1
+        gw.hold(name)
+        try:
+            while True:
+                node = await gw.node(name)
                 try:
-                    info = await gw.client(node).create(req)
-                finally:
-                    gw.in_flight[name] -= 1
-            except (ResourceExhausted, Unavailable) as exc:
-                if isinstance(exc, ResourceExhausted) and "node" not in exc.details:
+                    if node is None or node.state != nodes.ALIVE:
+                        raise Unavailable(f"node {name} is not alive")
+                    info = await gw.watch(name, gw.client(node).create(req))
+                except (ResourceExhausted, Unavailable) as exc:
+                    if isinstance(exc, ResourceExhausted) and "node" not in exc.details:
+                        await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+                        raise
+                    refused.add(name)
+                    log.info("create.retry_elsewhere", node=name, reason=exc.message)
+                    try:
+                        nxt = await gw.choose(
+                            kind=req.kind, image=req.image, memory=req.memory, exclude=refused
+                        )
+                    except ResourceExhausted:
+                        await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+                        raise
+                    gw.release(name)
+                    name = nxt.name  # held by choose()
+                    row = await self._relocate(row, name, exc)
+                    continue
+                except CorralError as exc:
                     await sandboxes.finish(gw.db, row.key, "failed", exc.message)
                     raise
-                refused.add(name)
-                log.info("create.retry_elsewhere", node=name, reason=exc.message)
-                try:
-                    nxt = await gw.choose(
-                        kind=req.kind, image=req.image, memory=req.memory, exclude=refused
+                if await sandboxes.mark_ready(gw.db, row.key, info.id) is None:
+                    with contextlib.suppress(CorralError):
+                        await gw.client(node).close(info.id)
+                    now = (await sandboxes.by_keys(gw.db, [row.key])).get(row.key)
+                    raise SandboxLost(
+                        f"sandbox {info.id} was written off while it was being created: "
+                        f"its record is {now.state if now else 'gone'}"
+                        + (f" ({now.error})" if now and now.error else ""),
+                        sandbox=info.id,
                     )
-                except ResourceExhausted:
-                    await sandboxes.finish(gw.db, row.key, "failed", exc.message)
-                    raise
-                if not await sandboxes.move(gw.db, row.key, name, nxt.name):
-                    raise Conflict(
-                        "another request is creating the sandbox for this idempotency key: "
-                        "retry with the same key to get it",
-                    ) from exc
-                name = nxt.name
-                continue
-            except CorralError as exc:
-                await sandboxes.finish(gw.db, row.key, "failed", exc.message)
-                raise
-            if await sandboxes.mark_ready(gw.db, row.key, info.id) is None:
-                with contextlib.suppress(CorralError):
-                    await gw.client(node).close(info.id)
-                raise SandboxLost(
-                    f"sandbox {info.id} was written off while it was being created "
-                    f"(node {name} was marked lost)",
-                    sandbox=info.id,
-                )
-            return info
+                return info
+        finally:
+            gw.release(name)
+
+    async def _relocate(self, row: SandboxRow, node: str, why: CorralError) -> SandboxRow:
+        """Move a create to `node`: a placing row moves (only from where
+        this request left it); a row the sweep failed because its node was
+        lost mid-create is charged and placed again."""
+        db = self.gw.db
+        if await sandboxes.move(db, row.key, row.node, node):
+            return replace(row, node=node)
+        current = (await sandboxes.by_keys(db, [row.key])).get(row.key)
+        if current is not None and current.state == "failed":
+            moved, _ = await sandboxes.reserve(
+                db, row.key, row.project, node, row.kind, row.cpu, row.memory
+            )
+            return moved
+        raise Conflict(
+            "another request is creating the sandbox for this idempotency key: "
+            "retry with the same key to get it",
+        ) from why
 
     # ------------------------------------------------------------ the rest
 
@@ -403,7 +487,8 @@ class GatewayView:
         wanted = {**(labels or {}), PROJECT_LABEL: self.project}
         alive = [n for n in await self.gw.nodes() if n.state == nodes.ALIVE]
         found = await asyncio.gather(
-            *(self.gw.client(n).list(wanted) for n in alive), return_exceptions=True
+            *(self.gw.watch(n.name, self.gw.client(n).list(wanted)) for n in alive),
+            return_exceptions=True,
         )
         out: builtins.list[SandboxInfo] = []
         for n, result in zip(alive, found, strict=True):
@@ -423,14 +508,45 @@ class GatewayView:
             return
         node = await self.gw.node(row.node)
         if node is not None and node.state == nodes.ALIVE:
-            with contextlib.suppress(SandboxNotFound):
-                await self.gw.client(node).close(sandbox_id)
+            # Lost meanwhile: closing acknowledges the loss; the node closes
+            # the sandbox itself if it ever comes back (reconcile).
+            with contextlib.suppress(SandboxNotFound, NodeLost):
+                await self.gw.watch(node.name, self.gw.client(node).close(sandbox_id))
         await sandboxes.finish(self.gw.db, row.key, "closed")
 
     async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
-        _row, client = await self._route(sandbox_id)
-        async for event in client.exec(sandbox_id, req):
-            yield event
+        row, client = await self._route(sandbox_id)
+        # The stream is read by one task (httpx's stream must open and close
+        # in the task that reads it); this generator waits on its queue,
+        # watching the node, so a node lost mid-command ends the stream.
+        queue: asyncio.Queue[ExecEvent | CorralError | None] = asyncio.Queue(maxsize=64)
+
+        async def pump() -> None:
+            try:
+                async for event in client.exec(sandbox_id, req):
+                    await queue.put(event)
+                await queue.put(None)
+            except Exception as exc:
+                await queue.put(
+                    exc if isinstance(exc, CorralError) else InternalError(f"exec stream: {exc}")
+                )
+
+        reader = asyncio.create_task(pump())
+        try:
+            while True:
+                try:
+                    item = await self.gw.watch(row.node, queue.get())
+                except NodeLost as exc:
+                    raise self._lost(sandbox_id, row) from exc
+                if item is None:
+                    return
+                if isinstance(item, CorralError):
+                    raise item
+                yield item
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
 
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None:
         await self._forward(sandbox_id, lambda c: c.kill(sandbox_id, pid, signal))
@@ -502,6 +618,8 @@ class GatewayView:
                 if isinstance(exc, ResourceExhausted) and "node" not in exc.details:
                     raise
                 refused.add(node.name)
+            finally:
+                self.gw.release(node.name)
 
     async def aclose(self) -> None:
         """A view is a lens on the shared gateway: nothing of its own to close."""

@@ -4,9 +4,11 @@ A node agent writes its row every `interval` seconds (upsert, on the
 database's clock). A node whose last heartbeat is older than the timeout is
 marked lost by whichever gateway sweeps first (the update is conditional, so
 sweeps from several replicas agree), and its sandboxes are written off with
-it: marked lost, their quota released, never recreated. A lost node that
-heartbeats again is alive again and is reconciled (sandboxes.py): whatever
-it still holds for written-off sandboxes is closed on it.
+it, their quota released: a ready one is marked lost (never recreated: its
+caller held it), one still being placed is failed (its create places it
+again elsewhere). A lost node that heartbeats again is alive again and is
+reconciled (gateway.py): whatever it still holds for written-off sandboxes
+is closed on it.
 """
 
 from __future__ import annotations
@@ -81,11 +83,16 @@ async def sweep_lost(db: Database, timeout: float) -> list[str]:
         )
         lost = [str(r[0]) for r in rows]
         for name in lost:
+            why = f"node {name} stopped heartbeating for more than {timeout:g} s"
+            # A ready sandbox is lost: the caller held it, and must hear so.
+            # A placing one was never handed out: it fails, and its create
+            # (or a retry with its key) places it again elsewhere.
             written_off = await tx.fetchall(
-                "UPDATE sandboxes SET state = 'lost', updated_at = $NOW, error = %s"
+                "UPDATE sandboxes SET state = CASE state WHEN 'ready' THEN 'lost' ELSE 'failed'"
+                " END, updated_at = $NOW, error = %s"
                 " WHERE node = %s AND state IN ('placing', 'ready')"
                 " RETURNING project, cpu, memory",
-                (f"node {name} stopped heartbeating for more than {timeout:g} s", name),
+                (why, name),
             )
             for project, cpu, memory in written_off:
                 await quotas.release(tx, str(project), float(cpu), int(memory))

@@ -81,7 +81,12 @@ class LocalPostgres:
                 conf.write(
                     "\n# corral\nlisten_addresses = '127.0.0.1'\n"
                     f"port = {self.port}\nunix_socket_directories = '{self.data}'\n"
-                    "max_connections = 300\nfsync = on\nsynchronous_commit = off\n"
+                    "max_connections = 300\n"
+                    # A commit acknowledged is a commit kept, through a crash:
+                    # the gateway tells a client "ready" only after its row
+                    # is durable (asynchronous commit lost rows a create had
+                    # already been told about, on `pg_ctl stop -m immediate`).
+                    "fsync = on\nsynchronous_commit = on\n"
                 )
         if not self.running():
             self._as_postgres(

@@ -107,13 +107,14 @@ async def move(db: Database, key: str, old: str, new: str) -> bool:
 
 
 async def mark_ready(db: Database, key: str, sandbox_id: str) -> SandboxRow | None:
-    """placing -> ready; None if the row left placing meanwhile (its node
-    was written off while the create ran)."""
+    """placing -> ready (or already ready with this id: an earlier attempt
+    committed and lost its answer); None if the row left placing meanwhile
+    (its node was written off while the create ran)."""
     async with db.transaction() as tx:
         n = await tx.execute(
             "UPDATE sandboxes SET state = 'ready', id = %s, updated_at = $NOW"
-            " WHERE key = %s AND state = 'placing'",
-            (sandbox_id, key),
+            " WHERE key = %s AND (state = 'placing' OR (state = 'ready' AND id = %s))",
+            (sandbox_id, key, sandbox_id),
         )
         if n != 1:
             return None

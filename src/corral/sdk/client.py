@@ -16,6 +16,7 @@ import builtins
 import inspect
 import re
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from corral.api.models import CreateSandbox, NetworkPolicy, validated
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
-from corral.errors import CorralError, InvalidArgument
+from corral.errors import CorralError, InvalidArgument, Unavailable
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.sandbox import AsyncSandbox
 
@@ -84,6 +85,7 @@ class AsyncSandboxes:
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         network: NetworkPolicy | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return once it accepts commands.
 
@@ -92,7 +94,8 @@ class AsyncSandboxes:
         top) and a private writable layer of at most `disk` bytes. With no
         `network` policy the sandbox has loopback only; with one, it may reach
         what the policy allows (NetworkPolicy: domains, cidrs, ports,
-        ecosystems) and nothing else."""
+        ecosystems) and nothing else. A create retried with the same
+        `idempotency_key` returns the sandbox the first attempt made."""
         req = _create_request(
             kind=kind,
             image=image,
@@ -108,6 +111,8 @@ class AsyncSandboxes:
             labels=labels,
             network=network,
         )
+        if idempotency_key is not None:
+            req = validated(CreateSandbox, {**req.model_dump(), "idempotency_key": idempotency_key})
         service = await self._client._ready()
         return AsyncSandbox(service, await service.create(req))
 
@@ -119,6 +124,7 @@ class AsyncSandboxes:
         concurrency: int = 32,
         key: str | None = None,
         on_ready: Callable[[int, str | CorralError], object] | None = None,
+        retry_for: float = 30.0,
     ) -> builtins.list[AsyncSandbox | CorralError]:
         """Create `count` sandboxes from one spec (create()'s keyword
         arguments), at most `concurrency` at a time. Item i's result is its
@@ -129,11 +135,15 @@ class AsyncSandboxes:
         with the same `key` (after a timeout, a lost connection, a crash)
         returns the sandboxes already made instead of making more. Without
         a `key` one is drawn at random, so only passing one makes a retry
-        safe."""
+        safe. An item refused as Unavailable with ``retry`` set (the server
+        or its state store briefly unreachable) is retried under its key for
+        up to `retry_for` seconds before it is reported as failed."""
         if not 1 <= count <= 100_000:
             raise InvalidArgument("count", "must be between 1 and 100000", count)
         if concurrency < 1:
             raise InvalidArgument("concurrency", "must be at least 1", concurrency)
+        if not 0 <= retry_for <= 3600:
+            raise InvalidArgument("retry_for", "must be between 0 and 3600 seconds", retry_for)
         unknown = sorted(set(spec) - set(inspect.signature(_create_request).parameters))
         if unknown:
             raise InvalidArgument(f"spec.{unknown[0]}", "is not a known field", spec[unknown[0]])
@@ -150,12 +160,23 @@ class AsyncSandboxes:
         async def one(i: int) -> None:
             req = base.model_copy(update={"idempotency_key": f"{key}-{i}"})
             async with gate:
-                try:
-                    out: AsyncSandbox | CorralError = AsyncSandbox(
-                        service, await service.create(req)
-                    )
-                except CorralError as exc:
-                    out = exc
+                out: AsyncSandbox | CorralError
+                deadline, pause = time.monotonic() + retry_for, 0.1
+                while True:
+                    try:
+                        out = AsyncSandbox(service, await service.create(req))
+                    except Unavailable as exc:
+                        # The item's key makes a retry return what the lost
+                        # attempt made, so an outage (a server or its state
+                        # store restarting) costs time, not duplicates.
+                        if exc.details.get("retry") and time.monotonic() + pause < deadline:
+                            await asyncio.sleep(pause)
+                            pause = min(pause * 2, 2.0)
+                            continue
+                        out = exc
+                    except CorralError as exc:
+                        out = exc
+                    break
             results[i] = out
             if on_ready is not None:
                 on_ready(i, out.id if isinstance(out, AsyncSandbox) else out)

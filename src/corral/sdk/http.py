@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +29,26 @@ from corral.api.models import (
     NetworkPolicy,
     SandboxInfo,
 )
-from corral.errors import CorralError, InternalError, Unavailable, error_from_wire
+from corral.errors import (
+    CorralError,
+    InternalError,
+    InvalidArgument,
+    Unavailable,
+    error_from_wire,
+)
+
+_SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+
+
+def _sid(sandbox_id: str) -> str:
+    """A sandbox id as a path segment: refused here if it could be read as
+    anything else ("..", a slash, a query), so a request can only ever
+    name a sandbox."""
+    if not _SANDBOX_ID.fullmatch(sandbox_id):
+        raise InvalidArgument(
+            "sandbox_id", "must be 1-100 of [A-Za-z0-9_-], starting alphanumeric", sandbox_id
+        )
+    return sandbox_id
 
 
 def _error(resp: httpx.Response, body: bytes) -> CorralError:
@@ -70,7 +90,9 @@ class HttpService:
         try:
             resp = await self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
-            raise Unavailable(f"Corral server at {self.url} unreachable: {exc}") from exc
+            raise Unavailable(
+                f"Corral server at {self.url} unreachable: {exc}", retry=True
+            ) from exc
         if resp.status_code >= 400:
             raise _error(resp, resp.content)
         return resp
@@ -85,7 +107,7 @@ class HttpService:
         return SandboxInfo.model_validate_json(resp.content)
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
-        resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}")
+        resp = await self._call("GET", f"/v1/sandboxes/{_sid(sandbox_id)}")
         return SandboxInfo.model_validate_json(resp.content)
 
     async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
@@ -94,13 +116,13 @@ class HttpService:
         return [SandboxInfo.model_validate(s) for s in resp.json()["sandboxes"]]
 
     async def close(self, sandbox_id: str) -> None:
-        await self._call("DELETE", f"/v1/sandboxes/{sandbox_id}")
+        await self._call("DELETE", f"/v1/sandboxes/{_sid(sandbox_id)}")
 
     async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         try:
             async with self._http.stream(
                 "POST",
-                f"/v1/sandboxes/{sandbox_id}/exec",
+                f"/v1/sandboxes/{_sid(sandbox_id)}/exec",
                 content=req.model_dump_json(),
                 headers={"content-type": "application/json"},
                 timeout=httpx.Timeout(None, connect=10.0),
@@ -122,16 +144,20 @@ class HttpService:
                     elif kind == "error":
                         raise error_from_wire(doc["error"])
         except httpx.TransportError as exc:
-            raise Unavailable(f"Corral server at {self.url} unreachable: {exc}") from exc
+            raise Unavailable(
+                f"Corral server at {self.url} unreachable: {exc}", retry=True
+            ) from exc
 
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None:
         await self._call(
-            "POST", f"/v1/sandboxes/{sandbox_id}/commands/{pid}/kill", params={"signal": signal}
+            "POST",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/commands/{pid}/kill",
+            params={"signal": signal},
         )
 
     async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
         resp = await self._call(
-            "GET", f"/v1/sandboxes/{sandbox_id}/files", params={"path": path, "user": user}
+            "GET", f"/v1/sandboxes/{_sid(sandbox_id)}/files", params={"path": path, "user": user}
         )
         return resp.content
 
@@ -140,7 +166,7 @@ class HttpService:
     ) -> int:
         resp = await self._call(
             "PUT",
-            f"/v1/sandboxes/{sandbox_id}/files",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/files",
             params={"path": path, "user": user, "mode": mode},
             content=data,
         )
@@ -150,19 +176,25 @@ class HttpService:
         self, sandbox_id: str, path: str, user: str = "root"
     ) -> builtins.list[FileEntry]:
         resp = await self._call(
-            "GET", f"/v1/sandboxes/{sandbox_id}/files/list", params={"path": path, "user": user}
+            "GET",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/files/list",
+            params={"path": path, "user": user},
         )
         return [FileEntry.model_validate(e) for e in resp.json()["entries"]]
 
     async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
         resp = await self._call(
-            "GET", f"/v1/sandboxes/{sandbox_id}/files/stat", params={"path": path, "user": user}
+            "GET",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/files/stat",
+            params={"path": path, "user": user},
         )
         return FileEntry.model_validate_json(resp.content)
 
     async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
         await self._call(
-            "POST", f"/v1/sandboxes/{sandbox_id}/files/mkdir", params={"path": path, "user": user}
+            "POST",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/files/mkdir",
+            params={"path": path, "user": user},
         )
 
     async def remove_file(
@@ -170,23 +202,25 @@ class HttpService:
     ) -> None:
         await self._call(
             "DELETE",
-            f"/v1/sandboxes/{sandbox_id}/files",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/files",
             params={"path": path, "user": user, "recursive": recursive},
         )
 
     async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None:
         await self._call(
-            "PUT", f"/v1/sandboxes/{sandbox_id}/tar", params={"path": path}, content=data
+            "PUT", f"/v1/sandboxes/{_sid(sandbox_id)}/tar", params={"path": path}, content=data
         )
 
     async def download_tar(self, sandbox_id: str, path: str) -> bytes:
-        resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}/tar", params={"path": path})
+        resp = await self._call(
+            "GET", f"/v1/sandboxes/{_sid(sandbox_id)}/tar", params={"path": path}
+        )
         return resp.content
 
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
         resp = await self._call(
             "POST",
-            f"/v1/sandboxes/{sandbox_id}/commit",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/commit",
             content=req.model_dump_json(),
             headers={"content-type": "application/json"},
         )
@@ -202,13 +236,13 @@ class HttpService:
         return FnCallResult.model_validate_json(resp.content)
 
     async def audit(self, sandbox_id: str) -> AuditReport:
-        resp = await self._call("GET", f"/v1/sandboxes/{sandbox_id}/audit")
+        resp = await self._call("GET", f"/v1/sandboxes/{_sid(sandbox_id)}/audit")
         return AuditReport.model_validate_json(resp.content)
 
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
         resp = await self._call(
             "PUT",
-            f"/v1/sandboxes/{sandbox_id}/network",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/network",
             content=policy.model_dump_json(),
             headers={"content-type": "application/json"},
         )

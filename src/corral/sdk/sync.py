@@ -290,6 +290,7 @@ class Sandboxes:
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         network: NetworkPolicy | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Sandbox:
         """Create a sandbox and return once it accepts commands."""
         result = self._portal.call(
@@ -307,6 +308,7 @@ class Sandboxes:
             env=env,
             labels=labels,
             network=network,
+            idempotency_key=idempotency_key,
         )
         return Sandbox(self._portal, result)
 
@@ -318,6 +320,7 @@ class Sandboxes:
         concurrency: int = 32,
         key: str | None = None,
         on_ready: Callable[[int, str | CorralError], object] | None = None,
+        retry_for: float = 30.0,
     ) -> builtins.list[Sandbox | CorralError]:
         """Create `count` sandboxes from one spec (create()'s keyword arguments), at most
         `concurrency` at a time. Item i's result is its sandbox, or the error that stopped it:
@@ -330,6 +333,7 @@ class Sandboxes:
             concurrency=concurrency,
             key=key,
             on_ready=on_ready,
+            retry_for=retry_for,
         )
         return [Sandbox(self._portal, x) if isinstance(x, AsyncSandbox) else x for x in result]
 

@@ -1,0 +1,362 @@
+"""A cluster of processes on this machine: PostgreSQL, three node agents
+heartbeating into it, and a gateway in front. Placement, quotas, bad ids,
+idempotent retries, and the faults issue 6 names, each with its outcome
+(docs/cluster.md): a node that stops heartbeating, PostgreSQL restarted
+mid-burst, a gateway killed mid-request."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral.errors import (
+    InvalidArgument,
+    ResourceExhausted,
+    SandboxLost,
+    SandboxNotFound,
+    Unauthenticated,
+)
+
+from ..support import IMAGE, ProcessCluster, Server, node_leftovers
+
+pytestmark = pytest.mark.slow
+SPEC = {"image": IMAGE, "memory": "256MiB", "cpu": 0.25}
+
+
+def _missing_postgres() -> str | None:
+    from corral.control.postgres import _bin
+
+    try:
+        _bin("initdb")
+    except corral.CorralError:
+        return "requires PostgreSQL's server binaries (apt install postgresql)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster(data_root: Path) -> Iterator[ProcessCluster]:
+    why = _missing_postgres()
+    if why:
+        pytest.skip(why)
+    c = ProcessCluster(data_root / "pc", nodes=3, node_timeout=3.0)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+    # Nothing of the cluster may stay: mounts, cgroups, sockets, OCI state.
+    for srv in c.nodes:
+        assert node_leftovers(srv.config) == dict.fromkeys(node_leftovers(srv.config), 0)
+    shutil.rmtree(c.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def keys(cluster: ProcessCluster) -> dict[str, str]:
+    """org (6 sandboxes) > team (4 CPUs) > job; and another org."""
+    return {
+        "org": cluster.project("org", max_sandboxes=6),
+        "team": cluster.project("team", parent="org", max_cpu=4),
+        "job": cluster.project("job", parent="team"),
+        "other": cluster.project("other"),
+    }
+
+
+def _node_of(sandbox_id: str) -> str:
+    return sandbox_id.split("-", 1)[0]
+
+
+async def _held(cluster: ProcessCluster, srv: Server) -> list[str]:
+    """Ids of the gateway's sandboxes a node holds (straight from the node)."""
+    async with cluster.node_client(srv) as c:
+        return [s.id for s in await c.sandboxes.list() if "corral.key" in s.info.labels]
+
+
+async def _held_everywhere(cluster: ProcessCluster) -> list[str]:
+    held: list[str] = []
+    for srv in cluster.nodes:
+        held += await _held(cluster, srv)
+    return sorted(held)
+
+
+async def test_creates_spread_over_the_nodes_and_are_reached_through_the_gateway(
+    cluster: ProcessCluster, keys: dict[str, str]
+) -> None:
+    # 12 at once: every create sees the others in flight, so power-of-two
+    # choices spreads them (a node left empty has odds below 1 in 20,000).
+    async with cluster.client(keys["other"]) as c:
+        made = await c.sandboxes.create_many(SPEC, count=12, key="spread")
+        sbxs = [s for s in made if isinstance(s, corral.AsyncSandbox)]
+        assert len(sbxs) == 12, made
+        assert {_node_of(s.id) for s in sbxs} == {"k0", "k1", "k2"}
+        for s in sbxs:
+            r = await s.commands.run(f"echo {s.id}")
+            assert r.exit_code == 0 and r.stdout.strip() == s.id
+        await sbxs[0].files.write("/tmp/x", b"through the gateway")
+        assert await sbxs[0].files.read("/tmp/x") == b"through the gateway"
+        assert sorted(s.id for s in await c.sandboxes.list()) == sorted(s.id for s in sbxs)
+        assert cluster.used("other") == (12, 3.0, 12 * 256 * 2**20)
+        await asyncio.gather(*(s.close() for s in sbxs))
+    assert cluster.used("other") == (0, 0.0, 0)
+    for srv in cluster.nodes:
+        assert await _held(cluster, srv) == []
+
+
+async def test_a_retried_create_many_makes_no_duplicates(
+    cluster: ProcessCluster, keys: dict[str, str]
+) -> None:
+    async with cluster.client(keys["job"]) as c:
+        first = await c.sandboxes.create_many(SPEC, count=4, key="retry")
+        again = await c.sandboxes.create_many(SPEC, count=4, key="retry")
+        ids = [s.id for s in first if isinstance(s, corral.AsyncSandbox)]
+        assert len(ids) == 4 and ids == [s.id for s in again if isinstance(s, corral.AsyncSandbox)]
+        assert cluster.used("org")[0] == 4
+        held = await _held_everywhere(cluster)
+        assert sorted(held) == sorted(ids)
+        # The same key in another project is another sandbox.
+        async with cluster.client(keys["other"]) as o:
+            (theirs,) = await o.sandboxes.create_many(SPEC, count=1, key="retry")
+            assert isinstance(theirs, corral.AsyncSandbox) and theirs.id not in ids
+            await theirs.close()
+        await asyncio.gather(*(s.close() for s in first if isinstance(s, corral.AsyncSandbox)))
+    assert cluster.used("org") == (0, 0.0, 0)
+
+
+async def test_nested_quotas_refuse_at_the_level_that_is_full(
+    cluster: ProcessCluster, keys: dict[str, str]
+) -> None:
+    async with cluster.client(keys["job"]) as c:
+        # team allows 4 CPUs: the third 2-CPU sandbox is refused by the team.
+        out = await c.sandboxes.create_many({**SPEC, "cpu": 2}, count=3, key="cpu", concurrency=1)
+        assert [type(r).__name__ for r in out] == [
+            "AsyncSandbox",
+            "AsyncSandbox",
+            "ResourceExhausted",
+        ]
+        err = out[2]
+        assert isinstance(err, ResourceExhausted)
+        assert (err.details["project"], err.details["resource"]) == ("team", "cpu")
+        assert "ancestor of 'job'" in err.message
+        for r in out[:2]:
+            assert isinstance(r, corral.AsyncSandbox)
+            await r.close()
+        # org allows 6 sandboxes (the job and team set none): the 7th is refused.
+        more = await c.sandboxes.create_many(SPEC, count=7, key="count", concurrency=2)
+        refused = [r for r in more if isinstance(r, ResourceExhausted)]
+        assert len(refused) == 1 and refused[0].details["project"] == "org", refused
+        assert refused[0].details["resource"] == "sandboxes"
+        assert cluster.used("org")[0] == 6 and cluster.used("other")[0] == 0
+        await asyncio.gather(*(r.close() for r in more if isinstance(r, corral.AsyncSandbox)))
+    assert cluster.used("org") == (0, 0.0, 0)
+    assert cluster.used("team") == (0, 0.0, 0)
+
+
+BAD_IDS = [
+    ("k0-0123456789abcdef", SandboxNotFound, "no sandbox k0-0123456789abcdef"),
+    ("zz-0123456789abcdef", SandboxNotFound, "node 'zz' is not a member"),
+    ("k0-0123", InvalidArgument, "sandbox_id"),
+    ("K0-0123456789ABCDEF", InvalidArgument, "sandbox_id"),
+    ("..", InvalidArgument, "sandbox_id"),
+]
+
+
+@pytest.mark.parametrize(("sid", "exc", "text"), BAD_IDS)
+async def test_bad_ids_get_a_defined_error(
+    cluster: ProcessCluster, keys: dict[str, str], sid: str, exc: type, text: str
+) -> None:
+    async with cluster.client(keys["job"]) as c:
+        with pytest.raises(exc, match=text):
+            await c.sandboxes.get(sid)
+
+
+async def test_another_projects_sandbox_is_not_found_and_unharmed(
+    cluster: ProcessCluster, keys: dict[str, str]
+) -> None:
+    async with cluster.client(keys["other"]) as o, cluster.client(keys["job"]) as c:
+        theirs = await o.sandboxes.create(**SPEC)  # type: ignore[arg-type]
+        with pytest.raises(SandboxNotFound) as err:
+            await c.sandboxes.get(theirs.id)
+        assert "not a member" not in err.value.message  # same answer as a forged id
+        svc = await c._ready()
+        with pytest.raises(SandboxNotFound):
+            await svc.close(theirs.id)
+        assert (await theirs.commands.run("true")).exit_code == 0
+        # The org owns the team and the job, not the other org.
+        async with cluster.client(keys["org"]) as org:
+            mine = await c.sandboxes.create(**SPEC)  # type: ignore[arg-type]
+            assert (await org.sandboxes.get(mine.id)).id == mine.id
+            with pytest.raises(SandboxNotFound):
+                await org.sandboxes.get(theirs.id)
+            await mine.close()
+        await theirs.close()
+
+
+@pytest.mark.parametrize(
+    ("labels", "field"),
+    [
+        ({"corral.project": "other"}, "labels.corral.project"),
+        ({"corral.key": "x"}, "labels.corral.key"),
+    ],
+)
+async def test_reserved_labels_are_refused_before_anything_is_charged(
+    cluster: ProcessCluster, keys: dict[str, str], labels: dict[str, str], field: str
+) -> None:
+    before = cluster.rows()
+    async with cluster.client(keys["job"]) as c:
+        with pytest.raises(InvalidArgument) as err:
+            await c.sandboxes.create(image=IMAGE, labels=labels)
+    assert err.value.field == field
+    assert cluster.rows() == before and cluster.used("org") == (0, 0.0, 0)
+
+
+@pytest.mark.parametrize("key", ["", "ck_forged", "nk-00000000"])
+async def test_a_bad_api_key_is_refused(cluster: ProcessCluster, key: str) -> None:
+    # The nodes' own key is not a project key: it opens no door on the gateway.
+    async with cluster.client(key) as c:
+        with pytest.raises(Unauthenticated):
+            await c.sandboxes.list()
+
+
+async def test_a_node_that_stops_heartbeating_is_lost_and_reconciled_when_back(
+    cluster: ProcessCluster, keys: dict[str, str]
+) -> None:
+    async with cluster.client(keys["job"]) as c:
+        made = await c.sandboxes.create_many(SPEC, count=6, key="stop")
+        sbxs = [s for s in made if isinstance(s, corral.AsyncSandbox)]
+        lost_node = _node_of(sbxs[0].id)
+        victim = next(n for n in cluster.nodes if n.config.node == lost_node)
+        on_victim = [s for s in sbxs if _node_of(s.id) == lost_node]
+        elsewhere = [s for s in sbxs if _node_of(s.id) != lost_node]
+        assert on_victim and elsewhere
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            while True:
+                try:
+                    await on_victim[0].refresh()
+                except SandboxLost as exc:
+                    lost_after = time.monotonic() - stopped
+                    assert lost_node in exc.message
+                    break
+                assert time.monotonic() - stopped < 30, "the node was never marked lost"
+                await asyncio.sleep(0.2)
+            # Bounded: the timeout, a sweep interval and a heartbeat interval.
+            assert lost_after < cluster.node_timeout + 4, lost_after
+            for s in on_victim:
+                with pytest.raises(SandboxLost):
+                    await s.commands.run("true")
+            # The lost sandboxes' quota is back; the others work on.
+            assert cluster.used("org")[0] == len(elsewhere)
+            for s in elsewhere:
+                assert (await s.commands.run("true")).exit_code == 0
+            # New creates avoid the lost node.
+            fresh = await c.sandboxes.create(**SPEC)  # type: ignore[arg-type]
+            assert _node_of(fresh.id) != lost_node
+        finally:
+            victim.proc.send_signal(signal.SIGCONT)
+        # Back: alive again, and what it still holds for written-off
+        # sandboxes is closed on it (not resurrected).
+        cluster.wait_alive([lost_node])
+        deadline = time.monotonic() + 30
+        while await _held(cluster, victim):
+            assert time.monotonic() < deadline, "the returning node was not reconciled"
+            await asyncio.sleep(0.5)
+        for s in on_victim:
+            await s.close()  # acknowledges the loss; nothing left to release
+        for s in [*elsewhere, fresh]:
+            await s.close()
+    assert cluster.used("org") == (0, 0.0, 0)
+    assert cluster.rows().get("lost", 0) == 0
+
+
+async def test_postgres_restarted_mid_burst_loses_nothing_and_duplicates_nothing(
+    cluster: ProcessCluster, keys: dict[str, str]
+) -> None:
+    n = 24
+    async with cluster.client(keys["other"]) as c:
+        ready, started = 0, asyncio.Event()
+
+        def seen(_i: int, _r: object) -> None:
+            nonlocal ready
+            ready += 1
+            if ready >= 3:
+                started.set()
+
+        burst = asyncio.create_task(
+            c.sandboxes.create_many(SPEC, count=n, key="pg", concurrency=4, on_ready=seen)
+        )
+        await started.wait()
+        await asyncio.to_thread(cluster.pg.restart)
+        out = await burst
+        failed = [r for r in out if not isinstance(r, corral.AsyncSandbox)]
+        assert failed == [], failed
+        ids = sorted(s.id for s in out if isinstance(s, corral.AsyncSandbox))
+        assert len(set(ids)) == n
+        held = await _held_everywhere(cluster)
+        assert held == ids  # no sandbox made twice, none made and forgotten
+        assert cluster.used("other")[0] == n
+        # The outage was not mistaken for dead nodes.
+        assert set(cluster.node_states().values()) == {"alive"}
+        await asyncio.gather(*(s.close() for s in out if isinstance(s, corral.AsyncSandbox)))
+    assert cluster.used("other") == (0, 0.0, 0)
+
+
+async def test_a_gateway_killed_mid_request_loses_nothing(
+    cluster: ProcessCluster, keys: dict[str, str]
+) -> None:
+    gw = cluster.gateway
+    assert gw is not None and gw.proc is not None
+    n = 12
+    async with cluster.client(keys["other"]) as c:
+        ready, started = 0, asyncio.Event()
+
+        def seen(_i: int, _r: object) -> None:
+            nonlocal ready
+            ready += 1
+            if ready >= 3:
+                started.set()
+
+        # No automatic retry: what a client sees when its gateway dies.
+        burst = asyncio.create_task(
+            c.sandboxes.create_many(
+                SPEC, count=n, key="gw", concurrency=4, on_ready=seen, retry_for=0
+            )
+        )
+        await started.wait()
+        gw.kill(signal.SIGKILL)
+        first = await burst
+        assert any(isinstance(r, corral.Unavailable) for r in first)
+        gw.start()  # a new replica on the same port and store
+        # The same key again: the sandboxes the dead replica made are found
+        # (adopted from their nodes where it died before recording them).
+        again = await c.sandboxes.create_many(SPEC, count=n, key="gw")
+        ids = [s.id for s in again if isinstance(s, corral.AsyncSandbox)]
+        assert len(ids) == n
+        made_first = [r.id for r in first if isinstance(r, corral.AsyncSandbox)]
+        assert set(made_first) <= set(ids)
+        held = await _held_everywhere(cluster)
+        assert held == sorted(ids)
+        assert cluster.used("other")[0] == n
+        await asyncio.gather(*(s.close() for s in again if isinstance(s, corral.AsyncSandbox)))
+    assert cluster.used("other") == (0, 0.0, 0)
+
+
+async def test_a_closed_sandboxs_key_is_not_reused(
+    cluster: ProcessCluster, keys: dict[str, str]
+) -> None:
+    async with cluster.client(keys["job"]) as c:
+        s = await c.sandboxes.create(**SPEC, idempotency_key="once")  # type: ignore[arg-type]
+        await s.close()
+        with pytest.raises(corral.Conflict, match="was closed"):
+            await c.sandboxes.create(**SPEC, idempotency_key="once")  # type: ignore[arg-type]
+        # As on a node: a closed sandbox still answers get(), as closed.
+        assert (await c.sandboxes.get(s.id)).info.state.value == "closed"
+        with pytest.raises(corral.SandboxClosed):
+            await s.commands.run("true")

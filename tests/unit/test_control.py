@@ -1,0 +1,317 @@
+"""The control plane's state on SQLite: migrations, nested quotas, the
+sandbox row's state machine, membership and lost nodes. The same SQL runs
+on PostgreSQL in tests/integration/test_cluster.py."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.control import nodes, placement, quotas, sandboxes, schema
+from corral.control.db import Database, connect
+from corral.control.nodes import NodeRow
+from corral.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+
+GiB = 2**30
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    d = await connect(f"sqlite:///{tmp_path}/state.db")
+    await schema.migrate(d)
+    yield d
+    await d.aclose()
+
+
+# ------------------------------------------------------------------ schema
+
+
+async def test_migrations_run_once_and_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    d = await connect(f"sqlite:///{tmp_path}/s.db")
+    assert await schema.migrate(d) == 0
+    assert await schema.migrate(d) == schema.VERSION  # nothing to do the second time
+    async with d.transaction() as tx:
+        await tx.execute("UPDATE corral_schema SET version = %s", (schema.VERSION + 1,))
+    with pytest.raises(Unavailable, match="newer than this Corral"):
+        await schema.migrate(d)
+    await d.aclose()
+
+
+@pytest.mark.parametrize(
+    "url", ["", "mysql://x", "sqlite://relative.db", "postgresql", "file:///x.db"]
+)
+async def test_a_bad_state_url_names_the_field(url: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        await connect(url)
+    assert err.value.field == "state" and err.value.value == url
+
+
+async def test_a_failed_transaction_changes_nothing(db: Database) -> None:
+    await quotas.create_project(db, "org")
+    with pytest.raises(RuntimeError):
+        async with db.transaction() as tx:
+            await tx.execute("UPDATE projects SET max_sandboxes = 1 WHERE name = 'org'")
+            raise RuntimeError("boom")
+    assert (await quotas.get_project(db, "org")).max_sandboxes is None
+
+
+# ------------------------------------------------------------------ quotas
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"name": ""}, "name"),
+        ({"name": "Org"}, "name"),
+        ({"name": "-org"}, "name"),
+        ({"name": "a" * 64}, "name"),
+        ({"name": "a/b"}, "name"),
+        ({"name": "ok", "max_sandboxes": -1}, "max_sandboxes"),
+        ({"name": "ok", "max_cpu": -0.5}, "max_cpu"),
+        ({"name": "ok", "max_memory": -1}, "max_memory"),
+    ],
+)
+async def test_bad_projects_are_refused_and_nothing_is_made(
+    db: Database, kw: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        await quotas.create_project(db, **kw)
+    assert err.value.field == field
+    assert await quotas.list_projects(db) == []
+
+
+async def test_project_parents_exist_names_are_unique_and_nesting_is_bounded(
+    db: Database,
+) -> None:
+    with pytest.raises(NotFound, match="no project 'ghost'"):
+        await quotas.create_project(db, "job", parent="ghost")
+    await quotas.create_project(db, "l0")
+    with pytest.raises(Conflict):
+        await quotas.create_project(db, "l0")
+    for i in range(1, quotas.MAX_DEPTH):
+        await quotas.create_project(db, f"l{i}", parent=f"l{i - 1}")
+    with pytest.raises(InvalidArgument, match="at most 8 levels"):
+        await quotas.create_project(db, "deep", parent=f"l{quotas.MAX_DEPTH - 1}")
+    assert len(await quotas.list_projects(db)) == quotas.MAX_DEPTH
+
+
+async def test_keys_are_stored_hashed_and_name_their_project(db: Database) -> None:
+    await quotas.create_project(db, "org")
+    key = await quotas.create_key(db, "org")
+    assert await quotas.project_of_key(db, key) == "org"
+    async with db.transaction() as tx:
+        stored = [r[0] for r in await tx.fetchall("SELECT key_hash FROM api_keys")]
+    assert key not in stored and stored == [quotas.hash_key(key)]
+    for bad in ("", "ck_forged", key + "x"):
+        with pytest.raises(Unauthenticated):
+            await quotas.project_of_key(db, bad)
+    with pytest.raises(NotFound):
+        await quotas.create_key(db, "ghost")
+
+
+async def _tree(db: Database) -> None:
+    await quotas.create_project(db, "org", max_sandboxes=3, max_memory=10 * GiB)
+    await quotas.create_project(db, "team", parent="org", max_cpu=4)
+    await quotas.create_project(db, "job", parent="team", max_sandboxes=100)
+
+
+async def test_a_charge_goes_up_the_chain_and_release_gives_it_back(db: Database) -> None:
+    await _tree(db)
+    async with db.transaction() as tx:
+        await quotas.charge(tx, "job", 1.5, GiB)
+    for name in ("job", "team", "org"):
+        p = await quotas.get_project(db, name)
+        assert (p.used_sandboxes, p.used_cpu, p.used_memory) == (1, 1.5, GiB)
+    async with db.transaction() as tx:
+        await quotas.release(tx, "job", 1.5, GiB)
+    for name in ("job", "team", "org"):
+        p = await quotas.get_project(db, name)
+        assert (p.used_sandboxes, p.used_cpu, p.used_memory) == (0, 0.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("charges", "level", "resource"),
+    [
+        ([(1, GiB)] * 4, "org", "sandboxes"),  # the job allows 100, the org 3
+        ([(3, GiB), (2, GiB)], "team", "cpu"),
+        ([(1, 6 * GiB), (1, 5 * GiB)], "org", "memory"),
+    ],
+)
+async def test_the_level_that_is_full_refuses_and_names_itself(
+    db: Database, charges: list[tuple[float, int]], level: str, resource: str
+) -> None:
+    await _tree(db)
+    *fits, last = charges
+    for cpu, memory in fits:
+        async with db.transaction() as tx:
+            await quotas.charge(tx, "job", cpu, memory)
+    before = {p.name: p for p in await quotas.list_projects(db)}
+    with pytest.raises(ResourceExhausted) as err:
+        async with db.transaction() as tx:
+            await quotas.charge(tx, "job", *last)
+    d = err.value.details
+    assert (d["project"], d["resource"], d["quota"]) == (level, resource, True)
+    assert f"project {level!r}" in err.value.message and "ancestor of 'job'" in err.value.message
+    # Refused means not charged anywhere, not even at the levels that had room.
+    assert {p.name: p for p in await quotas.list_projects(db)} == before
+
+
+# ------------------------------------------------------------------ sandbox rows
+
+
+async def test_a_reserved_key_is_found_again_not_charged_twice(db: Database) -> None:
+    await _tree(db)
+    key = sandboxes.node_key("job", "item-0")
+    assert key != sandboxes.node_key("team", "item-0")  # projects never share keys
+    row, new = await sandboxes.reserve(db, key, "job", "n0", "container", 1, GiB)
+    again, new2 = await sandboxes.reserve(db, key, "job", "n1", "container", 1, GiB)
+    assert (new, new2) == (True, False) and again.node == "n0"
+    assert (await quotas.get_project(db, "org")).used_sandboxes == 1
+    assert row.state == "placing"
+
+
+async def test_rows_move_only_from_where_they_are(db: Database) -> None:
+    await _tree(db)
+    key = sandboxes.node_key("job", "k")
+    await sandboxes.reserve(db, key, "job", "n0", "container", 1, GiB)
+    assert await sandboxes.move(db, key, "n0", "n1") is True
+    assert await sandboxes.move(db, key, "n0", "n2") is False  # a second re-driver loses
+    ready = await sandboxes.mark_ready(db, key, "n1-0123456789abcdef")
+    assert ready is not None and ready.state == "ready" and ready.node == "n1"
+    assert await sandboxes.move(db, key, "n1", "n2") is False  # ready rows stay put
+    found = await sandboxes.by_id(db, "n1-0123456789abcdef")
+    assert found is not None and found.key == key
+
+
+async def test_the_quota_is_released_exactly_once(db: Database) -> None:
+    await _tree(db)
+    key = sandboxes.node_key("job", "k")
+    await sandboxes.reserve(db, key, "job", "n0", "container", 1, GiB)
+    await sandboxes.mark_ready(db, key, "n0-0123456789abcdef")
+    assert await sandboxes.finish(db, key, "closed") is True
+    assert await sandboxes.finish(db, key, "closed") is False
+    assert await sandboxes.finish(db, key, "failed", "late") is False
+    assert (await quotas.get_project(db, "org")).used_sandboxes == 0
+
+
+async def test_a_failed_row_is_charged_and_placed_again(db: Database) -> None:
+    await _tree(db)
+    key = sandboxes.node_key("job", "k")
+    await sandboxes.reserve(db, key, "job", "n0", "container", 1, GiB)
+    await sandboxes.finish(db, key, "failed", "image missing")
+    assert (await quotas.get_project(db, "org")).used_sandboxes == 0
+    row, new = await sandboxes.reserve(db, key, "job", "n1", "container", 1, GiB)
+    assert new and row.state == "placing" and row.node == "n1" and row.error is None
+    assert (await quotas.get_project(db, "org")).used_sandboxes == 1
+
+
+# ------------------------------------------------------------------ membership
+
+
+async def _age(db: Database, node: str, seconds: float) -> None:
+    async with db.transaction() as tx:
+        await tx.execute(
+            "UPDATE nodes SET heartbeat_at = heartbeat_at - %s WHERE name = %s", (seconds, node)
+        )
+
+
+async def test_a_silent_node_is_lost_with_its_sandboxes_and_their_quota(db: Database) -> None:
+    await _tree(db)
+    cap = {"max_sandboxes": 10, "active": 0, "kinds": ["container"]}
+    assert await nodes.heartbeat(db, "n0", "http://a", cap) is None
+    assert await nodes.heartbeat(db, "n1", "http://b", cap) is None
+    keys = [sandboxes.node_key("job", str(i)) for i in range(3)]
+    for i, key in enumerate(keys):
+        await sandboxes.reserve(db, key, "job", "n0" if i < 2 else "n1", "container", 1, GiB)
+    await sandboxes.mark_ready(db, keys[0], "n0-0000000000000000")
+    await _age(db, "n0", 30)
+    assert await nodes.sweep_lost(db, timeout=10) == ["n0"]
+    assert await nodes.sweep_lost(db, timeout=10) == []  # a second sweeper finds nothing
+    states = {k: r.state for k, r in (await sandboxes.by_keys(db, keys)).items()}
+    assert states == {keys[0]: "lost", keys[1]: "failed", keys[2]: "placing"}
+    assert (await quotas.get_project(db, "org")).used_sandboxes == 1
+    # Written off is final: a create that finishes late cannot resurrect it.
+    assert await sandboxes.mark_ready(db, keys[1], "n0-1111111111111111") is None
+    # The node comes back: alive again, and it says what it was.
+    assert await nodes.heartbeat(db, "n0", "http://a", cap) == "lost"
+    assert {n.name: n.state for n in await nodes.list_nodes(db)} == {
+        "n0": "alive",
+        "n1": "alive",
+    }
+    # Closing a lost sandbox acknowledges it; its quota was released already.
+    assert await sandboxes.finish(db, keys[0], "closed") is False
+    assert (await sandboxes.by_keys(db, [keys[0]]))[keys[0]].state == "closed"
+    assert (await quotas.get_project(db, "org")).used_sandboxes == 1
+
+
+# ------------------------------------------------------------------ placement
+
+
+def _node(name: str, **cap: Any) -> NodeRow:
+    base: dict[str, Any] = {
+        "max_sandboxes": 10,
+        "active": 0,
+        "memory_budget": 100 * GiB,
+        "memory_promised": 0,
+        "kinds": ["container", "fncall"],
+        "images": [],
+    }
+    state = cap.pop("state", "alive")
+    return NodeRow(name, f"http://{name}", state, 0.5, {**base, **cap})
+
+
+def test_placement_filters_and_says_why_nothing_fits() -> None:
+    fleet = [
+        _node("a", state="lost"),
+        _node("b", active=10),
+        _node("c", kinds=["fncall"]),
+        _node("d", memory_promised=100 * GiB),
+        _node("e"),
+    ]
+    with pytest.raises(ResourceExhausted) as err:
+        placement.choose(fleet, kind="container", image=None, memory=GiB, exclude={"e"})
+    msg = err.value.message
+    for reason in ("1 lost", "1 full", "1 no container backend", "1 not enough memory"):
+        assert reason in msg
+    assert "1 already refused" in msg
+    assert placement.choose(fleet, kind="container", image=None, memory=GiB).name == "e"
+
+
+def test_placement_prefers_nodes_with_the_image_and_counts_in_flight() -> None:
+    rng = random.Random(1)
+    fleet = [_node("a"), _node("b", images=["img:1"]), _node("c")]
+    picks = {
+        placement.choose(fleet, kind="container", image="img:1", memory=GiB, rng=rng).name
+        for _ in range(50)
+    }
+    assert picks == {"b"}
+    # b has 10 free slots by heartbeat, but this gateway already sent it 10.
+    picks = {
+        placement.choose(
+            fleet, kind="container", image="img:1", memory=GiB, in_flight={"b": 10}, rng=rng
+        ).name
+        for _ in range(50)
+    }
+    assert picks == {"a", "c"}
+
+
+def test_power_of_two_choices_spreads_the_load() -> None:
+    rng = random.Random(7)
+    slots = {"a": 0, "b": 0, "c": 0}
+    for _ in range(300):
+        fleet = [_node(n, max_sandboxes=200, active=used) for n, used in slots.items()]
+        slots[placement.choose(fleet, kind="container", image=None, memory=0, rng=rng).name] += 1
+    # Each node ends within a few of a third: drawing two and taking the
+    # emptier keeps the spread tight even with random draws.
+    assert max(slots.values()) - min(slots.values()) <= 3, slots
