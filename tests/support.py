@@ -391,9 +391,10 @@ class ProcessCluster:
         assert self.gateway is not None
         return corral.AsyncClient(self.gateway.url, api_key=key, **kw)
 
-    def node_client(self, srv: Server) -> corral.AsyncClient:
-        """Straight to a node agent, past the gateway (what the node holds)."""
-        return corral.AsyncClient(srv.url, api_key=self.NODE_KEY)
+    def node_client(self, srv: Server, *, tcp: bool = False) -> corral.AsyncClient:
+        """Straight to a node agent, past the gateway (on its unix socket,
+        or on TCP as the gateway reaches it)."""
+        return corral.AsyncClient(srv.tcp_url if tcp else srv.url, api_key=self.NODE_KEY)
 
     def stop(self) -> None:
         if self.gateway is not None:

@@ -215,3 +215,30 @@ async def test_metrics_and_openapi_are_served() -> None:
         assert "corral_sandboxes_created_total" in (await h.get("/metrics")).text
         spec = (await h.get("/openapi.json")).json()
         assert "/v1/sandboxes/{sandbox_id}/exec" in spec["paths"]
+
+
+@pytest.mark.parametrize(
+    "sid", ["..", ".", "a/b", "a?x=1", "", "x" * 101, "-lead", "a b", "%2e%2e", "ü"]
+)
+async def test_ids_that_are_not_a_path_segment_are_refused_before_sending(sid: str) -> None:
+    async with _client() as client:
+        for call in (client.sandboxes.get(sid), _read_through_service(client, sid)):
+            with pytest.raises(corral.InvalidArgument) as err:
+                await call
+            assert err.value.field == "sandbox_id"
+
+
+async def _read_through_service(client: corral.AsyncClient, sid: str) -> None:
+    svc = await client._ready()
+    await svc.read_file(sid, "/etc/passwd")
+
+
+async def test_an_unknown_route_is_a_wire_error_not_a_bare_404() -> None:
+    app = create_app(FakeService())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        resp = await h.get("/v1/nothing/here")
+        assert resp.status_code == 404
+        assert resp.json()["error"]["code"] == "not_found"
+        assert "/v1/nothing/here" in resp.json()["error"]["message"]
+        resp = await h.put("/v1/sandboxes")
+        assert resp.status_code == 400 and resp.json()["error"]["field"] == "request"

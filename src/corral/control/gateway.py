@@ -380,19 +380,24 @@ class GatewayView:
                 )
         gw = self.gw
         key = sandboxes.node_key(self.project, req.idempotency_key or secrets.token_hex(16))
-        row = (await sandboxes.by_keys(gw.db, [key])).get(key)
-        if row is None or row.state == "failed":
+        # Placement first (in memory), then one transaction that finds the
+        # key's row or makes it: a retry costs no more than a first try.
+        try:
             first = await gw.choose(
                 kind=req.kind, image=req.image, memory=req.memory, exclude=set()
             )
+        except ResourceExhausted:
+            found = (await sandboxes.by_keys(gw.db, [key])).get(key)
+            if found is None or found.state == "failed":
+                raise
+            row, new = found, False  # no room now, but this key's sandbox exists
+        else:
             try:
                 row, new = await sandboxes.reserve(
                     gw.db, key, self.project, first.name, req.kind, req.cpu, req.memory
                 )
             finally:
                 gw.release(first.name)  # _drive holds the row's node from here
-        else:
-            new = False
         if not new:
             if row.state == "ready" and row.id is not None:
                 return await self.get(row.id)

@@ -46,7 +46,8 @@ def _project(row: tuple[object, ...]) -> Project:
         None if mc is None else float(mc),  # type: ignore[arg-type]
         None if mm is None else int(mm),  # type: ignore[call-overload]
         int(us),  # type: ignore[call-overload]
-        float(uc),  # type: ignore[arg-type]
+        # Sums of fractional CPUs drift (0.1 + 0.2 - 0.3 != 0): shown rounded.
+        round(float(uc), 6) + 0.0,  # type: ignore[arg-type]
         int(um),  # type: ignore[call-overload]
     )
 

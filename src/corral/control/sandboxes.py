@@ -77,19 +77,19 @@ async def reserve(
             if row.state != "failed":
                 return row, False
             await quotas.charge(tx, project, cpu, memory)
-            await tx.execute(
+            new = await tx.fetchone(
                 "UPDATE sandboxes SET state = 'placing', node = %s, id = NULL, error = NULL,"
-                " updated_at = $NOW WHERE key = %s",
+                f" updated_at = $NOW WHERE key = %s RETURNING {_COLUMNS}",
                 (node, key),
             )
         else:
             await quotas.charge(tx, project, cpu, memory)
-            await tx.execute(
+            new = await tx.fetchone(
                 "INSERT INTO sandboxes (key, node, project, state, kind, cpu, memory,"
-                " created_at, updated_at) VALUES (%s, %s, %s, 'placing', %s, %s, %s, $NOW, $NOW)",
+                " created_at, updated_at) VALUES (%s, %s, %s, 'placing', %s, %s, %s, $NOW, $NOW)"
+                f" RETURNING {_COLUMNS}",
                 (key, node, project, kind, cpu, memory),
             )
-        new = await tx.fetchone(f"SELECT {_COLUMNS} FROM sandboxes WHERE key = %s", (key,))
         assert new is not None
         return _row(new), True
 
@@ -111,14 +111,12 @@ async def mark_ready(db: Database, key: str, sandbox_id: str) -> SandboxRow | No
     committed and lost its answer); None if the row left placing meanwhile
     (its node was written off while the create ran)."""
     async with db.transaction() as tx:
-        n = await tx.execute(
+        found = await tx.fetchone(
             "UPDATE sandboxes SET state = 'ready', id = %s, updated_at = $NOW"
-            " WHERE key = %s AND (state = 'placing' OR (state = 'ready' AND id = %s))",
+            " WHERE key = %s AND (state = 'placing' OR (state = 'ready' AND id = %s))"
+            f" RETURNING {_COLUMNS}",
             (sandbox_id, key, sandbox_id),
         )
-        if n != 1:
-            return None
-        found = await tx.fetchone(f"SELECT {_COLUMNS} FROM sandboxes WHERE key = %s", (key,))
     return None if found is None else _row(found)
 
 
