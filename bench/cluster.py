@@ -154,7 +154,7 @@ async def scaling(count: int, cpu_rows: list[list[str]]) -> list[list[str]]:
                     rates[name].append(count / wall)
                     lat[name] += when
                     fails[name] += failures(out)
-                    print(f"{k} nodes {name}: {count / wall:.0f}/s", flush=True)
+                    print(f"{k} nodes {name}: {count / wall:.0f}/s", cpu[name], flush=True)
                     await close_all(out)
             for name in ("direct", "gateway"):
                 cpu_rows.append(

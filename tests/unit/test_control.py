@@ -315,3 +315,105 @@ def test_power_of_two_choices_spreads_the_load() -> None:
     # Each node ends within a few of a third: drawing two and taking the
     # emptier keeps the spread tight even with random draws.
     assert max(slots.values()) - min(slots.values()) <= 3, slots
+
+
+# ------------------------------------------------------------------ gateway
+
+
+class NodeTransport:
+    """A node agent's HTTP endpoint as the gateway sees it: a transport seam
+    (no sandboxes run here); tests/integration/test_cluster.py runs the
+    same gateway against real node agents."""
+
+    def __init__(self, name: str, full: bool) -> None:
+        self.name = name
+        self.full = full
+        self.made: dict[str, Any] = {}
+
+    async def create(self, req: Any) -> Any:
+        from corral.api.models import SandboxInfo, SandboxState
+
+        if self.full:
+            raise ResourceExhausted(f"node {self.name} is full", node=self.name)
+        if req.idempotency_key in self.made:
+            return self.made[req.idempotency_key]
+        info = SandboxInfo(
+            id=f"{self.name}-{len(self.made):016x}",
+            node=self.name,
+            kind=req.kind,
+            state=SandboxState.running,
+            image=req.image,
+            workspace=req.workspace,
+            toolkit=req.toolkit,
+            layers=[],
+            cpu=req.cpu,
+            memory=req.memory,
+            disk=req.disk,
+            pids=req.pids,
+            ttl=req.ttl,
+            idle_timeout=req.idle_timeout,
+            env=req.env,
+            labels=req.labels,
+            created_at=0.0,
+            expires_at=None,
+        )
+        self.made[req.idempotency_key] = info
+        return info
+
+    async def get(self, sandbox_id: str) -> Any:
+        return next(i for i in self.made.values() if i.id == sandbox_id)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _gateway(db: Database, full: dict[str, bool]) -> tuple[Any, dict[str, NodeTransport]]:
+    from corral.control.gateway import Gateway
+
+    gw = await Gateway(db, node_key="nk").start(sweep=False)
+    transports = {}
+    for name, is_full in full.items():
+        cap = {"max_sandboxes": 10, "active": 0, "memory_budget": 100 * GiB}
+        await nodes.heartbeat(db, name, f"http://{name}", {**cap, "kinds": ["container"]})
+        transports[name] = NodeTransport(name, is_full)
+        gw._clients[(name, f"http://{name}")] = transports[name]
+    return gw, transports
+
+
+async def test_a_node_that_answers_full_sends_the_create_elsewhere(db: Database) -> None:
+    from corral.api.models import CreateSandbox
+    from corral.control.gateway import GatewayView
+
+    await quotas.create_project(db, "p", max_sandboxes=5)
+    gw, transports = await _gateway(db, {"a": True, "b": True, "c": False})
+    view = GatewayView(gw, "p")
+    for i in range(4):
+        req = CreateSandbox(image="img:1", idempotency_key=f"k{i}")
+        info = await view.create(req)
+        assert info.node == "c"  # whichever it tried first, only c said yes
+        again = await view.create(req)  # the same key: found, not made again
+        assert again.id == info.id
+    assert len(transports["c"].made) == 4
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 4
+    async with db.transaction() as tx:
+        rows = await tx.fetchall("SELECT node, state FROM sandboxes")
+    assert rows == [("c", "ready")] * 4
+    assert gw.in_flight == {}  # every hold was released
+    await gw.aclose()
+
+
+async def test_when_every_node_is_full_the_create_fails_and_gives_back_its_quota(
+    db: Database,
+) -> None:
+    from corral.api.models import CreateSandbox
+    from corral.control.gateway import GatewayView
+
+    await quotas.create_project(db, "p")
+    gw, _ = await _gateway(db, {"a": True, "b": True})
+    with pytest.raises(ResourceExhausted, match="2 already refused this create"):
+        await GatewayView(gw, "p").create(CreateSandbox(image="img:1"))
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 0
+    async with db.transaction() as tx:
+        assert await tx.fetchall("SELECT state FROM sandboxes") == [("failed",)]
+    assert gw.in_flight == {}
+    await gw.aclose()

@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "cmd"):
         args.cmd = (args.cmd or []) + tail
     try:
-        code: int = asyncio.run(args.handler(args))
+        with asyncio.Runner(loop_factory=_loop_factory(args)) as runner:
+            code: int = runner.run(args.handler(args))
         return code
     except CorralError as err:
         if args.json:
@@ -273,6 +274,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _loop_factory(args: argparse.Namespace) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop for a gateway: it is all network I/O (HTTP in, HTTP and
+    PostgreSQL out), where uvloop costs about a third less CPU. Node agents
+    keep asyncio's loop: they reap their own children (subreaper), which
+    libuv's child watcher would race."""
+    if getattr(args, "gateway", False):
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop
+        except ImportError:
+            pass
+    return None
 
 
 if __name__ == "__main__":
