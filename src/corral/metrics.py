@@ -69,3 +69,37 @@ FNCALL_SECONDS = Histogram(
 
 def exposition() -> bytes:
     return bytes(generate_latest(REGISTRY))
+
+
+# The gateway (control/gateway.py): a cluster's view, not one node's.
+GATEWAY_CREATES = Counter(
+    "corral_gateway_creates_total",
+    "Creates through this gateway by outcome (ready, found: an idempotency key's "
+    "sandbox returned again, or the error code)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+GATEWAY_CREATE_SECONDS = Histogram(
+    "corral_gateway_create_seconds",
+    "Create through the gateway, request to ready",
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+GATEWAY_ELSEWHERE = Counter(
+    "corral_gateway_create_elsewhere_total",
+    "Creates moved to another node because theirs was full or unreachable",
+    ["reason"],
+    registry=REGISTRY,
+)
+GATEWAY_NODES = Gauge(
+    "corral_gateway_nodes", "Cluster members by state, as last read", ["state"], registry=REGISTRY
+)
+GATEWAY_NODES_LOST = Counter(
+    "corral_gateway_nodes_lost_total", "Nodes this gateway marked lost", registry=REGISTRY
+)
+GATEWAY_RECONCILED = Counter(
+    "corral_gateway_reconciled_total",
+    "Disagreements between a node and the store, repaired, by action",
+    ["action"],
+    registry=REGISTRY,
+)

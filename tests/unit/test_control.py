@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from corral import metrics
 from corral.control import nodes, placement, quotas, sandboxes, schema
 from corral.control.db import Database, connect
 from corral.control.nodes import NodeRow
@@ -394,6 +395,9 @@ async def test_a_node_that_answers_full_sends_the_create_elsewhere(db: Database)
         again = await view.create(req)  # the same key: found, not made again
         assert again.id == info.id
     assert len(transports["c"].made) == 4
+    text = metrics.exposition().decode()
+    assert 'corral_gateway_create_elsewhere_total{reason="full"}' in text
+    assert 'corral_gateway_creates_total{outcome="found"}' in text
     assert (await quotas.get_project(db, "p")).used_sandboxes == 4
     async with db.transaction() as tx:
         rows = await tx.fetchall("SELECT node, state FROM sandboxes")

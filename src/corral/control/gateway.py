@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from corral import metrics
 from corral.api.models import (
     AuditReport,
     CommitRequest,
@@ -152,6 +153,8 @@ class Gateway:
         if fresh or time.monotonic() - at > self.view_ttl:
             rows = await nodes.list_nodes(self.db)
             self._view = (time.monotonic(), rows)
+            for state in (nodes.ALIVE, nodes.LOST, nodes.LEFT):
+                metrics.GATEWAY_NODES.labels(state).set(sum(n.state == state for n in rows))
         return rows
 
     async def node(self, name: str) -> NodeRow | None:
@@ -229,6 +232,7 @@ class Gateway:
                 if time.monotonic() - reachable_since >= self.node_timeout:
                     for name in await nodes.sweep_lost(self.db, self.node_timeout):
                         log.warning("node.lost", node=name, timeout=self.node_timeout)
+                        metrics.GATEWAY_NODES_LOST.inc()
                 # Reconciling talks to nodes, and a node may hang: it runs
                 # beside the sweep, never in its way.
                 if self._reconciling is None or self._reconciling.done():
@@ -300,6 +304,8 @@ class Gateway:
                 out["failed"] += failed
         if any(out.values()):
             log.info("node.reconciled", node=node.name, **out)
+            for action, n in out.items():
+                metrics.GATEWAY_RECONCILED.labels(action).inc(n)
         return out
 
 
@@ -373,6 +379,18 @@ class GatewayView:
     # ------------------------------------------------------------ create
 
     async def create(self, req: CreateSandbox) -> SandboxInfo:
+        started = time.monotonic()
+        try:
+            info, outcome = await self._create(req)
+        except CorralError as exc:
+            metrics.GATEWAY_CREATES.labels(exc.code).inc()
+            raise
+        metrics.GATEWAY_CREATES.labels(outcome).inc()
+        if outcome == "ready":
+            metrics.GATEWAY_CREATE_SECONDS.observe(time.monotonic() - started)
+        return info
+
+    async def _create(self, req: CreateSandbox) -> tuple[SandboxInfo, str]:
         for key in req.labels:
             if key in RESERVED_LABELS:
                 raise InvalidArgument(
@@ -400,7 +418,7 @@ class GatewayView:
                 gw.release(first.name)  # _drive holds the row's node from here
         if not new:
             if row.state == "ready" and row.id is not None:
-                return await self.get(row.id)
+                return await self.get(row.id), "found"
             if row.state == "lost":
                 raise SandboxLost(
                     f"the sandbox made for this idempotency key was lost: {row.error}",
@@ -413,7 +431,7 @@ class GatewayView:
                 )
         labels = {**req.labels, PROJECT_LABEL: self.project, KEY_LABEL: key}
         to_node = req.model_copy(update={"idempotency_key": key, "labels": labels})
-        return await self._drive(row, to_node)
+        return await self._drive(row, to_node), "ready"
 
     async def _drive(self, row: SandboxRow, req: CreateSandbox) -> SandboxInfo:
         """Ask the row's node; on "full" or "unreachable" move the row to
@@ -435,6 +453,9 @@ class GatewayView:
                         raise
                     refused.add(name)
                     log.info("create.retry_elsewhere", node=name, reason=exc.message)
+                    metrics.GATEWAY_ELSEWHERE.labels(
+                        "full" if isinstance(exc, ResourceExhausted) else "unreachable"
+                    ).inc()
                     try:
                         nxt = await gw.choose(
                             kind=req.kind, image=req.image, memory=req.memory, exclude=refused
