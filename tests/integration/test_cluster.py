@@ -276,23 +276,31 @@ async def test_a_node_that_stops_heartbeating_is_lost_and_reconciled_when_back(
     assert cluster.rows().get("lost", 0) == 0
 
 
+async def _burst_started(
+    c: corral.AsyncClient, n: int, key: str, **kw: float
+) -> asyncio.Task[list[corral.AsyncSandbox | corral.CorralError]]:
+    """A create_many of n running in the background, once 3 are ready."""
+    ready, started = 0, asyncio.Event()
+
+    def seen(_i: int, _r: object) -> None:
+        nonlocal ready
+        ready += 1
+        if ready >= 3:
+            started.set()
+
+    burst = asyncio.create_task(
+        c.sandboxes.create_many(SPEC, count=n, key=key, concurrency=4, on_ready=seen, **kw)
+    )
+    await started.wait()
+    return burst
+
+
 async def test_postgres_restarted_mid_burst_loses_nothing_and_duplicates_nothing(
     cluster: ProcessCluster, keys: dict[str, str]
 ) -> None:
     n = 24
     async with cluster.client(keys["other"]) as c:
-        ready, started = 0, asyncio.Event()
-
-        def seen(_i: int, _r: object) -> None:
-            nonlocal ready
-            ready += 1
-            if ready >= 3:
-                started.set()
-
-        burst = asyncio.create_task(
-            c.sandboxes.create_many(SPEC, count=n, key="pg", concurrency=4, on_ready=seen)
-        )
-        await started.wait()
+        burst = await _burst_started(c, n, "pg")
         await asyncio.to_thread(cluster.pg.restart)
         out = await burst
         failed = [r for r in out if not isinstance(r, corral.AsyncSandbox)]
@@ -315,21 +323,8 @@ async def test_a_gateway_killed_mid_request_loses_nothing(
     assert gw is not None and gw.proc is not None
     n = 12
     async with cluster.client(keys["other"]) as c:
-        ready, started = 0, asyncio.Event()
-
-        def seen(_i: int, _r: object) -> None:
-            nonlocal ready
-            ready += 1
-            if ready >= 3:
-                started.set()
-
         # No automatic retry: what a client sees when its gateway dies.
-        burst = asyncio.create_task(
-            c.sandboxes.create_many(
-                SPEC, count=n, key="gw", concurrency=4, on_ready=seen, retry_for=0
-            )
-        )
-        await started.wait()
+        burst = await _burst_started(c, n, "gw", retry_for=0)
         gw.kill(signal.SIGKILL)
         first = await burst
         assert any(isinstance(r, corral.Unavailable) for r in first)
