@@ -411,9 +411,11 @@ class GatewayView:
             row, new = found, False  # no room now, but this key's sandbox exists
         else:
             try:
+                levels = len(await gw.chain(self.project))
                 row, new = await sandboxes.reserve(
-                    gw.db, key, self.project, first.name, req.kind, req.cpu, req.memory
-                )
+                    gw.db, key, self.project, first.name, req.kind, req.cpu, req.memory,
+                    levels=levels,
+                )  # fmt: skip
             finally:
                 gw.release(first.name)  # _drive holds the row's node from here
         if not new:

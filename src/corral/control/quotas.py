@@ -3,8 +3,8 @@
 A sandbox is charged to its project and every ancestor, in the transaction
 that records it; it is released, once, when it leaves the charged states.
 Limits are checked at every level: a job under its own limit is still
-refused when its team or org is full. Rows are locked leaf to root, one
-order for every transaction, so two charges cannot deadlock.
+refused when its team or org is full. A charge or a release is one
+statement over the whole chain (a recursive walk of the parent links).
 """
 
 from __future__ import annotations
@@ -152,11 +152,47 @@ async def ancestors(tx: Tx, name: str) -> list[str]:
     return [p.name for p in await _chain(tx, name, lock=False)]
 
 
-async def charge(tx: Tx, project: str, cpu: float, memory: int) -> None:
+# `project` and its ancestors, in one statement (a recursive walk of the
+# parent links, bounded by MAX_DEPTH): both databases run it.
+_CHAIN = (
+    "WITH RECURSIVE chain(name, parent, depth) AS ("
+    " SELECT name, parent, 0 FROM projects WHERE name = %s"
+    " UNION ALL SELECT p.name, p.parent, c.depth + 1 FROM projects p"
+    f" JOIN chain c ON p.name = c.parent WHERE c.depth < {MAX_DEPTH})"
+)
+
+
+async def charge(
+    tx: Tx, project: str, cpu: float, memory: int, *, levels: int | None = None
+) -> None:
     """Charge one sandbox up the chain, or raise ResourceExhausted naming
-    the level, the resource, its limit and its use."""
-    chain = await _chain(tx, project, lock=True)
-    for p in chain:
+    the level, the resource, its limit and its use.
+
+    One conditional UPDATE charges every level that has room; if any level
+    did not (fewer rows than `levels`, the chain's length, which a caller
+    may know already), the error is worked out and raised, and the caller's
+    transaction rolls the partial charge back. Under PostgreSQL the WHERE is
+    re-checked on the locked row, so concurrent charges cannot both pass a
+    limit; SQLite has one writer at a time."""
+    if levels is None:
+        row = await tx.fetchone(_CHAIN + " SELECT COUNT(*) FROM chain", (project,))
+        levels = int(row[0]) if row else 0
+    charged = await tx.fetchall(
+        _CHAIN + " UPDATE projects SET used_sandboxes = used_sandboxes + 1,"
+        " used_cpu = used_cpu + %s, used_memory = used_memory + %s"
+        " WHERE name IN (SELECT name FROM chain)"
+        " AND (max_sandboxes IS NULL OR used_sandboxes + 1 <= max_sandboxes)"
+        " AND (max_cpu IS NULL OR used_cpu + %s <= max_cpu + 1e-9)"
+        " AND (max_memory IS NULL OR used_memory + %s <= max_memory)"
+        " RETURNING name",
+        (project, cpu, memory, cpu, memory),
+    )
+    if len(charged) >= levels > 0:
+        return
+    done = {str(r[0]) for r in charged}
+    for p in await _chain(tx, project, lock=False):  # leaf first; NotFound if none
+        if p.name in done:
+            continue
         checks = (
             ("sandboxes", p.used_sandboxes + 1, p.max_sandboxes, p.used_sandboxes),
             ("cpu", p.used_cpu + cpu, p.max_cpu, p.used_cpu),
@@ -175,18 +211,15 @@ async def charge(tx: Tx, project: str, cpu: float, memory: int) -> None:
                     used=used,
                     quota=True,
                 )
-    for p in chain:
-        await tx.execute(
-            "UPDATE projects SET used_sandboxes = used_sandboxes + 1, used_cpu = used_cpu + %s,"
-            " used_memory = used_memory + %s WHERE name = %s",
-            (cpu, memory, p.name),
-        )
+    # A level changed between the two statements (the caller's `levels` was
+    # stale): refuse rather than leave a partial charge.
+    raise ResourceExhausted(f"quota of project {project!r} changed; retry", project=project)
 
 
 async def release(tx: Tx, project: str, cpu: float, memory: int) -> None:
-    for p in await _chain(tx, project, lock=True):
-        await tx.execute(
-            "UPDATE projects SET used_sandboxes = used_sandboxes - 1, used_cpu = used_cpu - %s,"
-            " used_memory = used_memory - %s WHERE name = %s",
-            (cpu, memory, p.name),
-        )
+    await tx.execute(
+        _CHAIN + " UPDATE projects SET used_sandboxes = used_sandboxes - 1,"
+        " used_cpu = used_cpu - %s, used_memory = used_memory - %s"
+        " WHERE name IN (SELECT name FROM chain)",
+        (project, cpu, memory),
+    )

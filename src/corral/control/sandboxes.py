@@ -64,33 +64,42 @@ def node_key(project: str, client_key: str) -> str:
 
 
 async def reserve(
-    db: Database, key: str, project: str, node: str, kind: str, cpu: float, memory: int
+    db: Database,
+    key: str,
+    project: str,
+    node: str,
+    kind: str,
+    cpu: float,
+    memory: int,
+    *,
+    levels: int | None = None,
 ) -> tuple[SandboxRow, bool]:
     """The row for `key`: the existing one (False), or a new one on `node`,
-    charged to `project` (True). A failed row is charged and placed again."""
+    charged to `project` (True). A failed row is charged and placed again.
+    `levels`: the length of the project's chain, if the caller knows it."""
     async with db.transaction() as tx:
-        found = await tx.fetchone(
-            f"SELECT {_COLUMNS} FROM sandboxes WHERE key = %s" + tx.for_update(), (key,)
+        # The common case, a new key, in two statements: the row, then the
+        # charge (a refusal rolls the row back with it).
+        new = await tx.fetchone(
+            "INSERT INTO sandboxes (key, node, project, state, kind, cpu, memory,"
+            " created_at, updated_at) VALUES (%s, %s, %s, 'placing', %s, %s, %s, $NOW, $NOW)"
+            f" ON CONFLICT (key) DO NOTHING RETURNING {_COLUMNS}",
+            (key, node, project, kind, cpu, memory),
         )
-        if found is not None:
-            row = _row(found)
-            if row.state != "failed":
-                return row, False
-            await quotas.charge(tx, project, cpu, memory)
+        if new is None:
+            found = await tx.fetchone(
+                f"SELECT {_COLUMNS} FROM sandboxes WHERE key = %s" + tx.for_update(), (key,)
+            )
+            assert found is not None
+            if _row(found).state != "failed":
+                return _row(found), False
             new = await tx.fetchone(
                 "UPDATE sandboxes SET state = 'placing', node = %s, id = NULL, error = NULL,"
                 f" updated_at = $NOW WHERE key = %s RETURNING {_COLUMNS}",
                 (node, key),
             )
-        else:
-            await quotas.charge(tx, project, cpu, memory)
-            new = await tx.fetchone(
-                "INSERT INTO sandboxes (key, node, project, state, kind, cpu, memory,"
-                " created_at, updated_at) VALUES (%s, %s, %s, 'placing', %s, %s, %s, $NOW, $NOW)"
-                f" RETURNING {_COLUMNS}",
-                (key, node, project, kind, cpu, memory),
-            )
-        assert new is not None
+            assert new is not None
+        await quotas.charge(tx, project, cpu, memory, levels=levels)
         return _row(new), True
 
 
