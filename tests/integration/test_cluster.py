@@ -157,6 +157,18 @@ async def test_nested_quotas_refuse_at_the_level_that_is_full(
     assert cluster.used("team") == (0, 0.0, 0)
 
 
+async def test_concurrent_creates_never_overrun_a_quota(cluster: ProcessCluster) -> None:
+    key = cluster.project("tight", max_sandboxes=5)
+    async with cluster.client(key) as c:
+        out = await c.sandboxes.create_many(SPEC, count=16, key="race", concurrency=16)
+        made = [r for r in out if isinstance(r, corral.AsyncSandbox)]
+        refused = [r for r in out if isinstance(r, ResourceExhausted)]
+        assert (len(made), len(refused)) == (5, 11), out
+        assert cluster.used("tight")[0] == 5
+        await asyncio.gather(*(s.close() for s in made))
+    assert cluster.used("tight") == (0, 0.0, 0)
+
+
 BAD_IDS = [
     ("k0-0123456789abcdef", SandboxNotFound, "no sandbox k0-0123456789abcdef"),
     ("zz-0123456789abcdef", SandboxNotFound, "node 'zz' is not a member"),
