@@ -50,6 +50,7 @@
 #include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <grp.h>
 #include <time.h>
 #include <unistd.h>
@@ -1061,6 +1062,224 @@ static void serve_connection(int conn) {
     }
 }
 
+/* ------------------------------------------------------------ VM serial */
+
+/*
+ * In a VM guest the agent has one channel, a virtio-serial port, instead of
+ * a listening socket. A multiplexer process owns the port: each stream id
+ * the host opens becomes a socketpair whose one end is handed to PID 1 (over
+ * `fds`, SCM_RIGHTS) exactly as if accept() had returned it, so every
+ * request is served by the same code as in a container. Frames keep their
+ * shape: the stream id is rewritten between the port (its id) and the pair
+ * (0). No path in the guest reaches the agent: the pairs are anonymous.
+ */
+#define MUX_STREAMS 1024
+
+struct stream {
+    uint32_t id;
+    int fd;         /* the multiplexer's end of the pair; -1 when free */
+    int host_done;  /* the host closed its direction */
+    int guest_done; /* the handler closed its direction */
+    unsigned char *in;
+    size_t in_len;
+};
+
+static struct stream streams[MUX_STREAMS];
+
+static struct stream *stream_find(uint32_t id) {
+    for (int i = 0; i < MUX_STREAMS; i++)
+        if (streams[i].fd >= 0 && streams[i].id == id) return &streams[i];
+    return NULL;
+}
+
+static void stream_free(struct stream *st) {
+    close(st->fd);
+    free(st->in);
+    memset(st, 0, sizeof *st);
+    st->fd = -1;
+}
+
+static int send_fd(int sock, int fd) {
+    char byte = 0;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                       .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    return sendmsg(sock, &m, 0) == 1 ? 0 : -1;
+}
+
+static int recv_fd(int sock) {
+    char byte;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                       .msg_controllen = sizeof u.buf};
+    if (recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 1) return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    return fd;
+}
+
+static int port_frame(int port, uint32_t id, uint8_t type, const unsigned char *p, uint32_t len) {
+    unsigned char hdr[FRAME_HEADER];
+    put_u32(hdr, len);
+    put_u32(hdr + 4, id);
+    hdr[8] = type;
+    if (write_full(port, hdr, sizeof hdr) < 0) return -1;
+    return len ? write_full(port, p, len) : 0;
+}
+
+static void stream_guest_eof(int port, struct stream *st) {
+    port_frame(port, st->id, FRAME_CLOSE, NULL, 0);
+    st->guest_done = 1;
+    if (st->host_done) stream_free(st);
+}
+
+/* Frames from the host: open streams, deliver, close. */
+static void mux_from_port(int port, int fds, unsigned char *buf, size_t *len) {
+    size_t off = 0;
+    while (*len - off >= FRAME_HEADER) {
+        uint32_t plen = get_u32le(buf + off), id = get_u32le(buf + off + 4);
+        uint8_t type = buf[off + 8];
+        if (plen > FRAME_MAX_PAYLOAD) { /* a broken host: drop everything */
+            *len = 0;
+            return;
+        }
+        if (*len - off < FRAME_HEADER + plen) break;
+        struct stream *st = stream_find(id);
+        if (type == FRAME_CLOSE) {
+            if (st) {
+                shutdown(st->fd, SHUT_WR);
+                st->host_done = 1;
+                if (st->guest_done) stream_free(st);
+            }
+        } else if (id != 0) {
+            if (!st) {
+                int pair[2];
+                struct stream *slot = NULL;
+                for (int i = 0; i < MUX_STREAMS && !slot; i++)
+                    if (streams[i].fd < 0) slot = &streams[i];
+                if (slot && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0) {
+                    int big = 4 << 20;
+                    setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+                    setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+                    send_fd(fds, pair[1]);
+                    close(pair[1]);
+                    slot->id = id;
+                    slot->fd = pair[0];
+                    st = slot;
+                } else {
+                    port_frame(port, id, FRAME_CLOSE, NULL, 0);
+                }
+            }
+            if (st && !st->host_done) {
+                unsigned char *f = buf + off;
+                put_u32(f + 4, 0);
+                if (write_full(st->fd, f, FRAME_HEADER + plen) < 0) stream_guest_eof(port, st);
+            }
+        }
+        off += FRAME_HEADER + plen;
+    }
+    memmove(buf, buf + off, *len - off);
+    *len -= off;
+}
+
+/* Bytes from a handler: forwarded as whole frames, tagged with the stream. */
+static void mux_from_stream(int port, struct stream *st) {
+    unsigned char chunk[IO_CHUNK];
+    ssize_t r = read(st->fd, chunk, sizeof chunk);
+    if (r <= 0) {
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) return;
+        stream_guest_eof(port, st);
+        return;
+    }
+    unsigned char *grown = realloc(st->in, st->in_len + (size_t)r);
+    if (!grown) return;
+    st->in = grown;
+    memcpy(st->in + st->in_len, chunk, (size_t)r);
+    st->in_len += (size_t)r;
+    size_t off = 0;
+    while (st->in_len - off >= FRAME_HEADER) {
+        uint32_t plen = get_u32le(st->in + off);
+        if (st->in_len - off < FRAME_HEADER + plen) break;
+        put_u32(st->in + off + 4, st->id);
+        write_full(port, st->in + off, FRAME_HEADER + plen);
+        off += FRAME_HEADER + plen;
+    }
+    memmove(st->in, st->in + off, st->in_len - off);
+    st->in_len -= off;
+}
+
+static void close_all_streams(void) {
+    for (int i = 0; i < MUX_STREAMS; i++)
+        if (streams[i].fd >= 0) stream_free(&streams[i]);
+}
+
+static void run_mux(const char *path, int fds) {
+    for (int i = 0; i < MUX_STREAMS; i++) streams[i].fd = -1;
+    static unsigned char buf[2 * (FRAME_MAX_PAYLOAD + FRAME_HEADER)];
+    size_t len = 0;
+    int port = -1;
+    for (;;) {
+        if (port < 0) {
+            if ((port = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY)) < 0) {
+                logmsg("open %s: %s", path, strerror(errno));
+                sleep(1);
+                continue;
+            }
+            /* A terminal (the host tests the channel over a pty) must pass
+             * bytes through untouched. A virtio port is not a terminal. */
+            struct termios t;
+            if (isatty(port) && tcgetattr(port, &t) == 0) {
+                cfmakeraw(&t);
+                tcsetattr(port, TCSANOW, &t);
+            }
+        }
+        struct pollfd p[MUX_STREAMS + 1];
+        struct stream *who[MUX_STREAMS + 1];
+        int n = 0;
+        p[n++] = (struct pollfd){port, POLLIN, 0};
+        for (int i = 0; i < MUX_STREAMS; i++)
+            if (streams[i].fd >= 0 && !streams[i].guest_done) {
+                who[n] = &streams[i];
+                p[n++] = (struct pollfd){streams[i].fd, POLLIN, 0};
+            }
+        if (poll(p, (nfds_t)n, -1) < 0) continue;
+        if (p[0].revents & POLLIN) {
+            ssize_t r = read(port, buf + len, sizeof buf - len);
+            if (r > 0) {
+                len += (size_t)r;
+                mux_from_port(port, fds, buf, &len);
+            } else if (r == 0) {
+                p[0].revents |= POLLHUP;
+            }
+        }
+        if ((p[0].revents & POLLHUP) && !(p[0].revents & POLLIN)) {
+            /* No host on the other end (not yet, or it went away): whatever
+             * was in flight is void; wait for the next host. */
+            close_all_streams();
+            len = 0;
+            struct timespec t = {0, 100 * 1000 * 1000};
+            nanosleep(&t, NULL);
+        }
+        for (int i = 1; i < n; i++)
+            if (p[i].revents && who[i]->fd >= 0) mux_from_stream(port, who[i]);
+    }
+}
+
 /* ------------------------------------------------------------------ main */
 
 static int listen_on_path(const char *path) {
@@ -1076,10 +1295,27 @@ static int listen_on_path(const char *path) {
 }
 
 int main(int argc, char **argv) {
-    int lfd = LISTEN_FD;
+    int lfd = LISTEN_FD, serial = 0;
     /* `--listen PATH` serves on a path: used by tests outside a container. */
     if (argc == 3 && strcmp(argv[1], "--listen") == 0) lfd = listen_on_path(argv[2]);
-    else if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+    else if (argc == 3 && strcmp(argv[1], "--serial") == 0) {
+        /* A VM guest: requests arrive as fds from the port's multiplexer. */
+        int pair[2];
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
+            logmsg("socketpair: %s", strerror(errno));
+            return 1;
+        }
+        pid_t mux = fork();
+        if (mux == 0) {
+            close(pair[0]);
+            prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+            run_mux(argv[2], pair[1]);
+            _exit(1);
+        }
+        close(pair[1]);
+        lfd = pair[0];
+        serial = 1;
+    } else if (argc == 2 && strcmp(argv[1], "--version") == 0) {
         printf("corral-init %d\n", CORRAL_PROTO_VERSION);
         return 0;
     }
@@ -1087,7 +1323,7 @@ int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     fcntl(lfd, F_SETFD, FD_CLOEXEC);
     /* Nothing but stdio and the listening socket stays open. */
-    if (lfd == LISTEN_FD) syscall(SYS_close_range, LISTEN_FD + 1, ~0U, 0);
+    if (lfd == LISTEN_FD && !serial) syscall(SYS_close_range, LISTEN_FD + 1, ~0U, 0);
 
     signal(SIGPIPE, SIG_IGN);
     sigset_t chld;
@@ -1109,7 +1345,7 @@ int main(int argc, char **argv) {
             while (waitpid(-1, NULL, WNOHANG) > 0) {}
         }
         if (p[0].revents) {
-            int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+            int conn = serial ? recv_fd(lfd) : accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
             if (conn < 0) continue;
             /* A ping (readiness check) that has already arrived is answered
              * here, without a handler: it is most of what create waits on.

@@ -49,6 +49,10 @@ enum {
     RSP_ENTRY = 0x89,     /* u8 type, u32 mode, u64 size, i64 mtime_ns, name */
 };
 
+/* On a VM's serial channel only (stream id != 0): either side ends its
+ * direction of a stream; the stream is gone once both have. */
+#define FRAME_CLOSE 0x7F
+
 /* RSP_ERROR stages: where a request failed */
 #define ERR_GENERIC 0u
 #define ERR_USER 1u   /* the user does not exist or cannot be switched to */

@@ -27,7 +27,9 @@ def _c_constants() -> dict[str, int]:
 
 def test_constants_match_the_c_header() -> None:
     c = _c_constants()
-    names = [n for n in dir(p) if n.startswith(("REQ_", "RSP_", "ERR_", "EXEC_", "FILE_"))]
+    names = [
+        n for n in dir(p) if n.startswith(("REQ_", "RSP_", "ERR_", "EXEC_", "FILE_", "FRAME_"))
+    ]
     assert names
     for name in names:
         assert c[name] == getattr(p, name), name

@@ -40,6 +40,9 @@ RSP_OK = 0x87
 RSP_ERROR = 0x88
 RSP_ENTRY = 0x89
 
+# A VM's serial channel only (stream id != 0): one side ends its direction.
+FRAME_CLOSE = 0x7F
+
 ERR_GENERIC = 0
 ERR_USER = 1
 ERR_CWD = 2

@@ -1,0 +1,1 @@
+"""MicroVM and FullVM backends on QEMU (issue 7, in progress)."""

@@ -1,0 +1,131 @@
+"""The host end of a VM guest agent's channel.
+
+A guest has one byte stream to its agent (a virtio-serial port, reached on
+the host through QEMU's chardev socket), while the exec client opens one
+connection per request. This multiplexer listens on the sandbox's control
+path, exactly where a container's exec server listens, and carries each
+accepted connection as a stream of the same frames tagged with a stream id;
+corral-init's `--serial` mode does the reverse in the guest. So ExecdClient,
+and everything built on it (commands, files, readiness), works unchanged.
+
+Invariants: a frame is forwarded whole, with only its stream id rewritten;
+stream ids are never reused within one channel; when the port goes away
+(QEMU exits, the guest reboots) every open stream is ended, never silently
+re-attached to a different guest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from corral.execd import protocol as p
+from corral.log import get_logger
+
+log = get_logger("corral.vm.channel")
+
+Port = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class AgentChannel:
+    def __init__(self, control: Path, open_port: Callable[[], Awaitable[Port]]) -> None:
+        self.control = control
+        self.open_port = open_port
+        self._ids = itertools.count(1)
+        self._streams: dict[int, asyncio.StreamWriter] = {}
+        self._port: asyncio.StreamWriter | None = None
+        self._connected = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.control.unlink(missing_ok=True)
+        self._server = await asyncio.start_unix_server(
+            self._serve, path=str(self.control), limit=4 * p.MAX_PAYLOAD
+        )
+        self._pump = asyncio.create_task(self._run_port())
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+        self._drop_streams()
+        self.control.unlink(missing_ok=True)
+
+    def _drop_streams(self) -> None:
+        for writer in self._streams.values():
+            writer.close()
+        self._streams.clear()
+
+    async def _run_port(self) -> None:
+        while True:
+            try:
+                reader, writer = await self.open_port()
+            except OSError:
+                await asyncio.sleep(0.05)  # QEMU has not made its socket yet
+                continue
+            self._port = writer
+            self._connected.set()
+            try:
+                await self._from_port(reader)
+            except (asyncio.IncompleteReadError, OSError):
+                pass  # QEMU exited, the guest went away: the port is gone
+            finally:
+                self._connected.clear()
+                self._port = None
+                writer.close()
+                self._drop_streams()
+            log.info("vm.channel.reconnecting", control=str(self.control))
+            await asyncio.sleep(0.05)
+
+    async def _from_port(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            head = await reader.readexactly(p.HEADER.size)
+            length, stream, kind = p.HEADER.unpack(head)
+            if length > p.MAX_PAYLOAD:
+                raise ConnectionError(f"guest sent a {length}-byte frame")
+            payload = await reader.readexactly(length) if length else b""
+            writer = self._streams.get(stream)
+            if writer is None:
+                continue  # a stream the host already ended
+            if kind == p.FRAME_CLOSE:
+                self._streams.pop(stream, None)
+                writer.close()
+                continue
+            try:
+                writer.write(p.HEADER.pack(length, 0, kind) + payload)
+                # A slow client holds up the port (head-of-line): bounded by
+                # the client's own socket buffer, and exec clients read.
+                await writer.drain()
+            except ConnectionError:
+                self._streams.pop(stream, None)  # that client left; the port is fine
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One exec-client connection, as one stream."""
+        try:
+            await asyncio.wait_for(self._connected.wait(), 30)
+        except TimeoutError:
+            writer.close()
+            return
+        stream = next(self._ids)
+        self._streams[stream] = writer
+        port = self._port
+        try:
+            while port is not None and self._port is port:
+                head = await reader.readexactly(p.HEADER.size)
+                length, _zero, kind = p.HEADER.unpack(head)
+                payload = await reader.readexactly(length) if length else b""
+                port.write(p.HEADER.pack(length, stream, kind) + payload)
+                await port.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        if port is not None and self._port is port and stream in self._streams:
+            with contextlib.suppress(ConnectionError):
+                port.write(p.HEADER.pack(0, stream, p.FRAME_CLOSE))
+                await port.drain()
