@@ -315,7 +315,7 @@ async def main(count: int, n: int, quick: bool) -> None:
         "client that knew where to go would do). *Gateway*: one `create_many` through "
         "`corral serve --gateway`, which writes each sandbox's row to PostgreSQL (quota "
         "charged in the same transaction), places it (power of two choices), asks the node "
-        "and records the result: 3 transactions per sandbox. All nodes share this machine's "
+        "and records the result: 2 transactions per sandbox. All nodes share this machine's "
         "2 cores.\n\n"
         + table(
             [
