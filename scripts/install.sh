@@ -27,6 +27,7 @@ APT_PACKAGES=(
   nftables iproute2         # sandbox networking
   bubblewrap                # a peer in the function-call benchmark
   postgresql                # the cluster state store (started by Corral, not by systemd)
+  qemu-system-x86           # microVMs (TCG here; KVM where the host has it)
   gcc libc6-dev make        # the static platform helpers
   python3 python3-venv python3-dev
   ca-certificates curl tar
@@ -67,5 +68,8 @@ say "images: debian-python:bookworm (debootstrap, cached)"
 .venv/bin/corral image build debian-python:bookworm --debootstrap bookworm --packages python3
 say "images: fncall:bookworm (function calls: python, bash, c, c++; cached)"
 .venv/bin/corral image build fncall:bookworm --debootstrap bookworm --packages python3,gcc,g++,libc6-dev
+
+say "guest: microVM kernel and initramfs (Debian's linux-image + corral-init; cached)"
+.venv/bin/python -m corral.runtimes.vm.guest
 
 say "install complete"

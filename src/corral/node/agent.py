@@ -76,6 +76,8 @@ from corral.runtimes.container.runtime import ContainerRuntime, control_path
 from corral.runtimes.fncall.pool import POOL_LABEL
 from corral.runtimes.fncall.runtime import FnCallRuntime
 from corral.runtimes.fncall.service import FnCalls
+from corral.runtimes.vm.qemu import accelerator
+from corral.runtimes.vm.runtime import MicroVMRuntime, vm_capable
 
 log = get_logger("corral.node")
 
@@ -213,6 +215,8 @@ class NodeAgent:
             "container": ContainerRuntime(oci, self.cgroups, platform, listener),
             "fncall": FnCallRuntime(oci, self.cgroups, platform, listener, cfg.fncall_tmpfs),
         }
+        if vm_capable():
+            self.runtimes["microvm"] = MicroVMRuntime(self.layers, self.cgroups, cfg.sandboxes_dir)
         self.store = Store(cfg.db_path)
         await asyncio.to_thread(self.scratch.open)
         self._started = True
@@ -412,7 +416,17 @@ class NodeAgent:
             phase("start")
             if self.reap_children:
                 self._children.add(started.pid)
-            await self._wait_ready(rec.id, prep.control)
+            try:
+                await self._wait_ready(rec.id, prep.control)
+            except SandboxFailed as exc:
+                console = getattr(runtime, "console_tail", None)
+                if console is None:
+                    raise
+                # A guest that never answered: its console says why.
+                raise SandboxFailed(
+                    f"{exc.message}; the guest's last console lines:\n{console(rec.id)}",
+                    sandbox=rec.id,
+                ) from exc
             if req.network is not None and net_index is not None:
                 await self._connect(rec.id, started.pid, net_index, req.network)
                 phase("network")
@@ -622,6 +636,7 @@ class NodeAgent:
             "memory_promised": promised,
             "cpus": os.cpu_count() or 1,
             "kinds": sorted(self.runtimes),
+            "vm_accel": accelerator() if "microvm" in self.runtimes else None,
             "images": self.images.names(),
         }
 

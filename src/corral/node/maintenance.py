@@ -19,12 +19,15 @@ import fcntl
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral import metrics
+from corral.errors import CorralError
 from corral.log import get_logger
 from corral.node.store import ACTIVE_STATES, SandboxRecord
 from corral.runtimes.base import process_start_time
+from corral.runtimes.container.runtime import control_path
 from corral.runtimes.fncall.pool import POOL_LABEL
 
 if TYPE_CHECKING:
@@ -188,6 +191,13 @@ class Maintenance:
                 report.reclaimed_sandboxes += 1
                 continue
             if rec.state == "running" and init_alive(rec):
+                # A VM's control path is served by its agent's channel, which
+                # died with that agent: this one serves it now.
+                # (Only if nobody answers there: another live agent may.)
+                attach = getattr(self.agent.runtimes.get(rec.kind), "attach", None)
+                control = control_path(self.agent.config.run_dir, rec.id)
+                if attach is not None and not await _answers(control):
+                    await attach(rec.id, control)
                 report.reattached += 1
                 continue
             why = {
@@ -266,3 +276,13 @@ class Maintenance:
         if report.reclaimed:
             log.info("gc.reclaimed", reclaimed=report.reclaimed)
         return report
+
+
+async def _answers(control: Path) -> bool:
+    from corral.execd.client import ExecdClient
+
+    try:
+        await asyncio.wait_for(ExecdClient(str(control), connect_timeout=1).ping(), 2)
+    except (CorralError, OSError, TimeoutError):
+        return False
+    return True

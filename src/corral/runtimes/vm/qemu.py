@@ -1,0 +1,86 @@
+"""QEMU command lines for Corral's guests, and the accelerator choice.
+
+KVM is used where /dev/kvm exists *and* a probe guest actually boots under
+it: on these hosts /dev/kvm is PVM-based nested virtualisation on which a
+stock Debian kernel hangs right after the setup code, so presence alone
+proves nothing (../shared/HOST-NOTES.md). Otherwise TCG.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.errors import Unavailable
+
+QEMU = "qemu-system-x86_64"
+# Under TCG the TSC calibration races the emulated clock: microvm hangs in
+# about one boot of ten without these (HOST-NOTES).
+TCG_CMDLINE = "tsc_early_khz=2000000 no_timer_check"
+
+
+def qemu_binary() -> str:
+    path = shutil.which(QEMU)
+    if path is None:
+        raise Unavailable(f"{QEMU} is not installed (apt install qemu-system-x86)")
+    return path
+
+
+def accelerator() -> str:
+    """'kvm' where it is usable, else 'tcg'. KVM must be opted into with
+    CORRAL_VM_ACCEL=kvm until a probe boot proves it (see the module doc)."""
+    wanted = os.environ.get("CORRAL_VM_ACCEL", "tcg")
+    if wanted == "kvm" and os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "kvm"
+    return "tcg"
+
+
+@dataclass
+class Drive:
+    path: Path
+    serial: str  # how the guest finds it (/sys/block/vd*/serial)
+    readonly: bool = True
+
+
+@dataclass
+class MicroVM:
+    kernel: Path
+    initrd: Path
+    agent_socket: Path
+    console_log: Path
+    memory_mib: int = 256
+    cpus: int = 1
+    drives: list[Drive] = field(default_factory=list)
+    cmdline: str = ""
+    accel: str = "tcg"
+
+    def argv(self) -> list[str]:
+        append = f"console=ttyS0 panic=-1 quiet {self.cmdline}".strip()
+        if self.accel == "tcg":
+            append += f" {TCG_CMDLINE}"
+        argv = [
+            qemu_binary(),
+            "-M", "microvm,x-option-roms=off,rtc=on",
+            "-accel", self.accel,
+            "-cpu", "max" if self.accel == "tcg" else "host",
+            "-m", f"{self.memory_mib}M",
+            "-smp", str(self.cpus),
+            "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+            "-kernel", str(self.kernel),
+            "-initrd", str(self.initrd),
+            "-append", append,
+            "-serial", f"file:{self.console_log}",
+            "-device", "virtio-serial-device",
+            "-chardev", f"socket,id=agent,path={self.agent_socket},server=on,wait=off",
+            "-device", "virtserialport,chardev=agent,name=corral.agent",
+            "-device", "virtio-balloon-device,free-page-reporting=on",
+        ]  # fmt: skip
+        for i, d in enumerate(self.drives):
+            ro = "on" if d.readonly else "off"
+            argv += [
+                "-drive", f"file={d.path},if=none,id=d{i},format=raw,readonly={ro}",
+                "-device", f"virtio-blk-device,drive=d{i},serial={d.serial}",
+            ]  # fmt: skip
+        return argv

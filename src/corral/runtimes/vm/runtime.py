@@ -1,0 +1,172 @@
+"""MicroVM sandboxes: a QEMU microvm per sandbox, the image's layers as
+read-only drives, corral-init as the guest's agent on a virtio-serial port.
+
+The node agent prepares a VM exactly as it prepares a container (record,
+admission, layers ensured, a control path); this runtime turns that into a
+guest: every layer's EROFS metadata image and its data blob become drives
+(the blob through the node's lazy loader when it runs, so a guest too reads
+only the chunks it touches), the guest's init stacks them under an overlay
+with a writable upper of `disk` bytes, and the AgentChannel serves the
+control path. So `sbx.commands` and `sbx.files` are the container's code.
+
+Resources, recorded before they exist: the control socket, the VM (its
+QEMU process and port socket) and its cgroup (QEMU's memory is the guest's
+RAM plus the emulator's own, so the limit is `memory` + VM_OVERHEAD).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from corral.errors import SandboxFailed
+from corral.execd import protocol as p
+from corral.images.layer import Layer
+from corral.images.mounter import LayerMounts
+from corral.log import get_logger
+from corral.node.cgroups import Cgroups
+from corral.node.store import SandboxRecord
+from corral.runtimes.base import Prepared, Started, process_start_time
+from corral.runtimes.vm import guest
+from corral.runtimes.vm.channel import AgentChannel
+from corral.runtimes.vm.qemu import QEMU, Drive, MicroVM, accelerator
+
+log = get_logger("corral.vm")
+
+# QEMU's own memory under TCG (translation cache, device state): measured
+# 175-260 MiB of RSS per idle guest on these hosts (HOST-NOTES).
+VM_OVERHEAD = 320 * 2**20
+MIN_GUEST_MEMORY = 128 * 2**20
+
+
+def vm_capable() -> bool:
+    """Whether this host can run microVMs (QEMU installed); the node then
+    offers the kind and reports it in its capacity."""
+    return shutil.which(QEMU) is not None
+
+
+class MicroVMRuntime:
+    kind = "microvm"
+
+    def __init__(self, layers: LayerMounts, cgroups: Cgroups, sandboxes_dir: Path) -> None:
+        self.layers = layers
+        self.cgroups = cgroups
+        self.sandboxes_dir = sandboxes_dir
+        self.channels: dict[str, AgentChannel] = {}
+        self._artefacts: guest.GuestArtefacts | None = None
+
+    def artefacts(self) -> guest.GuestArtefacts:
+        if self._artefacts is None:
+            self._artefacts = guest.build()
+        return self._artefacts
+
+    def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
+        return [("socket", str(prep.control)), ("vm", sandbox_id), ("cgroup", sandbox_id)]
+
+    def _dir(self, sandbox_id: str) -> Path:
+        return self.sandboxes_dir / sandbox_id
+
+    def _drives(self, digests: list[str]) -> list[Drive]:
+        """Layer i (0 = topmost): its metadata image `l<i>m`, its data `l<i>b`."""
+        drives = []
+        for i, digest in enumerate(reversed(digests)):
+            layer: Layer = self.layers.store.get(digest)
+            drives.append(Drive(self.layers.store.blob_path(layer.meta_digest), f"l{i}m"))
+            if layer.blob_size:
+                data = (
+                    self.layers.lazy.device(digest)
+                    if self.layers.lazy is not None
+                    else self.layers.store.blob_path(layer.blob_digest)
+                )
+                drives.append(Drive(data, f"l{i}b"))
+        return drives
+
+    async def start(self, rec: SandboxRecord, prep: Prepared) -> Started:
+        art = await asyncio.to_thread(self.artefacts)
+        spec = rec.spec
+        d = self._dir(rec.id)
+        memory = max(MIN_GUEST_MEMORY, int(spec["memory"]))
+        vm = MicroVM(
+            kernel=art.kernel,
+            initrd=art.initrd,
+            agent_socket=d / "agent.port",
+            console_log=d / "console.log",
+            memory_mib=memory // 2**20,
+            cpus=max(1, round(float(spec["cpu"]))),
+            drives=self._drives(rec.layers),
+            cmdline=f"corral.layers={len(rec.layers)} corral.disk={int(spec['disk'])}",
+            accel=accelerator(),
+        )
+        for cg in self.cgroups.dirs(rec.id):
+            cg.mkdir(parents=True, exist_ok=True)
+        self.cgroups.set_memory(rec.id, memory + VM_OVERHEAD)
+        cgroup_dirs = self.cgroups.dirs(rec.id)
+        with open(d / "qemu.log", "ab") as out:
+            # Not asyncio's subprocess: the node agent reaps its children
+            # itself (it is their subreaper), and a child watcher would race it.
+            proc = subprocess.Popen(  # noqa: ASYNC220 (fork+exec, no wait)
+                vm.argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                preexec_fn=lambda: _join_cgroups(cgroup_dirs),
+            )
+        (d / "qemu.pid").write_text(f"{proc.pid}\n")
+        started = process_start_time(proc.pid)
+        if started is None:
+            raise SandboxFailed(f"sandbox {rec.id}: QEMU exited at once; see {d / 'qemu.log'}")
+        await self.attach(rec.id, prep.control)
+        return Started(pid=proc.pid, pid_start=started)
+
+    async def attach(self, sandbox_id: str, control: Path) -> None:
+        """Serve `control` for this VM (at start, and after an agent restart)."""
+        port = self._dir(sandbox_id) / "agent.port"
+        channel = AgentChannel(
+            control,
+            lambda: asyncio.open_unix_connection(str(port), limit=4 * p.MAX_PAYLOAD),
+        )
+        await channel.start()
+        os.chmod(control, 0o600)
+        self.channels[sandbox_id] = channel
+
+    def console_tail(self, sandbox_id: str, lines: int = 20) -> str:
+        """The guest's last console lines (a crash, a hang, an OOM)."""
+        try:
+            text = (self._dir(sandbox_id) / "console.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    async def release(self, kind: str, ref: str) -> bool:
+        if kind == "vm":
+            channel = self.channels.pop(ref, None)
+            if channel is not None:
+                await channel.aclose()
+            pid_file = self._dir(ref) / "qemu.pid"
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pid_file.read_text())
+                os.kill(pid, signal.SIGKILL)
+                for _ in range(200):
+                    if process_start_time(pid) is None:
+                        break
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 (WNOHANG: never blocks)
+                    await asyncio.sleep(0.01)
+            (self._dir(ref) / "agent.port").unlink(missing_ok=True)
+            return True
+        return False  # cgroups are released by the container runtime's code
+
+
+def _join_cgroups(dirs: list[Path]) -> None:
+    """In the child, before exec: QEMU starts inside the sandbox's cgroup."""
+    pid = str(os.getpid())
+    for d in dirs:
+        procs = d / "cgroup.procs"
+        with contextlib.suppress(OSError):
+            procs.write_text(pid)

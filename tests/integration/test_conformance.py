@@ -1,0 +1,100 @@
+"""One SDK over every backend: the same tests, parametrized over `kind`.
+
+A microVM boots its own kernel (QEMU, TCG here) with the image's layers as
+drives and the agent on a serial port; what a caller sees must be what a
+container gives: output and exit status, env and stdin, streaming, timeouts,
+output caps, background commands, files, and nothing left after close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+import corral
+
+from ..support import IMAGE
+
+KINDS = ["container", "microvm"]
+
+
+@pytest.fixture(params=KINDS)
+async def sbx(
+    request: pytest.FixtureRequest, embedded: corral.AsyncClient
+) -> AsyncIterator[corral.AsyncSandbox]:
+    kind = request.param
+    if kind == "microvm" and shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    s = await embedded.sandboxes.create(
+        kind=kind, image=IMAGE, memory="384MiB", disk="256MiB", env={"FROM_CREATE": "yes"}
+    )
+    yield s
+    await s.close()
+
+
+async def test_exit_status_streams_env_and_stdin(sbx: corral.AsyncSandbox) -> None:
+    r = await sbx.commands.run("echo out; echo err >&2; exit 7")
+    assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
+    r = await sbx.commands.run(["python3", "-c", "import sys; print(sys.argv[1])", "$HOME;x"])
+    assert r.stdout == "$HOME;x\n"
+    assert (await sbx.commands.run("echo $FROM_CREATE $A", env={"A": "b"})).stdout == "yes b\n"
+    assert (await sbx.commands.run("pwd", cwd="/tmp")).stdout == "/tmp\n"
+    assert (await sbx.commands.run("wc -c", stdin=b"x" * 300_000)).stdout.strip() == "300000"
+    r = await sbx.commands.run("id -u", user="nobody")
+    assert r.stdout.strip() == "65534"
+
+
+async def test_output_streams_before_the_command_ends(sbx: corral.AsyncSandbox) -> None:
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    r = await sbx.commands.run(
+        "echo first; sleep 1.5; echo second",
+        on_stdout=lambda chunk: seen.append((time.monotonic() - t0, chunk)),
+    )
+    assert r.stdout == "first\nsecond\n"
+    first = next(t for t, chunk in seen if "first" in chunk)
+    assert first < r.duration - 1.0, seen  # it arrived while the command slept
+
+
+async def test_timeouts_caps_and_background_commands(sbx: corral.AsyncSandbox) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(corral.CommandTimeout):
+        await sbx.commands.run("sleep 30", timeout=1)
+    assert time.monotonic() - t0 < 10
+    r = await sbx.commands.run("head -c 3000000 /dev/zero | tr '\\0' a", stdout_limit=1000)
+    assert len(r.stdout) == 1000 and r.truncated
+    h = await sbx.commands.start("sleep 0.5; echo done")
+    assert (await sbx.commands.run("echo meanwhile")).stdout == "meanwhile\n"
+    assert (await h.wait(30)).stdout == "done\n"
+
+
+async def test_files(sbx: corral.AsyncSandbox) -> None:
+    await sbx.files.write("/work/dir/a.txt", b"hello " * 1000)
+    assert await sbx.files.read("/work/dir/a.txt") == b"hello " * 1000
+    await sbx.files.make_dir("/work/dir/sub")
+    names = sorted(e.name for e in await sbx.files.list("/work/dir"))
+    assert names == ["a.txt", "sub"]
+    assert (await sbx.files.stat("/work/dir/a.txt")).size == 6000
+    await sbx.files.remove("/work/dir")
+    with pytest.raises(corral.FileNotFound):
+        await sbx.files.read("/work/dir/a.txt")
+    # The image's own files are there, read through its layers.
+    assert b"bookworm" in await sbx.files.read("/etc/os-release")
+
+
+async def test_close_leaves_no_process(embedded: corral.AsyncClient) -> None:
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    s = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    assert (await s.commands.run("true")).exit_code == 0
+    await s.close()
+    await asyncio.sleep(0.2)
+    left = subprocess.run(["pgrep", "-f", f"qemu-system.*{s.id}"], capture_output=True)
+    assert left.stdout == b"", left.stdout
+    with pytest.raises(corral.SandboxClosed):
+        await s.commands.run("true")
