@@ -116,7 +116,9 @@ async def test_a_burst_survives_its_server_being_killed(
     try:
         async with corral.AsyncClient(srv.url) as c:
             burst = asyncio.create_task(
-                c.sandboxes.create_many(_spec("kill"), n, concurrency=4, key=key, on_ready=seen)
+                c.sandboxes.create_many(
+                    _spec("kill"), n, concurrency=4, key=key, on_ready=seen, retry_for=0
+                )
             )
             await asyncio.wait_for(ready.wait(), 60)
             srv.kill()  # SIGKILL, mid-burst

@@ -173,6 +173,11 @@ class Maintenance:
 
     async def _fail(self, rec: SandboxRecord, why: str) -> None:
         db = self.agent._db()
+        console = getattr(self.agent.runtimes.get(rec.kind), "console_tail", None)
+        if console is not None:
+            # A VM's "init" is its emulator: the guest's console says what
+            # happened inside (a panic, an OOM kill) before it went.
+            why = f"{why}; the guest's last console lines:\n{console(rec.id)}"
         if db.transition(rec.id, [rec.state], "closing"):
             log.warning("sandbox.failed", sandbox=rec.id, reason=why)
             await self.agent._release(rec.id, "failed", why)

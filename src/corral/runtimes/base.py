@@ -51,10 +51,14 @@ class Runtime(Protocol):
 
 def process_start_time(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat: tells a process from a later one
-    that reused its pid."""
+    that reused its pid. None if there is no such process, or only its
+    zombie (it has exited; its parent has not collected it yet)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])

@@ -136,8 +136,9 @@ class AsyncSandboxes:
         returns the sandboxes already made instead of making more. Without
         a `key` one is drawn at random, so only passing one makes a retry
         safe. An item refused as Unavailable with ``retry`` set (the server
-        or its state store briefly unreachable) is retried under its key for
-        up to `retry_for` seconds before it is reported as failed."""
+        or its state store briefly unreachable) is retried under its key
+        until `retry_for` seconds after the burst began; after that, it is
+        reported as failed."""
         if not 1 <= count <= 100_000:
             raise InvalidArgument("count", "must be between 1 and 100000", count)
         if concurrency < 1:
@@ -156,12 +157,15 @@ class AsyncSandboxes:
         service = await self._client._ready()
         gate = asyncio.Semaphore(concurrency)
         results: builtins.list[AsyncSandbox | CorralError | None] = [None] * count
+        # One deadline for the whole burst: a server that stays down costs
+        # `retry_for` once, not once per item.
+        deadline = time.monotonic() + retry_for
 
         async def one(i: int) -> None:
             req = base.model_copy(update={"idempotency_key": f"{key}-{i}"})
             async with gate:
                 out: AsyncSandbox | CorralError
-                deadline, pause = time.monotonic() + retry_for, 0.1
+                pause = 0.1
                 while True:
                     try:
                         out = AsyncSandbox(service, await service.create(req))

@@ -135,7 +135,7 @@ class MicroVMRuntime:
         os.chmod(control, 0o600)
         self.channels[sandbox_id] = channel
 
-    def console_tail(self, sandbox_id: str, lines: int = 20) -> str:
+    def console_tail(self, sandbox_id: str, lines: int = 60) -> str:
         """The guest's last console lines (a crash, a hang, an OOM)."""
         try:
             text = (self._dir(sandbox_id) / "console.log").read_text(errors="replace")
