@@ -123,3 +123,17 @@ async def test_a_guest_kernel_crash_costs_only_its_vm(embedded: corral.AsyncClie
         await neighbour.close()
         with contextlib.suppress(corral.CorralError):
             await victim.close()
+
+
+async def test_a_network_policy_on_a_microvm_is_refused_not_ignored(
+    embedded: corral.AsyncClient,
+) -> None:
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    before = len(await embedded.sandboxes.list())
+    with pytest.raises(corral.InvalidArgument) as err:
+        await embedded.sandboxes.create(
+            kind="microvm", image=IMAGE, network={"domains": ["pypi.org"]}
+        )
+    assert err.value.field == "network"
+    assert len(await embedded.sandboxes.list()) == before

@@ -357,6 +357,12 @@ class NodeAgent:
             )
         layers = self._resolve_layers(req)
         if req.network is not None:
+            if req.kind == "microvm":
+                # Refused, not silently ignored: a guest has no NIC yet (the
+                # egress policy through a tap in the sandbox's netns is to come).
+                raise InvalidArgument(
+                    "network", "is not supported for microvm sandboxes yet", "policy"
+                )
             self.network.check(req.network)
         now = time.time()
         image_env = merge_env(*(layer.config.env for layer in layers))
