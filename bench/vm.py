@@ -57,6 +57,37 @@ async def execs(c: corral.AsyncClient, kind: str, n: int) -> list[float]:
         await s.close()
 
 
+async def snapshots(c: corral.AsyncClient, n: int) -> list[list[str]]:
+    """suspend: save to disk and stop; resume: a new QEMU loads the state and
+    the agent answers. State size with a 256 MiB guest after a little work."""
+    s = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB", disk="256MiB")
+    sus, res, sizes = [], [], []
+    try:
+        await s.commands.run("python3 -c 'import json'")
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await s.suspend()
+            sus.append(time.perf_counter() - t0)
+            sizes.append(
+                sum(f.stat().st_size for f in WORK.glob(f"sandboxes/{s.id}/vm.state")) / 2**20
+            )
+            t0 = time.perf_counter()
+            await s.resume()
+            await s.commands.run(["true"])
+            res.append(time.perf_counter() - t0)
+    finally:
+        await s.close()
+
+    def ms(v: list[float]) -> list[str]:
+        return [f"{pct(v, 50) * 1000:.0f} ms", f"{pct(v, 99) * 1000:.0f} ms"]
+
+    return [
+        ["suspend (save + stop)", str(n), *ms(sus)],
+        ["resume to first answer", str(n), *ms(res)],
+        ["state size", str(n), f"{pct(sizes, 50):.0f} MiB", f"{pct(sizes, 99):.0f} MiB"],
+    ]
+
+
 async def idle(c: corral.AsyncClient, n: int, sandboxes_dir: Path) -> tuple[float, float, float]:
     """Host memory per idle VM: (MemAvailable drop, mean QEMU PSS, mean RSS), MiB."""
     before = mem_used()
@@ -98,6 +129,8 @@ async def main(n_create: int, n_exec: int, n_idle: int) -> None:
                 [kind, str(n_exec), f"{pct(e, 50) * 1000:.2f}", f"{pct(e, 99) * 1000:.2f}"]
             )
             print(rows[-1], exec_rows[-1], flush=True)
+        snap_rows = await snapshots(c, 5)
+        print(snap_rows, flush=True)
         used, pss_mib, rss = await idle(c, n_idle, cfg.sandboxes_dir)
     after = leak_counts(WORK)
     ratio = float(rows[1][2]) / float(rows[0][2])
@@ -113,6 +146,8 @@ async def main(n_create: int, n_exec: int, n_idle: int) -> None:
         "A microVM's request crosses the host multiplexer, QEMU's chardev and the guest's "
         "virtio-serial port; a container's goes straight to its init's socket.\n\n"
         + table(["kind", "runs", "p50 (ms)", "p99 (ms)"], exec_rows),
+        "## Suspend and resume (QMP migrate to a file; a new QEMU with `-incoming`)\n\n"
+        + table(["what", "rounds", "p50", "p99"], snap_rows),
         f"## Host memory per idle microVM ({n_idle} at once, {accel})\n\n"
         + table(
             ["VMs", "host memory in use, per VM (MiB)", "QEMU PSS per VM (MiB)", "RSS (MiB)"],

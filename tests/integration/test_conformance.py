@@ -137,3 +137,47 @@ async def test_a_network_policy_on_a_microvm_is_refused_not_ignored(
         )
     assert err.value.field == "network"
     assert len(await embedded.sandboxes.list()) == before
+
+
+async def test_a_suspended_microvm_resumes_where_it_was(embedded: corral.AsyncClient) -> None:
+    """Memory, processes and files survive suspend; the next request
+    resumes it; a container says suspend is not for it (yet)."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    s = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    try:
+        await s.files.write("/work/note", b"written before")
+        # A process whose state lives only in memory: it counts, and says
+        # how far it got when asked.
+        counter = await s.commands.start(
+            "python3 -c 'import time, os\n"
+            "n = 0\n"
+            'while not os.path.exists("/tmp/stop"):\n'
+            "    n += 1; time.sleep(0.01)\n"
+            'print("counted", n > 0, os.getpid())\''
+        )
+        await asyncio.sleep(1)
+        info = await s.suspend()
+        assert info.state.value == "suspended"
+        left = subprocess.run(["pgrep", "-f", f"qemu-system.*{s.id}"], capture_output=True)
+        assert left.stdout == b""  # no process while suspended: its memory is free
+        # The next request resumes it, by itself.
+        assert await s.files.read("/work/note") == b"written before"
+        assert (await s.refresh()).state.value == "running"
+        r = await s.commands.run(f"kill -0 {counter.pid} && echo still-running")
+        assert r.stdout == "still-running\n"
+        await s.commands.run("touch /tmp/stop")
+        assert (await s.resume()).state.value == "running"  # a no-op now
+        # Suspended twice: the second resume is explicit.
+        await s.suspend()
+        assert (await s.resume()).state.value == "running"
+        assert (await s.commands.run("echo again")).stdout == "again\n"
+    finally:
+        await s.close()
+    c = await embedded.sandboxes.create(image=IMAGE, memory="128MiB")
+    try:
+        with pytest.raises(corral.InvalidArgument) as err:
+            await c.suspend()
+        assert err.value.field == "kind"
+    finally:
+        await c.close()

@@ -239,6 +239,14 @@ def create_app(
     async def update_network(svc: Svc, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
         return await svc.update_network(sandbox_id, policy)
 
+    @app.post("/v1/sandboxes/{sandbox_id}/suspend")
+    async def suspend(svc: Svc, sandbox_id: str) -> SandboxInfo:
+        return await svc.suspend(sandbox_id)
+
+    @app.post("/v1/sandboxes/{sandbox_id}/resume")
+    async def resume(svc: Svc, sandbox_id: str) -> SandboxInfo:
+        return await svc.resume(sandbox_id)
+
     @app.get("/v1/sandboxes/{sandbox_id}/audit")
     async def audit(svc: Svc, sandbox_id: str) -> AuditReport:
         return await svc.audit(sandbox_id)

@@ -143,6 +143,9 @@ class SandboxState(StrEnum):
     closing = "closing"
     closed = "closed"
     failed = "failed"
+    suspending = "suspending"
+    suspended = "suspended"  # a microVM saved to disk; the next request resumes it
+    resuming = "resuming"
 
 
 class CreateSandbox(_Model):

@@ -624,6 +624,14 @@ class GatewayView:
         layer: LayerInfo = await self._forward(sandbox_id, lambda c: c.commit(sandbox_id, req))
         return layer
 
+    async def suspend(self, sandbox_id: str) -> SandboxInfo:
+        info: SandboxInfo = await self._forward(sandbox_id, lambda c: c.suspend(sandbox_id))
+        return info
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        info: SandboxInfo = await self._forward(sandbox_id, lambda c: c.resume(sandbox_id))
+        return info
+
     async def audit(self, sandbox_id: str) -> AuditReport:
         report: AuditReport = await self._forward(sandbox_id, lambda c: c.audit(sandbox_id))
         return report

@@ -44,6 +44,7 @@ from corral.api.models import (
 from corral.config import NodeConfig
 from corral.errors import (
     CommandNotFound,
+    Conflict,
     CorralError,
     FileError,
     InvalidArgument,
@@ -543,7 +544,7 @@ class NodeAgent:
         db = self._db()
         if rec.state in ("closed", "failed"):
             return
-        if not db.transition(sandbox_id, ["running"], "closing"):
+        if not db.transition(sandbox_id, ["running", "suspended"], "closing"):
             if rec.state == "creating" and rec.owner == self.owner:
                 # Our own create is in flight: it sees the state and unwinds.
                 db.transition(sandbox_id, ["creating"], "closing")
@@ -574,6 +575,75 @@ class NodeAgent:
                 "use client.fncall, not the sandbox API",
                 sandbox=rec.id,
             )
+
+    async def _awake(self, sandbox_id: str) -> SandboxRecord:
+        """The record of a running sandbox; a suspended one is resumed
+        first (the next request restores it)."""
+        if self._record(sandbox_id).state == "suspended":
+            await self.resume(sandbox_id)
+        return self._running(sandbox_id)
+
+    async def suspend(self, sandbox_id: str) -> SandboxInfo:
+        """Save a running microVM to disk and stop it; its memory and its
+        processes come back on resume() (or on the next request)."""
+        rec = self._running(sandbox_id)
+        runtime = self.runtimes.get(rec.kind)
+        if not hasattr(runtime, "suspend"):
+            raise InvalidArgument(
+                "kind", "suspend is supported for microvm sandboxes (containers: to come)", rec.kind
+            )
+        db = self._db()
+        if not db.transition(sandbox_id, ["running"], "suspending"):
+            raise Conflict(f"sandbox {sandbox_id} is busy changing state", sandbox=sandbox_id)
+        t0 = time.monotonic()
+        try:
+            size = await runtime.suspend(sandbox_id)  # type: ignore[union-attr]
+        except BaseException:
+            db.transition(sandbox_id, ["suspending"], "running")
+            raise
+        db.transition(sandbox_id, ["suspending"], "suspended")
+        log.info(
+            "sandbox.suspended",
+            sandbox=sandbox_id,
+            ms=round((time.monotonic() - t0) * 1000, 1),
+            state_bytes=size,
+        )
+        return self._info(self._record(sandbox_id))
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        """Restore a suspended microVM; a running sandbox is left as it is."""
+        rec = self._record(sandbox_id)
+        if rec.state == "running":
+            return self._info(rec)
+        db = self._db()
+        if not db.transition(sandbox_id, ["suspended"], "resuming"):
+            for _ in range(3000):  # another request is resuming it: wait for that
+                rec = self._record(sandbox_id)
+                if rec.state != "resuming":
+                    break
+                await asyncio.sleep(0.01)
+            return self._info(self._running(sandbox_id))
+        t0 = time.monotonic()
+        runtime = self.runtimes[rec.kind]
+        try:
+            started = await runtime.resume(sandbox_id)  # type: ignore[attr-defined]
+            if self.reap_children:
+                self._children.add(started.pid)
+            await self._wait_ready(sandbox_id, control_path(self.config.run_dir, sandbox_id))
+        except BaseException as exc:
+            db.transition(sandbox_id, ["resuming"], "suspended")
+            if isinstance(exc, CorralError):
+                raise
+            raise SandboxFailed(f"sandbox {sandbox_id}: resume failed: {exc}") from exc
+        db.transition(
+            sandbox_id,
+            ["resuming"],
+            "running",
+            init_pid=started.pid,
+            init_start=started.pid_start,
+        )
+        log.info("sandbox.resumed", sandbox=sandbox_id, ms=round((time.monotonic() - t0) * 1000, 1))
+        return self._info(self._record(sandbox_id))
 
     def _running(self, sandbox_id: str) -> SandboxRecord:
         rec = self._record(sandbox_id)
@@ -671,7 +741,7 @@ class NodeAgent:
         return await self.fncall.run(req)
 
     async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
-        rec = self._running(sandbox_id)
+        rec = await self._awake(sandbox_id)
         argv = [plat.SHELL, "-c", req.cmd] if isinstance(req.cmd, str) else list(req.cmd)
         env = merge_env(rec.image_env, rec.spec.get("env", {}), req.env)
         t0 = time.monotonic()
@@ -809,7 +879,7 @@ class NodeAgent:
     async def kill(self, sandbox_id: str, pid: int, signal: int = signals.SIGKILL) -> None:
         """Signal a command's process group; pid 0 means every process of
         the sandbox but its init."""
-        self._running(sandbox_id)
+        await self._awake(sandbox_id)
         if not 0 < signal < 65:
             raise InvalidArgument("signal", "must be a signal number between 1 and 64", signal)
         if pid < 0 or pid == 1:
@@ -830,7 +900,7 @@ class NodeAgent:
 
     async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
         path = check_path(path)
-        self._running(sandbox_id)
+        await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("read").inc()
         return await self._client(sandbox_id).read(user, path, self.config.max_file_bytes)
 
@@ -846,7 +916,7 @@ class NodeAgent:
             )
         if not 0 <= mode <= 0o7777:
             raise InvalidArgument("mode", "must be a permission mode between 0 and 0o7777", mode)
-        self._running(sandbox_id)
+        await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("write").inc()
         return await self._client(sandbox_id).write(
             user, path, bytes(data), mode=mode, max_bytes=self.config.max_file_bytes
@@ -856,7 +926,7 @@ class NodeAgent:
         self, sandbox_id: str, path: str, user: str = "root"
     ) -> builtins.list[FileEntry]:
         path = check_path(path)
-        self._running(sandbox_id)
+        await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("list").inc()
         entries = await self._client(sandbox_id).list(user, path)
         return sorted(
@@ -865,12 +935,12 @@ class NodeAgent:
 
     async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
         path = check_path(path)
-        self._running(sandbox_id)
+        await self._awake(sandbox_id)
         return _entry(await self._client(sandbox_id).stat(user, path), path)
 
     async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
         path = check_path(path)
-        self._running(sandbox_id)
+        await self._awake(sandbox_id)
         await self._client(sandbox_id).mkdir(user, path)
 
     async def remove_file(
@@ -879,7 +949,7 @@ class NodeAgent:
         path = check_path(path)
         if path == "/":
             raise InvalidArgument("path", "must not be the sandbox's root", path)
-        self._running(sandbox_id)
+        await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("remove").inc()
         await self._client(sandbox_id).remove(user, path, recursive=recursive)
 
@@ -974,7 +1044,7 @@ class NodeAgent:
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
         """Change where a running sandbox may connect (loose while its
         environment is set up, tight while the task is solved)."""
-        rec = self._running(sandbox_id)
+        rec = await self._awake(sandbox_id)
         self.network.check(policy)
         db = self._db()
         row = db.net_get(sandbox_id)
@@ -1041,7 +1111,7 @@ class NodeAgent:
         new image layer: how a toolkit or workspace is built by a script or
         by an agent. Taken from a read-only btrfs snapshot, so the sandbox
         may keep running."""
-        rec = self._running(sandbox_id)
+        rec = await self._awake(sandbox_id)
         db = self._db()
         snap = f".commit-{sandbox_id}-{secrets.token_hex(4)}"
         db.add_resource(sandbox_id, "subvolume", snap)  # recorded before made

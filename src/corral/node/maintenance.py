@@ -191,6 +191,9 @@ class Maintenance:
         for rec in db.list(ACTIVE_STATES):
             if rec.owner != self.agent.owner and rec.state != "running" and owner_alive(rec.owner):
                 continue  # another live agent is creating or closing it
+            if rec.state == "suspended":
+                report.reattached += 1  # on disk, no process: nothing to attach to
+                continue
             if rec.state == "running" and self._orphan_worker(rec):
                 await self.agent.retire(rec.id, reason="its function-call pool is gone")
                 report.reclaimed_sandboxes += 1
@@ -209,6 +212,8 @@ class Maintenance:
                 "creating": "its agent died while creating it",
                 "closing": "its agent died while closing it",
                 "running": "its init process exited",
+                "suspending": "its agent died while suspending it",
+                "resuming": "its agent died while resuming it",
             }[rec.state]
             if rec.state == "creating" and rec.owner == self.agent.owner:
                 continue  # our own create in flight

@@ -88,7 +88,9 @@ _MIGRATIONS: dict[int, str] = {
     """,
 }
 
-ACTIVE_STATES = ("creating", "running", "closing")
+# suspended: a microVM saved to disk (no process); suspending / resuming:
+# on the way there and back (one request at a time holds the transition).
+ACTIVE_STATES = ("creating", "running", "closing", "suspending", "suspended", "resuming")
 
 
 @dataclass

@@ -235,6 +235,14 @@ class HttpService:
         )
         return FnCallResult.model_validate_json(resp.content)
 
+    async def suspend(self, sandbox_id: str) -> SandboxInfo:
+        resp = await self._call("POST", f"/v1/sandboxes/{_sid(sandbox_id)}/suspend")
+        return SandboxInfo.model_validate_json(resp.content)
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        resp = await self._call("POST", f"/v1/sandboxes/{_sid(sandbox_id)}/resume")
+        return SandboxInfo.model_validate_json(resp.content)
+
     async def audit(self, sandbox_id: str) -> AuditReport:
         resp = await self._call("GET", f"/v1/sandboxes/{_sid(sandbox_id)}/audit")
         return AuditReport.model_validate_json(resp.content)

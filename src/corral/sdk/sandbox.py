@@ -44,6 +44,18 @@ class AsyncSandbox:
         hits, timed-out and killed commands, dropped output, log quota."""
         return await self._service.audit(self.id)
 
+    async def suspend(self) -> SandboxInfo:
+        """Save the sandbox (memory, devices, processes) to disk and stop
+        it, freeing its memory and CPU; resume() or the next request brings
+        it back where it was. microVMs only, for now."""
+        self.info = await self._service.suspend(self.id)
+        return self.info
+
+    async def resume(self) -> SandboxInfo:
+        """Bring a suspended sandbox back (a running one is left as it is)."""
+        self.info = await self._service.resume(self.id)
+        return self.info
+
     async def close(self) -> None:
         """Stop the sandbox and release everything it holds (idempotent)."""
         await self._service.close(self.id)

@@ -257,6 +257,16 @@ class Sandbox:
     def refresh(self) -> SandboxInfo:
         return self._portal.call(self._inner.refresh)
 
+    def resume(self) -> SandboxInfo:
+        """Bring a suspended sandbox back (a running one is left as it is)."""
+        return self._portal.call(self._inner.resume)
+
+    def suspend(self) -> SandboxInfo:
+        """Save the sandbox (memory, devices, processes) to disk and stop it, freeing its memory
+        and CPU; resume() or the next request brings it back where it was. microVMs only, for
+        now."""
+        return self._portal.call(self._inner.suspend)
+
     def __enter__(self) -> Sandbox:
         return self
 

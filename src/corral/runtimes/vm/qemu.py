@@ -50,6 +50,7 @@ class MicroVM:
     initrd: Path
     agent_socket: Path
     console_log: Path
+    qmp_socket: Path
     memory_mib: int = 256
     cpus: int = 1
     drives: list[Drive] = field(default_factory=list)
@@ -72,6 +73,7 @@ class MicroVM:
             "-initrd", str(self.initrd),
             "-append", append,
             "-serial", f"file:{self.console_log}",
+            "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
             "-device", "virtio-serial-device",
             "-chardev", f"socket,id=agent,path={self.agent_socket},server=on,wait=off",
             "-device", "virtserialport,chardev=agent,name=corral.agent",
