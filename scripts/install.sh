@@ -69,6 +69,9 @@ say "images: debian-python:bookworm (debootstrap, cached)"
 say "images: fncall:bookworm (function calls: python, bash, c, c++; cached)"
 .venv/bin/corral image build fncall:bookworm --debootstrap bookworm --packages python3,gcc,g++,libc6-dev
 
+say "images: debian-desktop:bookworm + corral-desktop (the full-VM desktop: X, twm, xterm; cached)"
+.venv/bin/corral image build debian-desktop:bookworm --desktop
+
 say "guest: microVM kernel and initramfs (Debian's linux-image + corral-init; cached)"
 .venv/bin/python -m corral.runtimes.vm.guest
 

@@ -46,6 +46,7 @@ from corral.errors import (
 )
 from corral.sdk.client import AsyncClient, AsyncSandboxes
 from corral.sdk.commands import AsyncCommandHandle, AsyncCommands, CommandResult
+from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.sandbox import AsyncSandbox
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
         Client,
         CommandHandle,
         Commands,
+        Display,
         Files,
         FnCall,
         Network,
@@ -66,6 +68,7 @@ _SYNC = (
     "Client",
     "CommandHandle",
     "Commands",
+    "Display",
     "Files",
     "FnCall",
     "Network",
@@ -88,6 +91,7 @@ __all__ = [
     "AsyncClient",
     "AsyncCommandHandle",
     "AsyncCommands",
+    "AsyncDisplay",
     "AsyncFiles",
     "AsyncFnCall",
     "AsyncSandbox",
@@ -101,6 +105,7 @@ __all__ = [
     "Commands",
     "Conflict",
     "CorralError",
+    "Display",
     "FileEntry",
     "FileError",
     "FileNotFound",

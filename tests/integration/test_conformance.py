@@ -21,7 +21,8 @@ import corral
 
 from ..support import IMAGE
 
-KINDS = ["container", "microvm"]
+KINDS = ["container", "microvm", "fullvm"]
+VM_KINDS = ["microvm", "fullvm"]
 
 
 @pytest.fixture(params=KINDS)
@@ -29,7 +30,7 @@ async def sbx(
     request: pytest.FixtureRequest, embedded: corral.AsyncClient
 ) -> AsyncIterator[corral.AsyncSandbox]:
     kind = request.param
-    if kind == "microvm" and shutil.which("qemu-system-x86_64") is None:
+    if kind in VM_KINDS and shutil.which("qemu-system-x86_64") is None:
         pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     s = await embedded.sandboxes.create(
         kind=kind, image=IMAGE, memory="384MiB", disk="256MiB", env={"FROM_CREATE": "yes"}
@@ -88,10 +89,11 @@ async def test_files(sbx: corral.AsyncSandbox) -> None:
     assert b"bookworm" in await sbx.files.read("/etc/os-release")
 
 
-async def test_close_leaves_no_process(embedded: corral.AsyncClient) -> None:
+@pytest.mark.parametrize("kind", VM_KINDS)
+async def test_close_leaves_no_process(embedded: corral.AsyncClient, kind: str) -> None:
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
-    s = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    s = await embedded.sandboxes.create(kind=kind, image=IMAGE, memory="256MiB")
     assert (await s.commands.run("true")).exit_code == 0
     await s.close()
     await asyncio.sleep(0.2)
@@ -139,12 +141,13 @@ async def test_a_network_policy_on_a_microvm_is_refused_not_ignored(
     assert len(await embedded.sandboxes.list()) == before
 
 
-async def test_a_suspended_microvm_resumes_where_it_was(embedded: corral.AsyncClient) -> None:
+@pytest.mark.parametrize("kind", VM_KINDS)
+async def test_a_suspended_vm_resumes_where_it_was(embedded: corral.AsyncClient, kind: str) -> None:
     """Memory, processes and files survive suspend; the next request
     resumes it; a container says suspend is not for it (yet)."""
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
-    s = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    s = await embedded.sandboxes.create(kind=kind, image=IMAGE, memory="384MiB")
     try:
         await s.files.write("/work/note", b"written before")
         # A process whose state lives only in memory: it counts, and says

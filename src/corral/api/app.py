@@ -23,6 +23,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DisplayInput,
     ExecRequest,
     FileEntry,
     FnCallRequest,
@@ -242,6 +243,15 @@ def create_app(
     @app.post("/v1/sandboxes/{sandbox_id}/suspend")
     async def suspend(svc: Svc, sandbox_id: str) -> SandboxInfo:
         return await svc.suspend(sandbox_id)
+
+    @app.get("/v1/sandboxes/{sandbox_id}/display/screenshot")
+    async def screenshot(svc: Svc, sandbox_id: str) -> Response:
+        return Response(await svc.screenshot(sandbox_id), media_type="image/png")
+
+    @app.post("/v1/sandboxes/{sandbox_id}/display/input", status_code=204)
+    async def display_input(svc: Svc, sandbox_id: str, req: DisplayInput) -> Response:
+        await svc.display_input(sandbox_id, req)
+        return Response(status_code=204)
 
     @app.post("/v1/sandboxes/{sandbox_id}/resume")
     async def resume(svc: Svc, sandbox_id: str) -> SandboxInfo:

@@ -9,7 +9,14 @@ import re
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from corral.errors import InvalidArgument
 from corral.units import parse_size
@@ -18,6 +25,12 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 
 KINDS = ("container", "fncall", "microvm", "fullvm")
+VM_KINDS = ("microvm", "fullvm")
+DEFAULT_DISPLAY = (1024, 768)
+MIN_DISPLAY = (640, 480)
+MAX_DISPLAY = (2560, 1600)
+FULLVM_MEMORY = 2 * 1024**3
+FULLVM_CPU = 2.0
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _USER = re.compile(r"^(?:[a-z_][a-z0-9_.-]{0,31}|\d{1,10}(?::\d{1,10})?)$")
@@ -167,6 +180,41 @@ class CreateSandbox(_Model):
     # A retried create with the same key returns the sandbox the first one
     # made, instead of making another (create_many's per-item keys).
     idempotency_key: str | None = None
+    # A full VM's screen, (width, height) or "WxH"; default 1024x768.
+    display_size: tuple[int, int] | None = None
+
+    @field_validator("display_size", mode="before")
+    @classmethod
+    def _display_size(cls, v: object, info: Any) -> object:
+        if v is not None and info.data.get("kind") != "fullvm":
+            raise ValueError(f"is for kind 'fullvm' only, not {info.data.get('kind')!r}")
+        if isinstance(v, str):
+            m = re.fullmatch(r"(\d{1,5})x(\d{1,5})", v)
+            if m is None:
+                raise ValueError("must be 'WIDTHxHEIGHT' like '1280x800'")
+            v = (int(m.group(1)), int(m.group(2)))
+        if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(n, int) for n in v):
+            w, h = v
+            if not (
+                MIN_DISPLAY[0] <= w <= MAX_DISPLAY[0] and MIN_DISPLAY[1] <= h <= MAX_DISPLAY[1]
+            ):
+                raise ValueError(
+                    f"must be between {MIN_DISPLAY[0]}x{MIN_DISPLAY[1]} and "
+                    f"{MAX_DISPLAY[0]}x{MAX_DISPLAY[1]} (the VGA's 16 MiB)"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _kind_defaults(self) -> CreateSandbox:
+        if self.kind == "fullvm":
+            # A desktop needs more than a shell: bigger defaults, unless asked.
+            if "memory" not in self.model_fields_set:
+                self.memory = FULLVM_MEMORY
+            if "cpu" not in self.model_fields_set:
+                self.cpu = FULLVM_CPU
+            if self.display_size is None:
+                self.display_size = DEFAULT_DISPLAY
+        return self
 
     @field_validator("idempotency_key")
     @classmethod
@@ -255,6 +303,27 @@ class CreateSandbox(_Model):
         return v
 
 
+class DisplayInput(_Model):
+    """One input to a full VM's display: a pointer move or click at (x, y),
+    text typed on a US keyboard, or a key combination like 'ctrl+c'."""
+
+    action: Literal["click", "move", "type", "key"]
+    x: int | None = None
+    y: int | None = None
+    button: Literal["left", "middle", "right"] = "left"
+    count: int = Field(default=1, ge=1, le=3)  # 2: a double click
+    text: str | None = Field(default=None, max_length=4096)
+    keys: str | None = Field(default=None, max_length=64)
+
+    @model_validator(mode="after")
+    def _complete(self) -> DisplayInput:
+        need = {"click": ("x", "y"), "move": ("x", "y"), "type": ("text",), "key": ("keys",)}
+        for name in need[self.action]:
+            if getattr(self, name) is None:
+                raise InvalidArgument(name, f"is required for action {self.action!r}", None)
+        return self
+
+
 class SandboxInfo(BaseModel):
     id: str
     node: str
@@ -278,6 +347,7 @@ class SandboxInfo(BaseModel):
     workdir: str = "/"
     network: NetworkPolicy | None = None
     address: str | None = None
+    display_size: tuple[int, int] | None = None  # a full VM's screen
 
 
 class ExecRequest(_Model):

@@ -15,6 +15,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DisplayInput,
     ExecEvent,
     ExecRequest,
     FileEntry,
@@ -70,6 +71,10 @@ class SandboxService(Protocol):
     async def resume(self, sandbox_id: str) -> SandboxInfo: ...
 
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo: ...
+
+    async def screenshot(self, sandbox_id: str) -> bytes: ...
+
+    async def display_input(self, sandbox_id: str, req: DisplayInput) -> None: ...
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult: ...
 

@@ -238,6 +238,33 @@ async def _run_in(sbx: Any, a: argparse.Namespace, cmd: str | list[str]) -> int:
     return code
 
 
+async def screenshot(a: argparse.Namespace) -> int:
+    from corral.runtimes.vm.display import png_size
+
+    async with _client(a) as client:
+        sbx = await client.sandboxes.get(a.id)
+        png = await sbx.display.screenshot()
+    out = a.output or Path(f"{a.id}.png")
+    out.write_bytes(png)
+    w, h = png_size(png)
+    _emit(a, {"path": str(out), "width": w, "height": h, "bytes": len(png)}, f"{out} {w}x{h}")
+    return 0
+
+
+async def suspend(a: argparse.Namespace) -> int:
+    async with _client(a) as client:
+        info = await (await client.sandboxes.get(a.id)).suspend()
+    _emit(a, info.model_dump(mode="json"), f"{info.id} {info.state.value}")
+    return 0
+
+
+async def resume(a: argparse.Namespace) -> int:
+    async with _client(a) as client:
+        info = await (await client.sandboxes.get(a.id)).resume()
+    _emit(a, info.model_dump(mode="json"), f"{info.id} {info.state.value}")
+    return 0
+
+
 async def exec_(a: argparse.Namespace) -> int:
     async with _client(a) as client:
         sbx = await client.sandboxes.get(a.id)
@@ -439,6 +466,12 @@ async def image_build(a: argparse.Namespace) -> int:
                 kind=a.kind or "layer",
                 progress=progress,
             )
+        elif a.desktop:
+            from corral.runtimes.vm import desktop
+
+            base, _toolkit = await asyncio.to_thread(desktop.ensure, store, progress)
+            store.tag(base.digest, a.ref)
+            layer = base
         elif a.from_tar:
             layer = await asyncio.to_thread(
                 build.build_from_tar,

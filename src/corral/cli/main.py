@@ -33,11 +33,13 @@ def _labels(items: list[str] | None) -> dict[str, str]:
 
 
 def _sandbox_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", default="container", help="container, microvm or fullvm")
     p.add_argument("--image", required=True, help="base image, name:tag or sha256:...")
     p.add_argument("--workspace", help="workspace layer composed over the image")
     p.add_argument("--toolkit", action="append", help="toolkit layer (repeatable; last on top)")
-    p.add_argument("--cpu", type=float, default=1.0)
-    p.add_argument("--memory", default="1GiB")
+    p.add_argument("--cpu", type=float, default=None, help="cores (default 1; fullvm 2)")
+    p.add_argument("--memory", default=None, help="default 1GiB; fullvm 2GiB")
+    p.add_argument("--display-size", default=None, help="fullvm: WIDTHxHEIGHT (1024x768)")
     p.add_argument("--disk", default="2GiB")
     p.add_argument("--pids", type=int, default=512)
     p.add_argument("--ttl", type=float, default=3600)
@@ -48,6 +50,8 @@ def _sandbox_args(p: argparse.ArgumentParser) -> None:
 
 def _create_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return {
+        "kind": a.kind,
+        "display_size": a.display_size,
         "image": a.image,
         "workspace": a.workspace,
         "toolkit": a.toolkit,
@@ -152,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd("create", c.create, "create a sandbox and print its id")
     _sandbox_args(p)
 
+    p = cmd("screenshot", c.screenshot, "save a full VM's screen as a PNG")
+    p.add_argument("id")
+    p.add_argument("-o", "--output", type=Path, help="file to write (default: ID.png)")
+
+    p = cmd("suspend", c.suspend, "save a VM sandbox to disk and stop it")
+    p.add_argument("id")
+    p = cmd("resume", c.resume, "bring a suspended sandbox back")
+    p.add_argument("id")
+
     p = cmd("exec", c.exec_, "run a command in a sandbox; exits with its status")
     p.add_argument("id")
     p.add_argument("--timeout", type=float, default=None)
@@ -202,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--from-dir", type=Path)
     src.add_argument("--from-tar", type=Path, help="a root file system tarball")
     src.add_argument("--debootstrap", metavar="SUITE")
+    src.add_argument(
+        "--desktop",
+        action="store_true",
+        help="Corral's full-VM desktop: REF is its base, its toolkit is corral-desktop:latest",
+    )
     src.add_argument(
         "--from-oci",
         type=Path,

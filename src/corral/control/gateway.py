@@ -29,6 +29,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DisplayInput,
     ExecEvent,
     ExecRequest,
     FileEntry,
@@ -627,6 +628,13 @@ class GatewayView:
     async def suspend(self, sandbox_id: str) -> SandboxInfo:
         info: SandboxInfo = await self._forward(sandbox_id, lambda c: c.suspend(sandbox_id))
         return info
+
+    async def screenshot(self, sandbox_id: str) -> bytes:
+        data: bytes = await self._forward(sandbox_id, lambda c: c.screenshot(sandbox_id))
+        return data
+
+    async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
+        await self._forward(sandbox_id, lambda c: c.display_input(sandbox_id, req))
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         info: SandboxInfo = await self._forward(sandbox_id, lambda c: c.resume(sandbox_id))

@@ -24,9 +24,11 @@ from typing import Any
 
 from corral import metrics
 from corral.api.models import (
+    VM_KINDS,
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DisplayInput,
     ExecEvent,
     ExecExit,
     ExecOutput,
@@ -77,8 +79,9 @@ from corral.runtimes.container.runtime import ContainerRuntime, control_path
 from corral.runtimes.fncall.pool import POOL_LABEL
 from corral.runtimes.fncall.runtime import FnCallRuntime
 from corral.runtimes.fncall.service import FnCalls
+from corral.runtimes.vm.display import Display
 from corral.runtimes.vm.qemu import accelerator
-from corral.runtimes.vm.runtime import MicroVMRuntime, vm_capable
+from corral.runtimes.vm.runtime import FullVMRuntime, MicroVMRuntime, vm_capable
 
 log = get_logger("corral.node")
 
@@ -218,6 +221,7 @@ class NodeAgent:
         }
         if vm_capable():
             self.runtimes["microvm"] = MicroVMRuntime(self.layers, self.cgroups, cfg.sandboxes_dir)
+            self.runtimes["fullvm"] = FullVMRuntime(self.layers, self.cgroups, cfg.sandboxes_dir)
         self.store = Store(cfg.db_path)
         await asyncio.to_thread(self.scratch.open)
         self._started = True
@@ -358,11 +362,11 @@ class NodeAgent:
             )
         layers = self._resolve_layers(req)
         if req.network is not None:
-            if req.kind == "microvm":
+            if req.kind in VM_KINDS:
                 # Refused, not silently ignored: a guest has no NIC yet (the
                 # egress policy through a tap in the sandbox's netns is to come).
                 raise InvalidArgument(
-                    "network", "is not supported for microvm sandboxes yet", "policy"
+                    "network", f"is not supported for {req.kind} sandboxes yet", "policy"
                 )
             self.network.check(req.network)
         now = time.time()
@@ -645,6 +649,34 @@ class NodeAgent:
         log.info("sandbox.resumed", sandbox=sandbox_id, ms=round((time.monotonic() - t0) * 1000, 1))
         return self._info(self._record(sandbox_id))
 
+    async def _display(self, sandbox_id: str) -> Display:
+        rec = await self._awake(sandbox_id)
+        runtime = self.runtimes.get(rec.kind)
+        if not isinstance(runtime, FullVMRuntime):
+            raise InvalidArgument(
+                "kind", "has no display: only fullvm sandboxes have one", rec.kind
+            )
+        w, h = rec.spec["display_size"]
+        return runtime.display(sandbox_id, (int(w), int(h)))
+
+    async def screenshot(self, sandbox_id: str) -> bytes:
+        """The screen as QEMU shows it, a PNG."""
+        return await (await self._display(sandbox_id)).screenshot()
+
+    async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
+        display = await self._display(sandbox_id)
+        if req.action == "click":
+            assert req.x is not None and req.y is not None
+            await display.click(req.x, req.y, req.button, req.count)
+        elif req.action == "move":
+            assert req.x is not None and req.y is not None
+            await display.move(req.x, req.y)
+        elif req.action == "type":
+            await display.type(req.text or "")
+        else:
+            await display.key(req.keys or "")
+        self._activity[sandbox_id] = time.time()
+
     def _running(self, sandbox_id: str) -> SandboxRecord:
         rec = self._record(sandbox_id)
         self._not_a_worker(rec)
@@ -684,6 +716,7 @@ class NodeAgent:
             expires_at=rec.expires_at,
             error=rec.error,
             workdir=rec.workdir,
+            display_size=s.get("display_size"),
             **self._net_info(rec.id),
         )
 

@@ -35,8 +35,8 @@ def _create_request(
     image: str,
     workspace: str | None = None,
     toolkit: str | list[str] | None = None,
-    cpu: float = 1.0,
-    memory: int | str = "1GiB",
+    cpu: float | None = None,
+    memory: int | str | None = None,
     disk: int | str = "2GiB",
     pids: int = 512,
     ttl: float | None = 3600,
@@ -44,16 +44,19 @@ def _create_request(
     env: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     network: NetworkPolicy | dict[str, Any] | None = None,
+    display_size: str | tuple[int, int] | None = None,
 ) -> CreateSandbox:
+    # cpu, memory, display_size: None is the kind's default (a full VM's is
+    # bigger), so they are left out rather than sent as a value.
+    optional = {"cpu": cpu, "memory": memory, "display_size": display_size}
     return validated(
         CreateSandbox,
         {
+            **{k: v for k, v in optional.items() if v is not None},
             "kind": kind,
             "image": image,
             "workspace": workspace,
             "toolkit": toolkit,
-            "cpu": cpu,
-            "memory": memory,
             "disk": disk,
             "pids": pids,
             "ttl": ttl,
@@ -76,8 +79,8 @@ class AsyncSandboxes:
         image: str,
         workspace: str | None = None,
         toolkit: str | list[str] | None = None,
-        cpu: float = 1.0,
-        memory: int | str = "1GiB",
+        cpu: float | None = None,
+        memory: int | str | None = None,
         disk: int | str = "2GiB",
         pids: int = 512,
         ttl: float | None = 3600,
@@ -86,6 +89,7 @@ class AsyncSandboxes:
         labels: dict[str, str] | None = None,
         network: NetworkPolicy | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        display_size: str | tuple[int, int] | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return once it accepts commands.
 
@@ -95,7 +99,9 @@ class AsyncSandboxes:
         `network` policy the sandbox has loopback only; with one, it may reach
         what the policy allows (NetworkPolicy: domains, cidrs, ports,
         ecosystems) and nothing else. A create retried with the same
-        `idempotency_key` returns the sandbox the first attempt made."""
+        `idempotency_key` returns the sandbox the first attempt made.
+        `cpu` and `memory` default to 1 core and 1 GiB; a `fullvm` gets 2
+        cores, 2 GiB and a `display_size` of 1024x768 unless given."""
         req = _create_request(
             kind=kind,
             image=image,
@@ -110,6 +116,7 @@ class AsyncSandboxes:
             env=env,
             labels=labels,
             network=network,
+            display_size=display_size,
         )
         if idempotency_key is not None:
             req = validated(CreateSandbox, {**req.model_dump(), "idempotency_key": idempotency_key})

@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from corral.sdk import client, commands, files, fncall, network, sandbox
+from corral.sdk import client, commands, display, files, fncall, network, sandbox
 
 CLASSES: list[tuple[type[Any], str]] = [
     (client.AsyncClient, "Client"),
@@ -29,6 +29,7 @@ CLASSES: list[tuple[type[Any], str]] = [
     (commands.AsyncCommandHandle, "CommandHandle"),
     (files.AsyncFiles, "Files"),
     (network.AsyncNetwork, "Network"),
+    (display.AsyncDisplay, "Display"),
     (fncall.AsyncFnCall, "FnCall"),
 ]
 RENAME = {cls.__name__: name for cls, name in CLASSES}
@@ -269,6 +270,7 @@ from corral.sdk.commands import (
     MiB,
     OutputCallback,
 )
+from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.network import AsyncNetwork
@@ -279,6 +281,7 @@ __all__ = [
     "Client",
     "CommandHandle",
     "Commands",
+    "Display",
     "Files",
     "FnCall",
     "Network",
@@ -289,6 +292,7 @@ __all__ = [
     order = [
         "Files",
         "Network",
+        "Display",
         "CommandHandle",
         "Commands",
         "Sandbox",

@@ -17,6 +17,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DisplayInput,
     ExecEvent,
     ExecExit,
     ExecOutput,
@@ -238,6 +239,17 @@ class HttpService:
     async def suspend(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._call("POST", f"/v1/sandboxes/{_sid(sandbox_id)}/suspend")
         return SandboxInfo.model_validate_json(resp.content)
+
+    async def screenshot(self, sandbox_id: str) -> bytes:
+        resp = await self._call("GET", f"/v1/sandboxes/{_sid(sandbox_id)}/display/screenshot")
+        return resp.content
+
+    async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
+        await self._call(
+            "POST",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/display/input",
+            json=req.model_dump(exclude_none=True),
+        )
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._call("POST", f"/v1/sandboxes/{_sid(sandbox_id)}/resume")

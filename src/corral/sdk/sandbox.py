@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from corral.api.models import AuditReport, CommitRequest, LayerInfo, SandboxInfo, validated
 from corral.sdk.commands import AsyncCommands
+from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
 from corral.sdk.network import AsyncNetwork
 
@@ -20,6 +21,7 @@ class AsyncSandbox:
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self.network = AsyncNetwork(self)
+        self.display = AsyncDisplay(self)
 
     @property
     def id(self) -> str:

@@ -33,6 +33,7 @@ from corral.sdk.commands import (
     MiB,
     OutputCallback,
 )
+from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.network import AsyncNetwork
@@ -43,6 +44,7 @@ __all__ = [
     "Client",
     "CommandHandle",
     "Commands",
+    "Display",
     "Files",
     "FnCall",
     "Network",
@@ -107,6 +109,38 @@ class Network:
         """Replace where the sandbox may connect; takes effect at once, also for connections
         already open. A sandbox created without network gets an interface now."""
         return self._portal.call(self._inner.update, policy)
+
+
+class Display:
+    """Blocking twin of AsyncDisplay. Of a `fullvm` sandbox; other kinds answer InvalidArgument."""
+
+    def __init__(self, portal: Portal, inner: AsyncDisplay) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    def click(self, x: int, y: int, *, button: str = 'left', count: int = 1) -> None:
+        """Move the pointer to (x, y) and click (count=2: double click)."""
+        return self._portal.call(self._inner.click, x, y, button=button, count=count)
+
+    def key(self, keys: str) -> None:
+        """Press a key or a combination, like 'enter' or 'ctrl+c'."""
+        return self._portal.call(self._inner.key, keys)
+
+    def move(self, x: int, y: int) -> None:
+        """Move the pointer to (x, y) without clicking."""
+        return self._portal.call(self._inner.move, x, y)
+
+    def screenshot(self) -> bytes:
+        """The screen as the VM shows it now, PNG bytes."""
+        return self._portal.call(self._inner.screenshot)
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        return self._inner.size
+
+    def type(self, text: str) -> None:
+        """Type `text` on a US keyboard ('\n' is Enter)."""
+        return self._portal.call(self._inner.type, text)
 
 
 class CommandHandle:
@@ -230,6 +264,7 @@ class Sandbox:
         self.commands = Commands(portal, inner.commands)
         self.files = Files(portal, inner.files)
         self.network = Network(portal, inner.network)
+        self.display = Display(portal, inner.display)
 
     @property
     def info(self) -> SandboxInfo:
@@ -291,8 +326,8 @@ class Sandboxes:
         image: str,
         workspace: str | None = None,
         toolkit: str | list[str] | None = None,
-        cpu: float = 1.0,
-        memory: int | str = '1GiB',
+        cpu: float | None = None,
+        memory: int | str | None = None,
         disk: int | str = '2GiB',
         pids: int = 512,
         ttl: float | None = 3600,
@@ -301,6 +336,7 @@ class Sandboxes:
         labels: dict[str, str] | None = None,
         network: NetworkPolicy | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        display_size: str | tuple[int, int] | None = None,
     ) -> Sandbox:
         """Create a sandbox and return once it accepts commands."""
         result = self._portal.call(
@@ -319,6 +355,7 @@ class Sandboxes:
             labels=labels,
             network=network,
             idempotency_key=idempotency_key,
+            display_size=display_size,
         )
         return Sandbox(self._portal, result)
 

@@ -50,6 +50,9 @@ MODULES = [
     "erofs",
     "overlay",
 ]
+# A full VM's display and input, loaded only with corral.display=1: DRM is
+# over 2 MB of module code a microVM would load for nothing.
+DISPLAY_MODULES = ["bochs", "virtio_input", "evdev"]
 
 INIT = """#!/bin/busybox sh
 # Corral guest init: modules, the image's layers, then the agent as PID 1.
@@ -58,6 +61,11 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /etc/modules.order); do insmod /lib/modules/$m.ko 2>/dev/null; done
+display=0
+grep -q "corral.display=1" /proc/cmdline && display=1
+if [ "$display" = 1 ]; then
+  for m in $(cat /etc/modules.display); do insmod /lib/modules/$m.ko 2>/dev/null; done
+fi
 port=""
 for i in $(seq 1 100); do
   for d in /sys/class/virtio-ports/*; do
@@ -99,9 +107,19 @@ if [ -n "$n" ] && [ "$n" -gt 0 ]; then
   cp -a /platform/bin /newroot/.corral/bin
   mount -o remount,ro /newroot/.corral
   mount --move /dev /newroot/dev
+  mkdir -p /newroot/dev/pts /newroot/dev/shm
+  mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /newroot/dev/pts
+  mount -t tmpfs -o mode=1777 shm /newroot/dev/shm
   mount --move /proc /newroot/proc
   mount --move /sys /newroot/sys
   mount -t tmpfs -o mode=1777 tmp /newroot/tmp
+  mknod /dev/null c 1 3  # the initramfs's own, for the shell's redirections
+  if [ "$display" = 1 ] && [ -x /newroot/etc/corral/session ]; then
+    # A full VM's desktop, from the image: started here so it outlives any
+    # agent connection (corral-init, PID 1 from the next line, reaps it).
+    setsid chroot /newroot /etc/corral/session </newroot/dev/null \
+      >/newroot/tmp/corral-session.log 2>&1 &
+  fi
   echo "corral: agent on $port, root of $n layers"
   exec switch_root /newroot /.corral/bin/corral-init --serial "$port"
 fi
@@ -213,7 +231,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             raise Unavailable(f"{need} is missing ({how})")
     package, pkg_version = kernel_package()
     h = hashlib.sha256()
-    for part in (package, pkg_version, INIT, " ".join(MODULES)):
+    for part in (package, pkg_version, INIT, " ".join(MODULES), " ".join(DISPLAY_MODULES)):
         h.update(part.encode() + b"\0")
     h.update(hashlib.sha256(agent.read_bytes()).digest())
     h.update(hashlib.sha256(busybox.read_bytes()).digest())
@@ -237,6 +255,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
         bz = next((work / "k" / "boot").glob("vmlinuz-*"))
         modules_dir = work / "k" / "lib" / "modules" / release / "kernel"
         mods = module_closure(modules_dir, MODULES)
+        display_mods = [m for m in module_closure(modules_dir, DISPLAY_MODULES) if m not in mods]
         entries: list[tuple[str, int, bytes]] = [
             (d, 0o040755, b"")
             for d in (
@@ -256,12 +275,13 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             ("etc/passwd", 0o100644, b"root:x:0:0:root:/root:/bin/sh\n"),
             ("etc/group", 0o100644, b"root:x:0:\n"),
         ]
-        names = []
-        for m in mods:
-            name = m.name.split(".ko")[0]
-            names.append(name)
-            entries.append((f"lib/modules/{name}.ko", 0o100644, _decompressed(m)))
-        entries.append(("etc/modules.order", 0o100644, ("\n".join(names) + "\n").encode()))
+        for listing, group in (("modules.order", mods), ("modules.display", display_mods)):
+            names = []
+            for m in group:
+                name = m.name.split(".ko")[0]
+                names.append(name)
+                entries.append((f"lib/modules/{name}.ko", 0o100644, _decompressed(m)))
+            entries.append((f"etc/{listing}", 0o100644, ("\n".join(names) + "\n").encode()))
         staging = out / f".{version}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)

@@ -46,6 +46,11 @@ class Drive:
 
 @dataclass
 class MicroVM:
+    """A guest's QEMU command line. `display` makes it a full VM: q35 (PCI,
+    a std VGA the guest drives with its bochs DRM driver, an absolute
+    pointer and a keyboard QMP can type on); otherwise a microvm, which has
+    no PCI, firmware or display and boots faster."""
+
     kernel: Path
     initrd: Path
     agent_socket: Path
@@ -56,33 +61,46 @@ class MicroVM:
     drives: list[Drive] = field(default_factory=list)
     cmdline: str = ""
     accel: str = "tcg"
+    display: tuple[int, int] | None = None  # (width, height): a full VM
 
     def argv(self) -> list[str]:
         append = f"console=ttyS0 panic=-1 quiet {self.cmdline}".strip()
         if self.accel == "tcg":
             append += f" {TCG_CMDLINE}"
+        # microvm's virtio devices sit on MMIO ("-device"), q35's on PCI.
+        bus = "device" if self.display is None else "pci"
+        machine = "microvm,x-option-roms=off,rtc=on" if self.display is None else "q35"
         argv = [
             qemu_binary(),
-            "-M", "microvm,x-option-roms=off,rtc=on",
+            "-M", machine,
             "-accel", self.accel,
             "-cpu", "max" if self.accel == "tcg" else "host",
             "-m", f"{self.memory_mib}M",
             "-smp", str(self.cpus),
-            "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+            "-nodefaults", "-no-user-config", "-no-reboot",
+            "-display", "none",
             "-kernel", str(self.kernel),
             "-initrd", str(self.initrd),
             "-append", append,
             "-serial", f"file:{self.console_log}",
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
-            "-device", "virtio-serial-device",
+            "-device", f"virtio-serial-{bus}",
             "-chardev", f"socket,id=agent,path={self.agent_socket},server=on,wait=off",
             "-device", "virtserialport,chardev=agent,name=corral.agent",
-            "-device", "virtio-balloon-device,free-page-reporting=on",
+            "-device", f"virtio-balloon-{bus},free-page-reporting=on",
         ]  # fmt: skip
+        if self.display is not None:
+            w, h = self.display
+            argv += [
+                # The EDID's preferred mode is what the guest's X picks.
+                "-device", f"VGA,edid=on,xres={w},yres={h}",
+                "-device", "virtio-tablet-pci",
+                "-device", "virtio-keyboard-pci",
+            ]  # fmt: skip
         for i, d in enumerate(self.drives):
             ro = "on" if d.readonly else "off"
             argv += [
                 "-drive", f"file={d.path},if=none,id=d{i},format=raw,readonly={ro}",
-                "-device", f"virtio-blk-device,drive=d{i},serial={d.serial}",
+                "-device", f"virtio-blk-{bus},drive=d{i},serial={d.serial}",
             ]  # fmt: skip
         return argv

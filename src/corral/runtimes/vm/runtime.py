@@ -35,6 +35,7 @@ from corral.node.store import SandboxRecord
 from corral.runtimes.base import Prepared, Started, process_start_time
 from corral.runtimes.vm import guest
 from corral.runtimes.vm.channel import AgentChannel
+from corral.runtimes.vm.display import Display
 from corral.runtimes.vm.qemu import QEMU, Drive, MicroVM, accelerator
 from corral.runtimes.vm.qmp import Qmp
 
@@ -44,6 +45,7 @@ log = get_logger("corral.vm")
 # 175-260 MiB of RSS per idle guest on these hosts (HOST-NOTES).
 VM_OVERHEAD = 320 * 2**20
 MIN_GUEST_MEMORY = 128 * 2**20
+DEFAULT_DISPLAY = (1024, 768)
 
 
 def vm_capable() -> bool:
@@ -93,6 +95,10 @@ class MicroVMRuntime:
         spec = rec.spec
         d = self._dir(rec.id)
         memory = max(MIN_GUEST_MEMORY, int(spec["memory"]))
+        display = self.display_size(rec)
+        cmdline = f"corral.layers={len(rec.layers)} corral.disk={int(spec['disk'])}"
+        if display is not None:
+            cmdline += " corral.display=1"
         vm = MicroVM(
             kernel=art.kernel,
             initrd=art.initrd,
@@ -102,8 +108,9 @@ class MicroVMRuntime:
             memory_mib=memory // 2**20,
             cpus=max(1, round(float(spec["cpu"]))),
             drives=self._drives(rec.layers),
-            cmdline=f"corral.layers={len(rec.layers)} corral.disk={int(spec['disk'])}",
+            cmdline=cmdline,
             accel=accelerator(),
+            display=display,
         )
         for cg in self.cgroups.dirs(rec.id):
             cg.mkdir(parents=True, exist_ok=True)
@@ -114,6 +121,9 @@ class MicroVMRuntime:
         started = self._spawn(rec.id, argv)
         await self.attach(rec.id, prep.control)
         return started
+
+    def display_size(self, rec: SandboxRecord) -> tuple[int, int] | None:
+        return None  # a microVM has no display
 
     def _spawn(self, sandbox_id: str, argv: list[str]) -> Started:
         d = self._dir(sandbox_id)
@@ -229,6 +239,43 @@ class MicroVMRuntime:
             (self._dir(ref) / "agent.port").unlink(missing_ok=True)
             return True
         return False  # cgroups are released by the container runtime's code
+
+
+class FullVMRuntime(MicroVMRuntime):
+    """A q35 guest with a display: the same layers, agent and channel as a
+    microVM, plus a screen, a tablet and a keyboard (display.py). The
+    image's /etc/corral/session, when it has one, is started by the guest's
+    init (the desktop); the sandbox is ready when its agent answers, which
+    may be before the desktop has drawn its first frame."""
+
+    kind = "fullvm"
+
+    def __init__(self, layers: LayerMounts, cgroups: Cgroups, sandboxes_dir: Path) -> None:
+        super().__init__(layers, cgroups, sandboxes_dir)
+        self.displays: dict[str, Display] = {}
+
+    def display_size(self, rec: SandboxRecord) -> tuple[int, int] | None:
+        w, h = rec.spec.get("display_size") or DEFAULT_DISPLAY
+        return int(w), int(h)
+
+    def display(self, sandbox_id: str, size: tuple[int, int]) -> Display:
+        d = self._dir(sandbox_id)
+        found = self.displays.get(sandbox_id)
+        if found is None:
+            found = self.displays[sandbox_id] = Display(d / "qmp.sock", d / "screen.png", size)
+        return found
+
+    async def suspend(self, sandbox_id: str) -> int:
+        display = self.displays.get(sandbox_id)
+        if display is None:
+            return await super().suspend(sandbox_id)
+        async with display.lock:  # QEMU serves one QMP client at a time
+            return await super().suspend(sandbox_id)
+
+    async def release(self, kind: str, ref: str) -> bool:
+        if kind == "vm":
+            self.displays.pop(ref, None)
+        return await super().release(kind, ref)
 
 
 def _join_cgroups(dirs: list[Path]) -> None:
