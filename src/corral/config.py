@@ -57,6 +57,10 @@ class NodeConfig:
     # host ids (a user namespace, layers seen through idmapped mounts).
     userns: bool = True
     liveness_interval: float = 5.0  # how often dead inits and loaders are looked for
+    # A VM guest whose agent has not answered a ping for this long is hung
+    # (its kernel, or its PID 1 starved): failed, with its console attached.
+    # Generous: a TCG guest under load answers in seconds, not milliseconds.
+    vm_hang_timeout: float = 30.0
     # Layers are read through the node's lazy loader (FUSE), chunk by chunk.
     lazy: bool = True
     chunk_cache_size: int = 20 * 1024**3
@@ -135,6 +139,7 @@ class NodeConfig:
                 "reaper_interval",
                 "lazy_deadline",
                 "liveness_interval",
+                "vm_hang_timeout",
                 "fncall_cpu",
             ):
                 values[f.name] = float(raw)

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral import metrics
+from corral.api.models import VM_KINDS
 from corral.errors import CorralError
+from corral.execd.client import ExecdClient
 from corral.log import get_logger
 from corral.node.store import ACTIVE_STATES, SandboxRecord
 from corral.runtimes.base import process_start_time
@@ -70,6 +72,7 @@ class Maintenance:
         self._task: asyncio.Task[None] | None = None
         self._last_gc = 0.0
         self._last_liveness = 0.0
+        self._silent_since: dict[str, float] = {}  # VM guests not answering, since when
         self.recovered: GcReport | None = None  # what taking the lead reclaimed
 
     async def start(self) -> None:
@@ -140,10 +143,41 @@ class Maintenance:
                 await self._fail(rec, "its init process exited")
             elif check_liveness and self._orphan_worker(rec):
                 await self.agent.retire(rec.id, reason="its function-call pool is gone")
+        if check_liveness:
+            await self._check_guests(now)
         metrics.SANDBOXES_ACTIVE.set(db.count_active()[0])
         if now - self._last_gc >= GC_EVERY:
             self._last_gc = now
             await self.gc()
+
+    async def _check_guests(self, now: float) -> None:
+        """A VM's QEMU can be alive around a dead guest: a kernel stuck with
+        interrupts off, a PID 1 starved by a real-time spinner. Ping every
+        running guest's agent; one silent for vm_hang_timeout has failed."""
+        db = self.agent._db()
+        guests = [r for r in db.list(["running"]) if r.kind in VM_KINDS and init_alive(r)]
+        limit = min(self.agent.config.liveness_interval, 5.0)
+
+        async def answers(rec: SandboxRecord) -> bool:
+            client = ExecdClient(str(control_path(self.agent.config.run_dir, rec.id)))
+            try:
+                await asyncio.wait_for(client.ping(), limit)
+                return True
+            except (TimeoutError, CorralError, OSError):
+                return False
+
+        alive = await asyncio.gather(*(answers(r) for r in guests))
+        for rec, ok in zip(guests, alive, strict=True):
+            if ok:
+                self._silent_since.pop(rec.id, None)
+                continue
+            since = self._silent_since.setdefault(rec.id, now)
+            if now - since >= self.agent.config.vm_hang_timeout:
+                self._silent_since.pop(rec.id, None)
+                await self._fail(rec, f"its guest stopped answering for {now - since:.0f}s (hung)")
+        running = {r.id for r in guests}
+        for gone in set(self._silent_since) - running:
+            del self._silent_since[gone]
 
     def _orphan_worker(self, rec: SandboxRecord) -> bool:
         """A pooled function-call worker lives only as long as the agent

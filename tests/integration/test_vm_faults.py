@@ -1,0 +1,97 @@
+"""A guest that crashes, hangs or runs out of memory costs only its own VM.
+
+A security-training agent attacks its own kernel: the sandbox is marked
+failed with the guest's last console lines, the host and a neighbour VM
+carry on. A guest OOM is the guest kernel's business: it kills the
+process that asked, the sandbox keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+import corral
+from corral.config import NodeConfig
+
+from ..support import IMAGE
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("qemu-system-x86_64") is None,
+    reason="requires qemu-system-x86_64 (apt install qemu-system-x86)",
+)
+
+
+@pytest.fixture
+async def watchful(fresh_config: NodeConfig) -> AsyncIterator[corral.AsyncClient]:
+    """A node that looks for dead and hung guests every second and calls a
+    guest hung after 6 s of silence (30 s by default)."""
+    config = replace(fresh_config, liveness_interval=1.0, vm_hang_timeout=6.0)
+    async with corral.AsyncClient(config=config) as c:
+        yield c
+        await asyncio.gather(*(s.close() for s in await c.sandboxes.list()))
+
+
+async def _wait_failed(sbx: corral.AsyncSandbox, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while (info := await sbx.refresh()).state.value != "failed":
+        assert time.monotonic() < deadline, f"the fault was not noticed: {info.state}"
+        await asyncio.sleep(0.5)
+    assert info.error is not None
+    return info.error
+
+
+async def _pair(c: corral.AsyncClient) -> tuple[corral.AsyncSandbox, corral.AsyncSandbox]:
+    victim, neighbour = await asyncio.gather(
+        c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB"),
+        c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB"),
+    )
+    return victim, neighbour
+
+
+async def test_a_guest_kernel_crash_fails_only_its_vm(watchful: corral.AsyncClient) -> None:
+    victim, neighbour = await _pair(watchful)
+    with contextlib.suppress(corral.CorralError):
+        await victim.commands.run("echo c > /proc/sysrq-trigger", timeout=10)
+    error = await _wait_failed(victim, 30)
+    assert "console lines" in error and "sysrq" in error.lower(), error
+    assert (await neighbour.commands.run("echo alive")).stdout == "alive\n"
+
+
+async def test_a_hung_guest_is_failed_with_its_console(watchful: corral.AsyncClient) -> None:
+    """QEMU stays alive, the guest does not answer: a real-time spinner on
+    the only vCPU starves everything else in the guest, its agent too."""
+    victim, neighbour = await _pair(watchful)
+    await victim.commands.start(
+        "echo -1 > /proc/sys/kernel/sched_rt_runtime_us; "
+        "exec chrt -f 99 sh -c 'while :; do :; done'"
+    )
+    t0 = time.monotonic()
+    error = await _wait_failed(victim, 60)
+    assert "stopped answering" in error and "console lines" in error, error
+    assert time.monotonic() - t0 >= 5  # not before the hang timeout
+    with pytest.raises(corral.SandboxFailed):
+        await victim.commands.run("true")
+    assert (await neighbour.commands.run("echo alive")).stdout == "alive\n"
+
+
+async def test_a_guest_oom_kills_the_process_not_the_sandbox(
+    watchful: corral.AsyncClient,
+) -> None:
+    victim, neighbour = await _pair(watchful)
+    r = await victim.commands.run(
+        "python3 -c 'x = []\nwhile True: x.append(bytearray(8 << 20))'", timeout=120
+    )
+    # Killed by the guest kernel's OOM killer (or refused an allocation).
+    assert r.exit_code != 0, r
+    assert (await victim.commands.run("echo still here")).stdout == "still here\n"
+    assert (await victim.refresh()).state.value == "running"
+    kern = await victim.commands.run("dmesg | grep -ci 'out of memory' || true")
+    assert r.signal == 9 or int(kern.stdout.strip() or 0) > 0, (r, kern.stdout)
+    assert (await neighbour.commands.run("echo alive")).stdout == "alive\n"
