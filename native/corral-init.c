@@ -1148,6 +1148,11 @@ static void stream_guest_eof(int port, struct stream *st) {
     if (st->host_done) stream_free(st);
 }
 
+static void close_all_streams(void) {
+    for (int i = 0; i < MUX_STREAMS; i++)
+        if (streams[i].fd >= 0) stream_free(&streams[i]);
+}
+
 /* Frames from the host: open streams, deliver, close. */
 static void mux_from_port(int port, int fds, unsigned char *buf, size_t *len) {
     size_t off = 0;
@@ -1160,7 +1165,12 @@ static void mux_from_port(int port, int fds, unsigned char *buf, size_t *len) {
         }
         if (*len - off < FRAME_HEADER + plen) break;
         struct stream *st = stream_find(id);
-        if (type == FRAME_CLOSE) {
+        if (type == FRAME_CLOSE && id == 0) {
+            /* A new host (a resumed or forked guest's new channel, which
+             * numbers its streams from 1 again): every stream of the old
+             * one is void, its ids must not reach the old handlers. */
+            close_all_streams();
+        } else if (type == FRAME_CLOSE) {
             if (st) {
                 shutdown(st->fd, SHUT_WR);
                 st->host_done = 1;
@@ -1221,11 +1231,6 @@ static void mux_from_stream(int port, struct stream *st) {
     }
     memmove(st->in, st->in + off, st->in_len - off);
     st->in_len -= off;
-}
-
-static void close_all_streams(void) {
-    for (int i = 0; i < MUX_STREAMS; i++)
-        if (streams[i].fd >= 0) stream_free(&streams[i]);
 }
 
 static void run_mux(const char *path, int fds) {

@@ -169,6 +169,31 @@ async def test_concurrent_creates_never_overrun_a_quota(cluster: ProcessCluster)
     assert cluster.used("tight") == (0, 0.0, 0)
 
 
+async def test_a_fork_through_the_gateway_is_charged_and_routed(cluster: ProcessCluster) -> None:
+    """Copies land on the source's node, each with its own row and charge;
+    a fork the quota cannot hold is refused whole, charging nothing."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    key = cluster.project("forks", max_sandboxes=3)
+    async with cluster.client(key) as c:
+        src = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+        await src.files.write("/work/x", b"from the source")
+        with pytest.raises(ResourceExhausted):
+            await c.sandboxes.fork(src, 3)  # 1 + 3 > 3
+        assert cluster.used("forks")[0] == 1
+        copies = await c.sandboxes.fork(src, 2, idempotency_key="f1")
+        assert {x.info.node for x in copies} == {src.info.node}
+        assert cluster.used("forks")[0] == 3
+        again = await c.sandboxes.fork(src, 2, idempotency_key="f1")  # a retry
+        assert [x.id for x in again] == [x.id for x in copies]
+        for x in copies:
+            assert await x.files.read("/work/x") == b"from the source"
+        listed = {x.id for x in await c.sandboxes.list()}
+        assert listed == {src.id, *(x.id for x in copies)}
+        await asyncio.gather(*(x.close() for x in [src, *copies]))
+    assert cluster.used("forks") == (0, 0.0, 0)
+
+
 BAD_IDS = [
     ("k0-0123456789abcdef", SandboxNotFound, "no sandbox k0-0123456789abcdef"),
     ("zz-0123456789abcdef", SandboxNotFound, "node 'zz' is not a member"),

@@ -159,3 +159,62 @@ async def test_a_suspended_vm_resumes_where_it_was(embedded: corral.AsyncClient,
         assert err.value.field == "kind"
     finally:
         await c.close()
+
+
+@pytest.mark.parametrize("kind", VM_KINDS)
+async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str) -> None:
+    """Each copy has the source's memory, processes and files as they were
+    at the fork, and goes its own way from there; the source runs on."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    src = await embedded.sandboxes.create(kind=kind, image=IMAGE, memory="256MiB")
+    copies: list[corral.AsyncSandbox] = []
+    try:
+        await src.files.write("/work/note", b"before the fork")
+        # A process that holds a number only in memory and serves it.
+        server = await src.commands.start(
+            "python3 -c 'import os, time\n"
+            "secret = os.urandom(8).hex()\n"
+            'open("/tmp/pid", "w").write(str(os.getpid()))\n'
+            "while True:\n"
+            '    if os.path.exists("/tmp/ask"):\n'
+            '        open("/tmp/answer", "w").write(secret); os.remove("/tmp/ask")\n'
+            "    time.sleep(0.05)\n'"
+        )
+        await asyncio.sleep(1)
+        await src.commands.run("touch /tmp/ask; sleep 0.5")
+        secret = await src.files.read("/tmp/answer")
+        copies = await embedded.sandboxes.fork(src, 2 if kind == "fullvm" else 3)
+        assert len({c.id for c in copies} | {src.id}) == len(copies) + 1
+        for c in copies:
+            assert c.info.labels["corral.forked_from"] == src.id
+            assert c.info.kind == kind and c.info.state.value == "running"
+            assert await c.files.read("/work/note") == b"before the fork"
+            # The same process, with the same memory, still serving.
+            await c.commands.run("rm -f /tmp/answer; touch /tmp/ask; sleep 0.5")
+            assert await c.files.read("/tmp/answer") == secret
+            pid = (await c.commands.run("cat /tmp/pid")).stdout
+            assert (await c.commands.run(f"kill -0 {pid} && echo up")).stdout == "up\n"
+        # From here each goes its own way.
+        await copies[0].files.write("/work/note", b"copy 0")
+        assert await src.files.read("/work/note") == b"before the fork"
+        assert await copies[1].files.read("/work/note") == b"before the fork"
+        assert (await src.commands.run(f"kill -0 {server.pid} && echo up")).stdout == "up\n"
+        await copies[0].close()  # closing a copy leaves the rest
+        assert (await copies[1].commands.run("echo ok")).stdout == "ok\n"
+        with pytest.raises(corral.InvalidArgument) as e:
+            await embedded.sandboxes.fork(src, 0)
+        assert e.value.field == "n"
+    finally:
+        await asyncio.gather(*(c.close() for c in copies), return_exceptions=True)
+        await src.close()
+
+
+async def test_fork_is_for_vms(embedded: corral.AsyncClient) -> None:
+    s = await embedded.sandboxes.create(image=IMAGE)
+    try:
+        with pytest.raises(corral.InvalidArgument) as e:
+            await embedded.sandboxes.fork(s, 2)
+        assert e.value.field == "kind"
+    finally:
+        await s.close()

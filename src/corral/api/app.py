@@ -28,6 +28,7 @@ from corral.api.models import (
     FileEntry,
     FnCallRequest,
     FnCallResult,
+    ForkRequest,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
@@ -243,6 +244,10 @@ def create_app(
     @app.post("/v1/sandboxes/{sandbox_id}/suspend")
     async def suspend(svc: Svc, sandbox_id: str) -> SandboxInfo:
         return await svc.suspend(sandbox_id)
+
+    @app.post("/v1/sandboxes/{sandbox_id}/fork")
+    async def fork(svc: Svc, sandbox_id: str, req: ForkRequest) -> list[SandboxInfo]:
+        return await svc.fork(sandbox_id, req)
 
     @app.get("/v1/sandboxes/{sandbox_id}/display/screenshot")
     async def screenshot(svc: Svc, sandbox_id: str) -> Response:

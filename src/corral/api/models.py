@@ -422,6 +422,31 @@ class ExecRequest(_Model):
         return v
 
 
+class ForkRequest(_Model):
+    """`n` copies of a running VM sandbox. `idempotency_keys` (one per copy)
+    make a retried fork return the copies the first one made."""
+
+    n: int = Field(ge=1, le=32)
+    idempotency_keys: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _keys(self) -> ForkRequest:
+        keys = self.idempotency_keys
+        if keys is not None:
+            if len(keys) != self.n or len(set(keys)) != self.n:
+                raise InvalidArgument(
+                    "idempotency_keys", f"must be {self.n} distinct keys, one per copy", len(keys)
+                )
+            for k in keys:
+                if not re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", k):
+                    raise InvalidArgument(
+                        "idempotency_keys",
+                        "must be 1-128 characters of letters, digits and . _ : -",
+                        k,
+                    )
+        return self
+
+
 class CommitRequest(_Model):
     """Turn a sandbox's writable layer into a new image layer."""
 

@@ -21,6 +21,7 @@ from corral.api.models import (
     FileEntry,
     FnCallRequest,
     FnCallResult,
+    ForkRequest,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
@@ -71,6 +72,8 @@ class SandboxService(Protocol):
     async def resume(self, sandbox_id: str) -> SandboxInfo: ...
 
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo: ...
+
+    async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]: ...
 
     async def screenshot(self, sandbox_id: str) -> bytes: ...
 

@@ -35,6 +35,7 @@ from corral.api.models import (
     FileEntry,
     FnCallRequest,
     FnCallResult,
+    ForkRequest,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
@@ -628,6 +629,41 @@ class GatewayView:
     async def suspend(self, sandbox_id: str) -> SandboxInfo:
         info: SandboxInfo = await self._forward(sandbox_id, lambda c: c.suspend(sandbox_id))
         return info
+
+    async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:
+        """Copies live on the source's node (they load its saved memory), so
+        there is no placement: n rows on that node, charged to this project
+        like creates, then the node's fork with a key per row."""
+        source, client = await self._route(sandbox_id)
+        gw = self.gw
+        given = req.idempotency_keys or [secrets.token_hex(16) for _ in range(req.n)]
+        keys = [sandboxes.node_key(self.project, k) for k in given]
+        levels = len(await gw.chain(self.project))
+        rows: builtins.list[SandboxRow] = []
+        try:
+            for key in keys:
+                row, _new = await sandboxes.reserve(
+                    gw.db, key, self.project, source.node, source.kind, source.cpu,
+                    source.memory, levels=levels,
+                )  # fmt: skip
+                rows.append(row)
+        except CorralError as exc:
+            for row in rows:
+                if row.state == "placing":
+                    await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+            raise
+        if all(row.state == "ready" and row.id for row in rows):  # a retry: made already
+            return [await self.get(row.id) for row in rows if row.id]
+        to_node = ForkRequest(n=req.n, idempotency_keys=keys)
+        try:
+            infos = await gw.watch(source.node, client.fork(sandbox_id, to_node))
+        except CorralError as exc:
+            for row in rows:
+                await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+            raise
+        for row, info in zip(rows, infos, strict=True):
+            await sandboxes.mark_ready(gw.db, row.key, info.id)
+        return infos
 
     async def screenshot(self, sandbox_id: str) -> bytes:
         data: bytes = await self._forward(sandbox_id, lambda c: c.screenshot(sandbox_id))

@@ -26,6 +26,7 @@ from corral.api.models import (
     FileEntry,
     FnCallRequest,
     FnCallResult,
+    ForkRequest,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
@@ -239,6 +240,14 @@ class HttpService:
     async def suspend(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._call("POST", f"/v1/sandboxes/{_sid(sandbox_id)}/suspend")
         return SandboxInfo.model_validate_json(resp.content)
+
+    async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:
+        resp = await self._call(
+            "POST",
+            f"/v1/sandboxes/{_sid(sandbox_id)}/fork",
+            json=req.model_dump(exclude_none=True),
+        )
+        return [SandboxInfo.model_validate(x) for x in resp.json()]
 
     async def screenshot(self, sandbox_id: str) -> bytes:
         resp = await self._call("GET", f"/v1/sandboxes/{_sid(sandbox_id)}/display/screenshot")

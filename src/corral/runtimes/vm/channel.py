@@ -9,7 +9,8 @@ corral-init's `--serial` mode does the reverse in the guest. So ExecdClient,
 and everything built on it (commands, files, readiness), works unchanged.
 
 Invariants: a frame is forwarded whole, with only its stream id rewritten;
-stream ids are never reused within one channel; when the port goes away
+stream ids are never reused within one channel, and a channel's first frame
+on a port resets the guest's streams (stream 0 closed); when the port goes away
 (QEMU exits, the guest reboots) every open stream is ended, never silently
 re-attached to a different guest.
 """
@@ -70,6 +71,10 @@ class AgentChannel:
             except OSError:
                 await asyncio.sleep(0.05)  # QEMU has not made its socket yet
                 continue
+            # Stream 0's close is a reset: the guest ends every stream it
+            # still has. A resumed or forked guest kept the streams of the
+            # host it was saved under, whose ids this channel reuses.
+            writer.write(p.HEADER.pack(0, 0, p.FRAME_CLOSE))
             self._port = writer
             self._connected.set()
             try:

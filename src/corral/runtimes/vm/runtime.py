@@ -90,7 +90,10 @@ class MicroVMRuntime:
                 drives.append(Drive(data, f"l{i}b"))
         return drives
 
-    async def start(self, rec: SandboxRecord, prep: Prepared) -> Started:
+    async def start(self, rec: SandboxRecord, prep: Prepared, state: Path | None = None) -> Started:
+        """Boot the guest; with `state`, load a saved guest instead (a fork:
+        the machine must be the one the state was saved from, and it is, as
+        it is built from the same spec and layers)."""
         art = await asyncio.to_thread(self.artefacts)
         spec = rec.spec
         d = self._dir(rec.id)
@@ -118,7 +121,10 @@ class MicroVMRuntime:
         argv = vm.argv()
         # Kept for resume: a saved state loads only into the same machine.
         (d / "qemu.argv").write_text(json.dumps(argv))
-        started = self._spawn(rec.id, argv)
+        if state is None:
+            started = self._spawn(rec.id, argv)
+        else:
+            started = await self._load(rec.id, argv, state)
         await self.attach(rec.id, prep.control)
         return started
 
@@ -145,13 +151,10 @@ class MicroVMRuntime:
             raise SandboxFailed(f"sandbox {sandbox_id}: QEMU exited at once; see {d / 'qemu.log'}")
         return Started(pid=proc.pid, pid_start=started)
 
-    async def suspend(self, sandbox_id: str) -> int:
-        """Save the guest's memory and devices to disk and end its QEMU;
-        returns the state's size in bytes. The guest does not notice: its
-        clock and its processes carry on from where they were."""
-        d = self._dir(sandbox_id)
-        state = d / "vm.state"
-        qmp = await Qmp.connect(d / "qmp.sock")
+    async def _save(self, sandbox_id: str, state: Path, *, then: str) -> int:
+        """Save the paused guest's memory and devices to `state`, then
+        `quit` (suspend) or `cont` (fork: the source runs on)."""
+        qmp = await Qmp.connect(self._dir(sandbox_id) / "qmp.sock")
         try:
             # QEMU's default migration bandwidth (32 MiB/s) would make a
             # 256 MiB guest take seconds to save.
@@ -167,20 +170,38 @@ class MicroVMRuntime:
                     await qmp.execute("cont")
                     raise SandboxFailed(f"sandbox {sandbox_id}: saving its state {status}")
                 await asyncio.sleep(0.02)
-            await qmp.execute("quit")
+            await qmp.execute(then)
         finally:
             qmp.close()
-        await self._wait_gone(sandbox_id)
         return state.stat().st_size
+
+    async def suspend(self, sandbox_id: str) -> int:
+        """Save the guest's memory and devices to disk and end its QEMU;
+        returns the state's size in bytes. The guest does not notice: its
+        clock and its processes carry on from where they were."""
+        size = await self._save(sandbox_id, self._dir(sandbox_id) / "vm.state", then="quit")
+        await self._wait_gone(sandbox_id)
+        return size
+
+    async def snapshot(self, sandbox_id: str, state: Path) -> int:
+        """Save a running guest to `state` for copies to start from; the
+        guest pauses while its memory is written (~0.1 s per 256 MiB)."""
+        return await self._save(sandbox_id, state, then="cont")
 
     async def resume(self, sandbox_id: str) -> Started:
         """A new QEMU, the same machine, loaded from the saved state."""
         d = self._dir(sandbox_id)
         state = d / "vm.state"
-        argv = [*json.loads((d / "qemu.argv").read_text()), "-incoming", f"exec:cat {state}"]
         (d / "qmp.sock").unlink(missing_ok=True)
         (d / "agent.port").unlink(missing_ok=True)
-        started = self._spawn(sandbox_id, argv)
+        started = await self._load(sandbox_id, json.loads((d / "qemu.argv").read_text()), state)
+        state.unlink(missing_ok=True)
+        return started
+
+    async def _load(self, sandbox_id: str, argv: list[str], state: Path) -> Started:
+        """A new QEMU for `argv` with its guest loaded from `state`, running."""
+        d = self._dir(sandbox_id)
+        started = self._spawn(sandbox_id, [*argv, "-incoming", f"exec:cat {state}"])
         qmp = await Qmp.connect(d / "qmp.sock")
         try:
             for _ in range(3000):  # polled: QMP has no "loaded" event to wait on
@@ -193,7 +214,6 @@ class MicroVMRuntime:
             await qmp.execute("cont")
         finally:
             qmp.close()
-        state.unlink(missing_ok=True)
         return started
 
     async def _wait_gone(self, sandbox_id: str) -> None:
@@ -216,6 +236,11 @@ class MicroVMRuntime:
         await channel.start()
         os.chmod(control, 0o600)
         self.channels[sandbox_id] = channel
+
+    async def detach_all(self) -> None:
+        """Stop serving every channel (this agent is stopping)."""
+        channels, self.channels = self.channels, {}
+        await asyncio.gather(*(c.aclose() for c in channels.values()))
 
     def console_tail(self, sandbox_id: str, lines: int = 60) -> str:
         """The guest's last console lines (a crash, a hang, an OOM)."""
@@ -265,12 +290,12 @@ class FullVMRuntime(MicroVMRuntime):
             found = self.displays[sandbox_id] = Display(d / "qmp.sock", d / "screen.png", size)
         return found
 
-    async def suspend(self, sandbox_id: str) -> int:
+    async def _save(self, sandbox_id: str, state: Path, *, then: str) -> int:
         display = self.displays.get(sandbox_id)
         if display is None:
-            return await super().suspend(sandbox_id)
+            return await super()._save(sandbox_id, state, then=then)
         async with display.lock:  # QEMU serves one QMP client at a time
-            return await super().suspend(sandbox_id)
+            return await super()._save(sandbox_id, state, then=then)
 
     async def release(self, kind: str, ref: str) -> bool:
         if kind == "vm":
