@@ -61,6 +61,11 @@ class NodeConfig:
     # (its kernel, or its PID 1 starved): failed, with its console attached.
     # Generous: a TCG guest under load answers in seconds, not milliseconds.
     vm_hang_timeout: float = 30.0
+    # A full VM's base layer on virtio-pmem with DAX: one copy of its pages
+    # on the host for all VMs, not one per guest page cache. Off: virtio-blk.
+    vm_pmem: bool = True
+    # Guests report the pages they free, and the host takes them back.
+    vm_free_page_reporting: bool = True
     # Layers are read through the node's lazy loader (FUSE), chunk by chunk.
     lazy: bool = True
     chunk_cache_size: int = 20 * 1024**3
@@ -143,7 +148,7 @@ class NodeConfig:
                 "fncall_cpu",
             ):
                 values[f.name] = float(raw)
-            elif f.name in ("lazy", "seccomp", "userns"):
+            elif f.name in ("lazy", "seccomp", "userns", "vm_pmem", "vm_free_page_reporting"):
                 values[f.name] = raw.lower() not in ("0", "false", "no", "off")
             else:
                 values[f.name] = raw

@@ -223,8 +223,19 @@ class NodeAgent:
             "fncall": FnCallRuntime(oci, self.cgroups, platform, listener, cfg.fncall_tmpfs),
         }
         if vm_capable():
-            self.runtimes["microvm"] = MicroVMRuntime(self.layers, self.cgroups, cfg.sandboxes_dir)
-            self.runtimes["fullvm"] = FullVMRuntime(self.layers, self.cgroups, cfg.sandboxes_dir)
+            self.runtimes["microvm"] = MicroVMRuntime(
+                self.layers,
+                self.cgroups,
+                cfg.sandboxes_dir,
+                free_page_reporting=cfg.vm_free_page_reporting,
+            )
+            self.runtimes["fullvm"] = FullVMRuntime(
+                self.layers,
+                self.cgroups,
+                cfg.sandboxes_dir,
+                free_page_reporting=cfg.vm_free_page_reporting,
+                pmem_dir=cfg.data_dir / "pmem" if cfg.vm_pmem else None,
+            )
         self.store = Store(cfg.db_path)
         await asyncio.to_thread(self.scratch.open)
         self._started = True

@@ -53,6 +53,8 @@ MODULES = [
 # A full VM's display and input, loaded only with corral.display=1: DRM is
 # over 2 MB of module code a microVM would load for nothing.
 DISPLAY_MODULES = ["bochs", "virtio_input", "evdev"]
+# A layer on virtio-pmem (corral.pmem=<layer index>), mounted with DAX.
+PMEM_MODULES = ["libnvdimm", "nd_btt", "nd_pmem", "nd_virtio", "virtio_pmem"]
 
 INIT = """#!/bin/busybox sh
 # Corral guest init: modules, the image's layers, then the agent as PID 1.
@@ -65,6 +67,11 @@ display=0
 grep -q "corral.display=1" /proc/cmdline && display=1
 if [ "$display" = 1 ]; then
   for m in $(cat /etc/modules.display); do insmod /lib/modules/$m.ko 2>/dev/null; done
+fi
+pmem=$(sed -n "s/.*corral.pmem=\\([0-9]*\\).*/\\1/p" /proc/cmdline)
+if [ -n "$pmem" ]; then
+  for m in $(cat /etc/modules.pmem); do insmod /lib/modules/$m.ko 2>/dev/null; done
+  for i in $(seq 1 100); do [ -b /dev/pmem0 ] && break; sleep 0.05; done
 fi
 port=""
 for i in $(seq 1 100); do
@@ -89,11 +96,18 @@ if [ -n "$n" ] && [ "$n" -gt 0 ]; then
   lower=""
   i=0
   while [ "$i" -lt "$n" ]; do
-    m=$(drive l${i}m)
-    b=$(drive l${i}b)
     mkdir -p /layers/$i
-    if [ -n "$b" ]; then opts="ro,device=$b"; else opts="ro"; fi
-    mount -t erofs -o "$opts" "$m" /layers/$i || { echo "corral: layer $i"; poweroff -f; }
+    if [ "$i" = "$pmem" ]; then
+      # One flat image on the host's page cache, mapped by every VM that
+      # reads it (DAX): no copy of its pages in this guest's memory.
+      mount -t erofs -o ro,dax=always /dev/pmem0 /layers/$i \
+        || { echo "corral: layer $i on pmem"; poweroff -f; }
+    else
+      m=$(drive l${i}m)
+      b=$(drive l${i}b)
+      if [ -n "$b" ]; then opts="ro,device=$b"; else opts="ro"; fi
+      mount -t erofs -o "$opts" "$m" /layers/$i || { echo "corral: layer $i"; poweroff -f; }
+    fi
     lower="$lower${lower:+:}/layers/$i"
     i=$((i + 1))
   done
@@ -231,7 +245,8 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             raise Unavailable(f"{need} is missing ({how})")
     package, pkg_version = kernel_package()
     h = hashlib.sha256()
-    for part in (package, pkg_version, INIT, " ".join(MODULES), " ".join(DISPLAY_MODULES)):
+    lists = " ".join(MODULES) + "|" + " ".join(DISPLAY_MODULES) + "|" + " ".join(PMEM_MODULES)
+    for part in (package, pkg_version, INIT, lists):
         h.update(part.encode() + b"\0")
     h.update(hashlib.sha256(agent.read_bytes()).digest())
     h.update(hashlib.sha256(busybox.read_bytes()).digest())
@@ -256,6 +271,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
         modules_dir = work / "k" / "lib" / "modules" / release / "kernel"
         mods = module_closure(modules_dir, MODULES)
         display_mods = [m for m in module_closure(modules_dir, DISPLAY_MODULES) if m not in mods]
+        pmem_mods = [m for m in module_closure(modules_dir, PMEM_MODULES) if m not in mods]
         entries: list[tuple[str, int, bytes]] = [
             (d, 0o040755, b"")
             for d in (
@@ -275,7 +291,11 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             ("etc/passwd", 0o100644, b"root:x:0:0:root:/root:/bin/sh\n"),
             ("etc/group", 0o100644, b"root:x:0:\n"),
         ]
-        for listing, group in (("modules.order", mods), ("modules.display", display_mods)):
+        for listing, group in (
+            ("modules.order", mods),
+            ("modules.display", display_mods),
+            ("modules.pmem", pmem_mods),
+        ):
             names = []
             for m in group:
                 name = m.name.split(".ko")[0]

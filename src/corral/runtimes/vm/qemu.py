@@ -62,11 +62,25 @@ class MicroVM:
     cmdline: str = ""
     accel: str = "tcg"
     display: tuple[int, int] | None = None  # (width, height): a full VM
+    # A flat EROFS image mapped into the guest by virtio-pmem (q35 only:
+    # microvm in QEMU 7.2 maps it at address 0 and the guest fails).
+    pmem: Path | None = None
+    # The guest hands pages it frees back to the host (virtio-balloon).
+    free_page_reporting: bool = True
 
     def argv(self) -> list[str]:
         append = f"console=ttyS0 panic=-1 quiet {self.cmdline}".strip()
+        memory = f"{self.memory_mib}M"
+        if self.pmem is not None:
+            if self.display is None:
+                raise ValueError("virtio-pmem needs the q35 machine (a full VM)")
+            # A bounce buffer would copy every DAX page (+68 MiB per VM).
+            append += " swiotlb=noforce"
+            size = self.pmem.stat().st_size
+            memory += f",slots=2,maxmem={self.memory_mib + size // 2**20 + 128}M"
         if self.accel == "tcg":
             append += f" {TCG_CMDLINE}"
+        reporting = "on" if self.free_page_reporting else "off"
         # microvm's virtio devices sit on MMIO ("-device"), q35's on PCI.
         bus = "device" if self.display is None else "pci"
         machine = "microvm,x-option-roms=off,rtc=on" if self.display is None else "q35"
@@ -75,7 +89,7 @@ class MicroVM:
             "-M", machine,
             "-accel", self.accel,
             "-cpu", "max" if self.accel == "tcg" else "host",
-            "-m", f"{self.memory_mib}M",
+            "-m", memory,
             "-smp", str(self.cpus),
             "-nodefaults", "-no-user-config", "-no-reboot",
             "-display", "none",
@@ -87,7 +101,7 @@ class MicroVM:
             "-device", f"virtio-serial-{bus}",
             "-chardev", f"socket,id=agent,path={self.agent_socket},server=on,wait=off",
             "-device", "virtserialport,chardev=agent,name=corral.agent",
-            "-device", f"virtio-balloon-{bus},free-page-reporting=on",
+            "-device", f"virtio-balloon-{bus},free-page-reporting={reporting}",
         ]  # fmt: skip
         if self.display is not None:
             w, h = self.display
@@ -96,6 +110,13 @@ class MicroVM:
                 "-device", f"VGA,edid=on,xres={w},yres={h}",
                 "-device", "virtio-tablet-pci",
                 "-device", "virtio-keyboard-pci",
+            ]  # fmt: skip
+        if self.pmem is not None:
+            argv += [
+                "-object",
+                f"memory-backend-file,id=pm0,mem-path={self.pmem},size={self.pmem.stat().st_size},"
+                "share=on,readonly=on",
+                "-device", "virtio-pmem-pci,memdev=pm0",
             ]  # fmt: skip
         for i, d in enumerate(self.drives):
             ro = "on" if d.readonly else "off"

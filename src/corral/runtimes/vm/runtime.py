@@ -46,6 +46,7 @@ log = get_logger("corral.vm")
 VM_OVERHEAD = 320 * 2**20
 MIN_GUEST_MEMORY = 128 * 2**20
 DEFAULT_DISPLAY = (1024, 768)
+PMEM_ALIGN = 128 * 2**20
 
 
 def vm_capable() -> bool:
@@ -57,8 +58,16 @@ def vm_capable() -> bool:
 class MicroVMRuntime:
     kind = "microvm"
 
-    def __init__(self, layers: LayerMounts, cgroups: Cgroups, sandboxes_dir: Path) -> None:
+    def __init__(
+        self,
+        layers: LayerMounts,
+        cgroups: Cgroups,
+        sandboxes_dir: Path,
+        *,
+        free_page_reporting: bool = True,
+    ) -> None:
         self.layers = layers
+        self.free_page_reporting = free_page_reporting
         self.cgroups = cgroups
         self.sandboxes_dir = sandboxes_dir
         self.channels: dict[str, AgentChannel] = {}
@@ -75,10 +84,13 @@ class MicroVMRuntime:
     def _dir(self, sandbox_id: str) -> Path:
         return self.sandboxes_dir / sandbox_id
 
-    def _drives(self, digests: list[str]) -> list[Drive]:
-        """Layer i (0 = topmost): its metadata image `l<i>m`, its data `l<i>b`."""
+    def _drives(self, digests: list[str], skip: int | None = None) -> list[Drive]:
+        """Layer i (0 = topmost): its metadata image `l<i>m`, its data `l<i>b`;
+        layer `skip` is on pmem instead."""
         drives = []
         for i, digest in enumerate(reversed(digests)):
+            if i == skip:
+                continue
             layer: Layer = self.layers.store.get(digest)
             drives.append(Drive(self.layers.store.blob_path(layer.meta_digest), f"l{i}m"))
             if layer.blob_size:
@@ -102,6 +114,10 @@ class MicroVMRuntime:
         cmdline = f"corral.layers={len(rec.layers)} corral.disk={int(spec['disk'])}"
         if display is not None:
             cmdline += " corral.display=1"
+        pmem = await self.pmem_image(rec.layers[0]) if rec.layers else None
+        base = len(rec.layers) - 1  # the bottom layer's index, counted from the top
+        if pmem is not None:
+            cmdline += f" corral.pmem={base}"
         vm = MicroVM(
             kernel=art.kernel,
             initrd=art.initrd,
@@ -110,10 +126,12 @@ class MicroVMRuntime:
             qmp_socket=d / "qmp.sock",
             memory_mib=memory // 2**20,
             cpus=max(1, round(float(spec["cpu"]))),
-            drives=self._drives(rec.layers),
+            drives=self._drives(rec.layers, skip=base if pmem is not None else None),
             cmdline=cmdline,
             accel=accelerator(),
             display=display,
+            pmem=pmem,
+            free_page_reporting=self.free_page_reporting,
         )
         for cg in self.cgroups.dirs(rec.id):
             cg.mkdir(parents=True, exist_ok=True)
@@ -130,6 +148,9 @@ class MicroVMRuntime:
 
     def display_size(self, rec: SandboxRecord) -> tuple[int, int] | None:
         return None  # a microVM has no display
+
+    async def pmem_image(self, digest: str) -> Path | None:
+        return None  # microvm cannot map virtio-pmem in QEMU 7.2 (HOST-NOTES)
 
     def _spawn(self, sandbox_id: str, argv: list[str]) -> Started:
         d = self._dir(sandbox_id)
@@ -275,9 +296,50 @@ class FullVMRuntime(MicroVMRuntime):
 
     kind = "fullvm"
 
-    def __init__(self, layers: LayerMounts, cgroups: Cgroups, sandboxes_dir: Path) -> None:
-        super().__init__(layers, cgroups, sandboxes_dir)
+    def __init__(
+        self,
+        layers: LayerMounts,
+        cgroups: Cgroups,
+        sandboxes_dir: Path,
+        *,
+        free_page_reporting: bool = True,
+        pmem_dir: Path | None = None,
+    ) -> None:
+        super().__init__(layers, cgroups, sandboxes_dir, free_page_reporting=free_page_reporting)
         self.displays: dict[str, Display] = {}
+        self.pmem_dir = pmem_dir  # None: every layer on virtio-blk
+        self._pmem_locks: dict[str, asyncio.Lock] = {}
+
+    async def pmem_image(self, digest: str) -> Path | None:
+        """The base layer as one flat EROFS image, for virtio-pmem + DAX:
+        every full VM on the node maps the same host pages, instead of each
+        keeping its own copy in its page cache. Built once per node and
+        layer from the layer's host mount (which reads it whole)."""
+        if self.pmem_dir is None:
+            return None
+        image = self.pmem_dir / f"{digest.removeprefix('sha256:')}.erofs"
+        async with self._pmem_locks.setdefault(digest, asyncio.Lock()):
+            if not image.exists():
+                await asyncio.to_thread(self._build_pmem_image, digest, image)
+        return image
+
+    def _build_pmem_image(self, digest: str, image: Path) -> None:
+        image.parent.mkdir(parents=True, exist_ok=True)
+        tmp = image.with_suffix(".tmp")
+        # Tail data inline in metadata blocks cannot be mapped with DAX.
+        proc = subprocess.run(
+            ["mkfs.erofs", "-Enoinline_data", "--quiet", str(tmp), str(self.layers.path(digest))],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise SandboxFailed(f"building the pmem image of {digest} failed: {proc.stderr[-500:]}")
+        # A pmem device is a multiple of 128 MiB (memory hotplug's section).
+        size = tmp.stat().st_size
+        os.truncate(tmp, -(-size // PMEM_ALIGN) * PMEM_ALIGN)
+        os.replace(tmp, image)
+        log.info("vm.pmem_image", layer=digest, bytes=size)
 
     def display_size(self, rec: SandboxRecord) -> tuple[int, int] | None:
         w, h = rec.spec.get("display_size") or DEFAULT_DISPLAY
