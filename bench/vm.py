@@ -291,9 +291,11 @@ async def main(n_create: int, n_exec: int, n_idle: int) -> None:
         ),
         f"## Shared base image: virtio-pmem + DAX vs virtio-blk ({accel})\n\n"
         f"N full VMs (512 MiB each) run `{READ}` at once: every file of the same base layer. "
-        "Host memory is the growth of the host's memory in use over the reads (page caches "
-        "dropped before each run, so both start cold); PSS is the QEMUs' proportional set "
-        "size, in which a page shared by N VMs counts 1/N to each. With virtio-blk each guest "
+        "Host memory is the growth of MemTotal - MemAvailable over the reads (page caches "
+        "dropped before each run, so both start cold): the host's page cache is reclaimable "
+        "and not counted, neither the one copy pmem maps nor the lazy loader's under blk. PSS "
+        "is the QEMUs' proportional set size: it counts the mapped pmem pages, each shared "
+        "page 1/N to each of the N VMs. With virtio-blk each guest "
         "keeps its own copy of every page it read in its page cache; with pmem + DAX every "
         "guest maps the one host copy.\n\n"
         + table(

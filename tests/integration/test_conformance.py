@@ -18,7 +18,7 @@ import pytest
 
 import corral
 
-from ..support import IMAGE
+from ..support import IMAGE, Server, png_pixels
 
 KINDS = ["container", "microvm", "fullvm"]
 VM_KINDS = ["microvm", "fullvm"]
@@ -218,3 +218,32 @@ async def test_fork_is_for_vms(embedded: corral.AsyncClient) -> None:
         assert e.value.field == "kind"
     finally:
         await s.close()
+
+
+async def test_vm_lifecycle_over_http(server: Server) -> None:
+    """suspend, resume, fork and the display through `corral serve`: the
+    same calls, over the wire (their errors too)."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    async with corral.AsyncClient(server.url) as c:
+        s = await c.sandboxes.create(kind="fullvm", image=IMAGE, memory="384MiB")
+        copies: list[corral.AsyncSandbox] = []
+        try:
+            assert s.display.size == (1024, 768)
+            png = await s.display.screenshot()
+            assert png.startswith(b"\x89PNG") and png_pixels(png)[:2] == (1024, 768)
+            await s.display.key("shift")
+            with pytest.raises(corral.InvalidArgument) as e:
+                await s.display.click(1024, 0)
+            assert e.value.field == "x"
+            await s.files.write("/work/f", b"kept")
+            assert (await s.suspend()).state.value == "suspended"
+            assert (await c.sandboxes.get(s.id)).info.state.value == "suspended"
+            assert (await s.resume()).state.value == "running"
+            copies = await c.sandboxes.fork(s, 1)
+            assert await copies[0].files.read("/work/f") == b"kept"
+            with pytest.raises(corral.InvalidArgument) as e:
+                await c.sandboxes.fork(s, 33)
+            assert e.value.field == "n"
+        finally:
+            await asyncio.gather(*(x.close() for x in [*copies, s]))
