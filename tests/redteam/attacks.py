@@ -428,7 +428,7 @@ import sys, urllib.request
 try:
     print(urllib.request.urlopen(sys.argv[1], timeout=3).read(60).decode(errors="replace"))
 except Exception as e:
-    print("blocked", type(e).__name__)
+    print("blocked", type(e).__name__, e)
 """
 
 

@@ -6,8 +6,11 @@ changed); and the audit recorded it."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 import corral
 from corral.config import NodeConfig
@@ -185,13 +188,13 @@ async def test_an_endless_printer_cannot_grow_the_platform_log(
 
 
 async def _networked(client: corral.AsyncClient, **extra: object) -> corral.AsyncSandbox:
-    return await client.sandboxes.create(
-        image=a.IMAGE,
-        cpu=0.5,
-        memory="128MiB",
-        network={"ecosystems": {"pypi": True}, "ports": [8080]},
-        **extra,  # type: ignore[arg-type]
-    )
+    spec: dict[str, object] = {
+        "image": a.IMAGE,
+        "cpu": 0.5,
+        "memory": "128MiB",
+        "network": {"ecosystems": {"pypi": True}, "ports": [8080]},
+    }
+    return await client.sandboxes.create(**{**spec, **extra})  # type: ignore[arg-type]
 
 
 async def test_port_scan_of_host_and_neighbours(
@@ -222,6 +225,47 @@ async def test_egress_to_a_denied_host_by_ip_and_by_name(
     await check(neighbour, outcome, ratio)
     audit = await attacker.audit()
     assert audit.egress_denied > 0 and audit.dns_denied > 0
+
+
+async def test_a_microvm_is_held_to_the_same_egress_policy(
+    rt_client: corral.AsyncClient, standins: dict[str, Standin]
+) -> None:
+    """A VM's NIC is a tap bridged to the sandbox's veth: the host side, the
+    resolver and the policy are a container's. It survives suspend/resume
+    (same address), tightens at once, and a networked VM is not forked
+    (every copy would hold its address)."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    vm = await _networked(rt_client, kind="microvm", memory="256MiB")
+    forbidden = standins["forbidden"]
+    try:
+        assert vm.info.address is not None
+        assert (await a.fetch(vm, "http://pypi.test:8080/answer.txt")).startswith("THE-REF")
+        outcome = await a.egress_to_denied(
+            vm, "http://answers.test:8080/answer.txt", f"{forbidden.url}/answer.txt"
+        )
+        assert outcome.contained, outcome.detail
+        assert (await vm.audit()).egress_denied > 0
+        await vm.suspend()
+        await vm.resume()
+        assert (await a.fetch(vm, "http://pypi.test:8080/answer.txt")).startswith("THE-REF")
+        assert (await a.fetch(vm, f"{forbidden.url}/answer.txt")).startswith("blocked")
+        with pytest.raises(corral.InvalidArgument) as e:
+            await rt_client.sandboxes.fork(vm, 1)
+        assert e.value.field == "network"
+        await vm.network.update({"cidrs": []})
+        assert (await a.fetch(vm, "http://pypi.test:8080/answer.txt")).startswith("blocked")
+    finally:
+        await vm.close()
+    quiet = await rt_client.sandboxes.create(kind="microvm", image=a.IMAGE, memory="256MiB")
+    try:
+        with pytest.raises(corral.InvalidArgument) as e:
+            await quiet.network.update({"cidrs": ["10.0.0.0/8"]})
+        assert e.value.field == "network"
+        r = await quiet.commands.run(["python3", "-c", a.FETCH, f"{forbidden.url}/answer.txt"])
+        assert r.stdout.startswith("blocked"), r.stdout  # no NIC at all
+    finally:
+        await quiet.close()
 
 
 async def test_dns_tunnelling_through_the_resolver(

@@ -157,3 +157,17 @@ def test_a_full_vm_is_q35_with_pci_devices_a_screen_and_input(monkeypatch: Any) 
     assert "VGA,edid=on,xres=1280,yres=800" in full
     assert "virtio-tablet-pci" in full and "virtio-keyboard-pci" in full
     assert "virtio-serial-pci" in full and "virtio-serial-device" not in full
+
+
+def test_a_nic_is_a_tap_and_pmem_needs_q35(monkeypatch: Any, tmp_path: Path) -> None:
+    monkeypatch.setattr("corral.runtimes.vm.qemu.qemu_binary", lambda: "qemu")
+    micro = " ".join(_vm(tap="tap0").argv())
+    assert "-netdev tap,id=n0,ifname=tap0,script=no,downscript=no" in micro
+    assert "virtio-net-device,netdev=n0" in micro
+    image = tmp_path / "base.erofs"
+    image.write_bytes(b"\0" * 4096)
+    with pytest.raises(ValueError, match="q35"):
+        _vm(pmem=image).argv()
+    full = " ".join(_vm(pmem=image, display=(800, 600), memory_mib=512).argv())
+    assert f"mem-path={image}" in full and "readonly=on" in full
+    assert "virtio-pmem-pci" in full and "swiotlb=noforce" in full and "maxmem=" in full

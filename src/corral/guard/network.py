@@ -144,8 +144,17 @@ class NodeNetwork:
     def host_if(self, index: int) -> str:
         return f"{self.prefix}{index}"
 
-    def attach(self, index: int, pid: int) -> Attachment:
-        """Give the sandbox whose init is `pid` an interface and a route."""
+    def host_mac(self, index: int) -> str:
+        """The host end's MAC, the same on every attach of one index: a VM
+        resumed into a new QEMU (a new veth) keeps the neighbour entry it
+        has for its gateway, which a random MAC would leave stale."""
+        return "02:c0:" + ":".join(f"{b:02x}" for b in index.to_bytes(4, "big"))
+
+    def attach(self, index: int, pid: int, tap: str | None = None) -> Attachment:
+        """Give the sandbox whose init is `pid` an interface and a route.
+        With `tap` (a VM: `pid` is its QEMU, in a namespace of its own), the
+        veth is bridged to the VM's tap instead, and the guest holds the
+        sandbox's address: the host side, and so the policy, are the same."""
         self.ensure_base()
         host_ip, sbx_ip = self.addresses(index)
         host = self.host_if(index)
@@ -153,7 +162,7 @@ class NodeNetwork:
         _sh(
             ["ip", "-batch", "-"],
             stdin=(
-                f"link add {host} type veth peer name {peer}\n"
+                f"link add {host} address {self.host_mac(index)} type veth peer name {peer}\n"
                 f"link set {peer} netns {pid}\n"
                 f"addr add {host_ip}/30 dev {host}\n"
                 f"link set {host} up\n"
@@ -163,15 +172,23 @@ class NodeNetwork:
             path = Path(f"/proc/sys/net/ipv4/conf/{host}/{key}")
             if path.exists():
                 path.write_text("1" if key == "rp_filter" else "0")
-        _sh(
-            ["nsenter", "-t", str(pid), "-n", "ip", "-batch", "-"],
-            stdin=(
+        if tap is None:
+            inside = (
                 f"link set {peer} name eth0\n"
                 f"addr add {sbx_ip}/30 dev eth0\n"
                 "link set eth0 up\n"
                 f"route add default via {host_ip}\n"
-            ),
-        )
+            )
+        else:
+            inside = (
+                "link add br0 type bridge\n"
+                f"link set {peer} master br0\n"
+                f"link set {tap} master br0\n"
+                f"link set {peer} up\n"
+                f"link set {tap} up\n"
+                "link set br0 up\n"
+            )
+        _sh(["nsenter", "-t", str(pid), "-n", "ip", "-batch", "-"], stdin=inside)
         t, i = self.table, index
         self.nft.run(
             "\n".join(

@@ -82,7 +82,7 @@ from corral.runtimes.fncall.runtime import FnCallRuntime
 from corral.runtimes.fncall.service import FnCalls
 from corral.runtimes.vm.display import Display
 from corral.runtimes.vm.qemu import accelerator
-from corral.runtimes.vm.runtime import FullVMRuntime, MicroVMRuntime, vm_capable
+from corral.runtimes.vm.runtime import TAP, FullVMRuntime, MicroVMRuntime, vm_capable
 
 log = get_logger("corral.node")
 
@@ -381,6 +381,13 @@ class NodeAgent:
         runtime = self.runtimes.get(rec.kind)
         if not isinstance(runtime, MicroVMRuntime):
             raise InvalidArgument("kind", "fork is for microvm and fullvm sandboxes", rec.kind)
+        if self._db().net_get(sandbox_id) is not None:
+            # Every copy would wake up holding the source's address.
+            raise InvalidArgument(
+                "network",
+                "a VM with a network cannot be forked (its copies share its address)",
+                "policy",
+            )
         keys: builtins.list[str | None] = (
             [*req.idempotency_keys] if req.idempotency_keys else [None] * n
         )
@@ -430,12 +437,6 @@ class NodeAgent:
             )
         layers = self._resolve_layers(req)
         if req.network is not None:
-            if req.kind in VM_KINDS:
-                # Refused, not silently ignored: a guest has no NIC yet (the
-                # egress policy through a tap in the sandbox's netns is to come).
-                raise InvalidArgument(
-                    "network", f"is not supported for {req.kind} sandboxes yet", "policy"
-                )
             self.network.check(req.network)
         now = time.time()
         image_env = merge_env(*(layer.config.env for layer in layers))
@@ -491,11 +492,15 @@ class NodeAgent:
             for layer in layers:
                 self.layers.ensure(layer)
             phase("prepare")
-            if state is None:
-                started = await runtime.start(rec, prep)
+            if isinstance(runtime, MicroVMRuntime):
+                # A guest with a NIC is told its address at boot.
+                net = None
+                if req.network is not None and net_index is not None:
+                    host_ip, guest_ip = self.network.addresses(net_index)
+                    net = (guest_ip, host_ip)
+                started = await runtime.start(rec, prep, state, net)
             else:
-                assert isinstance(runtime, MicroVMRuntime)
-                started = await runtime.start(rec, prep, state)
+                started = await runtime.start(rec, prep)
             phase("start")
             if self.reap_children:
                 self._children.add(started.pid)
@@ -511,7 +516,8 @@ class NodeAgent:
                     sandbox=rec.id,
                 ) from exc
             if req.network is not None and net_index is not None:
-                await self._connect(rec.id, started.pid, net_index, req.network)
+                tap = TAP if isinstance(runtime, MicroVMRuntime) else None
+                await self._connect(rec.id, started.pid, net_index, req.network, tap)
                 phase("network")
             phase("ready")
             if not db.transition(
@@ -706,6 +712,13 @@ class NodeAgent:
             if self.reap_children:
                 self._children.add(started.pid)
             await self._wait_ready(sandbox_id, control_path(self.config.run_dir, sandbox_id))
+            row = db.net_get(sandbox_id)
+            if row is not None:
+                # The new QEMU has a new namespace and tap: the sandbox's veth
+                # died with the old one. Same address, same policy.
+                await asyncio.to_thread(self.network.detach, row[0])
+                policy = NetworkPolicy.model_validate_json(row[1])
+                await self._connect(sandbox_id, started.pid, row[0], policy, TAP)
         except BaseException as exc:
             db.transition(sandbox_id, ["resuming"], "suspended")
             if isinstance(exc, CorralError):
@@ -1117,10 +1130,13 @@ class NodeAgent:
 
     # ---------------------------------------------------------------- network
 
-    async def _connect(self, sandbox_id: str, pid: int, index: int, policy: NetworkPolicy) -> None:
+    async def _connect(
+        self, sandbox_id: str, pid: int, index: int, policy: NetworkPolicy, tap: str | None = None
+    ) -> None:
         """Give a running sandbox its interface and policy, and point its
-        resolver at the node's (the only DNS it can reach anyway)."""
-        att = await asyncio.to_thread(self.network.attach, index, pid)
+        resolver at the node's (the only DNS it can reach anyway). A VM's
+        `pid` is its QEMU, and its veth is bridged to the VM's `tap`."""
+        att = await asyncio.to_thread(self.network.attach, index, pid, tap)
         await asyncio.to_thread(self.network.apply, index, policy)
         client = self._client(sandbox_id)
         try:
@@ -1153,6 +1169,13 @@ class NodeAgent:
         self.network.check(policy)
         db = self._db()
         row = db.net_get(sandbox_id)
+        if row is None and rec.kind in VM_KINDS:
+            raise InvalidArgument(
+                "network",
+                "a VM created without network cannot get one later (its NIC exists from boot): "
+                "create it with a policy, even an empty one",
+                "policy",
+            )
         if row is None:  # created without network: give it an interface now
             with db.transaction():
                 db.add_resource(sandbox_id, "net", sandbox_id)

@@ -55,6 +55,8 @@ MODULES = [
 DISPLAY_MODULES = ["bochs", "virtio_input", "evdev"]
 # A layer on virtio-pmem (corral.pmem=<layer index>), mounted with DAX.
 PMEM_MODULES = ["libnvdimm", "nd_btt", "nd_pmem", "nd_virtio", "virtio_pmem"]
+# A NIC (corral.ip=<address> corral.gw=<gateway>): the sandbox's egress.
+NET_MODULES = ["virtio_net"]
 
 INIT = """#!/bin/busybox sh
 # Corral guest init: modules, the image's layers, then the agent as PID 1.
@@ -67,6 +69,16 @@ display=0
 grep -q "corral.display=1" /proc/cmdline && display=1
 if [ "$display" = 1 ]; then
   for m in $(cat /etc/modules.display); do insmod /lib/modules/$m.ko 2>/dev/null; done
+fi
+ip link set lo up
+ip=$(sed -n "s/.*corral.ip=\\([0-9.]*\\).*/\\1/p" /proc/cmdline)
+if [ -n "$ip" ]; then
+  # The NIC is a tap bridged to the sandbox's veth on the host: the guest
+  # holds the sandbox's address; the host's policy filters it as a container's.
+  for m in $(cat /etc/modules.net); do insmod /lib/modules/$m.ko 2>/dev/null; done
+  gw=$(sed -n "s/.*corral.gw=\\([0-9.]*\\).*/\\1/p" /proc/cmdline)
+  ip link set eth0 up && ip addr add "$ip/30" dev eth0 && ip route add default via "$gw" \\
+    || echo "corral: network setup failed"
 fi
 pmem=$(sed -n "s/.*corral.pmem=\\([0-9]*\\).*/\\1/p" /proc/cmdline)
 if [ -n "$pmem" ]; then
@@ -245,7 +257,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             raise Unavailable(f"{need} is missing ({how})")
     package, pkg_version = kernel_package()
     h = hashlib.sha256()
-    lists = " ".join(MODULES) + "|" + " ".join(DISPLAY_MODULES) + "|" + " ".join(PMEM_MODULES)
+    lists = "|".join(" ".join(x) for x in (MODULES, DISPLAY_MODULES, PMEM_MODULES, NET_MODULES))
     for part in (package, pkg_version, INIT, lists):
         h.update(part.encode() + b"\0")
     h.update(hashlib.sha256(agent.read_bytes()).digest())
@@ -272,6 +284,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
         mods = module_closure(modules_dir, MODULES)
         display_mods = [m for m in module_closure(modules_dir, DISPLAY_MODULES) if m not in mods]
         pmem_mods = [m for m in module_closure(modules_dir, PMEM_MODULES) if m not in mods]
+        net_mods = [m for m in module_closure(modules_dir, NET_MODULES) if m not in mods]
         entries: list[tuple[str, int, bytes]] = [
             (d, 0o040755, b"")
             for d in (
@@ -295,6 +308,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             ("modules.order", mods),
             ("modules.display", display_mods),
             ("modules.pmem", pmem_mods),
+            ("modules.net", net_mods),
         ):
             names = []
             for m in group:

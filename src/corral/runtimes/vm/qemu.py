@@ -67,6 +67,9 @@ class MicroVM:
     pmem: Path | None = None
     # The guest hands pages it frees back to the host (virtio-balloon).
     free_page_reporting: bool = True
+    # A NIC on a tap of this name, which QEMU makes in its own network
+    # namespace; the node bridges it to the sandbox's veth there.
+    tap: str | None = None
 
     def argv(self) -> list[str]:
         append = f"console=ttyS0 panic=-1 quiet {self.cmdline}".strip()
@@ -110,6 +113,11 @@ class MicroVM:
                 "-device", f"VGA,edid=on,xres={w},yres={h}",
                 "-device", "virtio-tablet-pci",
                 "-device", "virtio-keyboard-pci",
+            ]  # fmt: skip
+        if self.tap is not None:
+            argv += [
+                "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no",
+                "-device", f"virtio-net-{bus},netdev=n0",
             ]  # fmt: skip
         if self.pmem is not None:
             argv += [

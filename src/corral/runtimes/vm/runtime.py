@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -46,6 +47,9 @@ log = get_logger("corral.vm")
 VM_OVERHEAD = 320 * 2**20
 MIN_GUEST_MEMORY = 128 * 2**20
 DEFAULT_DISPLAY = (1024, 768)
+TAP = "tap0"  # in the VM's own network namespace: one name for every VM
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 PMEM_ALIGN = 128 * 2**20
 
 
@@ -102,7 +106,13 @@ class MicroVMRuntime:
                 drives.append(Drive(data, f"l{i}b"))
         return drives
 
-    async def start(self, rec: SandboxRecord, prep: Prepared, state: Path | None = None) -> Started:
+    async def start(
+        self,
+        rec: SandboxRecord,
+        prep: Prepared,
+        state: Path | None = None,
+        net: tuple[str, str] | None = None,
+    ) -> Started:
         """Boot the guest; with `state`, load a saved guest instead (a fork:
         the machine must be the one the state was saved from, and it is, as
         it is built from the same spec and layers)."""
@@ -118,6 +128,8 @@ class MicroVMRuntime:
         base = len(rec.layers) - 1  # the bottom layer's index, counted from the top
         if pmem is not None:
             cmdline += f" corral.pmem={base}"
+        if net is not None:  # (the guest's address, its gateway)
+            cmdline += f" corral.ip={net[0]} corral.gw={net[1]}"
         vm = MicroVM(
             kernel=art.kernel,
             initrd=art.initrd,
@@ -132,6 +144,7 @@ class MicroVMRuntime:
             display=display,
             pmem=pmem,
             free_page_reporting=self.free_page_reporting,
+            tap=TAP if net is not None else None,
         )
         for cg in self.cgroups.dirs(rec.id):
             cg.mkdir(parents=True, exist_ok=True)
@@ -155,6 +168,9 @@ class MicroVMRuntime:
     def _spawn(self, sandbox_id: str, argv: list[str]) -> Started:
         d = self._dir(sandbox_id)
         cgroup_dirs = self.cgroups.dirs(sandbox_id)
+        # A VM with a NIC gets a network namespace of its own, where QEMU
+        # makes its tap and the node puts the sandbox's veth beside it.
+        netns = "-netdev" in argv
         with open(d / "qemu.log", "ab") as out:
             # Not asyncio's subprocess: the node agent reaps its children
             # itself (it is their subreaper), and a child watcher would race it.
@@ -164,7 +180,7 @@ class MicroVMRuntime:
                 stdout=out,
                 stderr=out,
                 start_new_session=True,
-                preexec_fn=lambda: _join_cgroups(cgroup_dirs),
+                preexec_fn=lambda: _prepare_child(cgroup_dirs, netns),
             )
         (d / "qemu.pid").write_text(f"{proc.pid}\n")
         started = process_start_time(proc.pid)
@@ -365,8 +381,11 @@ class FullVMRuntime(MicroVMRuntime):
         return await super().release(kind, ref)
 
 
-def _join_cgroups(dirs: list[Path]) -> None:
-    """In the child, before exec: QEMU starts inside the sandbox's cgroup."""
+def _prepare_child(dirs: list[Path], netns: bool) -> None:
+    """In the child, before exec: QEMU starts inside the sandbox's cgroup
+    (and, for a VM with a NIC, in a new network namespace)."""
+    if netns and _libc.unshare(CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
     pid = str(os.getpid())
     for d in dirs:
         procs = d / "cgroup.procs"
