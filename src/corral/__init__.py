@@ -23,6 +23,7 @@ from corral.api.models import (
     NetworkPolicy,
     SandboxInfo,
     SandboxState,
+    SavedState,
 )
 from corral.errors import (
     CommandNotFound,
@@ -129,6 +130,7 @@ __all__ = [
     "SandboxNotFound",
     "SandboxState",
     "Sandboxes",
+    "SavedState",
     "Unauthenticated",
     "Unavailable",
     "__version__",

@@ -194,6 +194,27 @@ async def test_a_fork_through_the_gateway_is_charged_and_routed(cluster: Process
     assert cluster.used("forks") == (0, 0.0, 0)
 
 
+async def test_a_saved_vm_is_restored_through_the_gateway(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
+    """Placed and charged like a create; the copy has the saved files."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    key = cluster.project("saves", max_sandboxes=2)
+    async with cluster.client(key) as c:
+        src = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+        await src.files.write("/work/x", b"saved")
+        saved = await src.save(str(tmp_path / "store"))
+        moved = await c.sandboxes.restore(saved, idempotency_key="r1")
+        assert cluster.used("saves")[0] == 2
+        assert (await c.sandboxes.restore(saved, idempotency_key="r1")).id == moved.id
+        assert await moved.files.read("/work/x") == b"saved"
+        with pytest.raises(ResourceExhausted):
+            await c.sandboxes.restore(saved)  # a third sandbox: over the quota
+        await asyncio.gather(src.close(), moved.close())
+    assert cluster.used("saves") == (0, 0.0, 0)
+
+
 BAD_IDS = [
     ("k0-0123456789abcdef", SandboxNotFound, "no sandbox k0-0123456789abcdef"),
     ("zz-0123456789abcdef", SandboxNotFound, "node 'zz' is not a member"),

@@ -9,14 +9,17 @@ output caps, background commands, files, and nothing left after close.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 import corral
+from corral.config import NodeConfig
 
 from ..support import IMAGE, Server, png_pixels
 
@@ -233,3 +236,48 @@ async def test_vm_lifecycle_over_http(server: Server) -> None:
             assert e.value.field == "n"
         finally:
             await asyncio.gather(*(x.close() for x in [*copies, s]))
+
+
+async def test_a_saved_vm_is_restored_on_another_node(
+    embedded: corral.AsyncClient, fresh_config: NodeConfig, tmp_path: Path
+) -> None:
+    """Saved to a shared store on one node, restored on another: the same
+    process, its memory and its files; the source stays suspended."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+    store = str(tmp_path / "store")
+    src = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    try:
+        await src.files.write("/work/note", b"saved here")
+        proc = await src.commands.start("sleep 600")
+        saved = await src.save(store)
+        assert saved.sandbox == src.id and saved.size > 0
+        assert (await src.refresh()).state.value == "suspended"
+        async with corral.AsyncClient(config=fresh_config) as other:
+            moved = await other.sandboxes.restore(saved)
+            try:
+                assert moved.id.split("-")[0] == fresh_config.node != src.id.split("-")[0]
+                assert moved.info.labels["corral.restored_from"] == src.id
+                assert await moved.files.read("/work/note") == b"saved here"
+                r = await moved.commands.run(f"kill -0 {proc.pid} && echo alive")
+                assert r.stdout == "alive\n"
+            finally:
+                await moved.close()
+            with pytest.raises(corral.InvalidArgument) as e:
+                await other.sandboxes.restore(
+                    {**saved.model_dump(), "key": "vmstates/x-0000000000000000"}
+                )
+            assert e.value.field == "key"
+            # A state saved under other guest artefacts does not load here.
+            record = Path(store) / saved.key / "saved.json"
+            doc = json.loads(record.read_text())
+            record.write_text(json.dumps({**doc, "guest": "0" * 16}))
+            with pytest.raises(corral.InvalidArgument) as e:
+                await other.sandboxes.restore(saved)
+            assert e.value.field == "guest"
+            assert [x.id for x in await other.sandboxes.list()] == []
+        # The source is still there, suspended, and resumes.
+        assert (await src.resume()).state.value == "running"
+        assert await src.files.read("/work/note") == b"saved here"
+    finally:
+        await src.close()

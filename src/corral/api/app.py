@@ -32,6 +32,8 @@ from corral.api.models import (
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
+    SavedState,
+    SaveRequest,
 )
 from corral.api.service import SandboxService
 from corral.errors import (
@@ -244,6 +246,14 @@ def create_app(
     @app.post("/v1/sandboxes/{sandbox_id}/suspend")
     async def suspend(svc: Svc, sandbox_id: str) -> SandboxInfo:
         return await svc.suspend(sandbox_id)
+
+    @app.post("/v1/sandboxes/{sandbox_id}/save")
+    async def save(svc: Svc, sandbox_id: str, req: SaveRequest) -> SavedState:
+        return await svc.save(sandbox_id, req)
+
+    @app.post("/v1/restore")
+    async def restore(svc: Svc, req: SavedState) -> SandboxInfo:
+        return await svc.restore(req)
 
     @app.post("/v1/sandboxes/{sandbox_id}/fork")
     async def fork(svc: Svc, sandbox_id: str, req: ForkRequest) -> list[SandboxInfo]:

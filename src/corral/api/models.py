@@ -447,6 +447,27 @@ class ForkRequest(_Model):
         return self
 
 
+class SaveRequest(_Model):
+    """Where a VM's saved state goes: an object store's URL (a shared
+    directory, http(s):// of `corral blobd`, s3://)."""
+
+    store: str = Field(min_length=1, max_length=1024)
+
+
+class SavedState(_Model):
+    """A VM's state in an object store, restorable on any node with the same
+    guest artefacts (kernel and initramfs) that can reach the store."""
+
+    store: str = Field(min_length=1, max_length=1024)
+    key: str = Field(pattern=r"^vmstates/[a-z0-9]{1,16}-[0-9a-f]{16}$")
+    sandbox: str = ""
+    kind: str = ""
+    size: int = 0
+    guest: str = ""
+    # A gateway's key for the restored sandbox's row (as a create's).
+    idempotency_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$")
+
+
 class CommitRequest(_Model):
     """Turn a sandbox's writable layer into a new image layer."""
 

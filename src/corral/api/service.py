@@ -25,6 +25,8 @@ from corral.api.models import (
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
+    SavedState,
+    SaveRequest,
 )
 
 
@@ -74,6 +76,10 @@ class SandboxService(Protocol):
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo: ...
 
     async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]: ...
+
+    async def save(self, sandbox_id: str, req: SaveRequest) -> SavedState: ...
+
+    async def restore(self, req: SavedState) -> SandboxInfo: ...
 
     async def screenshot(self, sandbox_id: str) -> bytes: ...
 

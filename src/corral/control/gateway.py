@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import json
 import re
 import secrets
 import time
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 from corral import metrics
 from corral.api.models import (
+    VM_KINDS,
     AuditReport,
     CommitRequest,
     CreateSandbox,
@@ -39,6 +41,8 @@ from corral.api.models import (
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
+    SavedState,
+    SaveRequest,
 )
 from corral.api.service import SandboxService
 from corral.control import nodes, placement, quotas, sandboxes
@@ -51,6 +55,7 @@ from corral.errors import (
     CorralError,
     InternalError,
     InvalidArgument,
+    NotFound,
     ResourceExhausted,
     SandboxLost,
     SandboxNotFound,
@@ -69,6 +74,17 @@ _ID = re.compile(r"([a-z0-9]{1,16})-[0-9a-f]{16}")
 # once it is this old.
 STALE_PLACING = 300.0
 T = TypeVar("T")
+
+
+def _saved_spec(req: SavedState) -> dict[str, Any]:
+    """The record a saved state was saved with (its size, for the charge)."""
+    from corral.images.objects import open_store
+
+    try:
+        doc: dict[str, Any] = json.loads(open_store(req.store).get(f"{req.key}/saved.json"))
+    except NotFound:
+        raise InvalidArgument("key", "names no saved state in the store", req.key) from None
+    return doc
 
 
 class NodeLost(Unavailable):
@@ -628,6 +644,41 @@ class GatewayView:
 
     async def suspend(self, sandbox_id: str) -> SandboxInfo:
         info: SandboxInfo = await self._forward(sandbox_id, lambda c: c.suspend(sandbox_id))
+        return info
+
+    async def save(self, sandbox_id: str, req: SaveRequest) -> SavedState:
+        saved: SavedState = await self._forward(sandbox_id, lambda c: c.save(sandbox_id, req))
+        return saved
+
+    async def restore(self, req: SavedState) -> SandboxInfo:
+        """Placed and charged like a create (any node that runs the kind and
+        reaches the store), then the node loads the state."""
+        if req.kind not in VM_KINDS:
+            raise InvalidArgument("kind", "must be a VM kind a state was saved from", req.kind)
+        gw = self.gw
+        key = sandboxes.node_key(self.project, req.idempotency_key or secrets.token_hex(16))
+        doc = await asyncio.to_thread(_saved_spec, req)
+        cpu, memory = float(doc["spec"]["cpu"]), int(doc["spec"]["memory"])
+        node = await gw.choose(kind=req.kind, image="", memory=memory, exclude=set())
+        try:
+            levels = len(await gw.chain(self.project))
+            row, new = await sandboxes.reserve(
+                gw.db, key, self.project, node.name, req.kind, cpu, memory, levels=levels
+            )
+        finally:
+            gw.release(node.name)
+        if not new and row.state == "ready" and row.id is not None:
+            return await self.get(row.id)
+        target = await gw.node(row.node)
+        if target is None:
+            raise Unavailable(f"node {row.node} is gone")
+        to_node = req.model_copy(update={"idempotency_key": key})
+        try:
+            info: SandboxInfo = await gw.watch(target.name, gw.client(target).restore(to_node))
+        except CorralError as exc:
+            await sandboxes.finish(gw.db, key, "failed", exc.message)
+            raise
+        await sandboxes.mark_ready(gw.db, key, info.id)
         return info
 
     async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:

@@ -42,6 +42,8 @@ from corral.api.models import (
     NetworkPolicy,
     SandboxInfo,
     SandboxState,
+    SavedState,
+    SaveRequest,
     check_path,
 )
 from corral.config import NodeConfig
@@ -50,7 +52,9 @@ from corral.errors import (
     Conflict,
     CorralError,
     FileError,
+    ImageNotFound,
     InvalidArgument,
+    NotFound,
     PermissionDenied,
     ResourceExhausted,
     SandboxClosed,
@@ -63,10 +67,12 @@ from corral.execd.client import ExecdClient, ExecSession
 from corral.guard.dns import Resolver, upstream_from_resolv_conf
 from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon, syscall_class
+from corral.images import registry
 from corral.images.build import build_from_dir
 from corral.images.layer import Layer
 from corral.images.lazy.loader import LazyLoader
 from corral.images.mounter import LayerMounts
+from corral.images.objects import ObjectStore, open_store
 from corral.images.store import ImageStore
 from corral.log import get_logger
 from corral.node import cgroups as cg
@@ -93,6 +99,7 @@ ID_BASE = 1 << 20
 ID_SLOTS = ((1 << 32) - ID_BASE) // IDS
 READY_TIMEOUT = 30.0
 FORK_LABEL = "corral.forked_from"  # on each copy: the id of its source
+RESTORED_LABEL = "corral.restored_from"  # on a restored VM: the id it was saved from
 KEY_LABEL = "corral.key"  # a gateway's idempotency key (corral.control.gateway)
 EXEC_GRACE = 10.0  # how long past its timeout the agent waits for the exec server
 
@@ -427,6 +434,92 @@ class NodeAgent:
             ms=round((time.monotonic() - t0) * 1000, 1),
         )
         return made
+
+    async def save(self, sandbox_id: str, req: SaveRequest) -> SavedState:
+        """Suspend a VM (if it runs) and copy its state and its record to an
+        object store, from which restore() starts it on any node with the
+        same guest artefacts. The sandbox stays here, suspended: resume it,
+        or close it once the copy runs elsewhere."""
+        rec = self._record(sandbox_id)
+        runtime = self.runtimes.get(rec.kind)
+        if not isinstance(runtime, MicroVMRuntime):
+            raise InvalidArgument("kind", "save is for microvm and fullvm sandboxes", rec.kind)
+        if self._db().net_get(sandbox_id) is not None:
+            raise InvalidArgument(
+                "network", "a VM with a network cannot move (its address is this node's)", "policy"
+            )
+        store = open_store(req.store)
+        if rec.state == "running":
+            await self.suspend(sandbox_id)
+        rec = self._record(sandbox_id)
+        if rec.state != "suspended":
+            raise Conflict(
+                f"sandbox {sandbox_id} is {rec.state}, not suspended", sandbox=sandbox_id
+            )
+        key = f"vmstates/{sandbox_id}"
+        state = self.config.sandboxes_dir / sandbox_id / "vm.state"
+        guest_version = (await asyncio.to_thread(runtime.artefacts)).version
+        doc = {
+            "sandbox": sandbox_id,
+            "kind": rec.kind,
+            "spec": rec.spec,
+            "layers": rec.layers,
+            "labels": rec.labels,
+            "guest": guest_version,
+        }
+        t0 = time.monotonic()
+        await asyncio.to_thread(store.put_file, f"{key}/state", state)
+        await asyncio.to_thread(store.put_bytes, f"{key}/saved.json", json.dumps(doc).encode())
+        size = state.stat().st_size
+        log.info("sandbox.saved", sandbox=sandbox_id, bytes=size, store=store.url,
+                 ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
+        return SavedState(
+            store=req.store, key=key, sandbox=sandbox_id, kind=rec.kind, size=size,
+            guest=guest_version,
+        )  # fmt: skip
+
+    async def restore(self, req: SavedState) -> SandboxInfo:
+        """A new sandbox on this node from a saved VM state: its memory,
+        processes and files as they were saved. The layers are the exact
+        ones it was saved with (pulled from the store when this node lacks
+        them); the guest artefacts must be the same version."""
+        store = open_store(req.store)
+        try:
+            doc = json.loads(await asyncio.to_thread(store.get, f"{req.key}/saved.json"))
+        except NotFound:
+            raise InvalidArgument("key", f"names no saved state in {store.url}", req.key) from None
+        runtime = self.runtimes.get(doc["kind"])
+        if not isinstance(runtime, MicroVMRuntime):
+            raise InvalidArgument("kind", "this node does not run it", doc["kind"])
+        here = (await asyncio.to_thread(runtime.artefacts)).version
+        if doc["guest"] != here:
+            raise InvalidArgument(
+                "guest",
+                f"must match this node's guest artefacts ({here}): a state loads only into the "
+                "kernel it was saved under",
+                doc["guest"],
+            )
+        for digest in doc["layers"]:
+            try:
+                self.layers.store.get(digest)
+            except ImageNotFound:
+                await asyncio.to_thread(registry.pull, self.layers.store, digest, store, _quiet)
+        spec, layers = dict(doc["spec"]), list(doc["layers"])
+        # Exactly the saved layers, by digest: a tag may name another layer here.
+        spec["image"] = layers.pop(0)
+        if spec.get("workspace"):
+            spec["workspace"] = layers.pop(0)
+        spec["toolkit"] = layers
+        labels = {**doc["labels"], RESTORED_LABEL: doc["sandbox"]}
+        if req.idempotency_key is not None and KEY_LABEL in labels:
+            labels[KEY_LABEL] = req.idempotency_key
+        spec.update(labels=labels, idempotency_key=req.idempotency_key)
+        local = self.config.sandboxes_dir / f".restore-{secrets.token_hex(6)}.state"
+        try:
+            await asyncio.to_thread(_download, store, f"{req.key}/state", local)
+            return await self.create(CreateSandbox.model_validate(spec), state=local)
+        finally:
+            local.unlink(missing_ok=True)
 
     async def _create(self, req: CreateSandbox, state: Path | None = None) -> SandboxInfo:
         t0 = time.monotonic()
@@ -1346,6 +1439,17 @@ class NodeAgent:
         if self._activity and self.store is not None:
             self.store.touch(self._activity)
             self._activity = {}
+
+
+def _quiet(task: str, done: float, total: float | None) -> None:
+    pass
+
+
+def _download(store: ObjectStore, key: str, dest: Path, step: int = 8 << 20) -> None:
+    size = store.size(key)
+    with open(dest, "wb") as f:
+        for off in range(0, size, step):
+            f.write(store.get_range(key, off, min(step, size - off)))
 
 
 def layer_info(layer: Layer) -> LayerInfo:

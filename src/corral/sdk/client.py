@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from corral.api.models import CreateSandbox, ForkRequest, NetworkPolicy, validated
+from corral.api.models import CreateSandbox, ForkRequest, NetworkPolicy, SavedState, validated
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.errors import CorralError, InvalidArgument, Unavailable
@@ -208,6 +208,20 @@ class AsyncSandboxes:
         req = validated(ForkRequest, {"n": n, "idempotency_keys": keys})
         service = await self._client._ready()
         return [AsyncSandbox(service, info) for info in await service.fork(sandbox_id, req)]
+
+    async def restore(
+        self, saved: SavedState | dict[str, Any], *, idempotency_key: str | None = None
+    ) -> AsyncSandbox:
+        """A new sandbox from a state sbx.save() put in an object store: its
+        memory, processes and files as they were saved, on this client's
+        node (or, through a gateway, on any node). Labelled
+        corral.restored_from=<the saved sandbox's id>."""
+        fields = saved.model_dump() if isinstance(saved, SavedState) else dict(saved)
+        if idempotency_key is not None:
+            fields["idempotency_key"] = idempotency_key
+        req = validated(SavedState, fields)
+        service = await self._client._ready()
+        return AsyncSandbox(service, await service.restore(req))
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
         """Re-attach to a sandbox by id (from any process)."""

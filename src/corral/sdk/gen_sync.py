@@ -258,6 +258,7 @@ from corral.api.models import (
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
+    SavedState,
 )
 from corral.api.service import SandboxService
 from corral.config import NodeConfig

@@ -30,6 +30,8 @@ from corral.api.models import (
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
+    SavedState,
+    SaveRequest,
 )
 from corral.errors import (
     CorralError,
@@ -240,6 +242,16 @@ class HttpService:
     async def suspend(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._call("POST", f"/v1/sandboxes/{_sid(sandbox_id)}/suspend")
         return SandboxInfo.model_validate_json(resp.content)
+
+    async def save(self, sandbox_id: str, req: SaveRequest) -> SavedState:
+        resp = await self._call(
+            "POST", f"/v1/sandboxes/{_sid(sandbox_id)}/save", json=req.model_dump()
+        )
+        return SavedState.model_validate(resp.json())
+
+    async def restore(self, req: SavedState) -> SandboxInfo:
+        resp = await self._call("POST", "/v1/restore", json=req.model_dump(exclude_none=True))
+        return SandboxInfo.model_validate(resp.json())
 
     async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:
         resp = await self._call(

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from corral.api.models import AuditReport, CommitRequest, LayerInfo, SandboxInfo, validated
+from corral.api.models import (
+    AuditReport,
+    CommitRequest,
+    LayerInfo,
+    SandboxInfo,
+    SavedState,
+    SaveRequest,
+    validated,
+)
 from corral.sdk.commands import AsyncCommands
 from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
@@ -52,6 +60,15 @@ class AsyncSandbox:
         it back where it was. microVMs only, for now."""
         self.info = await self._service.suspend(self.id)
         return self.info
+
+    async def save(self, store: str) -> SavedState:
+        """Suspend this VM (if it runs) and copy its state to an object store
+        (a shared directory, http(s):// of `corral blobd`, s3://), from which
+        client.sandboxes.restore() starts it on any node. It stays here,
+        suspended: resume it, or close it once the copy runs elsewhere."""
+        saved = await self._service.save(self.id, validated(SaveRequest, {"store": store}))
+        self.info = await self._service.get(self.id)
+        return saved
 
     async def resume(self) -> SandboxInfo:
         """Bring a suspended sandbox back (a running one is left as it is)."""

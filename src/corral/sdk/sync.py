@@ -21,6 +21,7 @@ from corral.api.models import (
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
+    SavedState,
 )
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
@@ -296,6 +297,12 @@ class Sandbox:
         """Bring a suspended sandbox back (a running one is left as it is)."""
         return self._portal.call(self._inner.resume)
 
+    def save(self, store: str) -> SavedState:
+        """Suspend this VM (if it runs) and copy its state to an object store (a shared directory,
+        http(s):// of `corral blobd`, s3://), from which client.sandboxes.restore() starts it on
+        any node. It stays here, suspended: resume it, or close it once the copy runs elsewhere."""
+        return self._portal.call(self._inner.save, store)
+
     def suspend(self) -> SandboxInfo:
         """Save the sandbox (memory, devices, processes) to disk and stop it, freeing its memory
         and CPU; resume() or the next request brings it back where it was. microVMs only, for
@@ -405,6 +412,18 @@ class Sandboxes:
     def list(self, labels: dict[str, str] | None = None) -> builtins.list[Sandbox]:
         """Live sandboxes, optionally those carrying all the given labels."""
         return [Sandbox(self._portal, x) for x in self._portal.call(self._inner.list, labels)]
+
+    def restore(
+        self,
+        saved: SavedState | dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+    ) -> Sandbox:
+        """A new sandbox from a state sbx.save() put in an object store: its memory, processes and
+        files as they were saved, on this client's node (or, through a gateway, on any node).
+        Labelled corral.restored_from=<the saved sandbox's id>."""
+        result = self._portal.call(self._inner.restore, saved, idempotency_key=idempotency_key)
+        return Sandbox(self._portal, result)
 
 
 class FnCall:
