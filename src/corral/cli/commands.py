@@ -373,9 +373,18 @@ async def gc(a: argparse.Namespace) -> int:
     return 0
 
 
+def _guest_version() -> str | None:
+    """The built guest artefacts' version (the install script builds them)."""
+    from corral.runtimes.vm.guest import DEFAULT_OUT
+
+    found = sorted(p.parent.name for p in DEFAULT_OUT.glob("*/ready"))
+    return found[0] if found else None
+
+
 async def doctor(a: argparse.Namespace) -> int:
     from corral.node import cgroups
     from corral.runtimes.container import bundle
+    from corral.runtimes.vm.qemu import accelerator
 
     checks: dict[str, Any] = {
         "root": os.geteuid() == 0,
@@ -392,6 +401,13 @@ async def doctor(a: argparse.Namespace) -> int:
         "btrfs": "btrfs" in Path("/proc/filesystems").read_text(),
         "cap_sys_resource": bundle.CAN_PROTECT_INIT,
         "platform_helpers": (NodeConfig().platform_src / "bin" / "corral-init").exists(),
+        # VMs: QEMU, the accelerator a guest would get, whether /dev/kvm is
+        # there at all (present is not usable on nested PVM hosts), and the
+        # guest artefacts' version if built.
+        "qemu": shutil.which("qemu-system-x86_64"),
+        "vm_accel": accelerator() if shutil.which("qemu-system-x86_64") else None,
+        "dev_kvm": os.path.exists("/dev/kvm"),
+        "guest": _guest_version(),
     }
     table = Table("CHECK", "RESULT")
     for k, v in checks.items():
