@@ -199,12 +199,19 @@ async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str)
         await src.close()
 
 
-async def test_fork_is_for_vms(embedded: corral.AsyncClient) -> None:
+async def test_fork_save_and_suspend_are_for_vms(embedded: corral.AsyncClient) -> None:
     s = await embedded.sandboxes.create(image=IMAGE)
     try:
         with pytest.raises(corral.InvalidArgument) as e:
             await embedded.sandboxes.fork(s, 2)
         assert e.value.field == "kind"
+        with pytest.raises(corral.InvalidArgument) as e:
+            await s.save("/tmp/nowhere")
+        assert e.value.field == "kind"
+        with pytest.raises(corral.InvalidArgument) as e:
+            await s.suspend()
+        assert e.value.field == "kind"
+        assert (await s.refresh()).state.value == "running"  # nothing was touched
     finally:
         await s.close()
 

@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from corral.api.models import CreateSandbox, DisplayInput, validated
+from corral.api.models import (
+    CreateSandbox,
+    DisplayInput,
+    ForkRequest,
+    SavedState,
+    SaveRequest,
+    validated,
+)
 from corral.errors import InvalidArgument
 from corral.runtimes.vm import display
 from corral.runtimes.vm.qemu import MicroVM
@@ -171,3 +178,32 @@ def test_a_nic_is_a_tap_and_pmem_needs_q35(monkeypatch: Any, tmp_path: Path) -> 
     full = " ".join(_vm(pmem=image, display=(800, 600), memory_mib=512).argv())
     assert f"mem-path={image}" in full and "readonly=on" in full
     assert "virtio-pmem-pci" in full and "swiotlb=noforce" in full and "maxmem=" in full
+
+
+@pytest.mark.parametrize(
+    ("model", "fields", "bad"),
+    [
+        (ForkRequest, {"n": 0}, "n"),
+        (ForkRequest, {"n": 33}, "n"),
+        (ForkRequest, {"n": 2, "idempotency_keys": ["a"]}, "idempotency_keys"),
+        (ForkRequest, {"n": 2, "idempotency_keys": ["a", "a"]}, "idempotency_keys"),
+        (ForkRequest, {"n": 1, "idempotency_keys": ["no spaces"]}, "idempotency_keys"),
+        (SaveRequest, {"store": ""}, "store"),
+        (SavedState, {"store": "/s", "key": "../etc/passwd"}, "key"),
+        (SavedState, {"store": "/s", "key": "vmstates/t-0123"}, "key"),
+        (SavedState, {"store": "/s", "key": "vmstates/t-0123456789abcdef", "x": 1}, "x"),
+        (SavedState, {"key": "vmstates/t-0123456789abcdef"}, "store"),
+    ],
+)
+def test_fork_save_and_restore_requests_table(model: Any, fields: dict[str, Any], bad: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        validated(model, fields)
+    assert e.value.field == bad
+
+
+def test_a_store_must_be_absolute_or_a_url() -> None:
+    from corral.images.objects import open_store
+
+    with pytest.raises(InvalidArgument) as e:
+        open_store("relative/dir")
+    assert e.value.field == "store"
