@@ -74,6 +74,8 @@ class NodeConfig:
     # Layers may be shared by several nodes of one machine (tests, the
     # multi-node setup); None means <data_dir>/images.
     images: Path | None = None
+    # The key that signs saved VM states; None: <images dir>/../state.key.
+    state_key: Path | None = None
     # Sandbox networking (only for sandboxes given a policy).
     network_pool: str = "10.200.0.0/16"
     dns_port: int = 10053
@@ -116,7 +118,7 @@ class NodeConfig:
             raw = os.environ.get(f"CORRAL_{f.name.upper()}")
             if raw is None:
                 continue
-            if f.name in ("data_dir", "platform_src", "images"):
+            if f.name in ("data_dir", "platform_src", "images", "state_key"):
                 values[f.name] = Path(raw)
             elif f.name in (
                 "scratch_size",
@@ -165,6 +167,12 @@ class NodeConfig:
     @property
     def images_dir(self) -> Path:
         return self.images or self.data_dir / "images"
+
+    @property
+    def state_key_path(self) -> Path:
+        """The key saved VM states are signed with: beside the image store,
+        so the nodes that share images share it (runtimes/vm/states.py)."""
+        return self.state_key or self.images_dir.parent / "state.key"
 
     @property
     def sandboxes_dir(self) -> Path:

@@ -20,6 +20,7 @@ import pytest
 
 import corral
 from corral.config import NodeConfig
+from corral.runtimes.vm import states
 
 from ..support import IMAGE, Server, png_pixels
 
@@ -275,13 +276,31 @@ async def test_a_saved_vm_is_restored_on_another_node(
                     {**saved.model_dump(), "key": "vmstates/x-0000000000000000"}
                 )
             assert e.value.field == "key"
-            # A state saved under other guest artefacts does not load here.
-            record = Path(store) / saved.key / "saved.json"
-            doc = json.loads(record.read_text())
-            record.write_text(json.dumps({**doc, "guest": "0" * 16}))
+            # Saved states are signed: a changed record is refused, a state
+            # file that does not match its record never reaches QEMU, and a
+            # (signed) record of other guest artefacts does not load here.
+            obj = Path(store) / saved.key
+            record, mac = (obj / "saved.json").read_bytes(), (obj / "mac").read_text()
+            other_guest = json.dumps({**json.loads(record), "guest": "0" * 16}).encode()
+            (obj / "saved.json").write_bytes(other_guest)
+            with pytest.raises(corral.InvalidArgument, match="signature") as e:
+                await other.sandboxes.restore(saved)
+            assert e.value.field == "key"
+            key = states.load_key(fresh_config.state_key_path)
+            (obj / "mac").write_text(states.sign(key, saved.key, other_guest))
             with pytest.raises(corral.InvalidArgument) as e:
                 await other.sandboxes.restore(saved)
             assert e.value.field == "guest"
+            (obj / "saved.json").write_bytes(record)
+            (obj / "mac").write_text(mac)
+            with open(obj / "state", "r+b") as f:
+                f.seek(4096)
+                byte = f.read(1)
+                f.seek(4096)
+                f.write(bytes([byte[0] ^ 0xFF]))
+            with pytest.raises(corral.InvalidArgument, match="does not match") as e:
+                await other.sandboxes.restore(saved)
+            assert e.value.field == "key"
             assert [x.id for x in await other.sandboxes.list()] == []
         # The source is still there, suspended, and resumes.
         assert (await src.resume()).state.value == "running"

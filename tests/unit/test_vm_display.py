@@ -207,3 +207,18 @@ def test_a_store_must_be_absolute_or_a_url() -> None:
     with pytest.raises(InvalidArgument) as e:
         open_store("relative/dir")
     assert e.value.field == "store"
+
+
+def test_saved_states_are_signed_over_their_name_and_record(tmp_path: Path) -> None:
+    from corral.runtimes.vm import states
+
+    path = tmp_path / "keys" / "state.key"
+    key = states.load_key(path)
+    assert len(key) == 32 and path.stat().st_mode & 0o777 == 0o600
+    assert states.load_key(path) == key  # made once, then read
+    mac = states.sign(key, "vmstates/a-0123456789abcdef", b'{"spec": 1}')
+    assert states.verify(key, "vmstates/a-0123456789abcdef", b'{"spec": 1}', mac)
+    assert not states.verify(key, "vmstates/a-0123456789abcdef", b'{"spec": 2}', mac)
+    assert not states.verify(key, "vmstates/b-0123456789abcdef", b'{"spec": 1}', mac)
+    assert not states.verify(b"x" * 32, "vmstates/a-0123456789abcdef", b'{"spec": 1}', mac)
+    assert not states.verify(key, "vmstates/a-0123456789abcdef", b'{"spec": 1}', "00")

@@ -86,6 +86,7 @@ from corral.runtimes.container.runtime import ContainerRuntime, control_path
 from corral.runtimes.fncall.pool import POOL_LABEL
 from corral.runtimes.fncall.runtime import FnCallRuntime
 from corral.runtimes.fncall.service import FnCalls
+from corral.runtimes.vm import states
 from corral.runtimes.vm.display import Display
 from corral.runtimes.vm.qemu import accelerator
 from corral.runtimes.vm.runtime import TAP, FullVMRuntime, MicroVMRuntime, vm_capable
@@ -459,6 +460,7 @@ class NodeAgent:
         key = f"vmstates/{sandbox_id}"
         state = self.config.sandboxes_dir / sandbox_id / "vm.state"
         guest_version = (await asyncio.to_thread(runtime.artefacts)).version
+        t0 = time.monotonic()
         doc = {
             "sandbox": sandbox_id,
             "kind": rec.kind,
@@ -466,10 +468,13 @@ class NodeAgent:
             "layers": rec.layers,
             "labels": rec.labels,
             "guest": guest_version,
+            "state_sha256": await asyncio.to_thread(states.file_sha256, state),
         }
-        t0 = time.monotonic()
+        record = json.dumps(doc).encode()
+        mac = states.sign(states.load_key(self.config.state_key_path), key, record)
         await asyncio.to_thread(store.put_file, f"{key}/state", state)
-        await asyncio.to_thread(store.put_bytes, f"{key}/saved.json", json.dumps(doc).encode())
+        await asyncio.to_thread(store.put_bytes, f"{key}/saved.json", record)
+        await asyncio.to_thread(store.put_bytes, f"{key}/mac", mac.encode())
         size = state.stat().st_size
         log.info("sandbox.saved", sandbox=sandbox_id, bytes=size, store=store.url,
                  ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
@@ -485,9 +490,18 @@ class NodeAgent:
         them); the guest artefacts must be the same version."""
         store = open_store(req.store)
         try:
-            doc = json.loads(await asyncio.to_thread(store.get, f"{req.key}/saved.json"))
+            record = await asyncio.to_thread(store.get, f"{req.key}/saved.json")
+            mac = (await asyncio.to_thread(store.get, f"{req.key}/mac")).decode(errors="replace")
         except NotFound:
             raise InvalidArgument("key", f"names no saved state in {store.url}", req.key) from None
+        if not states.verify(states.load_key(self.config.state_key_path), req.key, record, mac):
+            raise InvalidArgument(
+                "key",
+                "must name a state saved by a node sharing this node's state key "
+                "(its record's signature does not match)",
+                req.key,
+            )
+        doc = json.loads(record)
         runtime = self.runtimes.get(doc["kind"])
         if not isinstance(runtime, MicroVMRuntime):
             raise InvalidArgument("kind", "this node does not run it", doc["kind"])
@@ -517,6 +531,11 @@ class NodeAgent:
         local = self.config.sandboxes_dir / f".restore-{secrets.token_hex(6)}.state"
         try:
             await asyncio.to_thread(_download, store, f"{req.key}/state", local)
+            # Checked before QEMU reads a byte of it (states.py says why).
+            if await asyncio.to_thread(states.file_sha256, local) != doc["state_sha256"]:
+                raise InvalidArgument(
+                    "key", "its state file does not match its signed record", req.key
+                )
             return await self.create(CreateSandbox.model_validate(spec), state=local)
         finally:
             local.unlink(missing_ok=True)
