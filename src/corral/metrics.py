@@ -35,6 +35,28 @@ OUTPUT_DROPPED = Counter(
     "corral_output_dropped_bytes_total", "Command output beyond its cap", registry=REGISTRY
 )
 FILE_OPS = Counter("corral_file_ops_total", "File operations", ["op"], registry=REGISTRY)
+VM_OPS = Histogram(
+    "corral_vm_op_seconds",
+    "VM state operations (suspend, resume, fork, save, restore), request to done",
+    ["op"],
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+VM_STATE_BYTES = Counter(
+    "corral_vm_state_bytes_total",
+    "Bytes of VM state written (suspend, fork, save)",
+    ["op"],
+    registry=REGISTRY,
+)
+VM_FAILURES = Counter(
+    "corral_vm_guest_failures_total",
+    "Guests failed by the node: hung (silent past vm_hang_timeout)",
+    ["reason"],
+    registry=REGISTRY,
+)
+DISPLAY_OPS = Counter(
+    "corral_display_ops_total", "Full-VM display operations", ["op"], registry=REGISTRY
+)
 LOADER_FAILURES = Counter(
     "corral_lazy_loader_failures_total",
     "Times the node's lazy loader was found dead",

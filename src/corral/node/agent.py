@@ -426,6 +426,8 @@ class NodeAgent:
             if isinstance(first, CorralError):
                 raise first
             raise SandboxFailed(f"sandbox {sandbox_id}: fork failed: {first}") from first
+        metrics.VM_OPS.labels("fork").observe(time.monotonic() - t0)
+        metrics.VM_STATE_BYTES.labels("fork").inc(size)
         log.info(
             "sandbox.forked",
             sandbox=sandbox_id,
@@ -476,6 +478,8 @@ class NodeAgent:
         await asyncio.to_thread(store.put_bytes, f"{key}/saved.json", record)
         await asyncio.to_thread(store.put_bytes, f"{key}/mac", mac.encode())
         size = state.stat().st_size
+        metrics.VM_OPS.labels("save").observe(time.monotonic() - t0)
+        metrics.VM_STATE_BYTES.labels("save").inc(size)
         log.info("sandbox.saved", sandbox=sandbox_id, bytes=size, store=store.url,
                  ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
         return SavedState(
@@ -536,7 +540,10 @@ class NodeAgent:
                 raise InvalidArgument(
                     "key", "its state file does not match its signed record", req.key
                 )
-            return await self.create(CreateSandbox.model_validate(spec), state=local)
+            t0 = time.monotonic()
+            info = await self.create(CreateSandbox.model_validate(spec), state=local)
+            metrics.VM_OPS.labels("restore").observe(time.monotonic() - t0)
+            return info
         finally:
             local.unlink(missing_ok=True)
 
@@ -796,6 +803,8 @@ class NodeAgent:
             db.transition(sandbox_id, ["suspending"], "running")
             raise
         db.transition(sandbox_id, ["suspending"], "suspended")
+        metrics.VM_OPS.labels("suspend").observe(time.monotonic() - t0)
+        metrics.VM_STATE_BYTES.labels("suspend").inc(size)
         log.info(
             "sandbox.suspended",
             sandbox=sandbox_id,
@@ -843,6 +852,7 @@ class NodeAgent:
             init_pid=started.pid,
             init_start=started.pid_start,
         )
+        metrics.VM_OPS.labels("resume").observe(time.monotonic() - t0)
         log.info("sandbox.resumed", sandbox=sandbox_id, ms=round((time.monotonic() - t0) * 1000, 1))
         return self._info(self._record(sandbox_id))
 
@@ -858,7 +868,9 @@ class NodeAgent:
 
     async def screenshot(self, sandbox_id: str) -> bytes:
         """The screen as QEMU shows it, a PNG."""
-        return await (await self._display(sandbox_id)).screenshot()
+        png = await (await self._display(sandbox_id)).screenshot()
+        metrics.DISPLAY_OPS.labels("screenshot").inc()
+        return png
 
     async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
         display = await self._display(sandbox_id)
@@ -872,6 +884,7 @@ class NodeAgent:
             await display.type(req.text or "")
         else:
             await display.key(req.keys or "")
+        metrics.DISPLAY_OPS.labels(req.action).inc()
         self._activity[sandbox_id] = time.time()
 
     def _running(self, sandbox_id: str) -> SandboxRecord:

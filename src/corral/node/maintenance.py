@@ -174,6 +174,7 @@ class Maintenance:
             since = self._silent_since.setdefault(rec.id, now)
             if now - since >= self.agent.config.vm_hang_timeout:
                 self._silent_since.pop(rec.id, None)
+                metrics.VM_FAILURES.labels("hung").inc()
                 await self._fail(rec, f"its guest stopped answering for {now - since:.0f}s (hung)")
         running = {r.id for r in guests}
         for gone in set(self._silent_since) - running:
