@@ -37,6 +37,7 @@ from corral.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    NodeFull,
     ResourceExhausted,
     SandboxClosed,
     SandboxFailed,

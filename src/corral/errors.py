@@ -13,6 +13,7 @@
      +-- Conflict                     409 conflict
      +-- CommandTimeout               408 command_timeout  (also a TimeoutError)
      +-- ResourceExhausted            429 resource_exhausted
+     |    +-- NodeFull                429 node_full        (this node; another may take it)
      +-- FileError                    422 file_error       (an OS error inside the sandbox)
      +-- SandboxFailed                500 sandbox_failed
      +-- SandboxLost                  410 sandbox_lost     (its node died; not recreated)
@@ -134,6 +135,17 @@ class ResourceExhausted(CorralError):
     http_status = 429
 
 
+class NodeFull(ResourceExhausted):
+    """One node cannot take the sandbox (slots, memory, disk, pressure):
+    a gateway places it elsewhere. Unlike its parent (a quota, or every
+    node full), retrying on another node may succeed."""
+
+    code = "node_full"
+
+    def __init__(self, message: str, *, node: str, reason: str, **details: Any) -> None:
+        super().__init__(message, node=node, reason=reason, **details)
+
+
 class FileError(CorralError):
     """A file operation failed inside the sandbox; ``errno`` says why."""
 
@@ -180,6 +192,7 @@ ERROR_CODES: dict[str, type[CorralError]] = {
         Conflict,
         CommandTimeout,
         ResourceExhausted,
+        NodeFull,
         FileError,
         SandboxFailed,
         SandboxLost,

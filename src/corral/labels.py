@@ -1,0 +1,15 @@
+"""Labels the platform sets on sandboxes. Callers cannot set them (the
+request models refuse `corral.pool`; the gateway refuses every one of
+RESERVED), so a label here always means what its comment says."""
+
+from __future__ import annotations
+
+PREFIX = "corral."
+PROJECT = "corral.project"  # the project that owns it (set by the gateway)
+KEY = "corral.key"  # the gateway's idempotency key for its row
+POOL = "corral.pool"  # one of the node's own function-call workers
+FORKED_FROM = "corral.forked_from"  # on each fork copy: the id of its source
+RESTORED_FROM = "corral.restored_from"  # on a restored VM: the id it was saved from
+
+# Refused in a caller's create through a gateway.
+RESERVED = (PROJECT, KEY, POOL)
