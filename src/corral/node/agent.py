@@ -54,9 +54,9 @@ from corral.errors import (
     FileError,
     ImageNotFound,
     InvalidArgument,
+    NodeFull,
     NotFound,
     PermissionDenied,
-    ResourceExhausted,
     SandboxClosed,
     SandboxFailed,
     SandboxNotFound,
@@ -312,18 +312,20 @@ class NodeAgent:
         with db.transaction():
             count, promised = db.count_active()
             if count >= self.config.max_sandboxes:
-                raise ResourceExhausted(
+                raise NodeFull(
                     f"node {self.config.node} is full: {count} sandboxes, "
                     f"max_sandboxes is {self.config.max_sandboxes}",
                     node=self.config.node,
+                    reason="slots",
                 )
             budget = int(self._host_memory * self.config.memory_overcommit)
             if promised + req.memory > budget:
-                raise ResourceExhausted(
+                raise NodeFull(
                     f"node {self.config.node} cannot promise {req.memory} more bytes of memory: "
                     f"{promised} promised of {budget} "
                     f"(host memory x memory_overcommit {self.config.memory_overcommit})",
                     node=self.config.node,
+                    reason="memory",
                 )
             key = req.idempotency_key
             if key is not None:
