@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.cli.main import _create_kwargs, _labels
-from corral.cli.progress import progress_bar
 from corral.config import NodeConfig
 from corral.errors import InvalidArgument
+from corral.progress import progress_bar
 from corral.sdk.client import AsyncClient
 from corral.units import format_size
 

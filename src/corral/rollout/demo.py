@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from corral.cli.progress import progress_bar
 from corral.config import NodeConfig
 from corral.images.store import ImageStore
+from corral.progress import progress_bar
 from corral.rollout import demo_images as di
 from corral.rollout import humaneval
 from corral.sdk.client import AsyncClient

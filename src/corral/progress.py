@@ -1,4 +1,7 @@
-"""Progress bars for long work (image builds, bulk creation), via rich."""
+"""Progress bars for long work (image builds, bulk creation), via rich.
+
+A base module, not part of the CLI: the CLI's image commands and the
+rollout demo both draw these bars, and rollout sits below cli."""
 
 from __future__ import annotations
 
