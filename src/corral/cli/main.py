@@ -2,6 +2,9 @@
 
 Every command works embedded (a node agent in this process, root needed) or
 against a server (--url or CORRAL_URL).
+
+This module is the parser; the handlers live in cli.sandboxes, cli.images,
+cli.cluster and cli.node, which never import it back.
 """
 
 from __future__ import annotations
@@ -16,59 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from corral import __version__
-from corral.errors import CorralError, InvalidArgument
+from corral.cli import cluster, images, node, sandboxes
+from corral.cli.args import add_sandbox_args
+from corral.errors import CorralError
 from corral.log import configure
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
-def _labels(items: list[str] | None) -> dict[str, str]:
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InvalidArgument("label", "must be key=value", item)
-        out[key] = value
-    return out
-
-
-def _sandbox_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", default="container", help="container, microvm or fullvm")
-    p.add_argument("--image", required=True, help="base image, name:tag or sha256:...")
-    p.add_argument("--workspace", help="workspace layer composed over the image")
-    p.add_argument("--toolkit", action="append", help="toolkit layer (repeatable; last on top)")
-    p.add_argument("--cpu", type=float, default=None, help="cores (default 1; fullvm 2)")
-    p.add_argument("--memory", default=None, help="default 1GiB; fullvm 2GiB")
-    p.add_argument("--display-size", default=None, help="fullvm: WIDTHxHEIGHT (1024x768)")
-    p.add_argument("--disk", default="2GiB")
-    p.add_argument("--pids", type=int, default=512)
-    p.add_argument("--ttl", type=float, default=3600)
-    p.add_argument("--idle-timeout", type=float, default=600)
-    p.add_argument("--env", action="append", help="KEY=VALUE (repeatable)")
-    p.add_argument("--label", action="append", help="key=value (repeatable)")
-
-
-def _create_kwargs(a: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "kind": a.kind,
-        "display_size": a.display_size,
-        "image": a.image,
-        "workspace": a.workspace,
-        "toolkit": a.toolkit,
-        "cpu": a.cpu,
-        "memory": a.memory,
-        "disk": a.disk,
-        "pids": a.pids,
-        "ttl": a.ttl,
-        "idle_timeout": a.idle_timeout,
-        "env": _labels(a.env),
-        "labels": _labels(a.label),
-    }
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from corral.cli import commands as c
-
     parser = argparse.ArgumentParser(prog="corral", description="Sandboxes for agent RL.")
     parser.add_argument("--version", action="version", version=f"corral {__version__}")
     parser.add_argument(
@@ -81,12 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def cmd(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+    def cmd(name: str, handler: Handler | None, help: str) -> argparse.ArgumentParser:
+        """A subcommand; a group (None) gets no handler of its own, as its
+        required subcommands each set theirs."""
         p = sub.add_parser(name, help=help, description=help)
-        p.set_defaults(handler=handler)
+        if handler is not None:
+            p.set_defaults(handler=handler)
         return p
 
-    p = cmd("serve", c.serve, "run the node agent (or, with --gateway, a gateway) over HTTP")
+    p = cmd("serve", node.serve, "run the node agent (or, with --gateway, a gateway) over HTTP")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7070)
     p.add_argument("--socket", help="also listen on this unix socket")
@@ -111,28 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--node-timeout", type=float, default=10.0, help="gateway: silence = lost")
 
-    proj = cmd("project", c.project_help, "projects (org / team / job), quotas and API keys")
+    proj = cmd("project", None, "projects (org / team / job), quotas and API keys")
     psub = proj.add_subparsers(dest="project_command", required=True)
     p = psub.add_parser("create", help="create a project, nested under --parent")
-    p.set_defaults(handler=c.project_create)
+    p.set_defaults(handler=cluster.project_create)
     p.add_argument("name")
     p.add_argument("--parent")
     p.add_argument("--max-sandboxes", type=int)
     p.add_argument("--max-cpu", type=float)
     p.add_argument("--max-memory", help="e.g. 64GiB")
     p = psub.add_parser("ls", help="list projects with their use and limits")
-    p.set_defaults(handler=c.project_ls)
+    p.set_defaults(handler=cluster.project_ls)
     p = psub.add_parser("key", help="make an API key for a project (printed once)")
-    p.set_defaults(handler=c.project_key)
+    p.set_defaults(handler=cluster.project_key)
     p.add_argument("name")
     for p in psub.choices.values():
         p.add_argument("--state", default=os.environ.get("CORRAL_STATE"), help="state store URL")
         p.add_argument("--cluster-dir", type=Path, default=Path("/var/lib/corral/cluster"))
 
-    clu = cmd("cluster", c.cluster_help, "Corral on a Ray cluster: up, status, down")
+    clu = cmd("cluster", None, "Corral on a Ray cluster: up, status, down")
     csub = clu.add_subparsers(dest="cluster_command", required=True)
     p = csub.add_parser("up", help="start the state store, node agents on Ray, the gateway")
-    p.set_defaults(handler=c.cluster_up)
+    p.set_defaults(handler=cluster.cluster_up)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument(
         "--local-nodes", type=int, help="start a Ray cluster of N nodes on this machine"
@@ -147,37 +109,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-timeout", type=float, default=10.0)
     p.add_argument("--images", type=Path, help="a layer store the local nodes share")
     p = csub.add_parser("status", help="the nodes and their last heartbeat")
-    p.set_defaults(handler=c.cluster_status)
+    p.set_defaults(handler=cluster.cluster_status)
     p = csub.add_parser("down", help="close every sandbox, stop what up started")
-    p.set_defaults(handler=c.cluster_down)
+    p.set_defaults(handler=cluster.cluster_down)
     for p in csub.choices.values():
         p.add_argument("--dir", type=Path, default=Path("/var/lib/corral/cluster"))
 
-    p = cmd("create", c.create, "create a sandbox and print its id")
-    _sandbox_args(p)
+    p = cmd("create", sandboxes.create, "create a sandbox and print its id")
+    add_sandbox_args(p)
 
-    p = cmd("screenshot", c.screenshot, "save a full VM's screen as a PNG")
+    p = cmd("screenshot", sandboxes.screenshot, "save a full VM's screen as a PNG")
     p.add_argument("id")
     p.add_argument("-o", "--output", type=Path, help="file to write (default: ID.png)")
 
-    p = cmd("suspend", c.suspend, "save a VM sandbox to disk and stop it")
+    p = cmd("suspend", sandboxes.suspend, "save a VM sandbox to disk and stop it")
     p.add_argument("id")
-    p = cmd("resume", c.resume, "bring a suspended sandbox back")
+    p = cmd("resume", sandboxes.resume, "bring a suspended sandbox back")
     p.add_argument("id")
 
-    p = cmd("exec", c.exec_, "run a command in a sandbox; exits with its status")
+    p = cmd("exec", sandboxes.exec_, "run a command in a sandbox; exits with its status")
     p.add_argument("id")
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--cwd")
     p.add_argument("--user", default="root")
     p.add_argument("cmd", nargs="*", help="the command (after --)")
 
-    p = cmd("run", c.run, "create a sandbox, run one command, close it")
-    _sandbox_args(p)
+    p = cmd("run", sandboxes.run, "create a sandbox, run one command, close it")
+    add_sandbox_args(p)
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("cmd", nargs="*", help="the command (after --)")
 
-    p = cmd("call", c.call, "run code as a stateless function call; exits with its status")
+    p = cmd("call", sandboxes.call, "run code as a stateless function call; exits with its status")
     p.add_argument("language", help="python, bash, c, cpp, ... (see docs/fncall.md)")
     p.add_argument("source", help="a file with the code, or - for standard input")
     p.add_argument("--stdin", type=Path, help="a file fed to the program's standard input")
@@ -190,26 +152,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", default="512MiB")
     p.add_argument("--image")
 
-    p = cmd("ls", c.ls, "list live sandboxes")
+    p = cmd("ls", sandboxes.ls, "list live sandboxes")
     p.add_argument("--label", action="append")
 
-    p = cmd("rm", c.rm, "close sandboxes")
+    p = cmd("rm", sandboxes.rm, "close sandboxes")
     p.add_argument("ids", nargs="+")
 
-    cmd("gc", c.gc, "reclaim leftovers of crashed agents and sandboxes (embedded only)")
-    cmd("doctor", c.doctor, "check what this host offers Corral")
+    cmd("gc", node.gc, "reclaim leftovers of crashed agents and sandboxes (embedded only)")
+    cmd("doctor", node.doctor, "check what this host offers Corral")
 
-    p = cmd("demo", c.demo, "the main job: a batch of agent rollouts on real projects")
+    p = cmd("demo", node.demo, "the main job: a batch of agent rollouts on real projects")
     p.add_argument("--sandboxes", type=int, default=48)
 
-    p = cmd("bench", c.bench, "run a benchmark from bench/")
+    p = cmd("bench", node.bench, "run a benchmark from bench/")
     p.add_argument("name", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
 
-    img = cmd("image", c.image_help, "build and manage image layers")
+    img = cmd("image", None, "build and manage image layers")
     isub = img.add_subparsers(dest="image_command", required=True)
     p = isub.add_parser("build", help="build a layer")
-    p.set_defaults(handler=c.image_build)
+    p.set_defaults(handler=images.image_build)
     p.add_argument("ref", help="name:tag")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-dir", type=Path)
@@ -236,31 +198,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=3600, help="with --run: seconds for CMD")
     p.add_argument("cmd", nargs="*", help="with --run: -- CMD ...")
     p = isub.add_parser("import", help="import a root file system tarball")
-    p.set_defaults(handler=c.image_import)
+    p.set_defaults(handler=images.image_import)
     p.add_argument("tarball", type=Path)
     p.add_argument("ref")
     p.add_argument("--kind", default="base")
     p = isub.add_parser("ls", help="list layers")
-    p.set_defaults(handler=c.image_ls)
+    p.set_defaults(handler=images.image_ls)
     p = isub.add_parser("inspect", help="show a layer's manifest")
-    p.set_defaults(handler=c.image_inspect)
+    p.set_defaults(handler=images.image_inspect)
     p.add_argument("ref")
     p = isub.add_parser("rm", help="untag a layer (gc frees it)")
-    p.set_defaults(handler=c.image_rm)
+    p.set_defaults(handler=images.image_rm)
     p.add_argument("refs", nargs="+")
     p = isub.add_parser("push", help="copy a layer to a shared store")
-    p.set_defaults(handler=c.image_push)
+    p.set_defaults(handler=images.image_push)
     p.add_argument("ref")
     p.add_argument("store", help="a directory, http(s)://host:port[/blobs] or s3://bucket/prefix")
     p = isub.add_parser("pull", help="register a layer from a shared store (data loads lazily)")
-    p.set_defaults(handler=c.image_pull)
+    p.set_defaults(handler=images.image_pull)
     p.add_argument("ref")
     p.add_argument("store")
     p.add_argument("--eager", action="store_true", help="download all data now")
     p = isub.add_parser("gc", help="drop untagged layers no sandbox uses, and orphan blobs")
-    p.set_defaults(handler=c.image_gc)
+    p.set_defaults(handler=images.image_gc)
 
-    p = cmd("blobd", c.blobd, "serve a directory as an HTTP blob store (ranged reads)")
+    p = cmd("blobd", node.blobd, "serve a directory as an HTTP blob store (ranged reads)")
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7071)

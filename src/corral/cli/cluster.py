@@ -1,0 +1,141 @@
+"""`corral cluster up/status/down` and `corral project create/ls/key`: a
+cluster of node agents and a gateway, and the projects (quotas, API keys)
+in its state store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from corral.cli.output import console, emit
+from corral.units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from corral.control.db import Database
+
+# ---------------------------------------------------------------- projects
+
+
+async def _state(a: argparse.Namespace) -> Database:
+    """The state store of --state, else of the cluster in --cluster-dir;
+    migrated, so a fresh one works too."""
+    from corral.cluster.up import load
+    from corral.control.db import connect
+    from corral.control.schema import migrate
+
+    url = a.state or load(a.cluster_dir)["state"]
+    db = await connect(url)
+    await migrate(db)
+    return db
+
+
+async def project_create(a: argparse.Namespace) -> int:
+    from corral.control import quotas
+
+    db = await _state(a)
+    try:
+        p = await quotas.create_project(
+            db,
+            a.name,
+            parent=a.parent,
+            max_sandboxes=a.max_sandboxes,
+            max_cpu=a.max_cpu,
+            max_memory=parse_size(a.max_memory, "max_memory") if a.max_memory else None,
+        )
+    finally:
+        await db.aclose()
+    emit(a, p.__dict__, f"project {p.name} created")
+    return 0
+
+
+async def project_ls(a: argparse.Namespace) -> int:
+    from corral.control import quotas
+
+    db = await _state(a)
+    try:
+        projects = await quotas.list_projects(db)
+    finally:
+        await db.aclose()
+    table = Table("project", "parent", "sandboxes", "cpu", "memory")
+
+    def cell(used: float, limit: float | None, fmt: Any = str) -> str:
+        return f"{fmt(used)} / {'-' if limit is None else fmt(limit)}"
+
+    for p in projects:
+        table.add_row(
+            p.name,
+            p.parent or "",
+            cell(p.used_sandboxes, p.max_sandboxes),
+            cell(p.used_cpu, p.max_cpu, lambda v: f"{v:g}"),
+            cell(p.used_memory, p.max_memory, format_size),
+        )
+    emit(a, [p.__dict__ for p in projects], table)
+    return 0
+
+
+async def project_key(a: argparse.Namespace) -> int:
+    from corral.control import quotas
+
+    db = await _state(a)
+    try:
+        key = await quotas.create_key(db, a.name)
+    finally:
+        await db.aclose()
+    emit(a, {"project": a.name, "api_key": key}, key)
+    return 0
+
+
+# ---------------------------------------------------------------- cluster
+
+
+async def cluster_up(a: argparse.Namespace) -> int:
+    from corral.cluster.up import up
+
+    doc = await up(
+        a.dir,
+        local_nodes=a.local_nodes,
+        ray_address=a.ray_address,
+        ray_port=a.ray_port,
+        state=a.state,
+        pg_port=a.pg_port,
+        gateway_host=a.gateway_host,
+        gateway_port=a.gateway_port,
+        node_port=a.node_port,
+        node_timeout=a.node_timeout,
+        images=a.images,
+        say=lambda line: console.print(line, highlight=False),
+    )
+    if a.json:
+        print(json.dumps({"gateway": doc["gateway"], "nodes": doc["nodes"]}))
+    return 0
+
+
+async def cluster_status(a: argparse.Namespace) -> int:
+    from corral.cluster.up import status
+
+    rows = await status(a.dir)
+    table = Table("node", "url", "state", "heartbeat", "sandboxes", "gateway's", "memory promised")
+    for n in rows:
+        c = n.capacity
+        promised = format_size(c.get("memory_promised", 0))
+        table.add_row(
+            n.name,
+            n.url,
+            n.state,
+            f"{n.heartbeat_age:.1f} s ago",
+            f"{c.get('active', 0)} / {c.get('max_sandboxes', 0)}",
+            str(c.get("held", 0)),
+            f"{promised} / {format_size(c.get('memory_budget', 0))}",
+        )
+    emit(a, [n.__dict__ for n in rows], table)
+    return 0
+
+
+async def cluster_down(a: argparse.Namespace) -> int:
+    from corral.cluster.up import down
+
+    await down(a.dir, say=lambda line: console.print(line, highlight=False))
+    return 0
