@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corral
 from _common import IMAGES, fresh_dir, table, write_result
 from corral.config import NodeConfig
+from corral.host import mounts
 from corral.images import registry
 from corral.images.build import build_debootstrap, build_from_dir
 from corral.images.objects import HttpObjects, LocalObjects, open_store
 from corral.images.store import ImageStore
-from corral.node import mounts
 from corral.rollout import demo_images as di
 
 WORK = Path("/var/lib/corral-lazy")

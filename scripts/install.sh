@@ -72,6 +72,9 @@ say "images: fncall:bookworm (function calls: python, bash, c, c++; cached)"
 say "images: debian-desktop:bookworm + corral-desktop (the full-VM desktop: X, twm, xterm; cached)"
 .venv/bin/corral image build debian-desktop:bookworm --desktop
 
+say "images: pytest toolkit and the demo's project workspaces (PyPI sdists, pinned; cached)"
+.venv/bin/python -m corral.rollout.demo_images
+
 say "guest: microVM kernel and initramfs (Debian's linux-image + corral-init; cached)"
 .venv/bin/python -m corral.runtimes.vm.guest
 

@@ -25,7 +25,7 @@ import pytest
 
 import corral
 from corral.config import NodeConfig
-from corral.node import mounts
+from corral.host import mounts
 
 from .support import IMAGE, IMAGES, Blobd, Server, close_everything, missing_capability
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import corral
 from corral.config import NodeConfig
-from corral.node import mounts
+from corral.host import mounts
 
 T = TypeVar("T")
 IMAGES = Path(os.environ.get("CORRAL_TEST_IMAGES", "/var/lib/corral/images"))
@@ -163,7 +163,7 @@ class Blobd:
 
 def node_leftovers(config: NodeConfig) -> dict[str, int]:
     """What a node holds in the kernel and on disk; all zero when idle."""
-    from corral.node.cgroups import Cgroups
+    from corral.host.cgroups import Cgroups
 
     scratch = config.scratch_dir
     return {

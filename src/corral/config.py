@@ -171,7 +171,7 @@ class NodeConfig:
     @property
     def state_key_path(self) -> Path:
         """The key saved VM states are signed with: beside the image store,
-        so the nodes that share images share it (runtimes/vm/states.py)."""
+        so the nodes that share images share it (node/signing.py)."""
         return self.state_key or self.images_dir.parent / "state.key"
 
     @property

@@ -20,7 +20,7 @@ import pytest
 
 import corral
 from corral.config import NodeConfig
-from corral.runtimes.vm import states
+from corral.node import signing as states
 
 from ..support import IMAGE, Server, png_pixels
 

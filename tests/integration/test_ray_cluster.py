@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral.node import mounts
+from corral.host import mounts
 
 from ..support import IMAGE, IMAGES, free_port
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import corral
 from corral.config import NodeConfig
-from corral.node import mounts
+from corral.host import mounts
 
 from ..support import IMAGE, Server, init_processes, node_leftovers
 
@@ -89,7 +89,7 @@ async def test_gc_reclaims_what_a_crash_left(fresh_config: NodeConfig) -> None:
         keep = await c.sandboxes.create(image=IMAGE)
         # Forge the aftermath of a crash: the record is gone, the resources are not.
         agent = c.service
-        db = agent._db()  # type: ignore[attr-defined]
+        db = agent.store  # type: ignore[attr-defined]
         db.db.execute("DELETE FROM resources WHERE sandbox_id=?", (sbx.id,))
         db.db.execute("DELETE FROM sandboxes WHERE id=?", (sbx.id,))
         assert init_processes(fresh_config) == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import corral
 from corral.config import NodeConfig
-from corral.node.agent import ID_BASE
+from corral.node.admission import ID_BASE
 from corral.runtimes.container.bundle import IDS
 
 from ..support import IMAGE

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 import corral
-from corral.errors import ERROR_CODES, CorralError, InvalidArgument, error_from_wire
+from corral.errors import ERROR_CODES, CorralError, InvalidArgument, NodeFull, error_from_wire
 
 
 @pytest.mark.parametrize("code", sorted(ERROR_CODES))
@@ -11,12 +11,16 @@ def test_every_code_round_trips_through_the_wire(code: str) -> None:
     cls = ERROR_CODES[code]
     if cls is InvalidArgument:
         err: CorralError = InvalidArgument("memory", "must be a size", "lots")
+    elif cls is NodeFull:
+        err = NodeFull("node n1 is full", node="n1", reason="slots")
     else:
         err = cls("something broke", sandbox="local-1")
     back = error_from_wire(err.to_wire(), err.http_status)
     assert type(back) is cls
     assert back.message == err.message
     assert back.code == code
+    if cls is NodeFull:  # the gateway reads why and where from the details
+        assert back.details == {"node": "n1", "reason": "slots"}
     assert isinstance(back, corral.CorralError)
 
 

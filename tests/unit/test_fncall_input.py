@@ -12,7 +12,7 @@ import pytest
 from corral.api.compat import sandboxfusion as sf
 from corral.api.models import FnCallResult, FnCallStage
 from corral.errors import InvalidArgument
-from corral.runtimes.fncall import languages
+from corral.node.fncall import languages
 from corral.sdk.fncall import call_request
 
 MiB = 1024 * 1024

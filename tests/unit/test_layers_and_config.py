@@ -6,10 +6,10 @@ import pytest
 
 from corral.config import NodeConfig
 from corral.errors import ImageNotFound, InvalidArgument
+from corral.host.mounts import _unescape
+from corral.host.platform import is_static_elf
 from corral.images.layer import ImageConfig, Layer, Ref
 from corral.images.store import ImageStore
-from corral.node.mounts import _unescape
-from corral.node.platform import is_static_elf
 
 
 @pytest.mark.parametrize(

@@ -210,7 +210,7 @@ def test_a_store_must_be_absolute_or_a_url() -> None:
 
 
 def test_saved_states_are_signed_over_their_name_and_record(tmp_path: Path) -> None:
-    from corral.runtimes.vm import states
+    from corral.node import signing as states
 
     path = tmp_path / "keys" / "state.key"
     key = states.load_key(path)

@@ -52,14 +52,14 @@ async def serve(a: argparse.Namespace) -> int:
 
 async def gc(a: argparse.Namespace) -> int:
     from corral.node.agent import NodeAgent
-    from corral.node.maintenance import GcReport
+    from corral.node.recovery import GcReport
 
     async with NodeAgent(node_config(a)) as agent:
         # Starting the agent already recovered the node if it became leader.
         report = GcReport()
-        if agent._maintenance.recovered:
-            report.add(agent._maintenance.recovered)
-        again = await agent._maintenance.recover()
+        if agent.recovered:
+            report.add(agent.recovered)
+        again = await agent.recover()
         report.add(again)
         report.reattached = again.reattached
     emit(
@@ -81,7 +81,7 @@ def _guest_version() -> str | None:
 
 
 async def doctor(a: argparse.Namespace) -> int:
-    from corral.node import cgroups
+    from corral.host import cgroups
     from corral.runtimes.container import bundle
     from corral.runtimes.vm.qemu import accelerator
 

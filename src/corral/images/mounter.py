@@ -18,12 +18,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from corral.errors import Unavailable
+from corral.host import mounts
 from corral.images.layer import Layer
 from corral.images.lazy.loader import LazyLoader
 from corral.images.objects import open_store
 from corral.images.store import ImageStore
 from corral.log import get_logger
-from corral.node import mounts
 
 log = get_logger("corral.layers")
 

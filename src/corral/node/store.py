@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import ResourceExhausted
+from corral.node import states as st
 
 SCHEMA_VERSION = 5
 
@@ -88,9 +89,8 @@ _MIGRATIONS: dict[int, str] = {
     """,
 }
 
-# suspended: a microVM saved to disk (no process); suspending / resuming:
-# on the way there and back (one request at a time holds the transition).
-ACTIVE_STATES = ("creating", "running", "closing", "suspending", "suspended", "resuming")
+# Every state but the final ones (node/states.py draws the machine).
+ACTIVE_STATES = st.ACTIVE
 
 
 @dataclass
@@ -154,6 +154,7 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
+        self.closed = False
         self._migrate()
 
     def _migrate(self) -> None:
@@ -168,6 +169,7 @@ class Store:
                 self.db.execute(f"PRAGMA user_version={version}")
 
     def close(self) -> None:
+        self.closed = True
         self.db.close()
 
     @contextmanager
@@ -213,6 +215,8 @@ class Store:
         )
 
     def update(self, sandbox_id: str, **values: Any) -> None:
+        if "state" in values:
+            raise ValueError("a state changes through transition() (node/states.py)")
         cols = ", ".join(f"{k}=?" for k in values)
         self.db.execute(f"UPDATE sandboxes SET {cols} WHERE id=?", (*values.values(), sandbox_id))
 
@@ -221,8 +225,9 @@ class Store:
     ) -> bool:
         """Move to to_state (setting `values` too) only from one of
         from_states; False if another process got there first (exactly one
-        closer wins)."""
+        closer wins). A change the state machine lacks is a ValueError."""
         states = list(from_states)
+        st.check(states, to_state)
         sets = "".join(f", {k}=?" for k in values)
         cur = self.db.execute(
             f"UPDATE sandboxes SET state=?{sets} WHERE id=? "

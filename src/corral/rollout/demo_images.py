@@ -173,3 +173,13 @@ def ensure_all(store: ImageStore, cache: Path, progress: ProgressFn) -> None:
     toolkit(store, progress)
     for project in PROJECTS:
         workspace(store, project, cache, progress)
+
+
+if __name__ == "__main__":
+    # The install script builds them: the main job and the tests compose them.
+    from corral.config import NodeConfig
+    from corral.progress import progress_bar
+
+    cfg = NodeConfig.from_env()
+    with progress_bar() as bar:
+        ensure_all(ImageStore(cfg.images_dir), cfg.data_dir / "cache" / "sdists", bar)

@@ -1,24 +1,47 @@
-"""What the node agent needs from a sandbox backend.
+"""What the node needs from a sandbox backend, and what a backend may offer.
 
-The agent owns records, admission, layers and scratch space; a runtime turns
+The node owns records, admission, layers and scratch space; a runtime turns
 a prepared sandbox into something running that serves the exec protocol at
 a control path, and releases what it made. Every resource a runtime will
-create is declared by ``resources()`` and recorded *before* start() makes
-it (see node/store.py).
+create is declared by ``resources()`` and recorded *before* ``start()``
+makes it (node/store.py), so a crash at any point leaves rows that name
+everything to release.
+
+Every runtime has the four members of ``Runtime``. What only some can do is
+a capability, a protocol below that a caller checks with ``isinstance``
+(refusing with ``unsupported()``, which names the kind): no caller tests a
+runtime's class, so a new backend gains an operation by implementing its
+protocol, nothing else.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from corral.node.store import SandboxRecord
+from corral.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """The sandbox as a runtime sees it: its size and its layers, nothing
+    of the node's bookkeeping (records, owners, labels)."""
+
+    id: str
+    kind: str
+    cpu: float
+    memory: int  # bytes
+    pids: int
+    disk: int  # bytes of writable space
+    layers: tuple[str, ...]  # digests, base first
+    display_size: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """What the agent has made ready before the runtime starts."""
+    """What the node has made ready before the runtime starts."""
 
     lower: list[Path]  # mounted layer roots, topmost first
     upper: Path
@@ -30,35 +53,132 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class GuestNet:
+    """A VM's address and gateway, told to the guest at boot."""
+
+    address: str
+    gateway: str
+
+
+@dataclass(frozen=True)
+class Boot:
+    """How start() brings the sandbox up: booted fresh (the default), or
+    loaded from a saved machine `state` (a fork or a restore; only a
+    runtime that is Snapshottable is ever given one)."""
+
+    state: Path | None = None
+    net: GuestNet | None = None  # only for a runtime with a net_tap
+
+
+FRESH = Boot()
+
+
+@dataclass(frozen=True)
 class Started:
     pid: int
     pid_start: int
 
 
+Releaser = Callable[[str], Awaitable[None]]
+
+
 class Runtime(Protocol):
     kind: str
+    # The interface inside the sandbox's network namespace that the node's
+    # veth is bridged to (a VM's tap), or None when the veth itself is the
+    # sandbox's interface, which can then also be added after start.
+    net_tap: str | None
 
     def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
         """(kind, ref) of everything start() may create, for the record."""
         ...
 
-    async def start(self, rec: SandboxRecord, prep: Prepared) -> Started: ...
+    async def start(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started: ...
 
-    async def release(self, kind: str, ref: str) -> bool:
-        """Release a resource this runtime owns; False if the kind is not its."""
+    def releasers(self) -> dict[str, Releaser]:
+        """The resource kinds this runtime releases, each with its releaser
+        (idempotent: releasing what is gone is fine). Kinds a node releases
+        itself (cgroup, dir, socket, subvolume, ...) are not listed."""
+        ...
+
+    def leftovers(self) -> dict[str, set[str]]:
+        """By resource kind (one of releasers()), the refs of what this
+        runtime finds on the host: gc releases those no record holds."""
         ...
 
 
-def process_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat: tells a process from a later one
-    that reused its pid. None if there is no such process, or only its
-    zombie (it has exited; its parent has not collected it yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
+@runtime_checkable
+class Suspendable(Protocol):
+    """Can stop a sandbox to disk and bring it back, processes and all."""
+
+    async def suspend(self, sandbox_id: str) -> int:
+        """Save and stop; returns the saved state's size in bytes."""
+        ...
+
+    async def resume(self, sandbox_id: str) -> Started: ...
+
+
+@runtime_checkable
+class Snapshottable(Protocol):
+    """Can save a running sandbox's machine state for others to start from
+    (fork, save/restore), and start from one (Boot.state)."""
+
+    async def snapshot(self, sandbox_id: str, state: Path) -> int:
+        """Save a running sandbox to `state`; it runs on. Returns bytes."""
+        ...
+
+    async def state_version(self) -> str:
+        """What a saved state needs of the node that loads it (a guest
+        kernel's build): states load only where this is equal."""
+        ...
+
+
+class Screen(Protocol):
+    async def screenshot(self) -> bytes: ...
+
+    async def click(self, x: int, y: int, button: str = "left", count: int = 1) -> None: ...
+
+    async def move(self, x: int, y: int) -> None: ...
+
+    async def type(self, text: str) -> None: ...
+
+    async def key(self, combo: str) -> None: ...
+
+
+@runtime_checkable
+class HasDisplay(Protocol):
+    def display(self, sandbox_id: str, size: tuple[int, int]) -> Screen: ...
+
+
+@runtime_checkable
+class Reattachable(Protocol):
+    """Serves a sandbox's control path from the node agent's own process
+    (a VM's channel): another agent must attach after this one dies."""
+
+    async def attach(self, sandbox_id: str, control: Path) -> None: ...
+
+    async def detach_all(self) -> None:
+        """Stop serving (this agent stops; the sandboxes run on)."""
+        ...
+
+
+@runtime_checkable
+class Diagnosable(Protocol):
+    """Keeps a log of the sandbox's own that says why it died."""
+
+    def console_tail(self, sandbox_id: str, lines: int = 60) -> str: ...
+
+
+def unsupported(kind: str, rule: str) -> InvalidArgument:
+    """The refusal of an operation a kind's runtime lacks the capability
+    for: `rule` says which kinds have it."""
+    return InvalidArgument("kind", rule, kind)
+
+
+def diagnose(runtime: Runtime | None, sandbox_id: str, why: str) -> str:
+    """`why`, with the sandbox's own last words where its runtime keeps
+    them (a VM's "init" is its emulator: the guest's console says what
+    happened inside, a panic or an OOM kill)."""
+    if isinstance(runtime, Diagnosable):
+        return f"{why}; the guest's last console lines:\n{runtime.console_tail(sandbox_id)}"
+    return why

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import Unavailable
+from corral.host import mounts
 from corral.log import get_logger
-from corral.node import mounts
 
 log = get_logger("corral.lazy")
 START_TIMEOUT = 20.0

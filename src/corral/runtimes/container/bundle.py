@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.guard import profile
-from corral.node import platform
+from corral.host import platform
 
 CPU_PERIOD = 100_000
 IDS = 65536  # host ids per sandbox user namespace

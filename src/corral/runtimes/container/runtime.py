@@ -12,16 +12,17 @@ from typing import Any
 
 from corral.errors import SandboxFailed
 from corral.guard import seccomp
-from corral.node.cgroups import Cgroups, Mode
-from corral.node.platform import Platform
-from corral.node.store import SandboxRecord
-from corral.runtimes.base import Prepared, Started, process_start_time
+from corral.host.cgroups import Cgroups, Mode
+from corral.host.platform import Platform
+from corral.host.procs import process_start_time
+from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started
 from corral.runtimes.container import bundle
 from corral.runtimes.container.oci import OciRuntime, Overlay
 
 
 class ContainerRuntime:
     kind = "container"
+    net_tap: str | None = None
     readonly_root = False
     tmpfs: tuple[tuple[str, int], ...] = ()
 
@@ -50,24 +51,25 @@ class ContainerRuntime:
     def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
         return [("socket", str(prep.control)), ("container", sandbox_id), ("cgroup", sandbox_id)]
 
-    async def start(self, rec: SandboxRecord, prep: Prepared) -> Started:
+    async def start(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started:
+        if boot.state is not None or boot.net is not None:
+            raise ValueError("a container boots fresh, with its network attached after start")
         rootfs = prep.sandbox_dir / "rootfs"
         rootfs.mkdir(exist_ok=True)
-        spec = rec.spec
         profile = (
-            seccomp.profile(str(self.seccomp_listener), rec.id) if self.seccomp_listener else None
+            seccomp.profile(str(self.seccomp_listener), spec.id) if self.seccomp_listener else None
         )
         key = self._filter_key(profile) if profile else ""
         cfg = bundle.config(
             bundle.BundleSpec(
-                sandbox_id=rec.id,
+                sandbox_id=spec.id,
                 rootfs=rootfs,
                 platform_dir=self.platform.layer_dir,
                 env=prep.env,
-                cpu=spec["cpu"],
-                memory=spec["memory"],
-                pids=spec["pids"],
-                cgroups_path=self.cgroups.oci_path(rec.id),
+                cpu=spec.cpu,
+                memory=spec.memory,
+                pids=spec.pids,
+                cgroups_path=self.cgroups.oci_path(spec.id),
                 swap_accounting=self.swap_accounting,
                 seccomp=profile,
                 host_id=prep.host_id,
@@ -88,7 +90,7 @@ class ContainerRuntime:
             listener.listen(512)
             pid_file = prep.sandbox_dir / "init.pid"
             await self.oci.run(
-                rec.id,
+                spec.id,
                 prep.sandbox_dir,
                 overlay=Overlay(prep.lower, prep.upper, prep.work, rootfs),
                 idmap=(prep.host_id, bundle.IDS) if prep.host_id is not None else None,
@@ -101,32 +103,23 @@ class ContainerRuntime:
             # The container's init holds its own copy of the listening socket.
             listener.close()
         if key and key not in self._bpf:
-            compiled = self.oci.state_root / rec.id / "seccomp.bpf"
+            compiled = self.oci.state_root / spec.id / "seccomp.bpf"
             if compiled.exists():
                 self._bpf[key] = base64.b64encode(compiled.read_bytes()).decode()
         pid = int(pid_file.read_text().strip())
         started = process_start_time(pid)
         if started is None:
             raise SandboxFailed(
-                f"sandbox {rec.id}: its init (pid {pid}) exited right after start; "
+                f"sandbox {spec.id}: its init (pid {pid}) exited right after start; "
                 f"see {prep.sandbox_dir / 'oci.out'}",
-                sandbox=rec.id,
+                sandbox=spec.id,
             )
         return Started(pid=pid, pid_start=started)
 
-    async def release(self, kind: str, ref: str) -> bool:
-        if kind == "container":
-            await self.oci.delete(ref)
-        elif kind == "cgroup":
-            self.cgroups.remove(ref)
-        else:
-            return False
-        return True
+    def releasers(self) -> dict[str, Releaser]:
+        # The cgroup is the node's to release (host/cgroups.py), like a VM's.
+        return {"container": self.oci.delete}
 
-    def leftovers(self) -> set[str]:
-        """Sandbox ids with container state or cgroups on this node."""
-        return self.oci.known() | self.cgroups.present()
-
-
-def control_path(run_dir: Path, sandbox_id: str) -> Path:
-    return run_dir / f"{sandbox_id}.sock"
+    def leftovers(self) -> dict[str, set[str]]:
+        """Sandbox ids with container state in the OCI runtime's root."""
+        return {"container": self.oci.known()}

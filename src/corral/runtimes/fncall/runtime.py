@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.node.cgroups import Cgroups
-from corral.node.platform import Platform
+from corral.host.cgroups import Cgroups
+from corral.host.platform import Platform
 from corral.runtimes.container.oci import OciRuntime
 from corral.runtimes.container.runtime import ContainerRuntime
 

@@ -244,7 +244,7 @@ def _decompressed(path: Path) -> bytes:
 def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
     """Build (or find) the guest artefacts for the current inputs."""
     agent = agent or REPO / "build" / "platform" / "bin" / "corral-init"
-    from corral.node.platform import BASH_CANDIDATES
+    from corral.host.platform import BASH_CANDIDATES
 
     busybox = Path("/bin/busybox")
     bash = next((b for b in BASH_CANDIDATES if b.is_file()), Path("/bin/bash-static"))

@@ -28,12 +28,12 @@ from pathlib import Path
 
 from corral.errors import SandboxFailed
 from corral.execd import protocol as p
+from corral.host.cgroups import Cgroups
+from corral.host.procs import process_start_time
 from corral.images.layer import Layer
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
-from corral.node.cgroups import Cgroups
-from corral.node.store import SandboxRecord
-from corral.runtimes.base import Prepared, Started, process_start_time
+from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started
 from corral.runtimes.vm import guest
 from corral.runtimes.vm.channel import AgentChannel
 from corral.runtimes.vm.display import Display
@@ -60,7 +60,13 @@ def vm_capable() -> bool:
 
 
 class MicroVMRuntime:
+    """Runtime, Suspendable, Snapshottable, Reattachable, Diagnosable."""
+
     kind = "microvm"
+    # The resource kind of its QEMU process: one per runtime, as each keeps
+    # its own channels (and a full VM its displays) to close on release.
+    resource = "vm"
+    net_tap: str | None = TAP
 
     def __init__(
         self,
@@ -82,8 +88,20 @@ class MicroVMRuntime:
             self._artefacts = guest.build()
         return self._artefacts
 
+    async def state_version(self) -> str:
+        return (await asyncio.to_thread(self.artefacts)).version
+
     def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
-        return [("socket", str(prep.control)), ("vm", sandbox_id), ("cgroup", sandbox_id)]
+        return [("socket", str(prep.control)), (self.resource, sandbox_id), ("cgroup", sandbox_id)]
+
+    def releasers(self) -> dict[str, Releaser]:
+        # The cgroup is the node's to release (host/cgroups.py).
+        return {self.resource: self._release_vm}
+
+    def leftovers(self) -> dict[str, set[str]]:
+        """Sandboxes whose QEMU still runs (its pid file says which)."""
+        pid_files = self.sandboxes_dir.glob("*/qemu.pid")
+        return {self.resource: {p.parent.name for p in pid_files if _qemu(p, self.kind)}}
 
     def _dir(self, sandbox_id: str) -> Path:
         return self.sandboxes_dir / sandbox_id
@@ -106,30 +124,25 @@ class MicroVMRuntime:
                 drives.append(Drive(data, f"l{i}b"))
         return drives
 
-    async def start(
-        self,
-        rec: SandboxRecord,
-        prep: Prepared,
-        state: Path | None = None,
-        net: tuple[str, str] | None = None,
-    ) -> Started:
-        """Boot the guest; with `state`, load a saved guest instead (a fork:
-        the machine must be the one the state was saved from, and it is, as
-        it is built from the same spec and layers)."""
+    async def start(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started:
+        """Boot the guest; with `boot.state`, load a saved guest instead (a
+        fork or restore: the machine must be the one the state was saved
+        from, and it is, as it is built from the same spec and layers)."""
         art = await asyncio.to_thread(self.artefacts)
-        spec = rec.spec
-        d = self._dir(rec.id)
-        memory = max(MIN_GUEST_MEMORY, int(spec["memory"]))
-        display = self.display_size(rec)
-        cmdline = f"corral.layers={len(rec.layers)} corral.disk={int(spec['disk'])}"
+        d = self._dir(spec.id)
+        memory = max(MIN_GUEST_MEMORY, spec.memory)
+        display = self.display_size(spec)
+        layers = list(spec.layers)
+        cmdline = f"corral.layers={len(layers)} corral.disk={spec.disk}"
         if display is not None:
             cmdline += " corral.display=1"
-        pmem = await self.pmem_image(rec.layers[0]) if rec.layers else None
-        base = len(rec.layers) - 1  # the bottom layer's index, counted from the top
+        pmem = await self.pmem_image(layers[0]) if layers else None
+        base = len(layers) - 1  # the bottom layer's index, counted from the top
         if pmem is not None:
             cmdline += f" corral.pmem={base}"
-        if net is not None:  # (the guest's address, its gateway)
-            cmdline += f" corral.ip={net[0]} corral.gw={net[1]}"
+        net = boot.net
+        if net is not None:
+            cmdline += f" corral.ip={net.address} corral.gw={net.gateway}"
         vm = MicroVM(
             kernel=art.kernel,
             initrd=art.initrd,
@@ -137,8 +150,8 @@ class MicroVMRuntime:
             console_log=d / "console.log",
             qmp_socket=d / "qmp.sock",
             memory_mib=memory // 2**20,
-            cpus=max(1, round(float(spec["cpu"]))),
-            drives=self._drives(rec.layers, skip=base if pmem is not None else None),
+            cpus=max(1, round(spec.cpu)),
+            drives=self._drives(layers, skip=base if pmem is not None else None),
             cmdline=cmdline,
             accel=accelerator(),
             display=display,
@@ -146,20 +159,20 @@ class MicroVMRuntime:
             free_page_reporting=self.free_page_reporting,
             tap=TAP if net is not None else None,
         )
-        for cg in self.cgroups.dirs(rec.id):
+        for cg in self.cgroups.dirs(spec.id):
             cg.mkdir(parents=True, exist_ok=True)
-        self.cgroups.set_memory(rec.id, memory + VM_OVERHEAD)
+        self.cgroups.set_memory(spec.id, memory + VM_OVERHEAD)
         argv = vm.argv()
         # Kept for resume: a saved state loads only into the same machine.
         (d / "qemu.argv").write_text(json.dumps(argv))
-        if state is None:
-            started = self._spawn(rec.id, argv)
+        if boot.state is None:
+            started = self._spawn(spec.id, argv)
         else:
-            started = await self._load(rec.id, argv, state)
-        await self.attach(rec.id, prep.control)
+            started = await self._load(spec.id, argv, boot.state)
+        await self.attach(spec.id, prep.control)
         return started
 
-    def display_size(self, rec: SandboxRecord) -> tuple[int, int] | None:
+    def display_size(self, spec: RuntimeSpec) -> tuple[int, int] | None:
         return None  # a microVM has no display
 
     async def pmem_image(self, digest: str) -> Path | None:
@@ -182,10 +195,11 @@ class MicroVMRuntime:
                 start_new_session=True,
                 preexec_fn=lambda: _prepare_child(cgroup_dirs, netns),
             )
-        (d / "qemu.pid").write_text(f"{proc.pid}\n")
         started = process_start_time(proc.pid)
         if started is None:
             raise SandboxFailed(f"sandbox {sandbox_id}: QEMU exited at once; see {d / 'qemu.log'}")
+        # With its start time: a pid alone may name another process later.
+        (d / "qemu.pid").write_text(f"{proc.pid} {started} {self.kind}\n")
         return Started(pid=proc.pid, pid_start=started)
 
     async def _save(self, sandbox_id: str, state: Path, *, then: str) -> int:
@@ -255,7 +269,8 @@ class MicroVMRuntime:
 
     async def _wait_gone(self, sandbox_id: str) -> None:
         with contextlib.suppress(OSError, ValueError):
-            pid = int((self._dir(sandbox_id) / "qemu.pid").read_text())
+            # The pid alone: a QEMU that already exited is a zombie to reap.
+            pid = int((self._dir(sandbox_id) / "qemu.pid").read_text().split()[0])
             for _ in range(1000):
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 (WNOHANG: never blocks)
@@ -287,30 +302,27 @@ class MicroVMRuntime:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    async def release(self, kind: str, ref: str) -> bool:
-        if kind == "vm":
-            channel = self.channels.pop(ref, None)
-            if channel is not None:
-                await channel.aclose()
-            pid_file = self._dir(ref) / "qemu.pid"
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(pid_file.read_text())
-                if process_start_time(pid) is not None:
-                    os.kill(pid, signal.SIGKILL)
-                await self._wait_gone(ref)
-            (self._dir(ref) / "agent.port").unlink(missing_ok=True)
-            return True
-        return False  # cgroups are released by the container runtime's code
+    async def _release_vm(self, ref: str) -> None:
+        channel = self.channels.pop(ref, None)
+        if channel is not None:
+            await channel.aclose()
+        pid = _qemu(self._dir(ref) / "qemu.pid", self.kind)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            await self._wait_gone(ref)
+        (self._dir(ref) / "agent.port").unlink(missing_ok=True)
 
 
 class FullVMRuntime(MicroVMRuntime):
-    """A q35 guest with a display: the same layers, agent and channel as a
+    """Also HasDisplay. A q35 guest with a display: the same layers, agent and channel as a
     microVM, plus a screen, a tablet and a keyboard (display.py). The
     image's /etc/corral/session, when it has one, is started by the guest's
     init (the desktop); the sandbox is ready when its agent answers, which
     may be before the desktop has drawn its first frame."""
 
     kind = "fullvm"
+    resource = "fullvm"
 
     def __init__(
         self,
@@ -357,8 +369,8 @@ class FullVMRuntime(MicroVMRuntime):
         os.replace(tmp, image)
         log.info("vm.pmem_image", layer=digest, bytes=size)
 
-    def display_size(self, rec: SandboxRecord) -> tuple[int, int] | None:
-        w, h = rec.spec.get("display_size") or DEFAULT_DISPLAY
+    def display_size(self, spec: RuntimeSpec) -> tuple[int, int] | None:
+        w, h = spec.display_size or DEFAULT_DISPLAY
         return int(w), int(h)
 
     def display(self, sandbox_id: str, size: tuple[int, int]) -> Display:
@@ -375,10 +387,19 @@ class FullVMRuntime(MicroVMRuntime):
         async with display.lock:  # QEMU serves one QMP client at a time
             return await super()._save(sandbox_id, state, then=then)
 
-    async def release(self, kind: str, ref: str) -> bool:
-        if kind == "vm":
-            self.displays.pop(ref, None)
-        return await super().release(kind, ref)
+    async def _release_vm(self, ref: str) -> None:
+        self.displays.pop(ref, None)
+        await super()._release_vm(ref)
+
+
+def _qemu(pid_file: Path, kind: str) -> int | None:
+    """The pid of the QEMU of `kind` that `pid_file` names, if that very
+    process runs."""
+    try:
+        pid, start, of = pid_file.read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(pid) if of == kind and str(process_start_time(int(pid))) == start else None
 
 
 def _prepare_child(dirs: list[Path], netns: bool) -> None:

@@ -15,7 +15,7 @@ import time
 from enum import StrEnum
 from pathlib import Path
 
-from corral.node import mounts
+from corral.host import mounts
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 

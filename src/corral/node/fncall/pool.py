@@ -15,19 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from corral import labels
 from corral.api.models import CreateSandbox
 from corral.errors import Unavailable
+from corral.execd.client import ExecdClient
 from corral.log import get_logger
 
 log = get_logger("corral.fncall")
 
 # The only places a call can write (the root is read-only).
 RESET_DIRS = ["/tmp", "/work", "/dev/shm", "/dev/mqueue"]
-POOL_LABEL = "corral.pool"
+POOL_LABEL = labels.POOL
 WAIT_FOR_WORKER = 120.0
+
+
+async def reset_worker(execd: ExecdClient) -> None:
+    """Return a worker to a clean state: every process killed, the
+    writable dirs emptied. Killing first is answered by init itself: it
+    works even when a fork bomb left no pid for the reset's own handler."""
+    await execd.kill(0, signal.SIGKILL)
+    await execd.reset(RESET_DIRS)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Saved VM states are signed: a node loads only states a node sharing its
+"""Saved sandbox states are signed: a node loads only states a node sharing its
 key saved.
 
 Loading a state feeds QEMU's device-state parser, which was never meant to

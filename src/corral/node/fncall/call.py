@@ -15,8 +15,8 @@ from corral.api.models import FnCallRequest, FnCallResult, FnCallStage, FnCallSt
 from corral.errors import CorralError
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
-from corral.node.cgroups import Cgroups
-from corral.runtimes.fncall.languages import Language
+from corral.host.cgroups import Cgroups
+from corral.node.fncall.languages import Language
 
 CALL_USER = "1000:1000"
 WORK = "/work"

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from corral.errors import ResourceExhausted, Unavailable
+from corral.host import mounts
 from corral.log import get_logger
-from corral.node import mounts
 
 log = get_logger("corral.scratch")
 

@@ -3,27 +3,39 @@ call that ties them together."""
 
 from __future__ import annotations
 
-import signal
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from corral import metrics
-from corral.api.models import CreateSandbox, FnCallRequest, FnCallResult
+from corral.api.models import CreateSandbox, FnCallRequest, FnCallResult, SandboxInfo
+from corral.config import NodeConfig
 from corral.errors import InvalidArgument
+from corral.execd.client import ExecdClient
+from corral.host.cgroups import Cgroups
+from corral.images.store import ImageStore
 from corral.log import get_logger
-from corral.runtimes.fncall import call, languages
-from corral.runtimes.fncall.pool import POOL_LABEL, RESET_DIRS, WorkerPool, WorkerSpec
-
-if TYPE_CHECKING:
-    from corral.node.agent import NodeAgent
+from corral.node.fncall import call, languages
+from corral.node.fncall.pool import POOL_LABEL, WorkerPool, WorkerSpec, reset_worker
 
 log = get_logger("corral.fncall")
 
 
 class FnCalls:
-    def __init__(self, agent: NodeAgent) -> None:
-        cfg = agent.config
-        self.agent = agent
+    def __init__(
+        self,
+        config: NodeConfig,
+        images: ImageStore,
+        cgroups: Cgroups,
+        *,
+        create: Callable[[CreateSandbox], Awaitable[SandboxInfo]],
+        retire: Callable[[str, str], Awaitable[None]],
+        execd: Callable[[str], ExecdClient],
+    ) -> None:
+        cfg = config
+        self.config = config
+        self.images = images
+        self.cgroups = cgroups
+        self._create_sandbox, self._retire_sandbox, self._execd = create, retire, execd
         self.languages = languages.load(languages.SHIPPED, cfg.data_dir / "fncall-languages.toml")
         self.pool = WorkerPool(
             create=self._create,
@@ -37,17 +49,13 @@ class FnCalls:
     async def _create(self, req: CreateSandbox) -> str:
         # The pool's label is set past validation: callers cannot use it.
         own = req.model_copy(update={"labels": {**req.labels, POOL_LABEL: "fncall"}})
-        return (await self.agent.create(own)).id
+        return (await self._create_sandbox(own)).id
 
     async def _retire(self, worker: str) -> None:
-        await self.agent.retire(worker, "function-call worker retired")
+        await self._retire_sandbox(worker, "function-call worker retired")
 
     async def reset(self, sandbox_id: str) -> None:
-        execd = self.agent.execd(sandbox_id)
-        # Killing first is answered by init itself: it works even when a
-        # fork bomb left no pid for the reset's own handler.
-        await execd.kill(0, signal.SIGKILL)
-        await execd.reset(RESET_DIRS)
+        await reset_worker(self._execd(sandbox_id))
 
     def language(self, name: str) -> languages.Language:
         lang = self.languages.get(name)
@@ -58,7 +66,7 @@ class FnCalls:
 
     async def run(self, req: FnCallRequest) -> FnCallResult:
         lang = self.language(req.language)
-        ceiling = self.agent.config.fncall_max_memory
+        ceiling = self.config.fncall_max_memory
         if req.memory > ceiling:
             raise InvalidArgument(
                 "memory",
@@ -66,13 +74,13 @@ class FnCalls:
                 "(fncall_max_memory)",
                 req.memory,
             )
-        image = req.image or self.agent.config.fncall_image
-        self.agent.images.resolve(image, "image")  # a clear error before any worker
+        image = req.image or self.config.fncall_image
+        self.images.resolve(image, "image")  # a clear error before any worker
         t0 = time.monotonic()
         worker = await self.pool.acquire(image)
         healthy = False
         try:
-            w = call.Worker(worker, self.agent.execd(worker), self.agent.require_cgroups())
+            w = call.Worker(worker, self._execd(worker), self.cgroups)
             result = await call.run(w, lang, req)
             healthy = True
         finally:

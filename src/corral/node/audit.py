@@ -1,0 +1,133 @@
+"""What each sandbox did and was refused: its command log on the host and
+its audit counters (node/store.py `audit` table), kept after it closes.
+
+Command output is never logged, only what ran and how it ended; the log is
+capped per sandbox (log_quota), so an agent printing forever fills nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import time
+from typing import Any
+
+from corral.api.models import AuditReport, ExecExit, ExecRequest
+from corral.config import NodeConfig
+from corral.guard.network import NodeNetwork
+from corral.guard.seccompd import SeccompDaemon, syscall_class
+from corral.host.cgroups import Cgroups
+from corral.host.scratch import Scratch
+from corral.node.store import SandboxRecord, Store
+
+
+class Audit:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        cgroups: Cgroups,
+        seccompd: SeccompDaemon,
+        network: NodeNetwork,
+        scratch: Scratch,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.cgroups = cgroups
+        self.seccompd = seccompd
+        self.network = network
+        self.scratch = scratch
+
+    def account(
+        self,
+        sandbox_id: str,
+        argv: builtins.list[str],
+        req: ExecRequest,
+        outcome: str,
+        x: ExecExit | None,
+        t0: float,
+    ) -> None:
+        """Count a command and append it to the sandbox's command log."""
+        db = self.store
+        # A command's stream may end after the agent closed its store.
+        if db.closed or db.get(sandbox_id) is None:
+            return
+        db.count(sandbox_id, "commands")
+        entry: dict[str, Any] = {
+            "ts": time.time(),
+            "argv": [a[:512] for a in argv[-3:]],
+            "user": req.user,
+            "outcome": outcome,
+        }
+        if x is not None:
+            dropped = max(0, x.stdout_bytes - req.stdout_limit) + max(
+                0, x.stderr_bytes - req.stderr_limit
+            )
+            if x.timed_out:
+                db.count(sandbox_id, "commands_timed_out")
+            if dropped:
+                db.count(sandbox_id, "output_truncated")
+                db.count(sandbox_id, "output_dropped_bytes", dropped)
+            entry.update(
+                exit_code=x.exit_code,
+                signal=x.signal,
+                stdout_bytes=x.stdout_bytes,
+                stderr_bytes=x.stderr_bytes,
+                seconds=round(x.duration, 3),
+            )
+        else:
+            entry["seconds"] = round(time.monotonic() - t0, 3)
+        self._log_command(sandbox_id, entry)
+
+    def _log_command(self, sandbox_id: str, entry: dict[str, Any]) -> None:
+        """Append to the sandbox's command log on the host, within its quota."""
+        path = self.config.sandboxes_dir / sandbox_id / "commands.log"
+        line = (json.dumps(entry, default=str)[:4096] + "\n").encode()
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        db = self.store
+        if size + len(line) > self.config.log_quota:
+            if not db.counters(sandbox_id).get("log_quota_hits"):
+                marker = json.dumps({"event": "log quota reached", "quota": self.config.log_quota})
+                with open(path, "ab") as f:
+                    f.write(marker.encode() + b"\n")
+            db.count(sandbox_id, "log_quota_hits")
+            return
+        with open(path, "ab") as f:
+            f.write(line)
+
+    def keep_kernel_counters(self, sandbox_id: str) -> None:
+        """Keep the kernel's counters before the cgroup goes away."""
+        for key, value in (
+            ("oom_kills", self.cgroups.oom_kills(sandbox_id)),
+            ("pids_limit_hits", self.cgroups.pids_limit_hits(sandbox_id)),
+        ):
+            if value:
+                self.store.count(sandbox_id, key, value)
+
+    async def report(self, rec: SandboxRecord) -> AuditReport:
+        sandbox_id = rec.id
+        counters = self.store.counters(sandbox_id)
+        report = AuditReport(sandbox=sandbox_id)
+        for key, value in counters.items():
+            if key in AuditReport.model_fields:
+                setattr(report, key, value)
+        if rec.state == "running":
+            report.oom_kills += self.cgroups.oom_kills(sandbox_id)
+            report.pids_limit_hits += self.cgroups.pids_limit_hits(sandbox_id)
+            usage = await asyncio.to_thread(self.scratch.usage, sandbox_id)
+            if usage is not None:
+                report.disk_used, report.disk_limit = usage
+        for slot, n in self.seccompd.counts(sandbox_id).items():
+            cls, name = syscall_class(slot)
+            report.syscalls_denied[cls] = report.syscalls_denied.get(cls, 0) + n
+            report.syscalls[name] = report.syscalls.get(name, 0) + n
+        row = self.store.net_get(sandbox_id)
+        if row is not None:
+            report.egress_denied += self.network.denied(row[0])
+        log_path = self.config.sandboxes_dir / sandbox_id / "commands.log"
+        report.log_bytes = log_path.stat().st_size if log_path.exists() else 0
+        return report

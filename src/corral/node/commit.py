@@ -1,0 +1,87 @@
+"""A sandbox's writable layer (what it changed over its image) as a new
+image layer: how a toolkit or workspace is built by a script or an agent.
+Taken from a read-only btrfs snapshot, so the sandbox may keep running."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+
+from corral.api.models import CommitRequest, LayerInfo
+from corral.config import NodeConfig
+from corral.host.scratch import Scratch
+from corral.images.build import build_from_dir
+from corral.images.layer import Layer
+from corral.images.store import ImageStore
+from corral.log import get_logger
+from corral.node.admission import Admission
+from corral.node.store import SandboxRecord, Store
+from corral.runtimes.container.bundle import IDS
+
+log = get_logger("corral.node")
+
+
+def layer_info(layer: Layer) -> LayerInfo:
+    return LayerInfo(
+        digest=layer.digest,
+        names=layer.names,
+        kind=layer.kind,
+        parent=layer.parent,
+        content_size=layer.content_size,
+        meta_size=layer.meta_size,
+        blob_size=layer.blob_size,
+        chunk_size=layer.chunk_size,
+        created=layer.created,
+    )
+
+
+class Commits:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        images: ImageStore,
+        scratch: Scratch,
+        admission: Admission,
+        nsexec: Path,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.images = images
+        self.scratch = scratch
+        self.admission = admission
+        self.nsexec = nsexec
+
+    async def commit(self, rec: SandboxRecord, req: CommitRequest) -> LayerInfo:
+        sandbox_id = rec.id
+        db = self.store
+        snap = f".commit-{sandbox_id}-{secrets.token_hex(4)}"
+        db.add_resource(sandbox_id, "subvolume", snap)  # recorded before made
+        try:
+            path = await asyncio.to_thread(self.scratch.snapshot, sandbox_id, snap)
+            src, wrap = path / "upper", None
+            base = self.admission.host_id(sandbox_id)
+            if base is not None:
+                # The upper holds the sandbox's host ids: read it through a
+                # view that shifts them back, so the layer is root's again.
+                src = self.config.sandboxes_dir / sandbox_id / "stage" / "commit"
+                src.mkdir(exist_ok=True)
+                wrap = [str(self.nsexec), "--view", str(path / "upper"), str(src),
+                        f"{base} 0 {IDS}", "--"]  # fmt: skip
+            layer = await asyncio.to_thread(
+                build_from_dir,
+                self.images,
+                src,
+                tag=req.tag,
+                kind=req.kind,
+                parent=rec.layers[-1],
+                labels={"corral.source": f"commit:{sandbox_id}"},
+                wrap=wrap,
+                measure=path / "upper",
+            )
+        finally:
+            await asyncio.to_thread(self.scratch.destroy, snap)
+            db.drop_resource(sandbox_id, "subvolume", snap)
+        log.info("layer.committed", sandbox=sandbox_id, digest=layer.digest, tag=req.tag)
+        return layer_info(layer)

@@ -1,0 +1,119 @@
+"""File operations in a sandbox, served by its exec server (which runs them
+as the user asked for, inside the sandbox's namespaces), and tar upload and
+download through the platform's own busybox (never the image's tar)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Awaitable, Callable
+
+from corral import metrics
+from corral.api.models import FileEntry, check_path
+from corral.config import NodeConfig
+from corral.errors import InvalidArgument
+from corral.execd import protocol as proto
+from corral.execd.client import ExecdClient
+from corral.host import platform as plat
+from corral.node.sessions import Sessions
+from corral.node.store import SandboxRecord
+
+Awake = Callable[[str], Awaitable[SandboxRecord]]
+
+
+def _entry(e: proto.Entry, path: str) -> FileEntry:
+    kinds = {"f": "file", "d": "dir", "l": "symlink"}
+    return FileEntry(
+        name=e.name.rsplit("/", 1)[-1] or "/",
+        path=path,
+        type=kinds.get(e.kind, "other"),  # type: ignore[arg-type]
+        size=e.size,
+        mode=e.mode & 0o7777,
+        mtime=e.mtime_ns / 1e9,
+    )
+
+
+class Files:
+    """Every operation checks its arguments, then wakes the sandbox (a
+    suspended one is resumed), then acts: a bad request never resumes."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        awake: Awake,
+        execd: Callable[[str], ExecdClient],
+        sessions: Sessions,
+    ) -> None:
+        self.max_bytes = config.max_file_bytes
+        self._awake = awake
+        self._execd = execd
+        self.sessions = sessions
+
+    async def read(self, sandbox_id: str, path: str, user: str) -> bytes:
+        path = check_path(path)
+        await self._awake(sandbox_id)
+        metrics.FILE_OPS.labels("read").inc()
+        return await self._execd(sandbox_id).read(user, path, self.max_bytes)
+
+    async def write(self, sandbox_id: str, path: str, data: bytes, user: str, mode: int) -> int:
+        path = check_path(path)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument("data", "must be bytes", type(data).__name__)
+        if len(data) > self.max_bytes:
+            raise InvalidArgument("data", f"must be at most {self.max_bytes} bytes per file", data)
+        if not 0 <= mode <= 0o7777:
+            raise InvalidArgument("mode", "must be a permission mode between 0 and 0o7777", mode)
+        await self._awake(sandbox_id)
+        metrics.FILE_OPS.labels("write").inc()
+        return await self._execd(sandbox_id).write(
+            user, path, bytes(data), mode=mode, max_bytes=self.max_bytes
+        )
+
+    async def list(self, sandbox_id: str, path: str, user: str) -> builtins.list[FileEntry]:
+        path = check_path(path)
+        await self._awake(sandbox_id)
+        metrics.FILE_OPS.labels("list").inc()
+        entries = await self._execd(sandbox_id).list(user, path)
+        return sorted(
+            (_entry(e, f"{path.rstrip('/')}/{e.name}") for e in entries), key=lambda e: e.name
+        )
+
+    async def stat(self, sandbox_id: str, path: str, user: str) -> FileEntry:
+        path = check_path(path)
+        await self._awake(sandbox_id)
+        return _entry(await self._execd(sandbox_id).stat(user, path), path)
+
+    async def make_dir(self, sandbox_id: str, path: str, user: str) -> None:
+        path = check_path(path)
+        await self._awake(sandbox_id)
+        await self._execd(sandbox_id).mkdir(user, path)
+
+    async def remove(self, sandbox_id: str, path: str, user: str, recursive: bool) -> None:
+        path = check_path(path)
+        if path == "/":
+            raise InvalidArgument("path", "must not be the sandbox's root", path)
+        await self._awake(sandbox_id)
+        metrics.FILE_OPS.labels("remove").inc()
+        await self._execd(sandbox_id).remove(user, path, recursive=recursive)
+
+    async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None:
+        path = check_path(path)
+        if len(data) > self.max_bytes:
+            raise InvalidArgument("data", f"must be at most {self.max_bytes} bytes", data)
+        await self.make_dir(sandbox_id, path, "root")
+        metrics.FILE_OPS.labels("upload_tar").inc()
+        await self.sessions.run_platform(
+            await self._awake(sandbox_id),
+            [plat.BUSYBOX, "tar", "-x", "-C", path],
+            bytes(data),
+            f"extracting a tar into {path}",
+        )
+
+    async def download_tar(self, sandbox_id: str, path: str) -> bytes:
+        path = check_path(path)
+        metrics.FILE_OPS.labels("download_tar").inc()
+        return await self.sessions.run_platform(
+            await self._awake(sandbox_id),
+            [plat.BUSYBOX, "tar", "-c", "-C", path, "."],
+            None,
+            f"archiving {path}",
+        )

@@ -1,0 +1,190 @@
+"""Housekeeping of a node: TTLs, idle timeouts, dead sandboxes, leftovers.
+
+Several agents may share a node (one per process on a data dir). Exactly one
+of them, the leader, holds an exclusive flock on <data>/leader.lock and does
+the housekeeping; the kernel drops the lock when its process dies, however
+it dies, and another agent takes over at its next tick (recovering first:
+recovery.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+from corral import metrics
+from corral.api.models import VM_KINDS
+from corral.config import NodeConfig
+from corral.errors import CorralError
+from corral.execd.client import ExecdClient
+from corral.images.mounter import LayerMounts
+from corral.log import get_logger
+from corral.node.activity import Activity
+from corral.node.children import Children
+from corral.node.lifecycle import Lifecycle, control_path
+from corral.node.recovery import GcReport, Recovery, init_alive, orphan_worker
+from corral.node.store import SandboxRecord, Store
+
+log = get_logger("corral.maintenance")
+
+GC_EVERY = 60.0
+
+
+class Housekeeping:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        *,
+        owner: str,
+        lifecycle: Lifecycle,
+        recovery: Recovery,
+        layers: LayerMounts,
+        activity: Activity,
+        children: Children,
+        on_lead: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.owner = owner
+        self.lifecycle = lifecycle
+        self.recovery = recovery
+        self.layers = layers
+        self.activity = activity
+        self.children = children
+        self._on_lead = on_lead  # what only the leader runs (the node's DNS)
+        self.is_leader = False
+        self._lock_fd: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_gc = 0.0
+        self._last_liveness = 0.0
+        self._silent_since: dict[str, float] = {}  # VM guests not answering, since when
+        self.recovered: GcReport | None = None  # what taking the lead reclaimed
+
+    async def start(self) -> None:
+        if self._try_lead():
+            await self._lead()
+        self._task = asyncio.create_task(self._loop(), name="corral-maintenance")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.activity.flush()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            self.is_leader = False
+
+    async def _lead(self) -> None:
+        self.recovered = await self.recovery.recover()
+        await self._on_lead()
+
+    def _try_lead(self) -> bool:
+        if self.is_leader:
+            return True
+        path = self.config.data_dir / "leader.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        self.is_leader = True
+        log.info("maintenance.leader", owner=self.owner)
+        return True
+
+    async def _loop(self) -> None:
+        interval = self.config.reaper_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.activity.flush()
+                self.children.reap()
+                if not self.is_leader and self._try_lead():
+                    await self._lead()
+                if self.is_leader:
+                    await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.error("maintenance.failed", exc=True)
+
+    async def tick(self) -> None:
+        now = time.time()
+        db = self.store
+        lc = self.lifecycle
+        check_liveness = now - self._last_liveness >= self.config.liveness_interval
+        if check_liveness:
+            self._last_liveness = now
+            await self._check_loader()
+        for rec in db.list(["running"]):
+            idle = rec.spec.get("idle_timeout")
+            if rec.expires_at is not None and now >= rec.expires_at:
+                await lc.retire(rec.id, reason="ttl expired")
+            elif idle and now - rec.last_active >= idle:
+                await lc.retire(rec.id, reason=f"idle for {idle:.0f}s")
+            elif check_liveness and not init_alive(rec):
+                await lc.fail(rec, "its init process exited")
+            elif check_liveness and orphan_worker(rec, self.owner):
+                await lc.retire(rec.id, reason="its function-call pool is gone")
+        if check_liveness:
+            await self._check_guests(now)
+        metrics.SANDBOXES_ACTIVE.set(db.count_active()[0])
+        if now - self._last_gc >= GC_EVERY:
+            self._last_gc = now
+            await self.recovery.gc()
+
+    async def _check_guests(self, now: float) -> None:
+        """A VM's QEMU can be alive around a dead guest: a kernel stuck with
+        interrupts off, a PID 1 starved by a real-time spinner. Ping every
+        running guest's agent; one silent for vm_hang_timeout has failed."""
+        guests = [r for r in self.store.list(["running"]) if r.kind in VM_KINDS and init_alive(r)]
+        limit = min(self.config.liveness_interval, 5.0)
+
+        async def answers(rec: SandboxRecord) -> bool:
+            client = ExecdClient(str(control_path(self.config.run_dir, rec.id)))
+            try:
+                await asyncio.wait_for(client.ping(), limit)
+                return True
+            except (TimeoutError, CorralError, OSError):
+                return False
+
+        alive = await asyncio.gather(*(answers(r) for r in guests))
+        for rec, ok in zip(guests, alive, strict=True):
+            if ok:
+                self._silent_since.pop(rec.id, None)
+                continue
+            since = self._silent_since.setdefault(rec.id, now)
+            if now - since >= self.config.vm_hang_timeout:
+                self._silent_since.pop(rec.id, None)
+                metrics.VM_FAILURES.labels("hung").inc()
+                await self.lifecycle.fail(
+                    rec, f"its guest stopped answering for {now - since:.0f}s (hung)"
+                )
+        running = {r.id for r in guests}
+        for gone in set(self._silent_since) - running:
+            del self._silent_since[gone]
+
+    async def _check_loader(self) -> None:
+        """A dead lazy loader leaves every sandbox reading through it with
+        EIO forever: fail them now, clear its mounts; the next create starts
+        a new loader."""
+        lazy = self.layers.lazy
+        if lazy is None or await asyncio.to_thread(lazy.alive):
+            return
+        victims = self.store.list(["running"])
+        log.error("lazy.dead", sandboxes=len(victims))
+        metrics.LOADER_FAILURES.inc()
+        for rec in victims:
+            await self.lifecycle.fail(
+                rec, "the node's lazy layer loader died; the sandbox lost its files"
+            )
+        await asyncio.to_thread(self.layers.release_all)

@@ -1,0 +1,351 @@
+"""A sandbox's life on the node: admit -> prepare -> start -> ready, and
+the one way out (release), whoever ends it: its caller, its TTL, a failure,
+recovery after a crash.
+
+Create records the sandbox and every resource it will hold before making
+any (admission.py); so whatever step fails, and even if this process is
+killed between two steps, the rows name everything to release (ledger.py,
+recovery.py). The states and the changes between them are node/states.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from corral import ids, metrics
+from corral.api.models import CreateSandbox, SandboxInfo
+from corral.config import NodeConfig
+from corral.errors import (
+    CorralError,
+    InvalidArgument,
+    SandboxClosed,
+    SandboxFailed,
+    Unavailable,
+)
+from corral.execd import protocol as proto
+from corral.execd.client import ExecdClient
+from corral.host.scratch import Scratch
+from corral.images.layer import Layer
+from corral.images.mounter import LayerMounts
+from corral.log import get_logger
+from corral.node import states
+from corral.node.activity import Activity
+from corral.node.admission import Admission, AlreadyCreated
+from corral.node.audit import Audit
+from corral.node.children import Children
+from corral.node.ledger import Ledger
+from corral.node.network import SandboxNetworks
+from corral.node.records import Records
+from corral.node.store import SandboxRecord, Store
+from corral.runtimes.base import (
+    Boot,
+    Diagnosable,
+    GuestNet,
+    Prepared,
+    Runtime,
+    RuntimeSpec,
+    diagnose,
+)
+
+log = get_logger("corral.node")
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+READY_TIMEOUT = 30.0
+
+
+def merge_env(*layers: list[str] | dict[str, str]) -> list[str]:
+    """KEY=VALUE lists/dicts merged left to right; later values win."""
+    env: dict[str, str] = {}
+    for layer in layers:
+        items = (
+            layer.items()
+            if isinstance(layer, dict)
+            else (e.split("=", 1) for e in layer if "=" in e)
+        )
+        for k, v in items:
+            env[k] = v
+    env.setdefault("PATH", DEFAULT_PATH)
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+def control_path(run_dir: Path, sandbox_id: str) -> Path:
+    """Where a sandbox's exec server listens, on the host (never inside)."""
+    return run_dir / f"{sandbox_id}.sock"
+
+
+def runtime_spec(rec: SandboxRecord) -> RuntimeSpec:
+    s = rec.spec
+    size = s.get("display_size")
+    return RuntimeSpec(
+        id=rec.id,
+        kind=rec.kind,
+        cpu=float(s["cpu"]),
+        memory=int(s["memory"]),
+        pids=int(s["pids"]),
+        disk=int(s["disk"]),
+        layers=tuple(rec.layers),
+        display_size=(int(size[0]), int(size[1])) if size else None,
+    )
+
+
+async def wait_ready(sandbox_id: str, control: Path) -> None:
+    """Until the sandbox's exec server answers, in our protocol version."""
+    client = ExecdClient(str(control))
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        try:
+            version, _pid = await client.ping()
+        except (Unavailable, ConnectionError):
+            if time.monotonic() > deadline:
+                raise SandboxFailed(
+                    f"sandbox {sandbox_id}: exec server did not answer within {READY_TIMEOUT:.0f}s",
+                    sandbox=sandbox_id,
+                ) from None
+            await asyncio.sleep(0.005)
+            continue
+        if version != proto.VERSION:
+            raise SandboxFailed(
+                f"sandbox {sandbox_id}: exec server speaks protocol {version}, "
+                f"the agent {proto.VERSION}",
+                sandbox=sandbox_id,
+            )
+        return
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        *,
+        owner: str,
+        records: Records,
+        admission: Admission,
+        ledger: Ledger,
+        runtimes: Mapping[str, Runtime],
+        layers: LayerMounts,
+        scratch: Scratch,
+        networks: SandboxNetworks,
+        audit: Audit,
+        activity: Activity,
+        children: Children,
+        end_sessions: Callable[[str], None],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.owner = owner
+        self.records = records
+        self.admission = admission
+        self.ledger = ledger
+        self.runtimes = runtimes
+        self.layers = layers
+        self.images = layers.store
+        self.scratch = scratch
+        self.networks = networks
+        self.audit = audit
+        self.activity = activity
+        self.children = children
+        self._end_sessions = end_sessions
+
+    def runtime(self, kind: str) -> Runtime:
+        runtime = self.runtimes.get(kind)
+        if runtime is None:
+            raise InvalidArgument(
+                "kind", f"must be one this node runs: {', '.join(sorted(self.runtimes))}", kind
+            )
+        return runtime
+
+    # ---------------------------------------------------------------- create
+
+    def _resolve_layers(self, req: CreateSandbox) -> list[Layer]:
+        """Base first, then workspace, then toolkits in the order given."""
+        layers = [self.images.resolve(req.image, "image")]
+        if req.workspace:
+            layers.append(self.images.resolve(req.workspace, "workspace"))
+        layers += [self.images.resolve(t, f"toolkit[{i}]") for i, t in enumerate(req.toolkit)]
+        return layers
+
+    async def create(self, req: CreateSandbox, state: Path | None = None) -> SandboxInfo:
+        """A running sandbox for `req`; with `state`, loaded from that saved
+        machine state (a fork or restore) instead of booted. A create
+        retried with the same idempotency key returns what the first made."""
+        earlier = self.admission.earlier(req.idempotency_key)
+        if earlier is not None:
+            return await self._made_by_key(earlier)
+        try:
+            return await self._create(req, state)
+        except AlreadyCreated as dup:  # a concurrent create with the same key won
+            return await self._made_by_key(dup.sandbox_id)
+
+    async def _made_by_key(self, sandbox_id: str) -> SandboxInfo:
+        """The sandbox an earlier create with the same key made, once ready."""
+        deadline = time.monotonic() + READY_TIMEOUT * 2
+        while True:
+            rec = self.records.get(sandbox_id)
+            if rec.state != "creating":
+                break
+            if time.monotonic() > deadline:
+                raise Unavailable(
+                    f"sandbox {sandbox_id}, made for this idempotency key, is still being "
+                    "created: retry later",
+                    sandbox=sandbox_id,
+                )
+            await asyncio.sleep(0.02)
+        if rec.state == "failed":
+            raise SandboxFailed(
+                f"the create with this idempotency key failed: {rec.error} (a retry with the "
+                "same key creates it afresh)",
+                sandbox=sandbox_id,
+            )
+        return self.records.info(rec)
+
+    def _record(self, req: CreateSandbox, layers: list[Layer]) -> SandboxRecord:
+        now = time.time()
+        image_env = merge_env(*(layer.config.env for layer in layers))
+        return SandboxRecord(
+            id=ids.new(self.config.node),
+            kind=req.kind,
+            state="creating",
+            spec=req.model_dump(),
+            layers=[layer.digest for layer in layers],
+            image_env=image_env,
+            workdir="/workspace" if req.workspace else (layers[0].config.workdir or "/"),
+            created_at=now,
+            expires_at=now + req.ttl if req.ttl else None,
+            last_active=now,
+            owner=self.owner,
+            labels=dict(req.labels),
+            image_user=next((x.config.user for x in reversed(layers) if x.config.user), None),
+        )
+
+    async def _create(self, req: CreateSandbox, state: Path | None) -> SandboxInfo:
+        t0 = time.monotonic()
+        runtime = self.runtime(req.kind)
+        layers = self._resolve_layers(req)
+        if req.network is not None:
+            self.networks.network.check(req.network)
+        rec = self._record(req, layers)
+        sandbox_dir = self.config.sandboxes_dir / rec.id
+        sub = self.scratch.path(rec.id)
+        prep = Prepared(
+            lower=[self.layers.path(layer.digest) for layer in reversed(layers)],
+            upper=sub / "upper",
+            work=sub / "work",
+            sandbox_dir=sandbox_dir,
+            control=control_path(self.config.run_dir, rec.id),
+            env=merge_env(rec.image_env, req.env),
+        )
+        own = [("dir", str(sandbox_dir)), ("subvolume", rec.id)]
+        net_index = self.admission.admit(req, rec, own + runtime.resources(rec.id, prep))
+        prep = replace(prep, host_id=self.admission.host_id(rec.id))
+        phases: dict[str, float] = {}
+        mark = time.monotonic()
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            phases[name] = round((now - mark) * 1000, 2)
+            mark = now
+
+        phase("admit")
+        try:
+            sandbox_dir.mkdir()
+            (sandbox_dir / "stage").mkdir()
+            self.scratch.create(rec.id, req.disk)  # two ioctls: ~0.1 ms
+            if prep.host_id is not None:
+                # The merged root is the upper's root: the sandbox's root owns it.
+                os.chown(prep.upper, prep.host_id, prep.host_id)
+            for layer in layers:
+                self.layers.ensure(layer)
+            phase("prepare")
+            net = None
+            if net_index is not None and runtime.net_tap is not None:
+                net = GuestNet(*self.networks.guest_addresses(net_index))  # told at boot
+            started = await runtime.start(runtime_spec(rec), prep, Boot(state=state, net=net))
+            phase("start")
+            self.children.add(started.pid)
+            try:
+                await wait_ready(rec.id, prep.control)
+            except SandboxFailed as exc:
+                if not isinstance(runtime, Diagnosable):
+                    raise
+                # A guest that never answered: its console says why.
+                raise SandboxFailed(diagnose(runtime, rec.id, exc.message), sandbox=rec.id) from exc
+            if req.network is not None and net_index is not None:
+                await self.networks.connect(
+                    rec.id, started.pid, net_index, req.network, runtime.net_tap
+                )
+                phase("network")
+            phase("ready")
+            if not self.store.transition(
+                rec.id, ["creating"], "running", init_pid=started.pid, init_start=started.pid_start
+            ):
+                raise SandboxClosed(f"sandbox {rec.id} was closed while it was being created")
+        except BaseException as exc:
+            await self.release(rec.id, "failed", f"create failed: {exc}")
+            if req.idempotency_key is not None:
+                # A retry with the same key may try again.
+                self.store.idempotent_drop(req.idempotency_key, rec.id)
+            code = exc.code if isinstance(exc, CorralError) else "internal"
+            metrics.SANDBOX_CREATE_FAILURES.labels(code).inc()
+            log.warning("sandbox.create_failed", sandbox=rec.id, error=str(exc))
+            raise
+        elapsed = time.monotonic() - t0
+        metrics.SANDBOXES_CREATED.labels(req.kind).inc()
+        metrics.CREATE_SECONDS.labels(req.kind).observe(elapsed)
+        log.info(
+            "sandbox.created", sandbox=rec.id, kind=req.kind, ms=round(elapsed * 1000, 2), **phases
+        )
+        return self.records.info(self.records.get(rec.id))
+
+    # ---------------------------------------------------------------- the way out
+
+    async def release(self, sandbox_id: str, final_state: str, reason: str) -> None:
+        """Release every resource of a sandbox that is creating or closing
+        (this process won that state), then mark it final_state."""
+        self.audit.keep_kernel_counters(sandbox_id)
+        errors = await self.ledger.release_all(sandbox_id)
+        self._end_sessions(sandbox_id)
+        self.children.reap()
+        self.activity.forget(sandbox_id)
+        error = (reason + ("; " + "; ".join(errors) if errors else "")) or None
+        # Released while closing (closed or failed), or by a create that failed.
+        froms = [s for s in ("creating", "closing") if states.allowed(s, final_state)]
+        if not self.store.transition(
+            sandbox_id, froms, final_state, closed_at=time.time(), error=error
+        ):
+            log.warning("sandbox.release_raced", sandbox=sandbox_id, state=final_state)
+
+    async def close(self, sandbox_id: str, reason: str = "closed by caller") -> None:
+        """Close a caller's sandbox (the node's own workers are not theirs)."""
+        self.records.not_a_worker(self.records.get(sandbox_id))
+        await self.retire(sandbox_id, reason)
+
+    async def retire(self, sandbox_id: str, reason: str) -> None:
+        """Close any sandbox of the node: the node's own path (TTL, idle,
+        pools, recovery)."""
+        rec = self.records.get(sandbox_id)
+        db = self.store
+        if rec.state in ("closed", "failed"):
+            return
+        if not db.transition(sandbox_id, ["running", "suspended"], "closing"):
+            if rec.state == "creating" and rec.owner == self.owner:
+                # Our own create is in flight: it sees the state and unwinds.
+                db.transition(sandbox_id, ["creating"], "closing")
+            return
+        await self.release(sandbox_id, "closed", reason)
+        metrics.SANDBOXES_CLOSED.labels(rec.kind, reason.split(" ")[0]).inc()
+        log.info("sandbox.closed", sandbox=sandbox_id, reason=reason)
+
+    async def fail(self, rec: SandboxRecord, why: str) -> None:
+        """End a sandbox that died or whose agent died (housekeeping,
+        recovery), keeping why, with the guest's own last words if any."""
+        why = diagnose(self.runtimes.get(rec.kind), rec.id, why)
+        if self.store.transition(rec.id, [rec.state], "closing"):
+            log.warning("sandbox.failed", sandbox=rec.id, reason=why)
+            await self.release(rec.id, "failed", why)

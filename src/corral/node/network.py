@@ -1,0 +1,154 @@
+"""Sandboxes on the network: giving one its interface and policy, taking
+them away, and the node's DNS resolver that only answers what a policy
+allows (the plumbing itself is guard/network.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from corral.api.models import NetworkPolicy
+from corral.config import NodeConfig
+from corral.errors import CorralError, InvalidArgument
+from corral.execd.client import ExecdClient
+from corral.guard.dns import Resolver, upstream_from_resolv_conf
+from corral.guard.network import NodeNetwork
+from corral.log import get_logger
+from corral.node.store import SandboxRecord, Store
+
+log = get_logger("corral.node")
+
+
+class SandboxNetworks:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        network: NodeNetwork,
+        execd: Callable[[str], ExecdClient],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.network = network
+        self._execd = execd
+        self._resolver: asyncio.DatagramTransport | None = None
+
+    def guest_addresses(self, index: int) -> tuple[str, str]:
+        """(the sandbox's address, its gateway) for network block `index`."""
+        host_ip, guest_ip = self.network.addresses(index)
+        return guest_ip, host_ip
+
+    async def connect(
+        self, sandbox_id: str, pid: int, index: int, policy: NetworkPolicy, tap: str | None = None
+    ) -> None:
+        """Give a running sandbox its interface and policy, and point its
+        resolver at the node's (the only DNS it can reach anyway). A VM's
+        `pid` is its QEMU, and its veth is bridged to the VM's `tap`."""
+        att = await asyncio.to_thread(self.network.attach, index, pid, tap)
+        await asyncio.to_thread(self.network.apply, index, policy)
+        client = self._execd(sandbox_id)
+        try:
+            await client.remove("root", "/etc/resolv.conf", recursive=False)
+        except CorralError:
+            pass
+        await client.write(
+            "root",
+            "/etc/resolv.conf",
+            f"nameserver {att.host_ip}\n".encode(),
+            max_bytes=4096,
+            mkdirs=True,
+        )
+
+    async def reconnect(self, sandbox_id: str, pid: int, tap: str | None) -> None:
+        """After a resume: the new process has a new namespace (and a VM a
+        new tap), and the sandbox's veth died with the old one. Same
+        address, same policy."""
+        row = self.store.net_get(sandbox_id)
+        if row is None:
+            return
+        await asyncio.to_thread(self.network.detach, row[0])
+        await self.connect(sandbox_id, pid, row[0], NetworkPolicy.model_validate_json(row[1]), tap)
+
+    def has_network(self, sandbox_id: str) -> bool:
+        return self.store.net_get(sandbox_id) is not None
+
+    def disconnect(self, sandbox_id: str) -> None:
+        """Release a sandbox's network (the `net` resource); idempotent."""
+        db = self.store
+        row = db.net_get(sandbox_id)
+        if row is None:
+            return
+        denied = self.network.denied(row[0])
+        if denied:
+            db.count(sandbox_id, "egress_denied", denied)
+        self.network.detach(row[0])
+        db.net_free(sandbox_id)
+
+    async def update(self, rec: SandboxRecord, policy: NetworkPolicy, tap: str | None) -> None:
+        """Change where a running sandbox may connect (loose while its
+        environment is set up, tight while the task is solved). `tap`: its
+        runtime's net_tap (a VM's NIC exists from boot or never)."""
+        self.network.check(policy)
+        db = self.store
+        row = db.net_get(rec.id)
+        if row is None and tap is not None:
+            raise InvalidArgument(
+                "network",
+                "a VM created without network cannot get one later (its NIC exists from boot): "
+                "create it with a policy, even an empty one",
+                "policy",
+            )
+        if row is None:  # created without network: give it an interface now
+            with db.transaction():
+                db.add_resource(rec.id, "net", rec.id)
+                index = db.net_allocate(rec.id, policy.model_dump_json(), self.network.capacity)
+            assert rec.init_pid is not None
+            await self.connect(rec.id, rec.init_pid, index, policy)
+        else:
+            await asyncio.to_thread(self.network.apply, row[0], policy)
+            db.net_set_policy(rec.id, policy.model_dump_json())
+        log.info(
+            "network.updated",
+            sandbox=rec.id,
+            domains=len(policy.domains),
+            cidrs=len(policy.cidrs),
+            ecosystems=sorted(k for k, v in policy.ecosystems.items() if v),
+        )
+
+    def _policy_of(self, ip: str) -> tuple[str, int, NetworkPolicy] | None:
+        index = self.network.index_of(ip)
+        if index is None or self.store.closed:
+            return None
+        row = self.store.net_by_index(index)
+        if row is None:
+            return None
+        return row[0], index, NetworkPolicy.model_validate_json(row[1])
+
+    async def start_resolver(self) -> None:
+        """The node's DNS for sandboxes (run by the leader agent)."""
+        if self._resolver is not None:
+            return
+        loop = asyncio.get_running_loop()
+        db = self.store
+        try:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: Resolver(
+                    lookup=self._policy_of,
+                    allowed_names=self.network.allowed_names,
+                    learn=self.network.learn,
+                    denied=lambda sid: db.count(sid, "dns_denied"),
+                    hosts=self.config.dns_hosts,
+                    upstream=self.config.dns_upstream or upstream_from_resolv_conf(),
+                ),
+                local_addr=("0.0.0.0", self.config.dns_port),
+            )
+        except OSError as exc:
+            log.error("dns.bind_failed", port=self.config.dns_port, error=str(exc))
+            return
+        self._resolver = transport
+        log.info("dns.serving", port=self.config.dns_port)
+
+    def stop_resolver(self) -> None:
+        if self._resolver is not None:
+            self._resolver.close()
+            self._resolver = None

@@ -1,0 +1,191 @@
+"""Commands in sandboxes: each exec is a session with the sandbox's exec
+server (execd/), streamed back as events, accounted in the sandbox's audit
+and command log when it ends, however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import signal as signals
+import time
+from collections.abc import AsyncIterator, Callable
+
+from corral import metrics
+from corral.api.models import ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStarted
+from corral.config import NodeConfig
+from corral.errors import (
+    CommandNotFound,
+    CorralError,
+    FileError,
+    InvalidArgument,
+    SandboxFailed,
+    Unavailable,
+)
+from corral.execd import protocol as proto
+from corral.execd.client import ExecdClient, ExecSession
+from corral.host import platform as plat
+from corral.log import get_logger
+from corral.node.activity import Activity
+from corral.node.audit import Audit
+from corral.node.fncall.pool import reset_worker
+from corral.node.lifecycle import merge_env
+from corral.node.records import Records
+from corral.node.store import SandboxRecord, Store
+
+log = get_logger("corral.node")
+
+EXEC_GRACE = 10.0  # how long past its timeout the agent waits for the exec server
+
+
+class Sessions:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        records: Records,
+        activity: Activity,
+        audit: Audit,
+        execd: Callable[[str], ExecdClient],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.records = records
+        self.activity = activity
+        self.audit = audit
+        self._execd = execd
+        self._sessions: dict[tuple[str, int], ExecSession] = {}
+
+    def end(self, sandbox_id: str) -> None:
+        """Close the sessions of a sandbox that is going away."""
+        for key in [k for k in self._sessions if k[0] == sandbox_id]:
+            self._sessions.pop(key).close()
+
+    def close_all(self) -> None:
+        for session in list(self._sessions.values()):
+            session.close()
+        self._sessions.clear()
+
+    async def exec(self, rec: SandboxRecord, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        sandbox_id = rec.id
+        argv = [plat.SHELL, "-c", req.cmd] if isinstance(req.cmd, str) else list(req.cmd)
+        env = merge_env(rec.image_env, rec.spec.get("env", {}), req.env)
+        t0 = time.monotonic()
+        try:
+            session = await self._execd(sandbox_id).start(
+                argv,
+                env,
+                user=req.user or rec.image_user or "root",
+                cwd=req.cwd or rec.workdir,
+                timeout=req.timeout,
+                stdout_cap=req.stdout_limit,
+                stderr_cap=req.stderr_limit,
+                stdin=req.stdin,
+            )
+        except Unavailable:
+            raise self.records.gone(sandbox_id) from None
+        key = (sandbox_id, session.pid)
+        self._sessions[key] = session
+        self.activity.begin(sandbox_id)
+        outcome = "error"
+        exit_event: ExecExit | None = None
+        try:
+            yield ExecStarted(pid=session.pid)
+            limit = req.timeout + EXEC_GRACE if req.timeout else None
+            events = session.events()
+            while True:
+                try:
+                    kind, payload = await asyncio.wait_for(anext(events), limit)
+                except StopAsyncIteration:
+                    raise self.records.gone(sandbox_id) from None
+                except TimeoutError:
+                    raise SandboxFailed(
+                        f"sandbox {sandbox_id}: exec server did not end pid {session.pid} "
+                        f"{EXEC_GRACE:.0f}s after its timeout",
+                        sandbox=sandbox_id,
+                    ) from None
+                except ConnectionError:
+                    raise self.records.gone(sandbox_id) from None
+                if kind == proto.RSP_EXIT:
+                    x = proto.parse_exit(payload)
+                    dropped = max(0, x.stdout_bytes - req.stdout_limit) + max(
+                        0, x.stderr_bytes - req.stderr_limit
+                    )
+                    if dropped:
+                        metrics.OUTPUT_DROPPED.inc(dropped)
+                    outcome = "timeout" if x.timed_out else "ok"
+                    exit_event = ExecExit(
+                        exit_code=x.exit_code,
+                        signal=x.signal,
+                        timed_out=x.timed_out,
+                        stdout_bytes=x.stdout_bytes,
+                        stderr_bytes=x.stderr_bytes,
+                        cpu_user=x.cpu_user,
+                        cpu_system=x.cpu_system,
+                        max_rss=x.max_rss,
+                        duration=time.monotonic() - t0,
+                    )
+                    if rec.kind == "fncall" and self.activity.running(sandbox_id) == 1:
+                        # Stateless: once nothing runs, nothing of it is
+                        # kept; wiped before the caller hears the exit, so
+                        # its next command starts clean.
+                        await self._reset_stateless(sandbox_id)
+                    yield exit_event
+                    return
+                yield ExecOutput(
+                    type="stdout" if kind == proto.RSP_STDOUT else "stderr", data=payload
+                )
+        finally:
+            session.close()
+            self._sessions.pop(key, None)
+            self.audit.account(sandbox_id, argv, req, outcome, exit_event, t0)
+            if not self.activity.end(sandbox_id) and rec.kind == "fncall" and exit_event is None:
+                await self._reset_stateless(sandbox_id)
+            metrics.EXEC_TOTAL.labels(outcome).inc()
+            metrics.EXEC_SECONDS.observe(time.monotonic() - t0)
+
+    async def _reset_stateless(self, sandbox_id: str) -> None:
+        try:
+            await reset_worker(self._execd(sandbox_id))
+        except (CorralError, OSError) as exc:  # a dead reset handler: a closed connection
+            log.warning("fncall.reset_failed", sandbox=sandbox_id, error=str(exc))
+
+    async def kill(self, rec: SandboxRecord, pid: int, signal: int = signals.SIGKILL) -> None:
+        """Signal a command's process group; pid 0 means every process of
+        the sandbox but its init."""
+        if not 0 < signal < 65:
+            raise InvalidArgument("signal", "must be a signal number between 1 and 64", signal)
+        if pid < 0 or pid == 1:
+            raise InvalidArgument("pid", "must be a command's pid, or 0 for all processes", pid)
+        self.store.count(rec.id, "commands_killed")
+        session = self._sessions.get((rec.id, pid))
+        if session is not None:
+            await session.signal(signal)
+            return
+        try:
+            await self._execd(rec.id).kill(pid, signal)
+        except FileError as exc:
+            raise CommandNotFound(
+                f"no command with pid {pid} in sandbox {rec.id}", sandbox=rec.id, pid=pid
+            ) from exc
+
+    async def run_platform(
+        self, rec: SandboxRecord, argv: builtins.list[str], stdin: bytes | None, doing: str
+    ) -> bytes:
+        """Run a platform tool (from /.corral) and return its stdout."""
+        limit = self.config.max_file_bytes
+        req = ExecRequest(cmd=argv, timeout=600, stdin=stdin, stdout_limit=limit)
+        out: builtins.list[bytes] = []
+        err: builtins.list[bytes] = []
+        code, total = -1, 0
+        async for ev in self.exec(rec, req):
+            if isinstance(ev, ExecOutput):
+                (out if ev.type == "stdout" else err).append(ev.data)
+            elif isinstance(ev, ExecExit):
+                code, total = ev.exit_code, ev.stdout_bytes
+        if total > limit:
+            raise InvalidArgument(
+                "path", f"must hold at most {limit} bytes to download as a tar", f"<{total} bytes>"
+            )
+        if code != 0:
+            raise FileError(f"{doing}: {b''.join(err).decode(errors='replace').strip()}")
+        return b"".join(out)

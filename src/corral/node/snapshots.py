@@ -1,0 +1,322 @@
+"""Sandboxes that stop and come back: suspend and resume, fork into copies,
+save to an object store and restore on any node. Each is a capability a
+runtime may have (runtimes/base.py Suspendable, Snapshottable); a kind
+without it is refused by name.
+
+A save writes the machine state and a signed record of what it needs (its
+spec, its exact layers by digest, the state format's version) beside it;
+restore checks the signature before it trusts the record, and the state's
+digest before the runtime reads a byte of it (node/signing.py says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from corral import labels, metrics
+from corral.api.models import (
+    CreateSandbox,
+    ForkRequest,
+    SandboxInfo,
+    SavedState,
+    SaveRequest,
+)
+from corral.config import NodeConfig
+from corral.errors import (
+    Conflict,
+    CorralError,
+    ImageNotFound,
+    InvalidArgument,
+    NotFound,
+    SandboxFailed,
+)
+from corral.images import registry
+from corral.images.mounter import LayerMounts
+from corral.images.objects import ObjectStore, open_store
+from corral.log import get_logger
+from corral.node import signing
+from corral.node.children import Children
+from corral.node.lifecycle import Lifecycle, control_path, wait_ready
+from corral.node.network import SandboxNetworks
+from corral.node.records import Records
+from corral.node.store import SandboxRecord, Store
+from corral.runtimes.base import Runtime, Snapshottable, Suspendable, unsupported
+
+log = get_logger("corral.node")
+
+VM_STATES = "vmstates"  # the object-store prefix of saved states
+
+
+def _quiet(task: str, done: float, total: float | None) -> None:
+    pass
+
+
+def _download(store: ObjectStore, key: str, dest: Path, step: int = 8 << 20) -> None:
+    size = store.size(key)
+    with open(dest, "wb") as f:
+        for off in range(0, size, step):
+            f.write(store.get_range(key, off, min(step, size - off)))
+
+
+class Snapshots:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        *,
+        records: Records,
+        lifecycle: Lifecycle,
+        runtimes: Mapping[str, Runtime],
+        layers: LayerMounts,
+        networks: SandboxNetworks,
+        children: Children,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.records = records
+        self.lifecycle = lifecycle
+        self.runtimes = runtimes
+        self.layers = layers
+        self.networks = networks
+        self.children = children
+
+    # ---------------------------------------------------------------- suspend
+
+    async def awake(self, sandbox_id: str) -> SandboxRecord:
+        """The record of a running sandbox; a suspended one is resumed
+        first (the next request restores it)."""
+        if self.records.get(sandbox_id).state == "suspended":
+            await self.resume(sandbox_id)
+        return self.records.running(sandbox_id)
+
+    def _suspendable(self, rec: SandboxRecord) -> Suspendable:
+        runtime = self.runtimes.get(rec.kind)
+        if not isinstance(runtime, Suspendable):
+            raise unsupported(rec.kind, "suspend is supported for microvm and fullvm sandboxes")
+        return runtime
+
+    async def suspend(self, sandbox_id: str) -> SandboxInfo:
+        """Save a running sandbox to disk and stop it; its memory and its
+        processes come back on resume() (or on the next request)."""
+        rec = self.records.running(sandbox_id)
+        runtime = self._suspendable(rec)
+        db = self.store
+        if not db.transition(sandbox_id, ["running"], "suspending"):
+            raise Conflict(f"sandbox {sandbox_id} is busy changing state", sandbox=sandbox_id)
+        t0 = time.monotonic()
+        try:
+            size = await runtime.suspend(sandbox_id)
+        except BaseException:
+            db.transition(sandbox_id, ["suspending"], "running")
+            raise
+        db.transition(sandbox_id, ["suspending"], "suspended")
+        metrics.VM_OPS.labels("suspend").observe(time.monotonic() - t0)
+        metrics.VM_STATE_BYTES.labels("suspend").inc(size)
+        log.info("sandbox.suspended", sandbox=sandbox_id,
+                 ms=round((time.monotonic() - t0) * 1000, 1), state_bytes=size)  # fmt: skip
+        return self.records.info(self.records.get(sandbox_id))
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        """Bring a suspended sandbox back; a running one is left as it is."""
+        rec = self.records.get(sandbox_id)
+        if rec.state == "running":
+            return self.records.info(rec)
+        db = self.store
+        if not db.transition(sandbox_id, ["suspended"], "resuming"):
+            for _ in range(3000):  # another request is resuming it: wait for that
+                rec = self.records.get(sandbox_id)
+                if rec.state != "resuming":
+                    break
+                await asyncio.sleep(0.01)
+            return self.records.info(self.records.running(sandbox_id))
+        t0 = time.monotonic()
+        runtime = self._suspendable(rec)
+        try:
+            started = await runtime.resume(sandbox_id)
+            self.children.add(started.pid)
+            await wait_ready(sandbox_id, control_path(self.config.run_dir, sandbox_id))
+            await self.networks.reconnect(sandbox_id, started.pid, self.runtimes[rec.kind].net_tap)
+        except BaseException as exc:
+            db.transition(sandbox_id, ["resuming"], "suspended")
+            if isinstance(exc, CorralError):
+                raise
+            raise SandboxFailed(f"sandbox {sandbox_id}: resume failed: {exc}") from exc
+        db.transition(sandbox_id, ["resuming"], "running",
+                      init_pid=started.pid, init_start=started.pid_start)  # fmt: skip
+        metrics.VM_OPS.labels("resume").observe(time.monotonic() - t0)
+        log.info("sandbox.resumed", sandbox=sandbox_id, ms=round((time.monotonic() - t0) * 1000, 1))
+        return self.records.info(self.records.get(sandbox_id))
+
+    # ---------------------------------------------------------------- fork
+
+    def _snapshottable(self, rec: SandboxRecord, what: str) -> Snapshottable:
+        runtime = self.runtimes.get(rec.kind)
+        if not isinstance(runtime, Snapshottable):
+            raise unsupported(rec.kind, f"{what} is for microvm and fullvm sandboxes")
+        return runtime
+
+    async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:
+        """`n` new sandboxes, each a copy of this one as it is now: its
+        memory, processes and files. The source pauses while its state is
+        saved (~0.1 s per 256 MiB), then runs on; each copy loads the state
+        into a machine of its own (its own id, channel and cgroup)."""
+        rec = await self.awake(sandbox_id)
+        runtime = self._snapshottable(rec, "fork")
+        if self.networks.has_network(sandbox_id):
+            # Every copy would wake up holding the source's address.
+            raise InvalidArgument(
+                "network",
+                "a VM with a network cannot be forked (its copies share its address)",
+                "policy",
+            )
+        keys: builtins.list[str | None] = (
+            [*req.idempotency_keys] if req.idempotency_keys else [None] * req.n
+        )
+
+        def copy(key: str | None) -> CreateSandbox:
+            tags = {**rec.labels, labels.FORKED_FROM: sandbox_id}
+            if key is not None and labels.KEY in tags:
+                tags[labels.KEY] = key  # a gateway's key for this copy's row
+            return CreateSandbox.model_validate(
+                {**rec.spec, "idempotency_key": key, "labels": tags}
+            )
+
+        state = self.config.sandboxes_dir / sandbox_id / f"fork-{secrets.token_hex(4)}.state"
+        t0 = time.monotonic()
+        try:
+            size = await runtime.snapshot(sandbox_id, state)
+            saved = time.monotonic() - t0
+            results = await asyncio.gather(
+                *(self.lifecycle.create(copy(key), state=state) for key in keys),
+                return_exceptions=True,
+            )
+        finally:
+            state.unlink(missing_ok=True)
+        made = [r for r in results if isinstance(r, SandboxInfo)]
+        failed = [r for r in results if not isinstance(r, SandboxInfo)]
+        if failed:
+            # All or nothing: a caller asked for n copies of one moment.
+            await asyncio.gather(*(self.lifecycle.close(i.id, "its fork failed") for i in made))
+            first = failed[0]
+            if isinstance(first, CorralError):
+                raise first
+            raise SandboxFailed(f"sandbox {sandbox_id}: fork failed: {first}") from first
+        metrics.VM_OPS.labels("fork").observe(time.monotonic() - t0)
+        metrics.VM_STATE_BYTES.labels("fork").inc(size)
+        log.info("sandbox.forked", sandbox=sandbox_id, copies=req.n, state_bytes=size,
+                 save_ms=round(saved * 1000, 1),
+                 ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
+        return made
+
+    # ---------------------------------------------------------------- save, restore
+
+    async def save(self, sandbox_id: str, req: SaveRequest) -> SavedState:
+        """Suspend a sandbox (if it runs) and copy its state and its record
+        to an object store, from which restore() starts it on any node with
+        the same state version. The sandbox stays here, suspended: resume
+        it, or close it once the copy runs elsewhere."""
+        rec = self.records.get(sandbox_id)
+        runtime = self._snapshottable(rec, "save")
+        if self.networks.has_network(sandbox_id):
+            raise InvalidArgument(
+                "network", "a VM with a network cannot move (its address is this node's)", "policy"
+            )
+        store = open_store(req.store)
+        if rec.state == "running":
+            await self.suspend(sandbox_id)
+        rec = self.records.get(sandbox_id)
+        if rec.state != "suspended":
+            raise Conflict(
+                f"sandbox {sandbox_id} is {rec.state}, not suspended", sandbox=sandbox_id
+            )
+        key = f"{VM_STATES}/{sandbox_id}"
+        state = self.config.sandboxes_dir / sandbox_id / "vm.state"
+        version = await runtime.state_version()
+        t0 = time.monotonic()
+        doc = {
+            "sandbox": sandbox_id,
+            "kind": rec.kind,
+            "spec": rec.spec,
+            "layers": rec.layers,
+            "labels": rec.labels,
+            "guest": version,
+            "state_sha256": await asyncio.to_thread(signing.file_sha256, state),
+        }
+        record = json.dumps(doc).encode()
+        mac = signing.sign(signing.load_key(self.config.state_key_path), key, record)
+        await asyncio.to_thread(store.put_file, f"{key}/state", state)
+        await asyncio.to_thread(store.put_bytes, f"{key}/saved.json", record)
+        await asyncio.to_thread(store.put_bytes, f"{key}/mac", mac.encode())
+        size = state.stat().st_size
+        metrics.VM_OPS.labels("save").observe(time.monotonic() - t0)
+        metrics.VM_STATE_BYTES.labels("save").inc(size)
+        log.info("sandbox.saved", sandbox=sandbox_id, bytes=size, store=store.url,
+                 ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
+        return SavedState(store=req.store, key=key, sandbox=sandbox_id, kind=rec.kind,
+                          size=size, guest=version)  # fmt: skip
+
+    async def restore(self, req: SavedState) -> SandboxInfo:
+        """A new sandbox on this node from a saved state: its memory,
+        processes and files as they were saved. The layers are the exact
+        ones it was saved with (pulled from the store when this node lacks
+        them); the state version must be this node's."""
+        store = open_store(req.store)
+        try:
+            record = await asyncio.to_thread(store.get, f"{req.key}/saved.json")
+            mac = (await asyncio.to_thread(store.get, f"{req.key}/mac")).decode(errors="replace")
+        except NotFound:
+            raise InvalidArgument("key", f"names no saved state in {store.url}", req.key) from None
+        if not signing.verify(signing.load_key(self.config.state_key_path), req.key, record, mac):
+            raise InvalidArgument(
+                "key",
+                "must name a state saved by a node sharing this node's state key "
+                "(its record's signature does not match)",
+                req.key,
+            )
+        doc = json.loads(record)
+        runtime = self.runtimes.get(doc["kind"])
+        if not isinstance(runtime, Snapshottable):
+            raise InvalidArgument("kind", "this node does not run it", doc["kind"])
+        here = await runtime.state_version()
+        if doc["guest"] != here:
+            raise InvalidArgument(
+                "guest",
+                f"must match this node's guest artefacts ({here}): a state loads only into the "
+                "kernel it was saved under",
+                doc["guest"],
+            )
+        for digest in doc["layers"]:
+            try:
+                self.layers.store.get(digest)
+            except ImageNotFound:
+                await asyncio.to_thread(registry.pull, self.layers.store, digest, store, _quiet)
+        spec, layers = dict(doc["spec"]), list(doc["layers"])
+        # Exactly the saved layers, by digest: a tag may name another layer here.
+        spec["image"] = layers.pop(0)
+        if spec.get("workspace"):
+            spec["workspace"] = layers.pop(0)
+        spec["toolkit"] = layers
+        tags = {**doc["labels"], labels.RESTORED_FROM: doc["sandbox"]}
+        if req.idempotency_key is not None and labels.KEY in tags:
+            tags[labels.KEY] = req.idempotency_key
+        spec.update(labels=tags, idempotency_key=req.idempotency_key)
+        local = self.config.sandboxes_dir / f".restore-{secrets.token_hex(6)}.state"
+        try:
+            await asyncio.to_thread(_download, store, f"{req.key}/state", local)
+            # Checked before the runtime reads a byte of it (signing.py says why).
+            if await asyncio.to_thread(signing.file_sha256, local) != doc["state_sha256"]:
+                raise InvalidArgument(
+                    "key", "its state file does not match its signed record", req.key
+                )
+            t0 = time.monotonic()
+            info = await self.lifecycle.create(CreateSandbox.model_validate(spec), state=local)
+            metrics.VM_OPS.labels("restore").observe(time.monotonic() - t0)
+            return info
+        finally:
+            local.unlink(missing_ok=True)

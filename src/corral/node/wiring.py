@@ -1,0 +1,250 @@
+"""Start-up: the node's parts, made in dependency order and handed what
+each needs explicitly (no part holds the agent). Built when an agent
+starts, because most parts need the open store; undone in reverse by
+`NodeParts.close`.
+
+    store, activity, children
+      records -- admission -- ledger (node releasers + each runtime's)
+        networks, audit
+          lifecycle (create pipeline, release) <- sessions.end
+            snapshots (awake, suspend/resume, fork, save/restore)
+              sessions, files, displays, commits, fncall
+            recovery -> housekeeping (leader lock, ticks, gc)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.config import NodeConfig
+from corral.errors import InvalidArgument, Unavailable
+from corral.execd.client import ExecdClient
+from corral.guard.network import NodeNetwork
+from corral.guard.seccompd import SeccompDaemon
+from corral.host import cgroups as cg
+from corral.host import platform as plat
+from corral.host.procs import host_memory
+from corral.host.scratch import Scratch
+from corral.images.mounter import LayerMounts
+from corral.node import ledger as ledgers
+from corral.node.activity import Activity
+from corral.node.admission import Admission
+from corral.node.audit import Audit
+from corral.node.children import Children
+from corral.node.commit import Commits
+from corral.node.display import Displays
+from corral.node.files import Files
+from corral.node.fncall.service import FnCalls
+from corral.node.housekeeping import Housekeeping
+from corral.node.ledger import Ledger
+from corral.node.lifecycle import Lifecycle, control_path
+from corral.node.network import SandboxNetworks
+from corral.node.records import Records
+from corral.node.recovery import Recovery
+from corral.node.sessions import Sessions
+from corral.node.snapshots import Snapshots
+from corral.node.store import Store
+from corral.runtimes.base import Reattachable, Releaser, Runtime
+from corral.runtimes.container.oci import OciRuntime
+from corral.runtimes.container.runtime import ContainerRuntime
+from corral.runtimes.fncall.runtime import FnCallRuntime
+from corral.runtimes.vm.runtime import FullVMRuntime, MicroVMRuntime, vm_capable
+
+
+@dataclass
+class NodeParts:
+    config: NodeConfig
+    store: Store
+    cgroups: cg.Cgroups
+    seccompd: SeccompDaemon
+    runtimes: dict[str, Runtime]
+    records: Records
+    admission: Admission
+    ledger: Ledger
+    networks: SandboxNetworks
+    audit: Audit
+    activity: Activity
+    children: Children
+    lifecycle: Lifecycle
+    snapshots: Snapshots
+    sessions: Sessions
+    files: Files
+    displays: Displays
+    commits: Commits
+    fncall: FnCalls
+    recovery: Recovery
+    housekeeping: Housekeeping
+
+    async def close(self, layers: LayerMounts, network: NodeNetwork, scratch: Scratch) -> int:
+        """Stop every part; the sandboxes run on. Returns how many remain
+        active on the node."""
+        was_leader = self.housekeeping.is_leader
+        await self.fncall.pool.aclose()
+        await self.housekeeping.stop()
+        self.networks.stop_resolver()
+        self.sessions.close_all()
+        for runtime in self.runtimes.values():
+            if isinstance(runtime, Reattachable):
+                # The VMs run on; the next agent re-attaches their channels.
+                await runtime.detach_all()
+        db = self.store
+        active, _ = db.count_active()
+        if scratch.close(active) or was_leader:
+            # The last agent of the node (or its leader) leaves no mount that
+            # no sandbox needs.
+            layers.release_unused(db.referenced_layers())
+            if active == 0:
+                self.cgroups.remove_parent()
+                self.seccompd.stop()
+                network.remove_base()
+        db.close()
+        return active
+
+
+def check_node_name(cfg: NodeConfig) -> None:
+    """Sandbox ids, cgroups and leftovers are named after the node: one
+    data dir belongs to one node name for good."""
+    name_file = cfg.data_dir / "node"
+    if not name_file.exists():
+        name_file.write_text(cfg.node)
+    if (recorded := name_file.read_text().strip()) != cfg.node:
+        raise InvalidArgument(
+            "node",
+            f"must be {recorded!r}, the node this data dir ({cfg.data_dir}) belongs to",
+            cfg.node,
+        )
+
+
+def _runtimes(
+    cfg: NodeConfig, cgroups: cg.Cgroups, platform: plat.Platform, seccompd: SeccompDaemon,
+    layers: LayerMounts,
+) -> dict[str, Runtime]:  # fmt: skip
+    oci = OciRuntime(
+        shutil.which(cfg.oci_runtime) or cfg.oci_runtime,
+        cfg.crun_root,
+        platform.nsexec,
+        hybrid=cgroups.mode is cg.Mode.HYBRID,
+    )
+    listener = seccompd.socket if cfg.seccomp else None
+    runtimes: dict[str, Runtime] = {
+        "container": ContainerRuntime(oci, cgroups, platform, listener),
+        "fncall": FnCallRuntime(oci, cgroups, platform, listener, cfg.fncall_tmpfs),
+    }
+    if vm_capable():
+        fpr = cfg.vm_free_page_reporting
+        runtimes["microvm"] = MicroVMRuntime(
+            layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr
+        )
+        runtimes["fullvm"] = FullVMRuntime(
+            layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr,
+            pmem_dir=cfg.data_dir / "pmem" if cfg.vm_pmem else None,
+        )  # fmt: skip
+    return runtimes
+
+
+async def start_parts(
+    cfg: NodeConfig,
+    *,
+    owner: str,
+    reap_children: bool,
+    layers: LayerMounts,
+    network: NodeNetwork,
+    scratch: Scratch,
+) -> NodeParts:
+    for d in (cfg.data_dir, cfg.sandboxes_dir, cfg.run_dir, cfg.platform_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    check_node_name(cfg)
+    platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
+    cgroups = cg.Cgroups(cfg.cgroup_parent)
+    seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd)
+    await asyncio.to_thread(seccompd.ensure)
+    runtimes = _runtimes(cfg, cgroups, platform, seccompd, layers)
+    store = Store(cfg.db_path)
+    await asyncio.to_thread(scratch.open)
+
+    def execd(sandbox_id: str) -> ExecdClient:
+        return ExecdClient(str(control_path(cfg.run_dir, sandbox_id)))
+
+    activity = Activity(store)
+    children = Children(reap_children)
+    records = Records(store, cfg.node, network, activity)
+    admission = Admission(cfg, store, host_memory(), network.capacity)
+    networks = SandboxNetworks(cfg, store, network, execd)
+    ledger = Ledger(store, ledgers.combine(
+        _node_releasers(store, cgroups, scratch, networks),
+        *(r.releasers() for r in runtimes.values()),
+    ))  # fmt: skip
+    audit = Audit(cfg, store, cgroups, seccompd, network, scratch)
+    # Sessions end when their sandbox is released: made first, handed over.
+    sessions = Sessions(cfg, store, records, activity, audit, execd)
+    lifecycle = Lifecycle(
+        cfg, store, owner=owner, records=records, admission=admission, ledger=ledger,
+        runtimes=runtimes, layers=layers, scratch=scratch, networks=networks, audit=audit,
+        activity=activity, children=children, end_sessions=sessions.end,
+    )  # fmt: skip
+    snapshots = Snapshots(
+        cfg, store, records=records, lifecycle=lifecycle, runtimes=runtimes, layers=layers,
+        networks=networks, children=children,
+    )  # fmt: skip
+    recovery = Recovery(
+        cfg, store, owner=owner, lifecycle=lifecycle, ledger=ledger, runtimes=runtimes,
+        cgroups=cgroups, scratch=scratch, layers=layers,
+    )  # fmt: skip
+    parts = NodeParts(
+        config=cfg, store=store, cgroups=cgroups, seccompd=seccompd, runtimes=runtimes,
+        records=records, admission=admission, ledger=ledger, networks=networks, audit=audit,
+        activity=activity, children=children, lifecycle=lifecycle, snapshots=snapshots,
+        sessions=sessions,
+        files=Files(cfg, snapshots.awake, execd, sessions),
+        displays=Displays(snapshots.awake, runtimes, activity),
+        commits=Commits(cfg, store, layers.store, scratch, admission, platform.nsexec),
+        fncall=FnCalls(cfg, layers.store, cgroups, create=lifecycle.create,
+                       retire=lifecycle.retire, execd=execd),
+        recovery=recovery,
+        housekeeping=Housekeeping(
+            cfg, store, owner=owner, lifecycle=lifecycle, recovery=recovery, layers=layers,
+            activity=activity, children=children, on_lead=networks.start_resolver,
+        ),
+    )  # fmt: skip
+    await parts.housekeeping.start()
+    return parts
+
+
+def _node_releasers(
+    store: Store, cgroups: cg.Cgroups, scratch: Scratch, networks: SandboxNetworks
+) -> dict[str, Releaser]:
+    """The resource kinds the node itself makes for every sandbox."""
+
+    async def subvolume(ref: str) -> None:
+        await asyncio.to_thread(scratch.destroy, ref)
+
+    async def directory(ref: str) -> None:
+        await asyncio.to_thread(shutil.rmtree, ref, True)
+
+    async def socket(ref: str) -> None:
+        Path(ref).unlink(missing_ok=True)
+
+    async def net(ref: str) -> None:
+        await asyncio.to_thread(networks.disconnect, ref)
+
+    async def idmap(ref: str) -> None:
+        store.idmap_free(ref)
+
+    async def cgroup(ref: str) -> None:
+        cgroups.remove(ref)
+
+    return {"subvolume": subvolume, "dir": directory, "socket": socket, "net": net,
+            "idmap": idmap, "cgroup": cgroup}  # fmt: skip
+
+
+def require_root() -> None:
+    import os
+
+    if os.geteuid() != 0:
+        raise Unavailable(
+            "the node agent needs root (mount(2), cgroups and namespaces need "
+            "CAP_SYS_ADMIN); run as root or use a remote server: AsyncClient('http://...')"
+        )
