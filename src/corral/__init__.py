@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 from corral.api.models import (
     AuditReport,
     FileEntry,
@@ -52,6 +50,7 @@ from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.sandbox import AsyncSandbox
+from corral.version import __version__
 
 if TYPE_CHECKING:
     from corral.sdk.sync import (

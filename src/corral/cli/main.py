@@ -18,11 +18,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from corral import __version__
 from corral.cli import cluster, images, node, sandboxes
 from corral.cli.args import add_sandbox_args
 from corral.errors import CorralError
 from corral.log import configure
+from corral.version import __version__
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 

@@ -1,12 +1,10 @@
 """The sandbox state machine, as the node's store enforces it.
 
-    creating --> running <--> suspending --> suspended <--> resuming
-       |            |  ^___________|             |              |
-       |            v                            v              |
-       +-------> closing  <---------------------+--------------+
-       |            |
-       v            v
-     failed <--- closing --> closed
+    creating --> running --> suspending --> suspended --> resuming --> running
+                    ^            |              ^             |
+                    +------------+ (failed)     +-------------+ (failed)
+    creating, running, suspending, suspended, resuming --> closing
+    closing --> closed | failed;  creating --> failed
 
 Every state change is a conditional UPDATE through `Store.transition`,
 which refuses (ValueError: a bug, not a caller's error) any change this
