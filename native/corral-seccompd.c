@@ -9,6 +9,10 @@
  * (EPERM for privileged ones, ENOSYS otherwise) and adds one to the
  * sandbox's counter for that syscall in <audit-dir>/<id>.seccomp: 1024
  * little-endian u64, index = syscall number (x86_64), 1023 = other arches.
+ * A 32-bit call (int 0x80, or the x32 ABI) is answered and counted as its
+ * x86_64 twin: the policy file maps each i386 number to the x86_64 number
+ * of the syscall with the same name, so `mount` through int 0x80 is a
+ * refused privileged `mount`, not an anonymous "other".
  *
  * One process per node, apart from the node agent, so counting survives
  * agent restarts. It never executes, reads or trusts anything from a
@@ -53,7 +57,11 @@ struct sandbox {
     long long muted_until_ms;
 };
 
+#define I386_SLOTS 512
+#define X32_BIT 0x40000000
+
 static int errno_for[SLOTS];
+static int twin_of_i386[I386_SLOTS]; /* x86_64 number, or -1 */
 static struct sandbox *boxes;
 static int nboxes;
 static volatile sig_atomic_t stop;
@@ -150,8 +158,12 @@ static int answer(struct sandbox *sb) {
     }
     int slot = OTHER_ARCH;
     int err = ENOSYS;
-    if (req.data.arch == AUDIT_ARCH_X86_64 && req.data.nr >= 0 && req.data.nr < OTHER_ARCH) {
-        slot = req.data.nr;
+    int nr = req.data.nr;
+    if (req.data.arch == AUDIT_ARCH_X86_64 && (nr & X32_BIT)) nr &= ~X32_BIT; /* x32: same numbers below 512 */
+    else if (req.data.arch == AUDIT_ARCH_I386) nr = (nr >= 0 && nr < I386_SLOTS) ? twin_of_i386[nr] : -1;
+    else if (req.data.arch != AUDIT_ARCH_X86_64) nr = -1;
+    if (nr >= 0 && nr < OTHER_ARCH) {
+        slot = nr;
         err = errno_for[slot];
     }
     struct seccomp_notif_resp resp;
@@ -191,14 +203,22 @@ int main(int argc, char **argv) {
     if (ftruncate(lfd, 0) < 0 || pwrite(lfd, pid, (size_t)plen, 0) < 0) {}
 
     for (int i = 0; i < SLOTS; i++) errno_for[i] = ENOSYS;
+    for (int i = 0; i < I386_SLOTS; i++) twin_of_i386[i] = -1;
     FILE *pf = fopen(policy, "re");
     if (!pf) {
         perror("corral-seccompd: policy");
         return 1;
     }
-    int nr, e;
-    while (fscanf(pf, "%d %d", &nr, &e) == 2)
-        if (nr >= 0 && nr < OTHER_ARCH) errno_for[nr] = e;
+    /* Lines: "<nr> <errno>" for x86_64, "i386 <nr32> <nr64>" for the twins. */
+    char line[128];
+    while (fgets(line, sizeof line, pf)) {
+        int a, b;
+        if (sscanf(line, "i386 %d %d", &a, &b) == 2) {
+            if (a >= 0 && a < I386_SLOTS && b >= 0 && b < OTHER_ARCH) twin_of_i386[a] = b;
+        } else if (sscanf(line, "%d %d", &a, &b) == 2) {
+            if (a >= 0 && a < OTHER_ARCH) errno_for[a] = b;
+        }
+    }
     fclose(pf);
     mkdir(audit_dir, 0700);
 

@@ -10,7 +10,11 @@ kernel answers ENOSYS: still refused.
 Beyond Docker's list: ioctl commands that clone, deduplicate or swap file
 extents (the DSec incident where an agent pulled a protected file's data
 into its own file and corrupted the file system) are refused by argument;
-ptrace, the mount API and io_uring are refused outright.
+ptrace, the mount API and io_uring are refused outright. Sockets are
+allowed only in the families a sandbox needs (unix, inet, inet6, and
+netlink's route protocol for tools like `ip`): any other family (vsock,
+which reaches the host, packet, bluetooth, ...) is refused with
+EAFNOSUPPORT and counted.
 """
 
 from __future__ import annotations
@@ -59,7 +63,6 @@ ALLOWED = [
     "setitimer",
     "getpid",
     "sendfile",
-    "socket",
     "connect",
     "accept",
     "sendto",
@@ -71,7 +74,6 @@ ALLOWED = [
     "listen",
     "getsockname",
     "getpeername",
-    "socketpair",
     "setsockopt",
     "getsockopt",
     "fork",
@@ -375,6 +377,12 @@ PRIVILEGED = {
     171: "setdomainname",
 }
 NR_IOCTL, NR_CLONE, NR_PERSONALITY, NR_CLONE3 = 16, 56, 135, 435
+NR_SOCKET, NR_SOCKETPAIR = 41, 53
+EAFNOSUPPORT = 97
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+NETLINK_ROUTE = 0
+# (family, protocol or None for any): what socket() and socketpair() may make.
+SOCKET_FAMILIES = ((AF_UNIX, None), (AF_INET, None), (AF_INET6, None), (AF_NETLINK, NETLINK_ROUTE))
 
 # ioctl commands that clone, deduplicate or swap extents between files.
 EXTENT_IOCTLS = {
@@ -403,6 +411,8 @@ def classify(nr: int, args: tuple[int, ...]) -> tuple[str, str, int]:
         return "namespace", "clone", 1
     if nr == NR_PERSONALITY:
         return "privileged", "personality", 1
+    if nr in (NR_SOCKET, NR_SOCKETPAIR):
+        return "socket-family", f"socket family {args[0]}", EAFNOSUPPORT
     if nr == NR_CLONE3:
         return "other", "clone3", 38  # ENOSYS: glibc falls back to clone
     return "other", f"syscall {nr}", 38
@@ -463,10 +473,24 @@ def _ioctl_rules() -> list[dict[str, Any]]:
     return rules
 
 
+def _socket_rules() -> list[dict[str, Any]]:
+    """socket() and socketpair() in the allowed families only; the rest go
+    to the daemon (refused, counted). Equality on the whole 64-bit
+    argument: a family with upper bits set matches no rule, so it is
+    refused too, although the kernel would read only the low 32 bits."""
+    rules = []
+    for family, protocol in SOCKET_FAMILIES:
+        args = [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]
+        if protocol is not None:
+            args.append({"index": 2, "value": protocol, "op": "SCMP_CMP_EQ"})
+        rules.append({"names": ["socket", "socketpair"], "action": "SCMP_ACT_ALLOW", "args": args})
+    return rules
+
+
 def profile(listener_path: str, sandbox_id: str) -> dict[str, Any]:
     """The OCI `linux.seccomp` object. crun hands the notification fd to
     the agent listening at listener_path, with sandbox_id as metadata."""
-    rules = _ioctl_rules()
+    rules = _ioctl_rules() + _socket_rules()
     rules.append({"names": ALLOWED, "action": "SCMP_ACT_ALLOW"})
     rules.append(
         {

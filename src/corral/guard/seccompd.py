@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -15,12 +16,35 @@ from corral.log import get_logger
 log = get_logger("corral.seccompd")
 SLOTS = 1024
 OTHER_ARCH = SLOTS - 1
+# The kernel's syscall tables as the C library's headers spell them.
+UNISTD = Path("/usr/include/x86_64-linux-gnu/asm")
+_NR = re.compile(r"^#define __NR_(\w+)\s+(\d+)$", re.M)
 
 
-def policy_lines() -> str:
-    """`nr errno` for every refused syscall that is not merely unknown."""
+def _table(header: Path) -> dict[str, int]:
+    try:
+        return {name: int(nr) for name, nr in _NR.findall(header.read_text())}
+    except OSError:
+        return {}
+
+
+def i386_twins(headers: Path = UNISTD) -> dict[int, int]:
+    """i386 syscall number -> the x86_64 number of the syscall of the same
+    name: a refused call through int 0x80 is answered and counted as its
+    64-bit twin. Empty where the headers are absent (such calls are then
+    counted as "other", still refused)."""
+    nr64 = _table(headers / "unistd_64.h")
+    return {nr: nr64[name] for name, nr in _table(headers / "unistd_32.h").items() if name in nr64}
+
+
+def policy_lines(twins: dict[int, int] | None = None) -> str:
+    """`nr errno` for every refused syscall that is not merely unknown, then
+    `i386 nr32 nr64` for every 32-bit twin."""
     lines = [f"{nr} 1" for nr in sorted(seccomp.PRIVILEGED)]
     lines += [f"{seccomp.NR_IOCTL} 1", f"{seccomp.NR_CLONE} 1", f"{seccomp.NR_PERSONALITY} 1"]
+    lines += [f"{nr} {seccomp.EAFNOSUPPORT}" for nr in (seccomp.NR_SOCKET, seccomp.NR_SOCKETPAIR)]
+    twins = i386_twins() if twins is None else twins
+    lines += [f"i386 {nr32} {nr64}" for nr32, nr64 in sorted(twins.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -36,6 +60,8 @@ def syscall_class(nr: int) -> tuple[str, str]:
         return "namespace", "clone"
     if nr == seccomp.NR_PERSONALITY:
         return "privileged", "personality"
+    if nr in (seccomp.NR_SOCKET, seccomp.NR_SOCKETPAIR):
+        return "socket-family", "socket" if nr == seccomp.NR_SOCKET else "socketpair"
     return "other", f"syscall {nr}"
 
 
