@@ -34,6 +34,10 @@ def _repo_platform_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "build" / "platform"
 
 
+# Promising more than this many times what a node has is a typo, not a policy.
+MAX_OVERCOMMIT = 100.0
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     data_dir: Path = Path("/var/lib/corral")
@@ -46,6 +50,14 @@ class NodeConfig:
     # so admission lets promised memory exceed the host's by this factor.
     memory_overcommit: float = 8.0
     scratch_size: int = 64 * 1024**3
+    # The same rule for writable space: the disk promised to sandboxes may
+    # exceed the scratch pool by this factor (each is held to its own quota;
+    # most write little), and no one sandbox may ask for more than the pool.
+    disk_overcommit: float = 8.0
+    # Per-sandbox ceilings on block I/O to the scratch pool, bytes/s (0: none):
+    # one sandbox streaming to disk leaves the device to its neighbours too.
+    disk_read_bps: int = 128 * 1024**2
+    disk_write_bps: int = 128 * 1024**2
     max_file_bytes: int = 256 * 1024**2
     # What the platform logs about one sandbox (its command log) is capped:
     # an endless printer costs at most this, and the cap hit is recorded.
@@ -107,6 +119,12 @@ class NodeConfig:
             )
         if not self.data_dir.is_absolute():
             raise InvalidArgument("data_dir", "must be an absolute path", str(self.data_dir))
+        for name in ("memory_overcommit", "disk_overcommit"):
+            ratio = getattr(self, name)
+            if not 1.0 <= ratio <= MAX_OVERCOMMIT:
+                raise InvalidArgument(
+                    name, f"must be a ratio between 1 and {MAX_OVERCOMMIT:g}", ratio
+                )
         if self.oci_runtime not in ("crun", "runc"):
             raise InvalidArgument("oci_runtime", "must be 'crun' or 'runc'", self.oci_runtime)
 
@@ -141,8 +159,11 @@ class NodeConfig:
                 "fncall_warm",
             ):
                 values[f.name] = int(raw)
+            elif f.name in ("disk_read_bps", "disk_write_bps"):
+                values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
             elif f.name in (
                 "memory_overcommit",
+                "disk_overcommit",
                 "reaper_interval",
                 "lazy_deadline",
                 "liveness_interval",

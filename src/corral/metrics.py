@@ -17,6 +17,12 @@ SANDBOXES_CLOSED = Counter(
 SANDBOX_CREATE_FAILURES = Counter(
     "corral_sandbox_create_failures_total", "Creates that failed", ["code"], registry=REGISTRY
 )
+NODE_FULL = Counter(
+    "corral_node_full_total",
+    "Creates this node refused for want of room (slots, memory, disk)",
+    ["reason"],
+    registry=REGISTRY,
+)
 SANDBOXES_ACTIVE = Gauge(
     "corral_sandboxes_active", "Sandboxes alive on this node", registry=REGISTRY
 )

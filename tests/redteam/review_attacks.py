@@ -96,3 +96,21 @@ async def socket_families(sbx: corral.AsyncSandbox) -> Outcome:
         and all(res[k] == 0 for k in ALLOWED_FAMILIES)
     )
     return Outcome(ok, f"errnos {res} {r.stderr[-300:]}")
+
+
+async def direct_io_stream(sbx: corral.AsyncSandbox, mib: int = 384) -> Outcome:
+    """Class 6: stream to and from the scratch pool bypassing the page cache
+    (O_DIRECT), the I/O a node throttles per sandbox (docs/guard.md says
+    what a v1 host cannot throttle)."""
+    r = await sbx.commands.run(
+        f"dd if=/dev/zero of=/stream bs=1M count={mib} oflag=direct 2>&1 | tail -1; "
+        f"dd if=/stream of=/dev/null bs=1M iflag=direct 2>&1 | tail -1; rm -f /stream",
+        timeout=120,
+    )
+    rates = []
+    for line in r.stdout.splitlines():
+        # "402653184 bytes (403 MB, 384 MiB) copied, 3.01 s, 134 MB/s"
+        parts = line.split(", ")
+        if len(parts) >= 3 and parts[-2].endswith(" s"):
+            rates.append(int(line.split()[0]) / float(parts[-2].removesuffix(" s")))
+    return Outcome(len(rates) == 2, f"{r.stdout.strip()} {r.stderr[-200:]}", {"rates": rates})

@@ -148,6 +148,18 @@ class Scratch:
 
     # ------------------------------------------------------------ subvolumes
 
+    def device(self) -> tuple[int, int] | None:
+        """(major, minor) of the block device the pool lives on (its loop
+        device), for per-sandbox I/O throttling; None if it is not one."""
+        for target, _fs, source in mounts.mount_table():
+            if target == str(self.root) and source.startswith("/dev/"):
+                try:
+                    rdev = os.stat(source).st_rdev
+                except OSError:
+                    return None
+                return os.major(rdev), os.minor(rdev)
+        return None
+
     def path(self, name: str) -> Path:
         return self.root / name
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import builtins
 import os
 
-from corral import labels
+from corral import labels, metrics
 from corral.api.models import CreateSandbox
 from corral.capacity import NodeCapacity
 from corral.config import NodeConfig
@@ -63,20 +63,19 @@ class Admission:
         with db.transaction():
             count, promised = db.count_active()
             if count >= cfg.max_sandboxes:
-                raise NodeFull(
+                raise self._full(
                     f"node {cfg.node} is full: {count} sandboxes, "
                     f"max_sandboxes is {cfg.max_sandboxes}",
-                    node=cfg.node,
-                    reason="slots",
+                    "slots",
                 )
             if promised + req.memory > self.memory_budget:
-                raise NodeFull(
+                raise self._full(
                     f"node {cfg.node} cannot promise {req.memory} more bytes of memory: "
                     f"{promised} promised of {self.memory_budget} "
                     f"(host memory x memory_overcommit {cfg.memory_overcommit})",
-                    node=cfg.node,
-                    reason="memory",
+                    "memory",
                 )
+            self._admit_disk(req.disk)
             key = req.idempotency_key
             if key is not None:
                 made = db.idempotent(key)
@@ -97,6 +96,32 @@ class Admission:
                 return None
             db.add_resource(rec.id, "net", rec.id)
             return db.net_allocate(rec.id, req.network.model_dump_json(), self.net_capacity)
+
+    def _full(self, message: str, reason: str) -> NodeFull:
+        metrics.NODE_FULL.labels(reason).inc()
+        return NodeFull(message, node=self.config.node, reason=reason)
+
+    def _admit_disk(self, disk: int) -> None:
+        """Writable space, by the memory rule: what is promised may exceed
+        the scratch pool by disk_overcommit (each sandbox is held to its own
+        quota, and most write little), but no one sandbox may be promised
+        more than the whole pool (it could fill it for every neighbour)."""
+        cfg = self.config
+        pool = cfg.scratch_size
+        if disk > pool:
+            raise self._full(
+                f"node {cfg.node} cannot give {disk} bytes of disk to one sandbox: "
+                f"its scratch pool holds {pool}",
+                "disk",
+            )
+        budget = int(pool * cfg.disk_overcommit)
+        promised = self.store.disk_promised()
+        if promised + disk > budget:
+            raise self._full(
+                f"node {cfg.node} cannot promise {disk} more bytes of disk: {promised} "
+                f"promised of {budget} (scratch pool x disk_overcommit {cfg.disk_overcommit})",
+                "disk",
+            )
 
     def host_id(self, sandbox_id: str) -> int | None:
         """The first host uid/gid of the sandbox's user namespace."""

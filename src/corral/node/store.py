@@ -22,7 +22,7 @@ from typing import Any
 from corral.errors import ResourceExhausted
 from corral.node import states as st
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -87,6 +87,9 @@ _MIGRATIONS: dict[int, str] = {
         sandbox_id TEXT NOT NULL REFERENCES sandboxes(id) ON DELETE CASCADE
     );
     """,
+    6: """
+    ALTER TABLE sandboxes ADD COLUMN disk INTEGER NOT NULL DEFAULT 0;
+    """,
 }
 
 # Every state but the final ones (node/states.py draws the machine).
@@ -116,7 +119,7 @@ class SandboxRecord:
 
 _COLUMNS = (
     "id, kind, state, spec, layers, image_env, workdir, created_at, expires_at, "
-    "last_active, owner, init_pid, init_start, error, closed_at, memory, image_user"
+    "last_active, owner, init_pid, init_start, error, closed_at, memory, image_user, disk"
 )
 
 
@@ -188,7 +191,7 @@ class Store:
 
     def insert(self, rec: SandboxRecord) -> None:
         self.db.execute(
-            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 rec.id,
                 rec.kind,
@@ -207,6 +210,7 @@ class Store:
                 rec.closed_at,
                 int(rec.spec.get("memory", 0)),
                 rec.image_user,
+                int(rec.spec.get("disk", 0)),
             ),
         )
         self.db.executemany(
@@ -276,6 +280,15 @@ class Store:
             ACTIVE_STATES,
         ).fetchone()
         return int(n), int(mem)
+
+    def disk_promised(self) -> int:
+        """Bytes of writable space promised to active sandboxes."""
+        (n,) = self.db.execute(
+            "SELECT COALESCE(SUM(disk), 0) "
+            f"FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
+            ACTIVE_STATES,
+        ).fetchone()
+        return int(n)
 
     def count_labelled(self, key: str) -> int:
         """Active sandboxes carrying label `key` (any value)."""

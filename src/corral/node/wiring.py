@@ -48,6 +48,7 @@ from corral.node.sessions import Sessions
 from corral.node.snapshots import Snapshots
 from corral.node.store import Store
 from corral.runtimes.base import Reattachable, Releaser, Runtime
+from corral.runtimes.container.bundle import IoLimit
 from corral.runtimes.container.oci import OciRuntime
 from corral.runtimes.container.runtime import ContainerRuntime
 from corral.runtimes.fncall.runtime import FnCallRuntime
@@ -120,7 +121,7 @@ def check_node_name(cfg: NodeConfig) -> None:
 
 def _runtimes(
     cfg: NodeConfig, cgroups: cg.Cgroups, platform: plat.Platform, seccompd: SeccompDaemon,
-    layers: LayerMounts,
+    layers: LayerMounts, scratch: Scratch,
 ) -> dict[str, Runtime]:  # fmt: skip
     oci = OciRuntime(
         shutil.which(cfg.oci_runtime) or cfg.oci_runtime,
@@ -129,8 +130,14 @@ def _runtimes(
         hybrid=cgroups.mode is cg.Mode.HYBRID,
     )
     listener = seccompd.socket if cfg.seccomp else None
+    device = scratch.device()
+    io = (
+        IoLimit(*device, read_bps=cfg.disk_read_bps, write_bps=cfg.disk_write_bps)
+        if device is not None and (cfg.disk_read_bps or cfg.disk_write_bps)
+        else None
+    )
     runtimes: dict[str, Runtime] = {
-        "container": ContainerRuntime(oci, cgroups, platform, listener),
+        "container": ContainerRuntime(oci, cgroups, platform, listener, io),
         "fncall": FnCallRuntime(oci, cgroups, platform, listener, cfg.fncall_tmpfs),
     }
     if vm_capable():
@@ -161,9 +168,9 @@ async def start_parts(
     cgroups = cg.Cgroups(cfg.cgroup_parent)
     seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd)
     await asyncio.to_thread(seccompd.ensure)
-    runtimes = _runtimes(cfg, cgroups, platform, seccompd, layers)
-    store = Store(cfg.db_path)
     await asyncio.to_thread(scratch.open)
+    runtimes = _runtimes(cfg, cgroups, platform, seccompd, layers, scratch)
+    store = Store(cfg.db_path)
 
     def execd(sandbox_id: str) -> ExecdClient:
         return ExecdClient(str(control_path(cfg.run_dir, sandbox_id)))

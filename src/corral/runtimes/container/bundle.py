@@ -31,6 +31,25 @@ class BundleSpec:
     # tmpfs mounts are the only places a call can write.
     readonly_root: bool = False
     tmpfs: tuple[tuple[str, int], ...] = ()
+    io: IoLimit | None = None
+
+
+@dataclass(frozen=True)
+class IoLimit:
+    """Block I/O ceilings on one device (the node's scratch pool)."""
+
+    major: int
+    minor: int
+    read_bps: int = 0  # 0: no ceiling
+    write_bps: int = 0
+
+    def oci(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, rate in (("throttleReadBpsDevice", self.read_bps),
+                          ("throttleWriteBpsDevice", self.write_bps)):  # fmt: skip
+            if rate:
+                out[key] = [{"major": self.major, "minor": self.minor, "rate": rate}]
+        return out
 
 
 def _nofile_limit() -> int:
@@ -172,6 +191,7 @@ def config(spec: BundleSpec) -> dict[str, Any]:
                 },
                 "pids": {"limit": spec.pids},
                 "devices": [{"allow": False, "access": "rwm"}],
+                **({"blockIO": spec.io.oci()} if spec.io and spec.io.oci() else {}),
             },
             "maskedPaths": list(profile.MASKED_PATHS),
             "readonlyPaths": list(profile.READONLY_PATHS),

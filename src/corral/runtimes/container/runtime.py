@@ -27,9 +27,15 @@ class ContainerRuntime:
     tmpfs: tuple[tuple[str, int], ...] = ()
 
     def __init__(
-        self, oci: OciRuntime, cgroups: Cgroups, platform: Platform, seccomp_listener: Path | None
+        self,
+        oci: OciRuntime,
+        cgroups: Cgroups,
+        platform: Platform,
+        seccomp_listener: Path | None,
+        io: bundle.IoLimit | None = None,
     ) -> None:
         self.oci = oci
+        self.io = io
         self.cgroups = cgroups
         self.platform = platform
         self.seccomp_listener = seccomp_listener
@@ -75,6 +81,7 @@ class ContainerRuntime:
                 host_id=prep.host_id,
                 readonly_root=self.readonly_root,
                 tmpfs=self.tmpfs,
+                io=self.io,
             )
         )
         if key in self._bpf:

@@ -24,5 +24,6 @@ class FnCallRuntime(ContainerRuntime):
         seccomp_listener: Path | None,
         tmpfs_size: int,
     ) -> None:
+        # No I/O ceiling: a worker writes only to its tmpfs mounts.
         super().__init__(oci, cgroups, platform, seccomp_listener)
         self.tmpfs = (("/tmp", tmpfs_size), ("/work", tmpfs_size))

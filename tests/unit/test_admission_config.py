@@ -1,0 +1,27 @@
+"""Node configuration of admission: overcommit ratios are refused by name
+outside their range, from code and from the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.config import NodeConfig
+from corral.errors import InvalidArgument
+
+
+@pytest.mark.parametrize("field", ["memory_overcommit", "disk_overcommit"])
+@pytest.mark.parametrize("value", [0.0, 0.5, -1.0, 101.0, 1e9])
+def test_an_overcommit_outside_1_to_100_is_refused(field: str, value: float) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        NodeConfig(**{field: value})  # type: ignore[arg-type]
+    assert exc.value.field == field and "between 1 and 100" in exc.value.rule
+
+
+def test_overcommit_and_io_ceilings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_DISK_OVERCOMMIT", "2.5")
+    monkeypatch.setenv("CORRAL_DISK_WRITE_BPS", "64MiB")
+    cfg = NodeConfig.from_env()
+    assert cfg.disk_overcommit == 2.5 and cfg.disk_write_bps == 64 << 20
+    monkeypatch.setenv("CORRAL_DISK_OVERCOMMIT", "0.1")
+    with pytest.raises(InvalidArgument, match="disk_overcommit"):
+        NodeConfig.from_env()
