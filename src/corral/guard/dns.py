@@ -8,8 +8,12 @@ TTL: allowing a name opens exactly the addresses it resolves to. Any other
 query is refused and counted, which also closes DNS tunnelling through the
 resolver: data encoded in names of a domain nobody allowed goes nowhere.
 
+An allowed name whose answer points into a private range the policy did
+not open (or an always-denied one) is refused whole: DNS rebinding cannot
+open the internal network through a name.
+
 Runs in the node's leader agent; hostile packets are parsed defensively
-and a sandbox's query rate is bounded.
+and a sandbox's query rate is bounded, in the kernel and here.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from corral.api.models import NetworkPolicy
 from corral.log import get_logger
 
 log = get_logger("corral.dns")
-RATE = 50  # queries per second per sandbox
+RATE = 50  # queries per second per sandbox that reach the parser
 
 
 def name_allowed(name: str, allowed: list[str]) -> bool:
@@ -56,68 +60,108 @@ class _Bucket:
 
 
 class Resolver(asyncio.DatagramProtocol):
-    """`lookup(ip)` gives (sandbox id, index, policy) for a sandbox address;
-    `learn(index, addresses, ttl)` opens addresses; `denied(sandbox_id)`
-    counts a refusal."""
+    """`index_of(ip)` gives a sandbox's network block from its address (no
+    I/O); `lookup(index)` gives (sandbox id, policy) for a block; `learn`
+    opens addresses; `forbidden(policy, address)` says an upstream answer
+    must not be learned (rebinding); `count(sandbox_id, key, n)` adds to
+    the audit, called only from `flush()`.
+
+    Cost per packet is bounded before any work: the kernel drops a
+    sandbox's queries past DNS_RATE a second (guard/network.py), and here a
+    packet from no sandbox, or past the sandbox's own token bucket, is
+    dropped before it is parsed. Refusals are tallied in memory and written
+    to the store (and logged) once per flush, not once per packet."""
 
     def __init__(
         self,
         *,
-        lookup: Callable[[str], tuple[str, int, NetworkPolicy] | None],
+        index_of: Callable[[str], int | None],
+        lookup: Callable[[int], tuple[str, NetworkPolicy] | None],
         allowed_names: Callable[[NetworkPolicy], list[str]],
-        learn: Callable[[int, list[str], int], None],
-        denied: Callable[[str], None],
+        learn: Callable[..., None],
+        forbidden: Callable[[NetworkPolicy, str], bool],
+        count: Callable[[str, str, int], None],
         hosts: dict[str, str],
         upstream: str,
     ) -> None:
+        self.index_of = index_of
         self.lookup = lookup
         self.allowed_names = allowed_names
         self.learn = learn
-        self.denied = denied
+        self.forbidden = forbidden
+        self.count = count
         self.hosts = {k.lower().rstrip("."): v for k, v in hosts.items()}
         self.upstream = upstream
         self.transport: asyncio.DatagramTransport | None = None
-        self.buckets: dict[str, _Bucket] = {}
+        self.buckets: dict[int, _Bucket] = {}
+        # (network block, audit key) -> refusals since the last flush.
+        self.tally: dict[tuple[int, str], int] = {}
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        asyncio.get_running_loop().create_task(self._answer(data, addr))
+        index = self.index_of(addr[0])
+        if index is None:
+            return  # not from a sandbox: no answer at all
+        if not self.buckets.setdefault(index, _Bucket()).take():
+            self._refuse(index, "dns_denied")  # past its rate: not even parsed
+            return
+        asyncio.get_running_loop().create_task(self._answer(data, addr, index))
+
+    def _refuse(self, index: int, key: str) -> None:
+        self.tally[(index, key)] = self.tally.get((index, key), 0) + 1
+
+    def flush(self) -> dict[str, dict[str, int]]:
+        """Write the refusals tallied since the last flush; returns them by
+        sandbox (for the log)."""
+        tally, self.tally = self.tally, {}
+        out: dict[str, dict[str, int]] = {}
+        for (index, key), n in tally.items():
+            who = self.lookup(index)
+            if who is None:
+                continue  # the sandbox has gone meanwhile
+            self.count(who[0], key, n)
+            out.setdefault(who[0], {})[key] = n
+        return out
 
     def _send(self, reply: bytes, addr: tuple[str, int]) -> None:
         if self.transport is not None:
             self.transport.sendto(reply, addr)
 
-    async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
+    def _refused(self, query: DNSRecord, addr: tuple[str, int]) -> None:
+        reply = query.reply()
+        reply.header.rcode = RCODE.REFUSED
+        self._send(reply.pack(), addr)
+
+    async def _answer(self, data: bytes, addr: tuple[str, int], index: int) -> None:
         try:
             query = DNSRecord.parse(data)
             qname = str(query.q.qname).lower().rstrip(".")
             qtype = QTYPE[query.q.qtype]
         except Exception:
+            self._refuse(index, "dns_denied")
             return  # not DNS: dropped without an answer
-        who = self.lookup(addr[0])
-        reply = query.reply()
+        who = self.lookup(index)
         if who is None:
-            reply.header.rcode = RCODE.REFUSED
-            self._send(reply.pack(), addr)
+            self._refused(query, addr)
             return
-        sandbox_id, index, policy = who
-        bucket = self.buckets.setdefault(sandbox_id, _Bucket())
-        if not bucket.take() or not name_allowed(qname, self.allowed_names(policy)):
-            self.denied(sandbox_id)
-            log.info("dns.refused", sandbox=sandbox_id, name=qname[:253], type=qtype)
-            reply.header.rcode = RCODE.REFUSED
-            self._send(reply.pack(), addr)
+        _sandbox_id, policy = who
+        if not name_allowed(qname, self.allowed_names(policy)):
+            self._refuse(index, "dns_denied")
+            self._refused(query, addr)
             return
         if qname in self.hosts:
+            reply = query.reply()
             if qtype in ("A", "ANY"):
                 reply.add_answer(RR(qname, QTYPE.A, rdata=A(self.hosts[qname]), ttl=60))
-                self.learn(index, [self.hosts[qname]], 60)
+                # The node's own map: trusted even where it points inside.
+                self.learn(index, [self.hosts[qname]], 60, trusted=True)
             self._send(reply.pack(), addr)
             return
         answer = await self._forward(data)
         if answer is None:
+            reply = query.reply()
             reply.header.rcode = RCODE.SERVFAIL
             self._send(reply.pack(), addr)
             return
@@ -125,11 +169,18 @@ class Resolver(asyncio.DatagramProtocol):
             parsed = DNSRecord.parse(answer)
             addresses = [str(rr.rdata) for rr in parsed.rr if rr.rtype == QTYPE.A]
             ttl = min((rr.ttl for rr in parsed.rr if rr.rtype == QTYPE.A), default=60)
-            self.learn(index, addresses, ttl)
         except Exception:
+            reply = query.reply()
             reply.header.rcode = RCODE.SERVFAIL
             self._send(reply.pack(), addr)
             return
+        if any(self.forbidden(policy, a) for a in addresses):
+            # An allowed name pointing inside (DNS rebinding): the answer
+            # is dropped whole, nothing is learned.
+            self._refuse(index, "dns_rebinding")
+            self._refused(query, addr)
+            return
+        self.learn(index, addresses, ttl)
         self._send(answer, addr)
 
     async def _forward(self, data: bytes) -> bytes | None:

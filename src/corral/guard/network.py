@@ -9,9 +9,18 @@ Per node, one table `inet corral_<node>`:
     chain chosen by interface (never by source address, which a sandbox
     cannot spoof anyway without CAP_NET_RAW/NET_ADMIN);
   - per sandbox: addresses always refused (metadata service, link-local,
-    loopback, every sandbox address, configured control-plane ranges), then
-    its allowed CIDRs and the addresses its allowed names resolved to, on its
+    loopback, multicast, every sandbox address, configured control-plane
+    ranges); then the private ranges it names in its CIDRs and the
+    addresses of the node's own host map (an ecosystem mirror on the
+    internal network); then every other private or shared range
+    (RFC 1918, 100.64/10, benchmarking) is refused: a CIDR like 0.0.0.0/0
+    does not open the internal network, only a CIDR inside a private range
+    does; then its other CIDRs and the public addresses its allowed names
+    resolved to (guard/dns.py drops private answers: no rebinding), on its
     allowed ports; everything else dropped and counted;
+  - the resolver's port takes at most DNS_RATE queries a second from each
+    sandbox, counted and dropped in the kernel past that, so a flood costs
+    the node agent nothing;
   - postrouting: masquerade to the outside.
 
 Sandboxes created without a policy have no veth at all: loopback only.
@@ -33,7 +42,20 @@ from corral.log import get_logger
 log = get_logger("corral.network")
 
 ALWAYS_DENIED = ["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4"]
+# Refused unless a policy names a range inside them (or the node's host map
+# points there): private, shared (carrier-grade NAT), benchmarking, and the
+# IETF protocol-assignment block.
+PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "198.18.0.0/15",
+           "192.0.0.0/24"]  # fmt: skip
+PRIVATE_NETS = [ipaddress.ip_network(c) for c in PRIVATE]
+DNS_RATE = 100  # queries per second per sandbox, burst as many
 LEARNED_TIMEOUT = "10m"
+
+
+def is_private(cidr: str) -> bool:
+    """Whether `cidr` (an address or a network) lies inside a private range."""
+    net = ipaddress.ip_network(cidr, strict=False)
+    return any(net.version == p.version and net.subnet_of(p) for p in PRIVATE_NETS)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -106,15 +128,27 @@ class NodeNetwork:
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
         try:
             self.nft.run(f"list table inet {self.table}")
-            return
         except Unavailable:
             pass
+        else:
+            try:
+                self.nft.run(f"list map inet {self.table} dnsin")
+            except Unavailable:
+                raise Unavailable(
+                    f"nftables table inet {self.table} was made by an older Corral (it lacks the "
+                    "per-sandbox DNS rate): close this node's networked sandboxes, or run "
+                    f"`nft delete table inet {self.table}`"
+                ) from None
+            return
         t, p = self.table, self.prefix
         deny = ", ".join(self.deny)
+        private = ", ".join(PRIVATE)
         self.nft.run(f"""
         add table inet {t}
         add set inet {t} deny {{ type ipv4_addr; flags interval; elements = {{ {deny} }}; }}
+        add set inet {t} private {{ type ipv4_addr; flags interval; elements = {{ {private} }}; }}
         add map inet {t} egress {{ type ifname : verdict; }}
+        add map inet {t} dnsin {{ type ifname : verdict; }}
         add chain inet {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
         add rule inet {t} prerouting iifname "{p}*" meta l4proto {{ udp, tcp }} th dport 53 \
             redirect to :{self.dns_port}
@@ -122,7 +156,7 @@ class NodeNetwork:
             policy accept; }}
         add rule inet {t} postrouting ip saddr {self.pool} oifname != "{p}*" masquerade
         add chain inet {t} input {{ type filter hook input priority filter; policy accept; }}
-        add rule inet {t} input iifname "{p}*" udp dport {self.dns_port} accept
+        add rule inet {t} input iifname "{p}*" udp dport {self.dns_port} iifname vmap @dnsin
         add rule inet {t} input iifname "{p}*" ct state established,related accept
         add rule inet {t} input iifname "{p}*" drop
         add chain inet {t} forward {{ type filter hook forward priority filter; policy accept; }}
@@ -194,12 +228,20 @@ class NodeNetwork:
             "\n".join(
                 [
                     f"add set inet {t} a{i} {{ type ipv4_addr; flags interval; }}",
+                    f"add set inet {t} ap{i} {{ type ipv4_addr; flags interval; }}",
                     f"add set inet {t} n{i} {{ type ipv4_addr; flags timeout; }}",
+                    f"add set inet {t} h{i} {{ type ipv4_addr; flags timeout; }}",
                     f"add set inet {t} p{i} {{ type inet_service; }}",
                     f"add counter inet {t} d{i}",
+                    f"add counter inet {t} f{i}",
                     f"add chain inet {t} s{i}",
                     f"add rule inet {t} s{i} counter name d{i} drop",
+                    f"add chain inet {t} q{i}",
+                    f"add rule inet {t} q{i} limit rate over {DNS_RATE}/second burst {DNS_RATE} "
+                    f"packets counter name f{i} drop",
+                    f"add rule inet {t} q{i} accept",
                     f'add element inet {t} egress {{ "{host}" : jump s{i} }}',
+                    f'add element inet {t} dnsin {{ "{host}" : jump q{i} }}',
                 ]
             )
         )
@@ -210,38 +252,62 @@ class NodeNetwork:
         the sandbox resolved earlier are forgotten: a tighter policy takes
         effect at once, also on connections already open."""
         t, i = self.table, index
-        cidrs = ", ".join(policy.cidrs)
+        private = ", ".join(c for c in policy.cidrs if is_private(c))
+        public = ", ".join(c for c in policy.cidrs if not is_private(c))
         ports = ", ".join(str(p) for p in policy.ports)
         match_port = f"th dport @p{i} " if policy.ports else ""
-        cmds = [
-            f"flush set inet {t} a{i}",
-            f"flush set inet {t} n{i}",
-            f"flush set inet {t} p{i}",
-            f"flush chain inet {t} s{i}",
-        ]
-        if cidrs:
-            cmds.append(f"add element inet {t} a{i} {{ {cidrs} }}")
-        if ports:
-            cmds.append(f"add element inet {t} p{i} {{ {ports} }}")
+        cmds = [f"flush set inet {t} {s}{i}" for s in ("a", "ap", "n", "h", "p")]
+        cmds.append(f"flush chain inet {t} s{i}")
+        for name, elements in (("a", public), ("ap", private), ("p", ports)):
+            if elements:
+                cmds.append(f"add element inet {t} {name}{i} {{ {elements} }}")
+        tcp_udp = "meta l4proto { tcp, udp }"
         cmds += [
             f"add rule inet {t} s{i} ip daddr @deny counter name d{i} drop",
-            f"add rule inet {t} s{i} meta l4proto {{ tcp, udp }} ip daddr @a{i} {match_port}accept",
-            f"add rule inet {t} s{i} meta l4proto {{ tcp, udp }} ip daddr @n{i} {match_port}accept",
+            f"add rule inet {t} s{i} {tcp_udp} ip daddr @ap{i} {match_port}accept",
+            f"add rule inet {t} s{i} {tcp_udp} ip daddr @h{i} {match_port}accept",
+            f"add rule inet {t} s{i} ip daddr @private counter name d{i} drop",
+            f"add rule inet {t} s{i} {tcp_udp} ip daddr @a{i} {match_port}accept",
+            f"add rule inet {t} s{i} {tcp_udp} ip daddr @n{i} {match_port}accept",
             f"add rule inet {t} s{i} counter name d{i} drop",
         ]
         self.nft.run("\n".join(cmds))
 
-    def learn(self, index: int, addresses: list[str], ttl: int) -> None:
-        """Addresses an allowed name resolved to, for as long as its TTL."""
+    def learn(self, index: int, addresses: list[str], ttl: int, *, trusted: bool = False) -> None:
+        """Addresses an allowed name resolved to, for as long as its TTL.
+        `trusted`: answered from the node's own host map, which may point
+        into a private range (an internal mirror); upstream answers are
+        public only (the resolver drops the rest)."""
         if not addresses:
             return
         timeout = max(30, min(ttl, 3600))
         elements = ", ".join(f"{a} timeout {timeout}s" for a in addresses)
-        self.nft.run(f"add element inet {self.table} n{index} {{ {elements} }}")
+        self.nft.run(
+            f"add element inet {self.table} {'h' if trusted else 'n'}{index} {{ {elements} }}"
+        )
 
-    def denied(self, index: int) -> int:
+    def reachable_private(self, policy: NetworkPolicy, address: str) -> bool:
+        """Whether a private `address` in a DNS answer is one the policy
+        itself opened (a CIDR inside a private range that holds it)."""
+        addr = ipaddress.ip_address(address)
+        return any(
+            is_private(c) and addr in ipaddress.ip_network(c, strict=False) for c in policy.cidrs
+        )
+
+    def forbidden_answer(self, policy: NetworkPolicy, address: str) -> bool:
+        """An upstream answer the sandbox must not learn: always-denied, or
+        private and not opened by its policy (DNS rebinding)."""
         try:
-            doc = self.nft.json(f"list counter inet {self.table} d{index}")
+            addr = ipaddress.ip_address(address)
+        except ValueError:
+            return True
+        if any(addr in ipaddress.ip_network(c) for c in self.deny):
+            return True
+        return is_private(address) and not self.reachable_private(policy, address)
+
+    def _counter(self, name: str) -> int:
+        try:
+            doc = self.nft.json(f"list counter inet {self.table} {name}")
         except Unavailable:
             return 0
         for item in doc.get("nftables", []):
@@ -249,16 +315,29 @@ class NodeNetwork:
                 return int(item["counter"].get("packets", 0))
         return 0
 
+    def denied(self, index: int) -> int:
+        """Packets the sandbox sent that its policy refused."""
+        return self._counter(f"d{index}")
+
+    def dns_flooded(self, index: int) -> int:
+        """DNS queries dropped past the sandbox's rate."""
+        return self._counter(f"f{index}")
+
     def detach(self, index: int) -> None:
         """Remove everything of the sandbox (idempotent)."""
         t, i = self.table, index
         for cmd in (
             f'delete element inet {t} egress {{ "{self.host_if(i)}" }}',
+            f'delete element inet {t} dnsin {{ "{self.host_if(i)}" }}',
             f"delete chain inet {t} s{i}",
+            f"delete chain inet {t} q{i}",
             f"delete set inet {t} a{i}",
+            f"delete set inet {t} ap{i}",
             f"delete set inet {t} n{i}",
+            f"delete set inet {t} h{i}",
             f"delete set inet {t} p{i}",
             f"delete counter inet {t} d{i}",
+            f"delete counter inet {t} f{i}",
         ):
             try:
                 self.nft.run(cmd)

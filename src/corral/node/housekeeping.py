@@ -46,6 +46,7 @@ class Housekeeping:
         activity: Activity,
         children: Children,
         on_lead: Callable[[], Awaitable[None]],
+        on_tick: Callable[[], None],
     ) -> None:
         self.config = config
         self.store = store
@@ -56,6 +57,7 @@ class Housekeeping:
         self.activity = activity
         self.children = children
         self._on_lead = on_lead  # what only the leader runs (the node's DNS)
+        self._on_tick = on_tick  # the leader's batched writes (the DNS refusals)
         self.is_leader = False
         self._lock_fd: int | None = None
         self._task: asyncio.Task[None] | None = None
@@ -111,6 +113,7 @@ class Housekeeping:
                 if not self.is_leader and self._try_lead():
                     await self._lead()
                 if self.is_leader:
+                    self._on_tick()
                     await self.tick()
             except asyncio.CancelledError:
                 raise

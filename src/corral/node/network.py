@@ -32,6 +32,8 @@ class SandboxNetworks:
         self.network = network
         self._execd = execd
         self._resolver: asyncio.DatagramTransport | None = None
+        self._protocol: Resolver | None = None
+        self._policies: dict[int, tuple[str, NetworkPolicy]] = {}  # index -> (json, parsed)
 
     def guest_addresses(self, index: int) -> tuple[str, str]:
         """(the sandbox's address, its gateway) for network block `index`."""
@@ -115,40 +117,54 @@ class SandboxNetworks:
             ecosystems=sorted(k for k, v in policy.ecosystems.items() if v),
         )
 
-    def _policy_of(self, ip: str) -> tuple[str, int, NetworkPolicy] | None:
-        index = self.network.index_of(ip)
-        if index is None or self.store.closed:
+    def _policy_of(self, index: int) -> tuple[str, NetworkPolicy] | None:
+        if self.store.closed:
             return None
         row = self.store.net_by_index(index)
         if row is None:
             return None
-        return row[0], index, NetworkPolicy.model_validate_json(row[1])
+        cached = self._policies.get(index)
+        if cached is None or cached[0] != row[1]:  # parsed again only when it changed
+            cached = self._policies[index] = (row[1], NetworkPolicy.model_validate_json(row[1]))
+        return row[0], cached[1]
+
+    def _count(self, sandbox_id: str, key: str, n: int) -> None:
+        self.store.count(sandbox_id, key, n)
+
+    def flush_resolver(self) -> None:
+        """Write what the resolver refused since the last flush (each tick)."""
+        if self._protocol is None or self.store.closed:
+            return
+        for sandbox_id, counts in self._protocol.flush().items():
+            log.info("dns.refused", sandbox=sandbox_id, **counts)
 
     async def start_resolver(self) -> None:
         """The node's DNS for sandboxes (run by the leader agent)."""
         if self._resolver is not None:
             return
         loop = asyncio.get_running_loop()
-        db = self.store
+        protocol = Resolver(
+            index_of=self.network.index_of,
+            lookup=self._policy_of,
+            allowed_names=self.network.allowed_names,
+            learn=self.network.learn,
+            forbidden=self.network.forbidden_answer,
+            count=self._count,
+            hosts=self.config.dns_hosts,
+            upstream=self.config.dns_upstream or upstream_from_resolv_conf(),
+        )
         try:
             transport, _ = await loop.create_datagram_endpoint(
-                lambda: Resolver(
-                    lookup=self._policy_of,
-                    allowed_names=self.network.allowed_names,
-                    learn=self.network.learn,
-                    denied=lambda sid: db.count(sid, "dns_denied"),
-                    hosts=self.config.dns_hosts,
-                    upstream=self.config.dns_upstream or upstream_from_resolv_conf(),
-                ),
-                local_addr=("0.0.0.0", self.config.dns_port),
+                lambda: protocol, local_addr=("0.0.0.0", self.config.dns_port)
             )
         except OSError as exc:
             log.error("dns.bind_failed", port=self.config.dns_port, error=str(exc))
             return
-        self._resolver = transport
+        self._resolver, self._protocol = transport, protocol
         log.info("dns.serving", port=self.config.dns_port)
 
     def stop_resolver(self) -> None:
+        self.flush_resolver()
         if self._resolver is not None:
             self._resolver.close()
-            self._resolver = None
+            self._resolver = self._protocol = None

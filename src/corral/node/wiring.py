@@ -214,6 +214,7 @@ async def start_parts(
         housekeeping=Housekeeping(
             cfg, store, owner=owner, lifecycle=lifecycle, recovery=recovery, layers=layers,
             activity=activity, children=children, on_lead=networks.start_resolver,
+            on_tick=networks.flush_resolver,
         ),
     )  # fmt: skip
     await parts.housekeeping.start()
