@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from corral import metrics
+from corral.capacity import NodeCapacity
 from corral.control import nodes, placement, quotas, sandboxes, schema
 from corral.control.db import Database, connect
 from corral.control.nodes import NodeRow
 from corral.errors import (
     Conflict,
     InvalidArgument,
+    NodeFull,
     NotFound,
     ResourceExhausted,
     Unauthenticated,
@@ -229,7 +231,7 @@ async def _age(db: Database, node: str, seconds: float) -> None:
 
 async def test_a_silent_node_is_lost_with_its_sandboxes_and_their_quota(db: Database) -> None:
     await _tree(db)
-    cap = {"max_sandboxes": 10, "active": 0, "kinds": ["container"]}
+    cap = NodeCapacity(max_sandboxes=10, kinds=("container",))
     assert await nodes.heartbeat(db, "n0", "http://a", cap) is None
     assert await nodes.heartbeat(db, "n1", "http://b", cap) is None
     keys = [sandboxes.node_key("job", str(i)) for i in range(3)]
@@ -269,7 +271,7 @@ def _node(name: str, **cap: Any) -> NodeRow:
         "images": [],
     }
     state = cap.pop("state", "alive")
-    return NodeRow(name, f"http://{name}", state, 0.5, {**base, **cap})
+    return NodeRow(name, f"http://{name}", state, 0.5, NodeCapacity.from_wire({**base, **cap}))
 
 
 def test_placement_filters_and_says_why_nothing_fits() -> None:
@@ -335,7 +337,7 @@ class NodeTransport:
         from corral.api.models import SandboxInfo, SandboxState
 
         if self.full:
-            raise ResourceExhausted(f"node {self.name} is full", node=self.name)
+            raise NodeFull(f"node {self.name} is full", node=self.name, reason="slots")
         if req.idempotency_key in self.made:
             return self.made[req.idempotency_key]
         info = SandboxInfo(
@@ -374,8 +376,8 @@ async def _gateway(db: Database, full: dict[str, bool]) -> tuple[Any, dict[str, 
     gw = await Gateway(db, node_key="nk").start(sweep=False)
     transports = {}
     for name, is_full in full.items():
-        cap = {"max_sandboxes": 10, "active": 0, "memory_budget": 100 * GiB}
-        await nodes.heartbeat(db, name, f"http://{name}", {**cap, "kinds": ["container"]})
+        cap = NodeCapacity(max_sandboxes=10, memory_budget=100 * GiB, kinds=("container",))
+        await nodes.heartbeat(db, name, f"http://{name}", cap)
         transports[name] = NodeTransport(name, is_full)
         gw._clients[(name, f"http://{name}")] = transports[name]
     return gw, transports
@@ -383,7 +385,7 @@ async def _gateway(db: Database, full: dict[str, bool]) -> tuple[Any, dict[str, 
 
 async def test_a_node_that_answers_full_sends_the_create_elsewhere(db: Database) -> None:
     from corral.api.models import CreateSandbox
-    from corral.control.gateway import GatewayView
+    from corral.control.view import GatewayView
 
     await quotas.create_project(db, "p", max_sandboxes=5)
     gw, transports = await _gateway(db, {"a": True, "b": True, "c": False})
@@ -410,7 +412,7 @@ async def test_when_every_node_is_full_the_create_fails_and_gives_back_its_quota
     db: Database,
 ) -> None:
     from corral.api.models import CreateSandbox
-    from corral.control.gateway import GatewayView
+    from corral.control.view import GatewayView
 
     await quotas.create_project(db, "p")
     gw, _ = await _gateway(db, {"a": True, "b": True})

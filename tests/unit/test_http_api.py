@@ -28,7 +28,7 @@ from corral.api.models import (
     SandboxState,
 )
 from corral.errors import SandboxNotFound
-from corral.sdk.http import HttpService
+from corral.api.http import HttpService
 
 
 class FakeService:
@@ -140,17 +140,17 @@ class FakeService:
         await self.get(sandbox_id)
         return AuditReport(sandbox=sandbox_id, syscalls_denied={"privileged": 2})
 
+    async def start(self) -> None:
+        pass
+
     async def aclose(self) -> None:
         pass
 
 
 def _client(api_key: str | None = None, server_key: str | None = None) -> corral.AsyncClient:
     app = create_app(FakeService(), api_key=server_key)
-    client = corral.AsyncClient("http://test", api_key=api_key)
-    client._service = HttpService(
-        "http://test", api_key=api_key, transport=httpx.ASGITransport(app=app)
-    )
-    return client
+    http = HttpService("http://test", api_key=api_key, transport=httpx.ASGITransport(app=app))
+    return corral.AsyncClient(transport=http)
 
 
 async def test_sdk_over_http_round_trip() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from corral.capacity import NodeCapacity
 from corral.control import nodes
 from corral.control.db import Database
 from corral.log import get_logger
@@ -29,9 +30,9 @@ class Heartbeat:
         self._task: asyncio.Task[None] | None = None
 
     async def beat(self) -> None:
-        before = await nodes.heartbeat(
-            self.db, self.agent.config.node, self.url, self.agent.capacity()
-        )
+        # The agent reports its capacity in the wire shape (NodeCapacity.to_wire).
+        capacity = NodeCapacity.from_wire(self.agent.capacity())
+        before = await nodes.heartbeat(self.db, self.agent.config.node, self.url, capacity)
         if before != nodes.ALIVE:
             log.info("node.joined", node=self.agent.config.node, url=self.url, was=before)
 
