@@ -46,7 +46,7 @@ def add_routes(app: FastAPI) -> None:
         return await svc.get(sandbox_id)
 
     @app.get("/v1/sandboxes", status_code=200)
-    async def list(
+    async def list_sandboxes(
         svc: Svc,
         label: Annotated[builtins.list[str], Query()] = [],  # noqa: B006 (FastAPI idiom)
     ) -> dict[str, builtins.list[SandboxInfo]]:
@@ -59,7 +59,7 @@ def add_routes(app: FastAPI) -> None:
         return Response(status_code=204)
 
     @app.post("/v1/sandboxes/{sandbox_id}/exec", status_code=200)
-    async def exec(svc: Svc, sandbox_id: str, req: ExecRequest) -> StreamingResponse:
+    async def exec_command(svc: Svc, sandbox_id: str, req: ExecRequest) -> StreamingResponse:
         return await event_stream(svc.exec(sandbox_id, req))
 
     @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/kill", status_code=204)

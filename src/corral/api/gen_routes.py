@@ -246,10 +246,13 @@ def _endpoint(r: Route, op: Op) -> list[str]:
         # A list default is FastAPI's idiom for a repeatable parameter; the
         # comment that allows it must stay on its line: one parameter a line.
         noqa = {labelled: "  # noqa: B006 (FastAPI idiom)"}
-        lines += [f"    async def {r.op}(", *[f"        {p},{noqa.get(p, '')}" for p in params]]
+        lines += [
+            f"    async def {r.endpoint_name}(",
+            *[f"        {p},{noqa.get(p, '')}" for p in params],
+        ]
         lines.append(f"    ) -> {returns}:")
     else:
-        lines += _call(f"async def {r.op}(", params, f") -> {returns}:", 4)
+        lines += _call(f"async def {r.endpoint_name}(", params, f") -> {returns}:", 4)
     lines += [f"        {s}" for s in pre]
     if isinstance(reply, Events):
         lines += _call(f"return await event_stream({invoke}", call, "))", 8)

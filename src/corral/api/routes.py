@@ -108,10 +108,17 @@ class Route:
     # (after checking the caller may touch that sandbox). False: the
     # gateway implements it itself (control/view.py).
     forward: bool = False
+    # The endpoint's name, which OpenAPI makes its operationId and summary,
+    # where it was published as other than the operation's.
+    endpoint: str | None = None
 
     @property
     def path_args(self) -> tuple[str, ...]:
         return tuple(re.findall(r"\{(\w+)\}", self.path))
+
+    @property
+    def endpoint_name(self) -> str:
+        return self.endpoint or self.op
 
 
 _SBX = "/v1/sandboxes/{sandbox_id}"
@@ -120,9 +127,16 @@ _Q = Query()
 ROUTES: tuple[Route, ...] = (
     Route("create", "POST", "/v1/sandboxes", Json(), {"req": Body()}, status=201),
     Route("get", "GET", _SBX, Json(), forward=True),
-    Route("list", "GET", "/v1/sandboxes", Json("sandboxes"), {"labels": Labels()}),
+    Route(
+        "list",
+        "GET",
+        "/v1/sandboxes",
+        Json("sandboxes"),
+        {"labels": Labels()},
+        endpoint="list_sandboxes",
+    ),
     Route("close", "DELETE", _SBX, NoContent(), status=204),
-    Route("exec", "POST", f"{_SBX}/exec", Events(), {"req": Body()}),
+    Route("exec", "POST", f"{_SBX}/exec", Events(), {"req": Body()}, endpoint="exec_command"),
     Route(
         "kill",
         "POST",
