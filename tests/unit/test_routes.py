@@ -70,8 +70,10 @@ def _broken(op: str, **change: Any) -> tuple[routes.Route, ...]:
         (_broken("close", status=200), "204"),
         (_broken("get", reply=NoContent(), status=204), "no content returns None"),
         (_broken("write_file", reply=Json()), "bare JSON reply"),
+        (_broken("close", reply=Json(), status=200), "bare JSON reply"),  # None is no model
         (_broken("run_call", forward=True), "sandbox_id"),
         (_broken("get", auth=False), "unauthenticated"),
+        (_broken("exec", args={"req": Raw()}), "raw body req must be bytes"),
     ],
 )
 def test_a_table_that_disagrees_with_the_service_is_refused(

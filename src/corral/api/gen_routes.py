@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from corral.api import models, routes, service
 from corral.api.routes import Body, Bytes, Events, Json, Labels, NoContent, Query, Raw, Route
 
@@ -35,8 +37,21 @@ TARGETS = {
     "forwarding": API.parent / "control" / "forwarding.py",
 }
 WIDTH = 100
-_MODEL = re.compile(r"[A-Z]\w*")
-_LIST = re.compile(r"(?:builtins\.)?list\[([A-Z]\w*)\]")
+_LIST = re.compile(r"(?:builtins\.)?list\[(\w+)\]")
+# Names the generated bodies use for their own locals and parameters.
+_TAKEN = ("self", "svc", "request", "resp", "node")
+
+
+def _is_model(annotation: str) -> bool:
+    """A wire model corral.api.models exports (what a body or a reply may be)."""
+    found = getattr(models, annotation, None) if annotation in models.__all__ else None
+    return isinstance(found, type) and issubclass(found, BaseModel)
+
+
+def _model_list(annotation: str) -> str | None:
+    """The model of a list-of-models annotation, else None."""
+    m = _LIST.fullmatch(annotation)
+    return m.group(1) if m and _is_model(m.group(1)) else None
 
 
 @dataclass(frozen=True)
@@ -127,13 +142,13 @@ def _check_route(r: Route, op: Op) -> None:
         ann = op.param(name).annotation
         if isinstance(carrier, Raw) and ann != "bytes":
             raise bad(f"raw body {name} must be bytes")
-        if isinstance(carrier, Body) and not _MODEL.fullmatch(ann):
+        if isinstance(carrier, Body) and not _is_model(ann):
             raise bad(f"JSON body {name} must be a model")
         if isinstance(carrier, Labels) and ann != "dict[str, str] | None":
             raise bad(f"labels {name} must be dict[str, str] | None")
         if isinstance(carrier, Query) and ann not in ("str", "int", "bool"):
             raise bad(f"query argument {name} must be a str, an int or a bool")
-        if name in ("svc", "request", "resp", "self"):
+        if name in _TAKEN:
             raise bad(f"argument name {name} is taken by the generated code")
     if not r.auth:
         raise bad("unauthenticated operations are not served (a gateway has no anonymous view)")
@@ -143,6 +158,8 @@ def _check_route(r: Route, op: Op) -> None:
         raise bad("no content is status 204, and 204 is no content")
     if isinstance(r.reply, Events) == op.is_async:
         raise bad("an event stream (only) is a plain def returning AsyncIterator")
+    if isinstance(r.reply, Events) and [type(c) for c in r.args.values()] != [Body]:
+        raise bad("an event stream's arguments are its path and one JSON body")
     _check_reply(r, op, bad)
 
 
@@ -155,9 +172,9 @@ def _check_reply(r: Route, op: Op, bad: Callable[[str], ValueError]) -> None:
     if isinstance(r.reply, Events) and ret != "AsyncIterator[ExecEvent]":
         raise bad("an event stream returns AsyncIterator[ExecEvent]")
     if isinstance(r.reply, Json):
-        if r.reply.key is None and not (_MODEL.fullmatch(ret) or _LIST.fullmatch(ret)):
+        if r.reply.key is None and not (_is_model(ret) or _model_list(ret)):
             raise bad("a bare JSON reply is a model or a list of models")
-        if r.reply.key is not None and not (ret == "int" or _LIST.fullmatch(ret)):
+        if r.reply.key is not None and not (ret == "int" or _model_list(ret)):
             raise bad("a JSON reply under a key is an int or a list of models")
 
 
@@ -174,9 +191,14 @@ def _call(head: str, args: list[str], tail: str, indent: int) -> list[str]:
     return [f"{pad}{head}", *[f"{pad}    {a}," for a in args], f"{pad}{tail.lstrip(', ')}"]
 
 
+def _uses(body: str, name: str) -> bool:
+    """Whether `body` names `name` itself (not `x.name`, not `OtherName`)."""
+    return re.search(rf"(?<![\w.]){name}\b", body) is not None
+
+
 def _imports(body: str, lines: list[tuple[str, str]]) -> list[str]:
     """The import lines whose name the body uses."""
-    return [line for name, line in lines if re.search(rf"(?<![\w.]){name}\b", body)]
+    return [line for name, line in lines if _uses(body, name)]
 
 
 def _isort(name: str) -> tuple[int, str]:
@@ -187,7 +209,7 @@ def _isort(name: str) -> tuple[int, str]:
 
 
 def _models_import(body: str) -> list[str]:
-    used = (n for n in models.__all__ if re.search(rf"(?<![\w.\"]){n}\b", body))
+    used = (n for n in models.__all__ if _uses(body, n))
     names = sorted(used, key=_isort)
     if not names:
         return []
@@ -277,11 +299,11 @@ def endpoints_module() -> str:
     for r in routes.ROUTES:
         body += ["", *_endpoint(r, ops[r.op])]
     text = "\n".join(body) + "\n"
-    fastapi = sorted(n for n in ("FastAPI", "Query", "Request", "Response") if n in text)
+    fastapi = [n for n in ("FastAPI", "Query", "Request", "Response") if _uses(text, n)]
     ours = _models_import(text)
-    if "MAX_BODY" in text:
+    if _uses(text, "MAX_BODY"):
         ours.append("from corral.api.routes import MAX_BODY")
-    serving = [n for n in ("Svc", "event_stream", "read_body") if re.search(rf"\b{n}\b", text)]
+    serving = [n for n in ("Svc", "event_stream", "read_body") if _uses(text, n)]
     ours.append(f"from corral.api.serving import {', '.join(serving)}")
     ours += _imports(text, [("parse_labels", "from corral.api.wire import parse_labels")])
     return _module(
@@ -333,7 +355,7 @@ def _client_method(r: Route, op: Op) -> list[str]:
             body = f"raw_body={p.name}"
     path = _path_expr(r, op)
     if isinstance(r.reply, Events):
-        assert body is not None and not query and not labels
+        assert body is not None  # check(): one JSON body and nothing else
         lines = _call(f"def {r.op}(", params, f") -> {op.returns}:", 4)
         json_arg = body.removeprefix("json_body=")
         return lines + _call("return self._events(", [f'"{r.method}"', path, json_arg], ")", 8)
@@ -351,9 +373,9 @@ def _client_method(r: Route, op: Op) -> list[str]:
         return [*lines, "        return resp.content"]
     assert isinstance(reply, Json)
     doc = "resp.json()" if reply.key is None else f'resp.json()["{reply.key}"]'
-    listed = _LIST.fullmatch(op.returns)
+    listed = _model_list(op.returns)
     if listed:
-        return [*lines, f"        return [{listed.group(1)}.model_validate(x) for x in {doc}]"]
+        return [*lines, f"        return [{listed}.model_validate(x) for x in {doc}]"]
     if op.returns == "int":
         return [*lines, f"        return int({doc})"]
     return [*lines, f"        return {op.returns}.model_validate_json(resp.content)"]
