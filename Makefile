@@ -16,6 +16,7 @@ lint:
 	.venv/bin/ruff format --check src tests bench
 	.venv/bin/mypy
 	.venv/bin/python -m corral.sdk.gen_sync --check
+	.venv/bin/python -m corral.api.gen_routes --check
 
 unit:
 	.venv/bin/pytest -q tests/unit -m unit

@@ -12,14 +12,18 @@ from typing import Any
 import pytest
 
 from corral import metrics
+from corral.capacity import NodeCapacity
 from corral.control import nodes, placement, quotas, sandboxes, schema
 from corral.control.db import Database, connect
 from corral.control.nodes import NodeRow
 from corral.errors import (
     Conflict,
     InvalidArgument,
+    NodeFull,
     NotFound,
     ResourceExhausted,
+    SandboxLost,
+    SandboxNotFound,
     Unauthenticated,
     Unavailable,
 )
@@ -229,7 +233,7 @@ async def _age(db: Database, node: str, seconds: float) -> None:
 
 async def test_a_silent_node_is_lost_with_its_sandboxes_and_their_quota(db: Database) -> None:
     await _tree(db)
-    cap = {"max_sandboxes": 10, "active": 0, "kinds": ["container"]}
+    cap = NodeCapacity(max_sandboxes=10, kinds=("container",))
     assert await nodes.heartbeat(db, "n0", "http://a", cap) is None
     assert await nodes.heartbeat(db, "n1", "http://b", cap) is None
     keys = [sandboxes.node_key("job", str(i)) for i in range(3)]
@@ -269,7 +273,7 @@ def _node(name: str, **cap: Any) -> NodeRow:
         "images": [],
     }
     state = cap.pop("state", "alive")
-    return NodeRow(name, f"http://{name}", state, 0.5, {**base, **cap})
+    return NodeRow(name, f"http://{name}", state, 0.5, NodeCapacity.from_wire({**base, **cap}))
 
 
 def test_placement_filters_and_says_why_nothing_fits() -> None:
@@ -329,40 +333,79 @@ class NodeTransport:
     def __init__(self, name: str, full: bool) -> None:
         self.name = name
         self.full = full
-        self.made: dict[str, Any] = {}
+        self.made: dict[str, Any] = {}  # by idempotency key
+        self.calls: list[tuple[Any, ...]] = []
+        self.refuse: Exception | None = None  # what the next create, fork or restore raises
+        self.meanwhile: Any = None  # awaited before a create answers
 
-    async def create(self, req: Any) -> Any:
+    def _make(self, key: str, kind: str = "container", labels: dict[str, str] | None = None) -> Any:
         from corral.api.models import SandboxInfo, SandboxState
 
-        if self.full:
-            raise ResourceExhausted(f"node {self.name} is full", node=self.name)
-        if req.idempotency_key in self.made:
-            return self.made[req.idempotency_key]
+        if self.refuse is not None:
+            raise self.refuse
+        if key in self.made:
+            return self.made[key]
         info = SandboxInfo(
             id=f"{self.name}-{len(self.made):016x}",
             node=self.name,
-            kind=req.kind,
+            kind=kind,
             state=SandboxState.running,
-            image=req.image,
-            workspace=req.workspace,
-            toolkit=req.toolkit,
+            image="img:1",
+            workspace=None,
+            toolkit=[],
             layers=[],
-            cpu=req.cpu,
-            memory=req.memory,
-            disk=req.disk,
-            pids=req.pids,
-            ttl=req.ttl,
-            idle_timeout=req.idle_timeout,
-            env=req.env,
-            labels=req.labels,
+            cpu=1.0,
+            memory=GiB,
+            disk=GiB,
+            pids=64,
+            ttl=None,
+            idle_timeout=None,
+            env={},
+            labels=labels or {},
             created_at=0.0,
             expires_at=None,
         )
-        self.made[req.idempotency_key] = info
+        self.made[key] = info
         return info
 
+    async def create(self, req: Any) -> Any:
+        if self.full:
+            raise NodeFull(f"node {self.name} is full", node=self.name, reason="slots")
+        self.calls.append(("create", req.idempotency_key))
+        if self.meanwhile is not None:
+            await self.meanwhile(req)
+        return self._make(req.idempotency_key, req.kind, req.labels)
+
+    async def restore(self, req: Any) -> Any:
+        self.calls.append(("restore", req.idempotency_key))
+        return self._make(req.idempotency_key, req.kind)
+
+    async def fork(self, sandbox_id: str, req: Any) -> Any:
+        self.calls.append(("fork", sandbox_id, req.idempotency_keys))
+        return [self._make(key) for key in req.idempotency_keys]
+
     async def get(self, sandbox_id: str) -> Any:
-        return next(i for i in self.made.values() if i.id == sandbox_id)
+        for info in self.made.values():
+            if info.id == sandbox_id:
+                return info
+        raise SandboxNotFound(f"no sandbox {sandbox_id}", sandbox=sandbox_id)
+
+    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
+        self.calls.append(("read_file", sandbox_id, path, user))
+        return b"data"
+
+    async def close(self, sandbox_id: str) -> None:
+        self.calls.append(("close", sandbox_id))
+
+    async def run_call(self, req: Any) -> Any:
+        from corral.api.models import FnCallResult
+
+        if self.full:
+            raise NodeFull(f"node {self.name} has no free worker", node=self.name, reason="slots")
+        return FnCallResult(
+            status="ok", exit_code=0, stdout=self.name, stderr="", wall_time=0, cpu_time=0,
+            peak_memory=0,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         pass
@@ -374,8 +417,15 @@ async def _gateway(db: Database, full: dict[str, bool]) -> tuple[Any, dict[str, 
     gw = await Gateway(db, node_key="nk").start(sweep=False)
     transports = {}
     for name, is_full in full.items():
-        cap = {"max_sandboxes": 10, "active": 0, "memory_budget": 100 * GiB}
-        await nodes.heartbeat(db, name, f"http://{name}", {**cap, "kinds": ["container"]})
+        # The nodes that will take a sandbox look busier, so placement always
+        # asks a full one first (else random ties could skip the refusal).
+        cap = NodeCapacity(
+            max_sandboxes=10,
+            active=0 if is_full else 5,
+            memory_budget=100 * GiB,
+            kinds=("container", "fncall", "microvm"),
+        )
+        await nodes.heartbeat(db, name, f"http://{name}", cap)
         transports[name] = NodeTransport(name, is_full)
         gw._clients[(name, f"http://{name}")] = transports[name]
     return gw, transports
@@ -383,7 +433,7 @@ async def _gateway(db: Database, full: dict[str, bool]) -> tuple[Any, dict[str, 
 
 async def test_a_node_that_answers_full_sends_the_create_elsewhere(db: Database) -> None:
     from corral.api.models import CreateSandbox
-    from corral.control.gateway import GatewayView
+    from corral.control.view import GatewayView
 
     await quotas.create_project(db, "p", max_sandboxes=5)
     gw, transports = await _gateway(db, {"a": True, "b": True, "c": False})
@@ -410,7 +460,7 @@ async def test_when_every_node_is_full_the_create_fails_and_gives_back_its_quota
     db: Database,
 ) -> None:
     from corral.api.models import CreateSandbox
-    from corral.control.gateway import GatewayView
+    from corral.control.view import GatewayView
 
     await quotas.create_project(db, "p")
     gw, _ = await _gateway(db, {"a": True, "b": True})
@@ -419,5 +469,145 @@ async def test_when_every_node_is_full_the_create_fails_and_gives_back_its_quota
     assert (await quotas.get_project(db, "p")).used_sandboxes == 0
     async with db.transaction() as tx:
         assert await tx.fetchall("SELECT state FROM sandboxes") == [("failed",)]
+    assert gw.in_flight == {}
+    await gw.aclose()
+
+
+async def test_a_forwarded_call_reaches_the_node_its_sandbox_id_names(db: Database) -> None:
+    from corral.api.models import CreateSandbox
+    from corral.control.view import GatewayView
+
+    await quotas.create_project(db, "p")
+    gw, transports = await _gateway(db, {"a": False, "b": False})
+    view = GatewayView(gw, "p")
+    info = await view.create(CreateSandbox(image="img:1"))
+    node = transports[info.node]
+    assert await view.read_file(info.id, "/etc/x", "nobody") == b"data"
+    assert node.calls[-1] == ("read_file", info.id, "/etc/x", "nobody")
+    # The node lost it (TTL): the caller hears so, and the row is closed.
+    node.made.clear()
+    with pytest.raises(SandboxNotFound):
+        await view.get(info.id)
+    assert (await sandboxes.by_id(db, info.id)).state == "closed"  # type: ignore[union-attr]
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 0
+    await gw.aclose()
+
+
+async def test_ids_are_parsed_once_and_a_stranger_node_is_named(db: Database) -> None:
+    from corral.control.view import GatewayView
+
+    gw, _ = await _gateway(db, {"a": False})
+    view = GatewayView(gw, "p")
+    with pytest.raises(InvalidArgument) as bad:
+        await view.get("a-xyz")
+    assert (bad.value.field, bad.value.rule) == ("sandbox_id", "must be <node>-<16 hex digits>")
+    with pytest.raises(SandboxNotFound, match="node 'zz' is not a member of this cluster"):
+        await view.get("zz-0123456789abcdef")
+    with pytest.raises(SandboxNotFound) as unknown:
+        await view.get("a-0123456789abcdef")
+    assert "not a member" not in unknown.value.message
+    await gw.aclose()
+
+
+async def test_a_quota_refusal_from_a_node_is_not_taken_elsewhere(db: Database) -> None:
+    from corral.api.models import CreateSandbox
+    from corral.control.view import GatewayView
+
+    await quotas.create_project(db, "p")
+    gw, transports = await _gateway(db, {"a": False, "b": False})
+    for t in transports.values():
+        t.refuse = ResourceExhausted("the node's scratch space is full")
+    with pytest.raises(ResourceExhausted, match="scratch"):
+        await GatewayView(gw, "p").create(CreateSandbox(image="img:1"))
+    assert sum(len(t.calls) for t in transports.values()) == 1  # one node asked, once
+    async with db.transaction() as tx:
+        assert await tx.fetchall("SELECT state FROM sandboxes") == [("failed",)]
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 0
+    assert gw.in_flight == {}
+    await gw.aclose()
+
+
+async def test_a_sandbox_written_off_while_it_is_made_is_closed_and_reported_lost(
+    db: Database,
+) -> None:
+    from corral.api.models import CreateSandbox
+    from corral.control.view import GatewayView
+
+    await quotas.create_project(db, "p")
+    gw, transports = await _gateway(db, {"a": False})
+
+    async def node_lost_meanwhile(req: Any) -> None:
+        await sandboxes.finish(db, req.idempotency_key, "failed", "node a was lost")
+
+    transports["a"].meanwhile = node_lost_meanwhile
+    with pytest.raises(
+        SandboxLost, match=r"written off .* its record is failed \(node a was lost\)"
+    ):
+        await GatewayView(gw, "p").create(CreateSandbox(image="img:1"))
+    assert transports["a"].calls[-1] == ("close", "a-0000000000000000")
+    await gw.aclose()
+
+
+async def test_a_fork_charges_a_row_per_copy_and_a_failed_one_gives_them_back(
+    db: Database,
+) -> None:
+    from corral.api.models import CreateSandbox, ForkRequest
+    from corral.control.view import GatewayView
+
+    await quotas.create_project(db, "p", max_sandboxes=3)
+    gw, transports = await _gateway(db, {"a": False})
+    view = GatewayView(gw, "p")
+    source = await view.create(CreateSandbox(kind="microvm", image="img:1"))
+    node = transports["a"]
+    node.refuse = Unavailable("the VM did not answer")
+    with pytest.raises(Unavailable):
+        await view.fork(source.id, ForkRequest(n=2, idempotency_keys=["x", "y"]))
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 1
+    with pytest.raises(ResourceExhausted):  # 1 + 3 is past the quota: none is charged
+        await view.fork(source.id, ForkRequest(n=3))
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 1
+    node.refuse = None
+    copies = await view.fork(source.id, ForkRequest(n=2, idempotency_keys=["x", "y"]))
+    assert [c.node for c in copies] == ["a", "a"]
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 3
+    again = await view.fork(source.id, ForkRequest(n=2, idempotency_keys=["x", "y"]))
+    assert [c.id for c in again] == [c.id for c in copies]  # found, not made again
+    assert [c[0] for c in node.calls].count("fork") == 2
+    await gw.aclose()
+
+
+async def test_a_restore_is_placed_and_charged_like_a_create(db: Database, tmp_path: Path) -> None:
+    import json
+
+    from corral.api.models import SavedState
+    from corral.control.view import GatewayView
+
+    key = "vmstates/a-0123456789abcdef"
+    (tmp_path / key).mkdir(parents=True)
+    (tmp_path / key / "saved.json").write_text(json.dumps({"spec": {"cpu": 1, "memory": GiB}}))
+    await quotas.create_project(db, "p")
+    gw, transports = await _gateway(db, {"a": False})
+    view = GatewayView(gw, "p")
+    saved = SavedState(store=str(tmp_path), key=key, kind="microvm", idempotency_key="r1")
+    transports["a"].refuse = InvalidArgument("key", "names no state", key)
+    with pytest.raises(InvalidArgument):
+        await view.restore(saved)
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 0
+    transports["a"].refuse = None
+    info = await view.restore(saved)
+    assert (await sandboxes.by_id(db, info.id)).state == "ready"  # type: ignore[union-attr]
+    assert (await view.restore(saved)).id == info.id  # found: the node is not asked again
+    assert [c[0] for c in transports["a"].calls] == ["restore", "restore"]
+    assert (await quotas.get_project(db, "p")).used_sandboxes == 1
+    await gw.aclose()
+
+
+async def test_a_function_call_skips_nodes_that_are_full(db: Database) -> None:
+    from corral.api.models import FnCallRequest
+    from corral.control.view import GatewayView
+
+    gw, _ = await _gateway(db, {"a": True, "b": True, "c": False})
+    result = await GatewayView(gw, "p").run_call(FnCallRequest(language="python", code="1"))
+    assert result.stdout == "c"
     assert gw.in_flight == {}
     await gw.aclose()

@@ -5,36 +5,47 @@ tests drive the same API against real sandboxes."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 
 import corral
 from corral.api.app import create_app
+from corral.api.http import HttpService
 from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DisplayInput,
     ExecEvent,
     ExecExit,
     ExecOutput,
     ExecRequest,
     ExecStarted,
     FileEntry,
+    FnCallRequest,
+    FnCallResult,
+    ForkRequest,
     LayerInfo,
+    NetworkPolicy,
     SandboxInfo,
     SandboxState,
+    SavedState,
+    SaveRequest,
 )
 from corral.errors import SandboxNotFound
-from corral.sdk.http import HttpService
 
 
 class FakeService:
     def __init__(self) -> None:
         self.boxes: dict[str, SandboxInfo] = {}
         self.files: dict[str, bytes] = {}
+        self.calls: list[tuple[Any, ...]] = []  # what arrived, after the wire
+        self.starts = 0
 
     async def create(self, req: CreateSandbox) -> SandboxInfo:
         sid = f"fake-{len(self.boxes)}"
@@ -80,11 +91,14 @@ class FakeService:
         await self.get(sandbox_id)
         yield ExecStarted(pid=7)
         yield ExecOutput(type="stdout", data=b"\xff\x00" + (req.stdin or b""))
+        if req.cmd == "fail midway":
+            raise corral.SandboxFailed("the sandbox died", sandbox=sandbox_id)
         yield ExecOutput(type="stderr", data="é".encode())
         yield ExecExit(exit_code=3, stdout_bytes=2, stderr_bytes=2)
 
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None:
         await self.get(sandbox_id)
+        self.calls.append(("kill", sandbox_id, pid, signal))
 
     async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
         if path not in self.files:
@@ -114,6 +128,7 @@ class FakeService:
     async def remove_file(
         self, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
     ) -> None:
+        self.calls.append(("remove_file", sandbox_id, path, user, recursive))
         self.files.pop(path, None)
 
     async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None:
@@ -140,17 +155,57 @@ class FakeService:
         await self.get(sandbox_id)
         return AuditReport(sandbox=sandbox_id, syscalls_denied={"privileged": 2})
 
+    async def suspend(self, sandbox_id: str) -> SandboxInfo:
+        info = await self.get(sandbox_id)
+        return info.model_copy(update={"state": SandboxState.suspended})
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        return await self.get(sandbox_id)
+
+    async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
+        info = await self.get(sandbox_id)
+        return info.model_copy(update={"network": policy})
+
+    async def fork(self, sandbox_id: str, req: ForkRequest) -> list[SandboxInfo]:
+        self.calls.append(("fork", sandbox_id, req))
+        return [await self.get(sandbox_id)] * req.n
+
+    async def save(self, sandbox_id: str, req: SaveRequest) -> SavedState:
+        return SavedState(store=req.store, key="vmstates/fake-00000000000000aa", sandbox=sandbox_id)
+
+    async def restore(self, req: SavedState) -> SandboxInfo:
+        self.calls.append(("restore", req))
+        return await self.create(CreateSandbox(image="img:1"))
+
+    async def screenshot(self, sandbox_id: str) -> bytes:
+        return b"\x89PNG"
+
+    async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
+        self.calls.append(("display_input", sandbox_id, req))
+
+    async def run_call(self, req: FnCallRequest) -> FnCallResult:
+        return FnCallResult(
+            status="ok",
+            exit_code=0,
+            stdout="1\n",
+            stderr="",
+            wall_time=0.5,
+            cpu_time=0.25,
+            peak_memory=1,
+            files={k: v[::-1] for k, v in req.files.items()},
+        )
+
+    async def start(self) -> None:
+        self.starts += 1
+
     async def aclose(self) -> None:
         pass
 
 
 def _client(api_key: str | None = None, server_key: str | None = None) -> corral.AsyncClient:
     app = create_app(FakeService(), api_key=server_key)
-    client = corral.AsyncClient("http://test", api_key=api_key)
-    client._service = HttpService(
-        "http://test", api_key=api_key, transport=httpx.ASGITransport(app=app)
-    )
-    return client
+    http = HttpService("http://test", api_key=api_key, transport=httpx.ASGITransport(app=app))
+    return corral.AsyncClient(transport=http)
 
 
 async def test_sdk_over_http_round_trip() -> None:
@@ -242,3 +297,141 @@ async def test_an_unknown_route_is_a_wire_error_not_a_bare_404() -> None:
         assert "/v1/nothing/here" in resp.json()["error"]["message"]
         resp = await h.put("/v1/sandboxes")
         assert resp.status_code == 400 and resp.json()["error"]["field"] == "request"
+
+
+class Recording(httpx.AsyncBaseTransport):
+    """The app's transport, keeping each exchange as it crossed the wire."""
+
+    def __init__(self, app: Any) -> None:
+        self.inner = httpx.ASGITransport(app=app)
+        self.seen: list[dict[str, Any]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        resp = await self.inner.handle_async_request(request)
+        content = await resp.aread()
+        self.seen.append(
+            {
+                "request": f"{request.method} {request.url.raw_path.decode()}",
+                "type": request.headers.get("content-type"),
+                "body": body,
+                "status": resp.status_code,
+                "reply_type": resp.headers.get("content-type"),
+                "reply": content,
+            }
+        )
+        return httpx.Response(resp.status_code, headers=resp.headers, content=content)
+
+
+async def test_the_wire_is_what_clients_already_speak() -> None:
+    """Paths, verbs, query names, bodies and statuses, byte for byte, as
+    they were before the route table: clients of older releases and other
+    languages depend on them."""
+    fake = FakeService()
+    fake.files["/a b"] = b"\x00"
+    wire = Recording(create_app(fake))
+    svc = HttpService("http://t", transport=wire)
+    made = await svc.create(CreateSandbox(image="img:1", labels={"job": "a=b"}))
+    sid = made.id
+    await svc.list({"job": "a=b"})
+    await svc.kill(sid, 42, 15)
+    await svc.read_file(sid, "/a b", "nobody")
+    assert await svc.write_file(sid, "/w", b"\x00\xff", mode=0o600) == 2
+    await svc.remove_file(sid, "/w", recursive=False)
+    events = [e async for e in svc.exec(sid, ExecRequest(cmd="x", stdin=b"in"))]
+    assert [e.type for e in events] == ["started", "stdout", "stderr", "exit"]
+    await svc.fork(sid, ForkRequest(n=2))
+    await svc.restore(SavedState(store="/s", key="vmstates/fake-00000000000000aa"))
+    await svc.display_input(sid, DisplayInput(action="type", text="hi"))
+    assert await svc.screenshot(sid) == b"\x89PNG"
+    result = await svc.run_call(FnCallRequest(language="python", code="1", files={"f": b"ab"}))
+    assert result.files == {"f": b"ba"}
+    with pytest.raises(corral.SandboxNotFound):
+        await svc.get("fake-99")
+    await svc.aclose()
+
+    by_request = {(x["request"].split("?")[0], x["status"]): x for x in wire.seen}
+    create = wire.seen[0]
+    assert (create["request"], create["status"]) == ("POST /v1/sandboxes", 201)
+    assert create["type"] == "application/json"
+    sent = json.loads(create["body"])
+    assert sent["labels"] == {"job": "a=b"} and sent["idempotency_key"] is None  # all fields
+    assert json.loads(create["reply"])["id"] == sid
+    exchanges = [(x["request"], x["status"], x["reply_type"]) for x in wire.seen[1:]]
+    assert exchanges == [
+        ("GET /v1/sandboxes?label=job%3Da%3Db", 200, "application/json"),
+        (f"POST /v1/sandboxes/{sid}/commands/42/kill?signal=15", 204, None),
+        (f"GET /v1/sandboxes/{sid}/files?path=%2Fa+b&user=nobody", 200, "application/octet-stream"),
+        (f"PUT /v1/sandboxes/{sid}/files?path=%2Fw&user=root&mode=384", 200, "application/json"),
+        (f"DELETE /v1/sandboxes/{sid}/files?path=%2Fw&user=root&recursive=false", 204, None),
+        (f"POST /v1/sandboxes/{sid}/exec", 200, "application/x-ndjson"),
+        (f"POST /v1/sandboxes/{sid}/fork", 200, "application/json"),
+        ("POST /v1/restore", 200, "application/json"),
+        (f"POST /v1/sandboxes/{sid}/display/input", 204, None),
+        (f"GET /v1/sandboxes/{sid}/display/screenshot", 200, "image/png"),
+        ("POST /v1/fncall", 200, "application/json"),
+        ("GET /v1/sandboxes/fake-99", 404, "application/json"),
+    ]
+    assert json.loads(wire.seen[1]["reply"])["sandboxes"][0]["id"] == sid
+    assert wire.seen[4]["body"] == b"\x00\xff" and wire.seen[4]["reply"] == b'{"bytes":2}'
+    assert all(x["reply"] == b"" for x in wire.seen if x["status"] == 204)
+    lines = [json.loads(line) for line in wire.seen[6]["reply"].splitlines()]
+    assert lines[0] == {"type": "started", "pid": 7}
+    assert lines[1] == {"type": "stdout", "data": "_wBpbg=="}  # URL-safe base64 of ff 00 "in"
+    assert json.loads(wire.seen[6]["body"])["stdin"] == "aW4="  # base64
+    assert [x["type"] for x in lines] == ["started", "stdout", "stderr", "exit"]
+    fork = by_request[(f"POST /v1/sandboxes/{sid}/fork", 200)]
+    assert json.loads(fork["body"]) == {"n": 2}  # None fields left out
+    assert isinstance(json.loads(fork["reply"]), list)  # a bare list
+    restore = by_request[("POST /v1/restore", 200)]
+    assert "idempotency_key" not in json.loads(restore["body"])
+    display = by_request[(f"POST /v1/sandboxes/{sid}/display/input", 204)]
+    assert json.loads(display["body"]) == {
+        "action": "type",
+        "button": "left",
+        "count": 1,
+        "text": "hi",
+    }
+    fncall = by_request[("POST /v1/fncall", 200)]
+    assert json.loads(fncall["body"])["files"] == {"f": "YWI="}
+    assert json.loads(fncall["reply"])["files"] == {"f": "YmE="}
+    missing = json.loads(by_request[("GET /v1/sandboxes/fake-99", 404)]["reply"])
+    assert missing == {
+        "error": {
+            "code": "sandbox_not_found",
+            "message": "no sandbox 'fake-99'",
+            "sandbox": "fake-99",
+        }
+    }
+    # What the service was handed is what the caller passed.
+    assert ("kill", sid, 42, 15) in fake.calls
+    assert ("remove_file", sid, "/w", "root", False) in fake.calls
+    assert ("fork", sid, ForkRequest(n=2)) in fake.calls
+
+
+async def test_an_error_before_a_command_starts_is_a_plain_http_error() -> None:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(FakeService())), base_url="http://t"
+    ) as h:
+        resp = await h.post("/v1/sandboxes/fake-9/exec", json={"cmd": "x"})
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "sandbox_not_found"
+
+
+async def test_an_error_after_a_command_starts_ends_its_stream() -> None:
+    async with _client() as client:
+        sbx = await client.sandboxes.create(image="img:1")
+        seen: list[str] = []
+        with pytest.raises(corral.SandboxFailed, match="the sandbox died"):
+            await sbx.commands.run("fail midway", on_stdout=seen.append)
+        assert seen == ["\ufffd\x00"]
+
+
+async def test_a_client_starts_the_service_it_is_given_once() -> None:
+    fake = FakeService()
+    async with corral.AsyncClient(transport=fake) as client:
+        sbx = await client.sandboxes.create(image="img:1")
+        await client.sandboxes.get(sbx.id)
+        assert (await client.fncall.run("python", "1")).stdout == "1\n"
+        assert client.service is fake
+    assert fake.starts == 1

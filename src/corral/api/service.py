@@ -1,8 +1,12 @@
 """The operations a sandbox service offers, whoever implements them.
 
-The node agent implements them in-process; the SDK's HTTP transport
-implements them against `corral serve`; the HTTP app exposes any
-implementation. One interface, so embedded and remote behave the same.
+The node agent implements them in-process; HttpService (api/http.py)
+implements them against `corral serve` or a gateway; a gateway's view
+implements them over many nodes; the HTTP app exposes any implementation.
+One interface, so embedded and remote behave the same.
+
+Every operation but start() and aclose() travels over HTTP as one row of
+api/routes.py; docs/api.md says how to add one.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ from corral.api.models import (
 
 
 class SandboxService(Protocol):
+    async def start(self) -> object:
+        """Make the service ready (idempotent: a started service returns at
+        once). What it returns is the implementer's own business."""
+        ...
+
     async def create(self, req: CreateSandbox) -> SandboxInfo: ...
 
     async def get(self, sandbox_id: str) -> SandboxInfo: ...
@@ -87,4 +96,7 @@ class SandboxService(Protocol):
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult: ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Release what start() took (connections, the node's workers);
+        the sandboxes themselves live on."""
+        ...

@@ -120,17 +120,16 @@ async def cluster_status(a: argparse.Namespace) -> int:
     table = Table("node", "url", "state", "heartbeat", "sandboxes", "gateway's", "memory promised")
     for n in rows:
         c = n.capacity
-        promised = format_size(c.get("memory_promised", 0))
         table.add_row(
             n.name,
             n.url,
             n.state,
             f"{n.heartbeat_age:.1f} s ago",
-            f"{c.get('active', 0)} / {c.get('max_sandboxes', 0)}",
-            str(c.get("held", 0)),
-            f"{promised} / {format_size(c.get('memory_budget', 0))}",
+            f"{c.active} / {c.max_sandboxes}",
+            str(c.held),
+            f"{format_size(c.memory_promised)} / {format_size(c.memory_budget)}",
         )
-    emit(a, [n.__dict__ for n in rows], table)
+    emit(a, [{**n.__dict__, "capacity": n.capacity.to_wire()} for n in rows], table)
     return 0
 
 

@@ -291,7 +291,7 @@ def _stop_actors(doc: dict[str, Any], say: Say) -> None:
 
 
 async def _close_all(doc: dict[str, Any], say: Say) -> None:
-    from corral.sdk.http import HttpService
+    from corral.api.http import HttpService
 
     for name, url in doc.get("nodes", {}).items():
         client = HttpService(url, api_key=doc["node_key"], timeout=60)

@@ -30,7 +30,7 @@ class Heartbeat:
 
     async def beat(self) -> None:
         before = await nodes.heartbeat(
-            self.db, self.agent.config.node, self.url, self.agent.capacity().to_wire()
+            self.db, self.agent.config.node, self.url, self.agent.capacity()
         )
         if before != nodes.ALIVE:
             log.info("node.joined", node=self.agent.config.node, url=self.url, was=before)

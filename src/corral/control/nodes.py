@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
+from corral.capacity import NodeCapacity
 from corral.control import quotas
 from corral.control.db import Database
 
@@ -31,20 +31,10 @@ class NodeRow:
     url: str
     state: str
     heartbeat_age: float  # seconds since the last heartbeat, database clock
-    capacity: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def free_slots(self) -> int:
-        c = self.capacity
-        return int(c.get("max_sandboxes", 0)) - int(c.get("active", 0))
-
-    @property
-    def free_memory(self) -> int:
-        c = self.capacity
-        return int(c.get("memory_budget", 0)) - int(c.get("memory_promised", 0))
+    capacity: NodeCapacity = field(default_factory=NodeCapacity)  # as of that heartbeat
 
 
-async def heartbeat(db: Database, name: str, url: str, capacity: dict[str, Any]) -> str | None:
+async def heartbeat(db: Database, name: str, url: str, capacity: NodeCapacity) -> str | None:
     """Record that `name` is alive at `url`; returns its state before."""
     async with db.transaction() as tx:
         row = await tx.fetchone("SELECT state FROM nodes WHERE name = %s", (name,))
@@ -53,7 +43,7 @@ async def heartbeat(db: Database, name: str, url: str, capacity: dict[str, Any])
             " VALUES (%s, %s, %s, %s, $NOW, $NOW)"
             " ON CONFLICT (name) DO UPDATE SET url = excluded.url, state = excluded.state,"
             " capacity = excluded.capacity, heartbeat_at = excluded.heartbeat_at",
-            (name, url, ALIVE, json.dumps(capacity, sort_keys=True)),
+            (name, url, ALIVE, json.dumps(capacity.to_wire(), sort_keys=True)),
         )
     return None if row is None else str(row[0])
 
@@ -69,7 +59,10 @@ async def list_nodes(db: Database) -> list[NodeRow]:
         rows = await tx.fetchall(
             "SELECT name, url, state, $NOW - heartbeat_at, capacity FROM nodes ORDER BY name"
         )
-    return [NodeRow(str(n), str(u), str(s), float(a), json.loads(str(c))) for n, u, s, a, c in rows]
+    return [
+        NodeRow(str(n), str(u), str(s), float(a), NodeCapacity.from_wire(json.loads(str(c))))
+        for n, u, s, a, c in rows
+    ]
 
 
 async def sweep_lost(db: Database, timeout: float) -> list[str]:

@@ -46,11 +46,11 @@ def choose(
             return why(n.state)
         if n.name in exclude:
             return why("already refused this create")
-        if kind not in n.capacity.get("kinds", []):
+        if kind not in n.capacity.kinds:
             return why(f"no {kind} backend")
-        if n.free_slots - in_flight.get(n.name, 0) < 1:
+        if n.capacity.free_slots - in_flight.get(n.name, 0) < 1:
             return why("full")
-        if n.free_memory < memory:
+        if n.capacity.free_memory < memory:
             return why("not enough memory to promise")
         return True
 
@@ -64,7 +64,10 @@ def choose(
             kind=kind,
         )
     if image is not None:
-        cached = [n for n in candidates if image in n.capacity.get("images", [])]
+        cached = [n for n in candidates if image in n.capacity.images]
         candidates = cached or candidates
     drawn = rng.sample(candidates, min(k, len(candidates)))
-    return max(drawn, key=lambda n: (n.free_slots - in_flight.get(n.name, 0), n.free_memory))
+    return max(
+        drawn,
+        key=lambda n: (n.capacity.free_slots - in_flight.get(n.name, 0), n.capacity.free_memory),
+    )

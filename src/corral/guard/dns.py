@@ -26,7 +26,7 @@ from typing import Any
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord
 
-from corral.api.models import NetworkPolicy
+from corral.guard.policy import NetworkPolicy
 from corral.log import get_logger
 
 log = get_logger("corral.dns")

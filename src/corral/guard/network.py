@@ -34,9 +34,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.api.models import NetworkPolicy
 from corral.errors import InvalidArgument, Unavailable
 from corral.guard.nft import Nft
+from corral.guard.policy import NetworkPolicy
 from corral.log import get_logger
 
 log = get_logger("corral.network")

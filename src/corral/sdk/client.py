@@ -6,7 +6,9 @@
 
 `AsyncClient()` runs a node agent in this process (root needed), sharing its
 node with any other process using the same data dir; `AsyncClient(url)`
-talks to `corral serve`. Both behave the same, errors included.
+talks to `corral serve` or a gateway; `AsyncClient(transport=service)` uses
+any SandboxService given (a test's fake, an embedder's own). All behave
+the same, errors included.
 """
 
 from __future__ import annotations
@@ -244,12 +246,19 @@ class AsyncClient:
         node: str | None = None,
         config: NodeConfig | None = None,
         timeout: float = 600.0,
+        transport: SandboxService | None = None,
     ) -> None:
+        """`transport`, if given, is the service this client uses (it starts
+        and closes it); the other arguments then go unused."""
         self.url = url
         self._service: SandboxService
         self._started = False
-        if url:
-            from corral.sdk.http import HttpService
+        if transport is not None:
+            self._service = transport
+        elif url:
+            # Imported here: an embedded client needs no HTTP stack, and a
+            # remote one no node agent.
+            from corral.api.http import HttpService
 
             self._service = HttpService(url, api_key=api_key, timeout=timeout)
         else:
@@ -258,7 +267,7 @@ class AsyncClient:
             cfg = config or NodeConfig.from_env(data_dir=data_dir, node=node)
             self._service = NodeAgent(cfg)
         self.sandboxes = AsyncSandboxes(self)
-        self.fncall = AsyncFnCall(self)
+        self.fncall = AsyncFnCall(self._ready)
 
     @property
     def service(self) -> SandboxService:
@@ -266,9 +275,7 @@ class AsyncClient:
 
     async def _ready(self) -> SandboxService:
         if not self._started:
-            start = getattr(self._service, "start", None)
-            if start is not None:
-                await start()
+            await self._service.start()
             self._started = True
         return self._service
 

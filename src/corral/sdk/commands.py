@@ -8,13 +8,11 @@ import inspect
 import signal as signals
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral.api.models import ExecExit, ExecOutput, ExecRequest, ExecStarted, validated
 from corral.errors import CommandTimeout, SandboxFailed
-
-if TYPE_CHECKING:
-    from corral.sdk.sandbox import AsyncSandbox
+from corral.sdk.handle import SandboxHandle
 
 OutputCallback = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 MiB = 1024 * 1024
@@ -121,7 +119,7 @@ class AsyncCommandHandle:
 
     def __init__(
         self,
-        sandbox: AsyncSandbox,
+        sandbox: SandboxHandle,
         events: AsyncIterator[Any],
         collector: _Collector,
         req: ExecRequest,
@@ -168,7 +166,7 @@ class AsyncCommandHandle:
 
 
 class AsyncCommands:
-    def __init__(self, sandbox: AsyncSandbox) -> None:
+    def __init__(self, sandbox: SandboxHandle) -> None:
         self._sandbox = sandbox
 
     def _request(

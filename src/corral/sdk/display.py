@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from corral.api.models import DisplayInput, validated
-
-if TYPE_CHECKING:
-    from corral.sdk.sandbox import AsyncSandbox
+from corral.sdk.handle import SandboxHandle
 
 
 class AsyncDisplay:
     """Of a `fullvm` sandbox; other kinds answer InvalidArgument."""
 
-    def __init__(self, sandbox: AsyncSandbox) -> None:
+    def __init__(self, sandbox: SandboxHandle) -> None:
         self._sandbox = sandbox
 
     @property

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import builtins
-from typing import TYPE_CHECKING
 
 from corral.api.models import FileEntry
+from corral.api.service import SandboxService
 from corral.errors import FileNotFound
-
-if TYPE_CHECKING:
-    from corral.api.service import SandboxService
-    from corral.sdk.sandbox import AsyncSandbox
+from corral.sdk.handle import SandboxHandle
 
 
 class AsyncFiles:
-    def __init__(self, sandbox: AsyncSandbox) -> None:
+    def __init__(self, sandbox: SandboxHandle) -> None:
         self._sandbox = sandbox
 
     @property

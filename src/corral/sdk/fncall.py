@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from corral.api.models import FnCallRequest, FnCallResult, validated
+from corral.api.service import SandboxService
 from corral.errors import CorralError, InvalidArgument
-
-if TYPE_CHECKING:
-    from corral.sdk.client import AsyncClient
 
 
 def call_request(
@@ -58,8 +56,9 @@ def call_request(
 
 
 class AsyncFnCall:
-    def __init__(self, client: AsyncClient) -> None:
-        self._client = client
+    def __init__(self, ready: Callable[[], Awaitable[SandboxService]]) -> None:
+        # The client's service, started on first use (AsyncClient._ready).
+        self._ready = ready
 
     async def run(
         self,
@@ -94,7 +93,7 @@ class AsyncFnCall:
             output_limit=output_limit,
             image=image,
         )
-        service = await self._client._ready()
+        service = await self._ready()
         return await service.run_call(req)
 
     async def run_many(
@@ -114,7 +113,7 @@ class AsyncFnCall:
         if concurrency < 1:
             raise InvalidArgument("concurrency", "must be at least 1", concurrency)
         reqs = [c if isinstance(c, FnCallRequest) else call_request(**c) for c in calls]
-        service = await self._client._ready()
+        service = await self._ready()
         gate = asyncio.Semaphore(concurrency)
         results: builtins.list[FnCallResult | CorralError | None] = [None] * len(reqs)
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral.api.models import NetworkPolicy, SandboxInfo, validated
-
-if TYPE_CHECKING:
-    from corral.sdk.sandbox import AsyncSandbox
+from corral.sdk.handle import SandboxHandle
 
 
 class AsyncNetwork:
-    def __init__(self, sandbox: AsyncSandbox) -> None:
+    def __init__(self, sandbox: SandboxHandle) -> None:
         self._sandbox = sandbox
 
     @property

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from corral.api.models import (
     AuditReport,
     CommitRequest,
@@ -13,13 +11,11 @@ from corral.api.models import (
     SaveRequest,
     validated,
 )
+from corral.api.service import SandboxService
 from corral.sdk.commands import AsyncCommands
 from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
 from corral.sdk.network import AsyncNetwork
-
-if TYPE_CHECKING:
-    from corral.api.service import SandboxService
 
 
 class AsyncSandbox:

@@ -500,6 +500,7 @@ class Client:
         node: str | None = None,
         config: NodeConfig | None = None,
         timeout: float = 600.0,
+        transport: SandboxService | None = None,
     ) -> None:
         self._portal = Portal()
         self._inner = AsyncClient(
@@ -509,6 +510,7 @@ class Client:
             node=node,
             config=config,
             timeout=timeout,
+            transport=transport,
         )
         self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)
         self.fncall = FnCall(self._portal, self._inner.fncall)

@@ -1,0 +1,110 @@
+"""The connection under HttpService (api/http.py, generated from the route
+table): one httpx client per service, errors rebuilt from their wire code,
+a command's events read from its NDJSON stream.
+
+URLs: ``http://host:7070`` or ``unix:/path/to/corral.sock``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+from corral.api.models import ExecEvent, ExecExit
+from corral.api.wire import read_event
+from corral.errors import CorralError, InternalError, Unavailable, error_from_wire
+
+# What httpx takes as a query: (name, value) pairs, a name may repeat.
+QueryPairs = list[tuple[str, str | int | float | bool | None]]
+
+
+def _error(resp: httpx.Response, body: bytes) -> CorralError:
+    try:
+        doc = json.loads(body)
+        return error_from_wire(doc["error"], resp.status_code)
+    except (ValueError, KeyError, TypeError):
+        text = body[:300].decode(errors="replace")
+        return InternalError(f"HTTP {resp.status_code} from {resp.url}: {text}")
+
+
+class HttpTransport:
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        """`transport` replaces the network (tests pass httpx.ASGITransport)."""
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        base = url.rstrip("/")
+        if transport is None and url.startswith("unix:"):
+            transport = httpx.AsyncHTTPTransport(uds=url.removeprefix("unix:"))
+            base = "http://corral"
+        self.url = url
+        self._http = httpx.AsyncClient(
+            base_url=base,
+            transport=transport or httpx.AsyncHTTPTransport(),
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+
+    async def start(self) -> None:
+        """Nothing to start: connections open on first use."""
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def _unreachable(self, exc: httpx.TransportError) -> Unavailable:
+        return Unavailable(f"Corral server at {self.url} unreachable: {exc}", retry=True)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: QueryPairs | None = None,
+        json_body: str | None = None,
+        raw_body: bytes | None = None,
+    ) -> httpx.Response:
+        """One request; an error status raises the error it carries."""
+        headers = {"content-type": "application/json"} if json_body is not None else None
+        try:
+            resp = await self._http.request(
+                method,
+                path,
+                params=params,
+                content=json_body if json_body is not None else raw_body,
+                headers=headers,
+            )
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        if resp.status_code >= 400:
+            raise _error(resp, resp.content)
+        return resp
+
+    async def _events(self, method: str, path: str, json_body: str) -> AsyncIterator[ExecEvent]:
+        """A command's events, as they arrive (no read timeout: a command
+        may be silent for as long as its own timeout allows)."""
+        try:
+            async with self._http.stream(
+                method,
+                path,
+                content=json_body,
+                headers={"content-type": "application/json"},
+                timeout=httpx.Timeout(None, connect=10.0),
+            ) as resp:
+                if resp.status_code >= 400:
+                    raise _error(resp, await resp.aread())
+                async for line in resp.aiter_lines():
+                    event = read_event(line)
+                    if event is None:
+                        continue
+                    yield event
+                    if isinstance(event, ExecExit):
+                        return
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc

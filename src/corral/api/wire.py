@@ -1,0 +1,61 @@
+"""The two wire formats both sides of the HTTP API parse, so they are
+written once: labels in a query (``label=key=value``, repeated) and a
+command's NDJSON event stream (one JSON object a line: started,
+stdout/stderr with base64 data, exit, or error).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from corral.api.models import ExecEvent, ExecExit, ExecOutput, ExecStarted
+from corral.errors import CorralError, InternalError, InvalidArgument, error_from_wire
+
+
+def label_pairs(wire: str, labels: dict[str, str] | None) -> list[tuple[str, str]]:
+    """`labels` as query pairs, one ``wire=key=value`` each."""
+    return [(wire, f"{k}={v}") for k, v in (labels or {}).items()]
+
+
+def parse_labels(items: Iterable[str]) -> dict[str, str]:
+    """The inverse of label_pairs' values; a value without '=' (or with an
+    empty key) is refused naming the parameter."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument("label", "must be key=value", item)
+        out[key] = value
+    return out
+
+
+def event_line(event: ExecEvent) -> bytes:
+    return event.model_dump_json().encode() + b"\n"
+
+
+def error_line(exc: Exception) -> bytes:
+    """The last line of a stream that failed after it began (an error
+    that is not a CorralError is reported as internal)."""
+    err = exc if isinstance(exc, CorralError) else InternalError(str(exc))
+    return json.dumps({"type": "error", "error": err.to_wire()}).encode() + b"\n"
+
+
+def read_event(line: str) -> ExecEvent | None:
+    """One line of the stream: its event, None for a line to skip (blank,
+    or a type this client does not know), or the error it carries, raised."""
+    if not line:
+        return None
+    doc = json.loads(line)
+    kind = doc.get("type")
+    if kind == "started":
+        return ExecStarted.model_validate(doc)
+    if kind in ("stdout", "stderr"):
+        # From the text, not the dict: bytes are validated from base64 only
+        # in JSON mode.
+        return ExecOutput.model_validate_json(line)
+    if kind == "exit":
+        return ExecExit.model_validate(doc)
+    if kind == "error":
+        raise error_from_wire(doc["error"])
+    return None

@@ -1,0 +1,144 @@
+"""What every caller's view of a gateway shares, and all a view needs of it.
+
+Stateless by construction: everything a gateway knows about a sandbox is a
+row in the state store (sandboxes.py), written before a node is asked, so
+any replica can serve any request and a killed replica loses nothing. What
+it keeps in memory is per node, not per sandbox: a membership snapshot at
+most `view_ttl` old, an HTTP connection pool, and how many creates it has
+in flight to each node (placement subtracts them from stale capacity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from corral import metrics
+from corral.api.http import HttpService
+from corral.control import nodes, placement, quotas
+from corral.control.db import Database
+from corral.control.nodes import NodeRow
+from corral.errors import Unavailable
+
+T = TypeVar("T")
+
+
+class NodeLost(Unavailable):
+    """A request's node was written off while the request was in flight."""
+
+    def __init__(self, node: str, state: str) -> None:
+        super().__init__(f"node {node} is {state}", node=node)
+        self.node = node
+
+
+class GatewayCore:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        node_key: str | None,
+        node_timeout: float = 10.0,
+        sweep_interval: float = 1.0,
+        view_ttl: float = 0.5,
+        k: int = placement.K,
+    ) -> None:
+        self.db = db
+        self.node_key = node_key
+        self.node_timeout = node_timeout
+        self.sweep_interval = sweep_interval
+        self.view_ttl = view_ttl
+        self.k = k
+        self._view: tuple[float, list[NodeRow]] = (0.0, [])
+        self._clients: dict[tuple[str, str], HttpService] = {}
+        self.in_flight: dict[str, int] = {}
+        self._chains: dict[str, tuple[float, list[str]]] = {}
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    async def chain(self, project: str) -> list[str]:
+        """`project` and its ancestors (cached briefly: projects rarely move)."""
+        now = time.monotonic()
+        cached = self._chains.get(project)
+        if cached is not None and now - cached[0] < 5.0:
+            return cached[1]
+        async with self.db.transaction() as tx:
+            names = await quotas.ancestors(tx, project)
+        self._chains[project] = (now, names)
+        return names
+
+    # ------------------------------------------------------------ nodes
+
+    async def nodes(self, *, fresh: bool = False) -> list[NodeRow]:
+        at, rows = self._view
+        if fresh or time.monotonic() - at > self.view_ttl:
+            rows = await nodes.list_nodes(self.db)
+            self._view = (time.monotonic(), rows)
+            for state in (nodes.ALIVE, nodes.LOST, nodes.LEFT):
+                metrics.GATEWAY_NODES.labels(state).set(sum(n.state == state for n in rows))
+        return rows
+
+    async def node(self, name: str) -> NodeRow | None:
+        for n in await self.nodes():
+            if n.name == name:
+                return n
+        return next((n for n in await self.nodes(fresh=True) if n.name == name), None)
+
+    def client(self, node: NodeRow) -> HttpService:
+        key = (node.name, node.url)
+        if key not in self._clients:
+            self._clients[key] = HttpService(node.url, api_key=self.node_key)
+        return self._clients[key]
+
+    async def choose(
+        self, *, kind: str, image: str | None, memory: int, exclude: set[str]
+    ) -> NodeRow:
+        """A node for one sandbox, counted in flight to it until release():
+        the count is taken in the same step as the choice (no await between),
+        so a burst of concurrent creates sees each other's picks."""
+        node = placement.choose(
+            await self.nodes(),
+            kind=kind,
+            image=image,
+            memory=memory,
+            in_flight=self.in_flight,
+            exclude=exclude,
+            k=self.k,
+        )
+        self.hold(node.name)
+        return node
+
+    def hold(self, name: str) -> None:
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+
+    def release(self, name: str) -> None:
+        left = self.in_flight.get(name, 0) - 1
+        if left > 0:
+            self.in_flight[name] = left
+        else:
+            self.in_flight.pop(name, None)
+
+    async def watch(self, name: str, request: Awaitable[T]) -> T:
+        """`request` to node `name`, abandoned if the node is marked lost
+        meanwhile: a stopped node accepts connections and never answers, so
+        without this a caller would wait out the HTTP timeout instead of the
+        loss bound (node_timeout + a sweep)."""
+        task = asyncio.ensure_future(request)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.sweep_interval)
+                if done:
+                    return task.result()
+                node = await self.node(name)
+                if node is None or node.state != nodes.ALIVE:
+                    raise NodeLost(name, "unknown" if node is None else node.state)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task

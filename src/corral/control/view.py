@@ -1,0 +1,442 @@
+"""One project's view of a gateway: the sandbox API as that project sees it.
+
+Most operations name a sandbox and are forwarded, unchanged, to its node
+(control/forwarding.py, generated from the route table); this module holds
+the routing they share and the operations a gateway does itself: create
+(placement, quota, moving a create a node refused), list (every node),
+close (the row too), exec (a stream watched for its node's loss), restore
+and fork (charged like creates), and function calls (any node with room).
+
+Every operation that makes sandboxes follows one sequence: reserve a row
+per sandbox (charging the project's quota), ask the node, then mark each
+row ready or, on an error, failed (releasing the charge). _reserve and
+_make are that sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from corral import ids, metrics
+from corral import labels as platform_labels
+from corral.api.models import (
+    VM_KINDS,
+    CreateSandbox,
+    ExecEvent,
+    ExecRequest,
+    FnCallRequest,
+    FnCallResult,
+    ForkRequest,
+    SandboxInfo,
+    SavedState,
+)
+from corral.api.service import SandboxService
+from corral.control import nodes, sandboxes
+from corral.control.core import GatewayCore, NodeLost
+from corral.control.forwarding import Forwarding
+from corral.control.sandboxes import SandboxRow
+from corral.errors import (
+    Conflict,
+    CorralError,
+    InternalError,
+    InvalidArgument,
+    NodeFull,
+    NotFound,
+    ResourceExhausted,
+    SandboxLost,
+    SandboxNotFound,
+    Unavailable,
+)
+from corral.log import get_logger
+
+log = get_logger("corral.gateway")
+T = TypeVar("T")
+Made = SandboxInfo | builtins.list[SandboxInfo]
+
+
+def _saved_spec(req: SavedState) -> dict[str, Any]:
+    """The record a saved state was saved with (its size, for the charge)."""
+    from corral.images.objects import open_store
+
+    try:
+        doc: dict[str, Any] = json.loads(open_store(req.store).get(f"{req.key}/saved.json"))
+    except NotFound:
+        raise InvalidArgument("key", "names no saved state in the store", req.key) from None
+    return doc
+
+
+class _Refused(Exception):
+    """A node's answer a create may take elsewhere (it is full, or did not
+    answer), carried out of _make past the caller's other error handling:
+    the row stays charged, to be moved."""
+
+    def __init__(self, error: CorralError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class GatewayView(Forwarding):
+    """The sandbox API for one project, served by a gateway."""
+
+    def __init__(self, gateway: GatewayCore, project: str) -> None:
+        self.gw = gateway
+        self.project = project
+
+    async def start(self) -> None:
+        """A view is a lens on the shared gateway, started by its owner."""
+
+    async def aclose(self) -> None:
+        """A view is a lens on the shared gateway: nothing of its own to close."""
+
+    # ------------------------------------------------------------ routing
+
+    async def _row(self, sandbox_id: str) -> SandboxRow:
+        sid = ids.parse(sandbox_id)
+        row = await sandboxes.by_id(self.gw.db, sandbox_id)
+        if row is None or self.project not in await self.gw.chain(row.project):
+            # A forged id, another project's sandbox, or one never made: all
+            # look the same, so ids cannot be probed across projects.
+            known = await self.gw.node(sid.node) is not None
+            where = "" if known else f": node {sid.node!r} is not a member of this cluster"
+            raise SandboxNotFound(f"no sandbox {sandbox_id}{where}", sandbox=sandbox_id)
+        if row.state == "lost":
+            raise SandboxLost(
+                f"sandbox {sandbox_id} was lost with its node {row.node}: {row.error}",
+                sandbox=sandbox_id,
+                node=row.node,
+            )
+        return row
+
+    async def _route(self, sandbox_id: str) -> tuple[SandboxRow, SandboxService]:
+        row = await self._row(sandbox_id)
+        node = await self.gw.node(row.node)
+        if node is None or node.state != nodes.ALIVE:
+            raise SandboxLost(
+                f"sandbox {sandbox_id} is on node {row.node}, which is "
+                f"{'unknown' if node is None else node.state}",
+                sandbox=sandbox_id,
+                node=row.node,
+            )
+        return row, self.gw.client(node)
+
+    def _lost(self, sandbox_id: str, row: SandboxRow) -> SandboxLost:
+        return SandboxLost(
+            f"sandbox {sandbox_id} was lost with its node {row.node}, which stopped "
+            f"heartbeating for more than {self.gw.node_timeout:g} s",
+            sandbox=sandbox_id,
+            node=row.node,
+        )
+
+    async def _forward(self, sandbox_id: str, call: Callable[[SandboxService], Awaitable[T]]) -> T:
+        row, client = await self._route(sandbox_id)
+        try:
+            return await self.gw.watch(row.node, call(client))
+        except NodeLost as exc:
+            raise self._lost(sandbox_id, row) from exc
+        except SandboxNotFound:
+            # The node no longer has it (TTL, idle timeout): the store agrees now.
+            await sandboxes.finish(self.gw.db, row.key, "closed", "gone from its node")
+            raise
+        except Unavailable as exc:
+            raise Unavailable(
+                f"node {row.node} of sandbox {sandbox_id} is unreachable ({exc.message}); "
+                f"if it stays silent for {self.gw.node_timeout:g} s its sandboxes are "
+                "marked lost",
+                sandbox=sandbox_id,
+                node=row.node,
+            ) from exc
+
+    # ------------------------------------------------------------ charged sandboxes
+
+    async def _reserve(
+        self, keys: Sequence[str], node: str, kind: str, cpu: float, memory: int
+    ) -> builtins.list[tuple[SandboxRow, bool]]:
+        """The row of each key, charged to this project and placed on
+        `node` if new (True), else as found (False). All or none: if a charge
+        is refused, the rows still placing are failed again (uncharged)."""
+        db = self.gw.db
+        levels = len(await self.gw.chain(self.project))
+        out: builtins.list[tuple[SandboxRow, bool]] = []
+        try:
+            for key in keys:
+                out.append(
+                    await sandboxes.reserve(
+                        db, key, self.project, node, kind, cpu, memory, levels=levels
+                    )
+                )
+        except CorralError as exc:
+            for row, _new in out:
+                if row.state == "placing":
+                    await sandboxes.finish(db, row.key, "failed", exc.message)
+            raise
+        return out
+
+    async def _make(
+        self,
+        rows: Sequence[SandboxRow],
+        name: str,
+        call: Callable[[SandboxService], Awaitable[Made]],
+        *,
+        movable: tuple[type[CorralError], ...] = (),
+    ) -> builtins.list[SandboxInfo]:
+        """Ask node `name` (`call` on its service) for the sandboxes `rows`
+        were charged for, one per row in order, and record the outcome:
+        each row ready with its sandbox's id; on an error, every row failed
+        (its charge released), except for a `movable` error, raised as
+        _Refused with the rows still charged. A row written off meanwhile
+        (its node was marked lost during the call) is never resurrected:
+        its sandbox is closed on the node and the caller hears SandboxLost."""
+        gw = self.gw
+        node = await gw.node(name)
+        try:
+            if node is None or node.state != nodes.ALIVE:
+                raise Unavailable(f"node {name} is not alive")
+            made = await gw.watch(name, call(gw.client(node)))
+        except movable as exc:
+            raise _Refused(exc) from exc
+        except CorralError as exc:
+            for row in rows:
+                await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+            raise
+        infos = made if isinstance(made, builtins.list) else [made]
+        for row, info in zip(rows, infos, strict=True):
+            if await sandboxes.mark_ready(gw.db, row.key, info.id) is None:
+                with contextlib.suppress(CorralError):
+                    await gw.client(node).close(info.id)
+                now = (await sandboxes.by_keys(gw.db, [row.key])).get(row.key)
+                raise SandboxLost(
+                    f"sandbox {info.id} was written off while it was being created: "
+                    f"its record is {now.state if now else 'gone'}"
+                    + (f" ({now.error})" if now and now.error else ""),
+                    sandbox=info.id,
+                )
+        return infos
+
+    # ------------------------------------------------------------ create
+
+    async def create(self, req: CreateSandbox) -> SandboxInfo:
+        started = time.monotonic()
+        try:
+            info, outcome = await self._create(req)
+        except CorralError as exc:
+            metrics.GATEWAY_CREATES.labels(exc.code).inc()
+            raise
+        metrics.GATEWAY_CREATES.labels(outcome).inc()
+        if outcome == "ready":
+            metrics.GATEWAY_CREATE_SECONDS.observe(time.monotonic() - started)
+        return info
+
+    async def _create(self, req: CreateSandbox) -> tuple[SandboxInfo, str]:
+        for key in req.labels:
+            if key in platform_labels.RESERVED:
+                raise InvalidArgument(
+                    f"labels.{key}", "is reserved for the platform (set by the gateway)", key
+                )
+        gw = self.gw
+        key = sandboxes.node_key(self.project, req.idempotency_key or secrets.token_hex(16))
+        # Placement first (in memory), then one transaction that finds the
+        # key's row or makes it: a retry costs no more than a first try.
+        try:
+            first = await gw.choose(
+                kind=req.kind, image=req.image, memory=req.memory, exclude=set()
+            )
+        except ResourceExhausted:
+            found = (await sandboxes.by_keys(gw.db, [key])).get(key)
+            if found is None or found.state == "failed":
+                raise
+            row, new = found, False  # no room now, but this key's sandbox exists
+        else:
+            try:
+                [(row, new)] = await self._reserve([key], first.name, req.kind, req.cpu, req.memory)
+            finally:
+                gw.release(first.name)  # _drive holds the row's node from here
+        if not new:
+            if row.state == "ready" and row.id is not None:
+                return await self.get(row.id), "found"
+            if row.state == "lost":
+                raise SandboxLost(
+                    f"the sandbox made for this idempotency key was lost: {row.error}",
+                    sandbox=row.id,
+                )
+            if row.state == "closed":
+                raise Conflict(
+                    f"the sandbox made for this idempotency key ({row.id}) was closed",
+                    sandbox=row.id,
+                )
+        tagged = {**req.labels, platform_labels.PROJECT: self.project, platform_labels.KEY: key}
+        to_node = req.model_copy(update={"idempotency_key": key, "labels": tagged})
+        return await self._drive(row, to_node), "ready"
+
+    async def _drive(self, row: SandboxRow, req: CreateSandbox) -> SandboxInfo:
+        """Ask the row's node; when it is full or unreachable, move the row
+        to another node and ask that one. Any other error fails the row. The
+        node being asked is counted in flight (placement sees it) throughout."""
+        gw = self.gw
+        name, refused = row.node, set[str]()
+        gw.hold(name)
+        try:
+            while True:
+                try:
+                    [info] = await self._make(
+                        [row], name, lambda node: node.create(req), movable=(NodeFull, Unavailable)
+                    )
+                    return info
+                except _Refused as refusal:
+                    exc = refusal.error
+                refused.add(name)
+                log.info("create.retry_elsewhere", node=name, reason=exc.message)
+                why = "full" if isinstance(exc, NodeFull) else "unreachable"
+                metrics.GATEWAY_ELSEWHERE.labels(why).inc()
+                try:
+                    nxt = await gw.choose(
+                        kind=req.kind, image=req.image, memory=req.memory, exclude=refused
+                    )
+                except ResourceExhausted:
+                    await sandboxes.finish(gw.db, row.key, "failed", exc.message)
+                    raise
+                gw.release(name)
+                name = nxt.name  # held by choose()
+                row = await self._relocate(row, name, exc)
+        finally:
+            gw.release(name)
+
+    async def _relocate(self, row: SandboxRow, node: str, why: CorralError) -> SandboxRow:
+        """Move a create to `node`: a placing row moves (only from where
+        this request left it); a row the sweep failed because its node was
+        lost mid-create is charged and placed again."""
+        db = self.gw.db
+        if await sandboxes.move(db, row.key, row.node, node):
+            return replace(row, node=node)
+        current = (await sandboxes.by_keys(db, [row.key])).get(row.key)
+        if current is not None and current.state == "failed":
+            moved, _ = await sandboxes.reserve(
+                db, row.key, row.project, node, row.kind, row.cpu, row.memory
+            )
+            return moved
+        raise Conflict(
+            "another request is creating the sandbox for this idempotency key: "
+            "retry with the same key to get it",
+        ) from why
+
+    # ------------------------------------------------------------ the rest
+
+    async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
+        """This project's live sandboxes (not its sub-projects'), from their nodes."""
+        wanted = {**(labels or {}), platform_labels.PROJECT: self.project}
+        alive = [n for n in await self.gw.nodes() if n.state == nodes.ALIVE]
+        found = await asyncio.gather(
+            *(self.gw.watch(n.name, self.gw.client(n).list(wanted)) for n in alive),
+            return_exceptions=True,
+        )
+        out: builtins.list[SandboxInfo] = []
+        for n, result in zip(alive, found, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("list.node_failed", node=n.name, error=str(result))
+                continue
+            out += result
+        return sorted(out, key=lambda s: s.created_at)
+
+    async def close(self, sandbox_id: str) -> None:
+        try:
+            row = await self._row(sandbox_id)
+        except SandboxLost:
+            lost = await sandboxes.by_id(self.gw.db, sandbox_id)
+            if lost is not None:
+                await sandboxes.finish(self.gw.db, lost.key, "closed")
+            return
+        node = await self.gw.node(row.node)
+        if node is not None and node.state == nodes.ALIVE:
+            # Lost meanwhile: closing acknowledges the loss; the node closes
+            # the sandbox itself if it ever comes back (reconcile).
+            with contextlib.suppress(SandboxNotFound, NodeLost):
+                await self.gw.watch(node.name, self.gw.client(node).close(sandbox_id))
+        await sandboxes.finish(self.gw.db, row.key, "closed")
+
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        row, client = await self._route(sandbox_id)
+        # The stream is read by one task (httpx's stream must open and close
+        # in the task that reads it); this generator waits on its queue,
+        # watching the node, so a node lost mid-command ends the stream.
+        queue: asyncio.Queue[ExecEvent | CorralError | None] = asyncio.Queue(maxsize=64)
+
+        async def pump() -> None:
+            try:
+                async for event in client.exec(sandbox_id, req):
+                    await queue.put(event)
+                await queue.put(None)
+            except Exception as exc:
+                await queue.put(
+                    exc if isinstance(exc, CorralError) else InternalError(f"exec stream: {exc}")
+                )
+
+        reader = asyncio.create_task(pump())
+        try:
+            while True:
+                try:
+                    item = await self.gw.watch(row.node, queue.get())
+                except NodeLost as exc:
+                    raise self._lost(sandbox_id, row) from exc
+                if item is None:
+                    return
+                if isinstance(item, CorralError):
+                    raise item
+                yield item
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+
+    async def restore(self, req: SavedState) -> SandboxInfo:
+        """Placed and charged like a create (any node that runs the kind and
+        reaches the store), then the node loads the state."""
+        if req.kind not in VM_KINDS:
+            raise InvalidArgument("kind", "must be a VM kind a state was saved from", req.kind)
+        gw = self.gw
+        key = sandboxes.node_key(self.project, req.idempotency_key or secrets.token_hex(16))
+        doc = await asyncio.to_thread(_saved_spec, req)
+        cpu, memory = float(doc["spec"]["cpu"]), int(doc["spec"]["memory"])
+        node = await gw.choose(kind=req.kind, image="", memory=memory, exclude=set())
+        try:
+            [(row, new)] = await self._reserve([key], node.name, req.kind, cpu, memory)
+        finally:
+            gw.release(node.name)
+        if not new and row.state == "ready" and row.id is not None:
+            return await self.get(row.id)
+        to_node = req.model_copy(update={"idempotency_key": key})
+        [info] = await self._make([row], row.node, lambda node: node.restore(to_node))
+        return info
+
+    async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:
+        """Copies live on the source's node (they load its saved memory), so
+        there is no placement: n rows on that node, charged to this project
+        like creates, then the node's fork with a key per row."""
+        source, _ = await self._route(sandbox_id)
+        given = req.idempotency_keys or [secrets.token_hex(16) for _ in range(req.n)]
+        keys = [sandboxes.node_key(self.project, k) for k in given]
+        reserved = await self._reserve(keys, source.node, source.kind, source.cpu, source.memory)
+        rows = [row for row, _new in reserved]
+        if all(row.state == "ready" and row.id for row in rows):  # a retry: made already
+            return [await self.get(row.id) for row in rows if row.id]
+        to_node = ForkRequest(n=req.n, idempotency_keys=keys)
+        return await self._make(rows, source.node, lambda node: node.fork(sandbox_id, to_node))
+
+    async def run_call(self, req: FnCallRequest) -> FnCallResult:
+        """Stateless: any node with function-call workers; full or
+        unreachable nodes are skipped."""
+        refused: set[str] = set()
+        while True:
+            node = await self.gw.choose(kind="fncall", image=None, memory=0, exclude=refused)
+            try:
+                return await self.gw.client(node).run_call(req)
+            except (NodeFull, Unavailable):
+                refused.add(node.name)
+            finally:
+                self.gw.release(node.name)
