@@ -1,19 +1,24 @@
-"""Markers by folder and the fixtures shared by the suites that run real
-sandboxes (tests/integration, tests/redteam).
+"""Markers by folder and capability, and the fixtures shared by the suites
+that run real sandboxes (tests/integration, tests/redteam).
 
 tests/unit are `unit` (no root, no kernel features), tests/integration are
 `integration` (root and a real kernel), tests/redteam are `redteam` (attacks
-in real sandboxes). See docs/testing.md. Every sandbox test gets a client on
-a node whose data dir belongs to this test session; the layer store is the
-one the install script filled (/var/lib/corral/images), so no test pays for
-debootstrap. `client` is parametrized over the two transports: embedded (a
-node agent in this process) and http (the SDK against a `corral serve`
-process sharing the same node).
+in real sandboxes). A test marked requires_qemu / requires_postgres /
+requires_ray skips, naming what is missing, when that is absent here (probes
+in tests/framework/capabilities.py). See docs/testing.md.
+
+Every sandbox test gets a node whose data dir belongs to this test session
+(tests/framework: Node); the layer store is the one the install script
+filled (/var/lib/corral/images), so no test pays for debootstrap. `client`
+is parametrized over the two transports: embedded (a node agent in this
+process) and http (the SDK against a `corral serve` process sharing the
+same node).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -27,26 +32,34 @@ import corral
 from corral.config import NodeConfig
 from corral.host import mounts
 
-from .support import IMAGE, IMAGES, Blobd, Server, close_everything, missing_capability
+from .framework import IMAGE, IMAGES, Blobd, Node, Server, close_everything, require_image
+from .framework.capabilities import REQUIREMENTS, missing_platform
 
 REAL = ("integration", "redteam")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    why = missing_capability()
+    platform = missing_platform()
     for item in items:
         parts = Path(str(item.fspath)).parts
         for folder in ("unit", "integration", "redteam"):
             if folder in parts:
                 item.add_marker(getattr(pytest.mark, folder))
-        if why and any(f in parts for f in REAL):
-            item.add_marker(pytest.mark.skip(reason=why))
+        if platform and any(f in parts for f in REAL):
+            item.add_marker(pytest.mark.skip(reason=platform))
+        for mark in item.iter_markers():
+            # A misspelt requirement would never skip: refuse it.
+            if mark.name.startswith("requires_") and mark.name not in REQUIREMENTS:
+                raise pytest.UsageError(f"{item.nodeid}: unknown marker {mark.name}")
+        for marker, probe in REQUIREMENTS.items():
+            # Marks of a fixture's params (pytest.param(..., marks=...)) count too.
+            if item.get_closest_marker(marker) is not None and (why := probe()):
+                item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture(scope="session")
 def data_root() -> Iterator[Path]:
-    if not (IMAGES / "tags" / "debian-python" / "bookworm").exists():
-        pytest.fail(f"image {IMAGE} is missing from {IMAGES}: run ./scripts/install.sh")
+    require_image(IMAGE)
     root = Path(f"/tmp/ct{os.getpid()}")
     root.mkdir()
     yield root
@@ -74,22 +87,22 @@ def node_config(data_root: Path) -> NodeConfig:
 
 
 @pytest.fixture(scope="session")
-def server(node_config: NodeConfig, data_root: Path) -> Iterator[Server]:
-    srv = Server(node_config, data_root / "serve.sock")
-    srv.start()
-    yield srv
-    srv.stop()
+def node(node_config: NodeConfig, data_root: Path) -> Iterator[Node]:
+    """The session's shared node; its server starts with the `server` fixture."""
+    n = Node(node_config, sock=data_root / "serve.sock")
+    yield n
+    n.close()
 
 
-@pytest.fixture(params=["embedded", "http"])
-async def client(
-    request: pytest.FixtureRequest, node_config: NodeConfig
-) -> AsyncIterator[corral.AsyncClient]:
-    if request.param == "http":
-        srv: Server = request.getfixturevalue("server")
-        c = corral.AsyncClient(srv.url)
-    else:
-        c = corral.AsyncClient(config=node_config)
+@pytest.fixture(scope="session")
+def server(node: Node) -> Iterator[Server]:
+    node.server.start()
+    yield node.server
+    node.server.stop()
+
+
+@contextlib.asynccontextmanager
+async def _closing_what_it_made(c: corral.AsyncClient) -> AsyncIterator[corral.AsyncClient]:
     started = time.time()
     async with c:
         yield c
@@ -98,13 +111,21 @@ async def client(
         await asyncio.gather(*(s.close() for s in left))
 
 
+@pytest.fixture(params=["embedded", "http"])
+async def client(request: pytest.FixtureRequest, node: Node) -> AsyncIterator[corral.AsyncClient]:
+    if request.param == "http":
+        request.getfixturevalue("server")
+        c = node.http_client()
+    else:
+        c = node.client()
+    async with _closing_what_it_made(c) as opened:
+        yield opened
+
+
 @pytest.fixture
-async def embedded(node_config: NodeConfig) -> AsyncIterator[corral.AsyncClient]:
-    started = time.time()
-    async with corral.AsyncClient(config=node_config) as c:
-        yield c
-        left = [s for s in await c.sandboxes.list() if s.info.created_at >= started]
-        await asyncio.gather(*(s.close() for s in left))
+async def embedded(node: Node) -> AsyncIterator[corral.AsyncClient]:
+    async with _closing_what_it_made(node.client()) as opened:
+        yield opened
 
 
 @pytest.fixture
@@ -114,6 +135,14 @@ def fresh_config(
     """A node of its own (own data dir and name) for tests that crash agents."""
     name = "f" + str(abs(hash(request.node.nodeid)) % 10**6)
     return replace(node_config, data_dir=data_root / name, node=name)
+
+
+@pytest.fixture
+def fresh_node(fresh_config: NodeConfig) -> Iterator[Node]:
+    """fresh_config as a Node; its server (if a test starts it) stops after."""
+    n = Node(fresh_config)
+    yield n
+    n.close()
 
 
 @pytest.fixture

@@ -1,1 +1,1 @@
-"""Fixtures live in tests/conftest.py; helpers in tests/support.py."""
+"""Fixtures live in tests/conftest.py; the harness (Node, Cluster, ...) in tests/framework."""

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 
 import corral
-from corral.config import NodeConfig
 
-from ..support import IMAGE, init_processes, node_leftovers
+from ..framework import IMAGE, Node
 
 CREATE_CASES: list[tuple[dict[str, Any], type[corral.CorralError], str | None]] = [
     ({"kind": "teleporter"}, corral.InvalidArgument, "kind"),
@@ -32,27 +31,19 @@ CREATE_CASES: list[tuple[dict[str, Any], type[corral.CorralError], str | None]] 
 @pytest.mark.parametrize(("change", "error", "field"), CREATE_CASES)
 async def test_bad_create_leaves_nothing(
     client: corral.AsyncClient,
-    node_config: NodeConfig,
+    node: Node,
     change: dict[str, Any],
     error: type[corral.CorralError],
     field: str | None,
 ) -> None:
-    before = (
-        node_leftovers(node_config),
-        init_processes(node_config),
-        len(await client.sandboxes.list()),
-    )
+    before = (node.leftovers(), len(node.records()), len(await client.sandboxes.list()))
     with pytest.raises(error) as exc:
         await client.sandboxes.create(**{"image": IMAGE, **change})
     if field:
         assert isinstance(exc.value, corral.InvalidArgument)
         assert exc.value.field.startswith(field)
         assert field in str(exc.value) and "got" in str(exc.value)
-    after = (
-        node_leftovers(node_config),
-        init_processes(node_config),
-        len(await client.sandboxes.list()),
-    )
+    after = (node.leftovers(), len(node.records()), len(await client.sandboxes.list()))
     assert after == before
 
 
@@ -80,11 +71,9 @@ async def test_bad_exec_and_file_input(client: corral.AsyncClient) -> None:
             await call
 
 
-async def test_full_node_refuses_with_a_clear_error(fresh_config: NodeConfig) -> None:
-    from dataclasses import replace
-
-    cfg = replace(fresh_config, max_sandboxes=2)
-    async with corral.AsyncClient(config=cfg) as c:
+async def test_full_node_refuses_with_a_clear_error(fresh_node: Node) -> None:
+    full = fresh_node.with_config(max_sandboxes=2)
+    async with full.client() as c:
         a = await c.sandboxes.create(image=IMAGE)
         b = await c.sandboxes.create(image=IMAGE)
         with pytest.raises(corral.ResourceExhausted) as exc:
@@ -93,4 +82,4 @@ async def test_full_node_refuses_with_a_clear_error(fresh_config: NodeConfig) ->
         await a.close()
         await (await c.sandboxes.create(image=IMAGE)).close()
         await b.close()
-    assert not any(node_leftovers(cfg).values())
+    assert full.leftovers() == {}

@@ -3,75 +3,40 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from pathlib import Path
 
-import pytest
-
-from corral.config import NodeConfig
-
-from ..support import IMAGE
+from ..framework import IMAGE, Node
 
 
-@pytest.fixture
-def corral_cli(node_config: NodeConfig):  # type: ignore[no-untyped-def]
-    env = dict(os.environ, CORRAL_NODE=node_config.node, CORRAL_IMAGES=str(node_config.images_dir))
-
-    def run(
-        *args: str, check: bool = True, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "corral.cli.main",
-                "--data-dir",
-                str(node_config.data_dir),
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            input=input,
-        )
-        if check:
-            assert proc.returncode == 0, proc.stderr
-        return proc
-
-    return run
-
-
-def test_run_create_exec_ls_rm(corral_cli) -> None:  # type: ignore[no-untyped-def]
-    out = corral_cli("run", "--image", IMAGE, "--", "python3", "-c", "print('hi')")
+def test_run_create_exec_ls_rm(node: Node) -> None:
+    out = node.cli("run", "--image", IMAGE, "--", "python3", "-c", "print('hi')")
     assert out.stdout == "hi\n"
-    bad = corral_cli("run", "--image", IMAGE, "--", "sh", "-c", "exit 4", check=False)
+    bad = node.cli("run", "--image", IMAGE, "--", "sh", "-c", "exit 4", check=False)
     assert bad.returncode == 4
-    info = json.loads(corral_cli("--json", "create", "--image", IMAGE, "--label", "cli=1").stdout)
+    info = json.loads(node.cli("--json", "create", "--image", IMAGE, "--label", "cli=1").stdout)
     sid = info["id"]
     assert info["labels"] == {"cli": "1"}
-    assert corral_cli("exec", sid, "--", "echo $((6*7))").stdout == "42\n"
-    listed = json.loads(corral_cli("--json", "ls", "--label", "cli=1").stdout)
+    assert node.cli("exec", sid, "--", "echo $((6*7))").stdout == "42\n"
+    listed = json.loads(node.cli("--json", "ls", "--label", "cli=1").stdout)
     assert [s["id"] for s in listed] == [sid]
-    corral_cli("rm", sid)
-    assert json.loads(corral_cli("--json", "ls", "--label", "cli=1").stdout) == []
+    node.cli("rm", sid)
+    assert json.loads(node.cli("--json", "ls", "--label", "cli=1").stdout) == []
 
 
-def test_errors_are_clear_and_exit_2(corral_cli) -> None:  # type: ignore[no-untyped-def]
-    out = corral_cli("run", "--image", IMAGE, "--memory", "lots", "--", "true", check=False)
+def test_errors_are_clear_and_exit_2(node: Node) -> None:
+    out = node.cli("run", "--image", IMAGE, "--memory", "lots", "--", "true", check=False)
     assert out.returncode == 2
     assert "invalid_argument" in out.stderr and "memory" in out.stderr and "lots" in out.stderr
-    out = corral_cli("--json", "exec", "t-0000000000000000", "--", "true", check=False)
+    out = node.cli("--json", "exec", "t-0000000000000000", "--", "true", check=False)
     assert out.returncode == 2
     assert json.loads(out.stderr)["error"]["code"] == "sandbox_not_found"
 
 
-def test_image_commands(corral_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_image_commands(node: Node, tmp_path: Path) -> None:
     (tmp_path / "src" / "opt").mkdir(parents=True)
     (tmp_path / "src" / "opt" / "hello.txt").write_text("layered\n")
     built = json.loads(
-        corral_cli(
+        node.cli(
             "--json",
             "image",
             "build",
@@ -84,26 +49,24 @@ def test_image_commands(corral_cli, tmp_path) -> None:  # type: ignore[no-untype
     )
     assert built["kind"] == "toolkit" and "cli-test:1" in built["names"]
     names = [
-        n
-        for layer in json.loads(corral_cli("--json", "image", "ls").stdout)
-        for n in layer["names"]
+        n for layer in json.loads(node.cli("--json", "image", "ls").stdout) for n in layer["names"]
     ]
     assert "cli-test:1" in names and IMAGE in names
-    out = corral_cli(
+    out = node.cli(
         "run", "--image", IMAGE, "--toolkit", "cli-test:1", "--", "cat", "/opt/hello.txt"
     )
     assert out.stdout == "layered\n"
-    corral_cli("image", "rm", "cli-test:1")
-    missing = corral_cli("image", "inspect", "cli-test:1", check=False)
+    node.cli("image", "rm", "cli-test:1")
+    missing = node.cli("image", "inspect", "cli-test:1", check=False)
     assert missing.returncode == 2 and "image_not_found" in missing.stderr
 
 
-def test_doctor(corral_cli) -> None:  # type: ignore[no-untyped-def]
-    checks = json.loads(corral_cli("--json", "doctor").stdout)
+def test_doctor(node: Node) -> None:
+    checks = json.loads(node.cli("--json", "doctor").stdout)
     assert checks["root"] is True and checks["erofs"] is True and checks["crun"]
 
 
-def test_image_import_of_a_rootfs_tarball(corral_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_image_import_of_a_rootfs_tarball(node: Node, tmp_path: Path) -> None:
     import subprocess as sp
 
     root = tmp_path / "root"
@@ -115,15 +78,15 @@ def test_image_import_of_a_rootfs_tarball(corral_cli, tmp_path) -> None:  # type
     (root / "etc" / "motd").write_text("from a tarball\n")
     tarball = tmp_path / "rootfs.tar"
     sp.run(["tar", "-C", str(root), "-cf", str(tarball), "."], check=True)
-    corral_cli("image", "import", str(tarball), "tiny-import:1")
-    out = corral_cli("run", "--image", "tiny-import:1", "--", "/bin/cat", "/etc/motd")
+    node.cli("image", "import", str(tarball), "tiny-import:1")
+    out = node.cli("run", "--image", "tiny-import:1", "--", "/bin/cat", "/etc/motd")
     assert out.stdout == "from a tarball\n"
-    corral_cli("image", "rm", "tiny-import:1")
+    node.cli("image", "rm", "tiny-import:1")
 
 
-def test_image_build_run_push_pull_gc(corral_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_image_build_run_push_pull_gc(node: Node, tmp_path: Path) -> None:
     built = json.loads(
-        corral_cli(
+        node.cli(
             "--json",
             "image",
             "build",
@@ -139,7 +102,7 @@ def test_image_build_run_push_pull_gc(corral_cli, tmp_path) -> None:  # type: ig
         ).stdout
     )
     assert built["kind"] == "toolkit" and built["names"] == ["run-built:1"]
-    out = corral_cli(
+    out = node.cli(
         "run",
         "--image",
         IMAGE,
@@ -151,31 +114,31 @@ def test_image_build_run_push_pull_gc(corral_cli, tmp_path) -> None:  # type: ig
         "cat /opt/x/f; test -e /etc/issue || echo no-issue",
     )
     assert out.stdout.split() == ["made-by-run", "no-issue"]
-    failed = corral_cli("image", "build", "never:1", "--run", IMAGE, "--", "false", check=False)
+    failed = node.cli("image", "build", "never:1", "--run", IMAGE, "--", "false", check=False)
     assert failed.returncode == 2 and "must succeed" in failed.stderr
     store = tmp_path / "shared"
-    corral_cli("image", "push", "run-built:1", str(store))
+    node.cli("image", "push", "run-built:1", str(store))
     assert (store / "tags" / "run-built" / "1").exists()
-    corral_cli("image", "rm", "run-built:1")
-    pulled = json.loads(corral_cli("--json", "image", "pull", "run-built:1", str(store)).stdout)
+    node.cli("image", "rm", "run-built:1")
+    pulled = json.loads(node.cli("--json", "image", "pull", "run-built:1", str(store)).stdout)
     assert pulled["digest"] == built["digest"]
-    corral_cli("image", "rm", "run-built:1")
-    gc = json.loads(corral_cli("--json", "image", "gc").stdout)
+    node.cli("image", "rm", "run-built:1")
+    gc = json.loads(node.cli("--json", "image", "gc").stdout)
     assert gc["layers_removed"] >= 1
 
 
-def test_call_runs_code_as_a_function_call(corral_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_call_runs_code_as_a_function_call(node: Node, tmp_path: Path) -> None:
     src = tmp_path / "sum.c"
     src.write_text(
         '#include <stdio.h>\nint main(){int a,b;scanf("%d %d",&a,&b);printf("%d\\n",a+b);}\n'
     )
     feed = tmp_path / "in.txt"
     feed.write_text("20 22")
-    out = corral_cli("call", "c", str(src), "--stdin", str(feed))
+    out = node.cli("call", "c", str(src), "--stdin", str(feed))
     assert out.stdout == "42\n" and "[ok]" in out.stderr
-    bad = corral_cli("call", "python", "-", check=False, input="raise SystemExit(5)")
+    bad = node.cli("call", "python", "-", check=False, input="raise SystemExit(5)")
     assert bad.returncode == 5 and "[runtime_error]" in bad.stderr
-    doc = json.loads(corral_cli("--json", "call", "bash", "-", input="echo hi").stdout)
+    doc = json.loads(node.cli("--json", "call", "bash", "-", input="echo hi").stdout)
     assert doc["status"] == "ok" and doc["stdout"] == "hi\n"
-    missing = corral_cli("call", "python", str(tmp_path / "nope.py"), check=False)
+    missing = node.cli("call", "python", str(tmp_path / "nope.py"), check=False)
     assert missing.returncode == 2 and "source" in missing.stderr

@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,41 +25,27 @@ from corral.errors import (
     Unauthenticated,
 )
 
-from ..support import IMAGE, ProcessCluster, Server, node_leftovers
+from ..framework import IMAGE, Cluster
 
-pytestmark = pytest.mark.slow
-SPEC = {"image": IMAGE, "memory": "256MiB", "cpu": 0.25}
-
-
-def _missing_postgres() -> str | None:
-    from corral.control.postgres import _bin
-
-    try:
-        _bin("initdb")
-    except corral.CorralError:
-        return "requires PostgreSQL's server binaries (apt install postgresql)"
-    return None
+pytestmark = [pytest.mark.slow, pytest.mark.requires_postgres]
+SPEC: dict[str, Any] = {"image": IMAGE, "memory": "256MiB", "cpu": 0.25}
 
 
 @pytest.fixture(scope="module")
-def cluster(data_root: Path) -> Iterator[ProcessCluster]:
-    why = _missing_postgres()
-    if why:
-        pytest.skip(why)
-    c = ProcessCluster(data_root / "pc", nodes=3, node_timeout=3.0)
+def cluster(data_root: Path) -> Iterator[Cluster]:
+    c = Cluster(data_root / "pc", nodes=3, node_timeout=3.0)
     try:
         c.start()
         yield c
     finally:
         c.stop()
-    # Nothing of the cluster may stay: mounts, cgroups, sockets, OCI state.
-    for srv in c.nodes:
-        assert node_leftovers(srv.config) == dict.fromkeys(node_leftovers(srv.config), 0)
+    # Nothing of the cluster may stay: mounts, cgroups, sockets, OCI state, processes.
+    assert {n.name: n.leftovers() for n in c.nodes} == {n.name: {} for n in c.nodes}
     shutil.rmtree(c.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def keys(cluster: ProcessCluster) -> dict[str, str]:
+def keys(cluster: Cluster) -> dict[str, str]:
     """org (6 sandboxes) > team (4 CPUs) > job; and another org."""
     return {
         "org": cluster.project("org", max_sandboxes=6),
@@ -72,21 +59,8 @@ def _node_of(sandbox_id: str) -> str:
     return sandbox_id.split("-", 1)[0]
 
 
-async def _held(cluster: ProcessCluster, srv: Server) -> list[str]:
-    """Ids of the gateway's sandboxes a node holds (straight from the node)."""
-    async with cluster.node_client(srv) as c:
-        return [s.id for s in await c.sandboxes.list() if "corral.key" in s.info.labels]
-
-
-async def _held_everywhere(cluster: ProcessCluster) -> list[str]:
-    held: list[str] = []
-    for srv in cluster.nodes:
-        held += await _held(cluster, srv)
-    return sorted(held)
-
-
 async def test_creates_spread_over_the_nodes_and_are_reached_through_the_gateway(
-    cluster: ProcessCluster, keys: dict[str, str]
+    cluster: Cluster, keys: dict[str, str]
 ) -> None:
     # 12 at once: every create sees the others in flight, so power-of-two
     # choices spreads them (a node left empty has odds below 1 in 20,000).
@@ -104,12 +78,12 @@ async def test_creates_spread_over_the_nodes_and_are_reached_through_the_gateway
         assert cluster.used("other") == (12, 3.0, 12 * 256 * 2**20)
         await asyncio.gather(*(s.close() for s in sbxs))
     assert cluster.used("other") == (0, 0.0, 0)
-    for srv in cluster.nodes:
-        assert await _held(cluster, srv) == []
+    for n in cluster.nodes:
+        assert await cluster.held(n) == []
 
 
 async def test_a_retried_create_many_makes_no_duplicates(
-    cluster: ProcessCluster, keys: dict[str, str]
+    cluster: Cluster, keys: dict[str, str]
 ) -> None:
     async with cluster.client(keys["job"]) as c:
         first = await c.sandboxes.create_many(SPEC, count=4, key="retry")
@@ -117,7 +91,7 @@ async def test_a_retried_create_many_makes_no_duplicates(
         ids = [s.id for s in first if isinstance(s, corral.AsyncSandbox)]
         assert len(ids) == 4 and ids == [s.id for s in again if isinstance(s, corral.AsyncSandbox)]
         assert cluster.used("org")[0] == 4
-        held = await _held_everywhere(cluster)
+        held = await cluster.held_everywhere()
         assert sorted(held) == sorted(ids)
         # The same key in another project is another sandbox.
         async with cluster.client(keys["other"]) as o:
@@ -129,7 +103,7 @@ async def test_a_retried_create_many_makes_no_duplicates(
 
 
 async def test_nested_quotas_refuse_at_the_level_that_is_full(
-    cluster: ProcessCluster, keys: dict[str, str]
+    cluster: Cluster, keys: dict[str, str]
 ) -> None:
     async with cluster.client(keys["job"]) as c:
         # team allows 4 CPUs: the third 2-CPU sandbox is refused by the team.
@@ -157,7 +131,7 @@ async def test_nested_quotas_refuse_at_the_level_that_is_full(
     assert cluster.used("team") == (0, 0.0, 0)
 
 
-async def test_concurrent_creates_never_overrun_a_quota(cluster: ProcessCluster) -> None:
+async def test_concurrent_creates_never_overrun_a_quota(cluster: Cluster) -> None:
     key = cluster.project("tight", max_sandboxes=5)
     async with cluster.client(key) as c:
         out = await c.sandboxes.create_many(SPEC, count=16, key="race", concurrency=16)
@@ -169,11 +143,10 @@ async def test_concurrent_creates_never_overrun_a_quota(cluster: ProcessCluster)
     assert cluster.used("tight") == (0, 0.0, 0)
 
 
-async def test_a_fork_through_the_gateway_is_charged_and_routed(cluster: ProcessCluster) -> None:
+@pytest.mark.requires_qemu
+async def test_a_fork_through_the_gateway_is_charged_and_routed(cluster: Cluster) -> None:
     """Copies land on the source's node, each with its own row and charge;
     a fork the quota cannot hold is refused whole, charging nothing."""
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     key = cluster.project("forks", max_sandboxes=3)
     async with cluster.client(key) as c:
         src = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
@@ -194,12 +167,9 @@ async def test_a_fork_through_the_gateway_is_charged_and_routed(cluster: Process
     assert cluster.used("forks") == (0, 0.0, 0)
 
 
-async def test_a_saved_vm_is_restored_through_the_gateway(
-    cluster: ProcessCluster, tmp_path: Path
-) -> None:
+@pytest.mark.requires_qemu
+async def test_a_saved_vm_is_restored_through_the_gateway(cluster: Cluster, tmp_path: Path) -> None:
     """Placed and charged like a create; the copy has the saved files."""
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     key = cluster.project("saves", max_sandboxes=2)
     async with cluster.client(key) as c:
         src = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
@@ -226,7 +196,7 @@ BAD_IDS = [
 
 @pytest.mark.parametrize(("sid", "exc", "text"), BAD_IDS)
 async def test_bad_ids_get_a_defined_error(
-    cluster: ProcessCluster, keys: dict[str, str], sid: str, exc: type, text: str
+    cluster: Cluster, keys: dict[str, str], sid: str, exc: type, text: str
 ) -> None:
     async with cluster.client(keys["job"]) as c:
         with pytest.raises(exc, match=text):
@@ -234,20 +204,19 @@ async def test_bad_ids_get_a_defined_error(
 
 
 async def test_another_projects_sandbox_is_not_found_and_unharmed(
-    cluster: ProcessCluster, keys: dict[str, str]
+    cluster: Cluster, keys: dict[str, str]
 ) -> None:
     async with cluster.client(keys["other"]) as o, cluster.client(keys["job"]) as c:
-        theirs = await o.sandboxes.create(**SPEC)  # type: ignore[arg-type]
+        theirs = await o.sandboxes.create(**SPEC)
         with pytest.raises(SandboxNotFound) as err:
             await c.sandboxes.get(theirs.id)
         assert "not a member" not in err.value.message  # same answer as a forged id
-        svc = await c._ready()
-        with pytest.raises(SandboxNotFound):
-            await svc.close(theirs.id)
+        with pytest.raises(SandboxNotFound):  # closing by id: no handle to get
+            await c.service.close(theirs.id)
         assert (await theirs.commands.run("true")).exit_code == 0
         # The org owns the team and the job, not the other org.
         async with cluster.client(keys["org"]) as org:
-            mine = await c.sandboxes.create(**SPEC)  # type: ignore[arg-type]
+            mine = await c.sandboxes.create(**SPEC)
             assert (await org.sandboxes.get(mine.id)).id == mine.id
             with pytest.raises(SandboxNotFound):
                 await org.sandboxes.get(theirs.id)
@@ -263,7 +232,7 @@ async def test_another_projects_sandbox_is_not_found_and_unharmed(
     ],
 )
 async def test_reserved_labels_are_refused_before_anything_is_charged(
-    cluster: ProcessCluster, keys: dict[str, str], labels: dict[str, str], field: str
+    cluster: Cluster, keys: dict[str, str], labels: dict[str, str], field: str
 ) -> None:
     before = cluster.rows()
     async with cluster.client(keys["job"]) as c:
@@ -274,7 +243,7 @@ async def test_reserved_labels_are_refused_before_anything_is_charged(
 
 
 @pytest.mark.parametrize("key", ["", "ck_forged", "nk-00000000"])
-async def test_a_bad_api_key_is_refused(cluster: ProcessCluster, key: str) -> None:
+async def test_a_bad_api_key_is_refused(cluster: Cluster, key: str) -> None:
     # The nodes' own key is not a project key: it opens no door on the gateway.
     async with cluster.client(key) as c:
         with pytest.raises(Unauthenticated):
@@ -282,18 +251,17 @@ async def test_a_bad_api_key_is_refused(cluster: ProcessCluster, key: str) -> No
 
 
 async def test_a_node_that_stops_heartbeating_is_lost_and_reconciled_when_back(
-    cluster: ProcessCluster, keys: dict[str, str]
+    cluster: Cluster, keys: dict[str, str]
 ) -> None:
     async with cluster.client(keys["job"]) as c:
         made = await c.sandboxes.create_many(SPEC, count=6, key="stop")
         sbxs = [s for s in made if isinstance(s, corral.AsyncSandbox)]
         lost_node = _node_of(sbxs[0].id)
-        victim = next(n for n in cluster.nodes if n.config.node == lost_node)
+        victim = cluster.node(lost_node)
         on_victim = [s for s in sbxs if _node_of(s.id) == lost_node]
         elsewhere = [s for s in sbxs if _node_of(s.id) != lost_node]
         assert on_victim and elsewhere
-        assert victim.proc is not None
-        victim.proc.send_signal(signal.SIGSTOP)
+        victim.server.send(signal.SIGSTOP)
         stopped = time.monotonic()
         try:
             while True:
@@ -315,15 +283,15 @@ async def test_a_node_that_stops_heartbeating_is_lost_and_reconciled_when_back(
             for s in elsewhere:
                 assert (await s.commands.run("true")).exit_code == 0
             # New creates avoid the lost node.
-            fresh = await c.sandboxes.create(**SPEC)  # type: ignore[arg-type]
+            fresh = await c.sandboxes.create(**SPEC)
             assert _node_of(fresh.id) != lost_node
         finally:
-            victim.proc.send_signal(signal.SIGCONT)
+            victim.server.send(signal.SIGCONT)
         # Back: alive again, and what it still holds for written-off
         # sandboxes is closed on it (not resurrected).
         cluster.wait_alive([lost_node])
         deadline = time.monotonic() + 30
-        while await _held(cluster, victim):
+        while await cluster.held(victim):
             assert time.monotonic() < deadline, "the returning node was not reconciled"
             await asyncio.sleep(0.5)
         for s in on_victim:
@@ -354,7 +322,7 @@ async def _burst_started(
 
 
 async def test_postgres_restarted_mid_burst_loses_nothing_and_duplicates_nothing(
-    cluster: ProcessCluster, keys: dict[str, str]
+    cluster: Cluster, keys: dict[str, str]
 ) -> None:
     n = 24
     async with cluster.client(keys["other"]) as c:
@@ -365,7 +333,7 @@ async def test_postgres_restarted_mid_burst_loses_nothing_and_duplicates_nothing
         assert failed == [], failed
         ids = sorted(s.id for s in out if isinstance(s, corral.AsyncSandbox))
         assert len(set(ids)) == n
-        held = await _held_everywhere(cluster)
+        held = await cluster.held_everywhere()
         assert held == ids  # no sandbox made twice, none made and forgotten
         assert cluster.used("other")[0] == n
         # The outage was not mistaken for dead nodes.
@@ -375,7 +343,7 @@ async def test_postgres_restarted_mid_burst_loses_nothing_and_duplicates_nothing
 
 
 async def test_a_gateway_killed_mid_request_loses_nothing(
-    cluster: ProcessCluster, keys: dict[str, str]
+    cluster: Cluster, keys: dict[str, str]
 ) -> None:
     gw = cluster.gateway
     assert gw is not None and gw.proc is not None
@@ -394,21 +362,19 @@ async def test_a_gateway_killed_mid_request_loses_nothing(
         assert len(ids) == n
         made_first = [r.id for r in first if isinstance(r, corral.AsyncSandbox)]
         assert set(made_first) <= set(ids)
-        held = await _held_everywhere(cluster)
+        held = await cluster.held_everywhere()
         assert held == sorted(ids)
         assert cluster.used("other")[0] == n
         await asyncio.gather(*(s.close() for s in again if isinstance(s, corral.AsyncSandbox)))
     assert cluster.used("other") == (0, 0.0, 0)
 
 
-async def test_a_closed_sandboxs_key_is_not_reused(
-    cluster: ProcessCluster, keys: dict[str, str]
-) -> None:
+async def test_a_closed_sandboxs_key_is_not_reused(cluster: Cluster, keys: dict[str, str]) -> None:
     async with cluster.client(keys["job"]) as c:
-        s = await c.sandboxes.create(**SPEC, idempotency_key="once")  # type: ignore[arg-type]
+        s = await c.sandboxes.create(**SPEC, idempotency_key="once")
         await s.close()
         with pytest.raises(corral.Conflict, match="was closed"):
-            await c.sandboxes.create(**SPEC, idempotency_key="once")  # type: ignore[arg-type]
+            await c.sandboxes.create(**SPEC, idempotency_key="once")
         # As on a node: a closed sandbox still answers get(), as closed.
         assert (await c.sandboxes.get(s.id)).info.state.value == "closed"
         with pytest.raises(corral.SandboxClosed):

@@ -10,7 +10,7 @@ import pytest
 
 import corral
 
-from ..support import IMAGE
+from ..framework import IMAGE
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,13 +17,12 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral.config import NodeConfig
 from corral.node import signing as states
 
-from ..support import IMAGE, Server, png_pixels
+from ..framework import IMAGE, Node, Server, png_pixels
 
-KINDS = ["container", "microvm", "fullvm"]
 VM_KINDS = ["microvm", "fullvm"]
+KINDS = ["container", *(pytest.param(k, marks=pytest.mark.requires_qemu) for k in VM_KINDS)]
 
 
 @pytest.fixture(params=KINDS)
@@ -33,8 +30,6 @@ async def sbx(
     request: pytest.FixtureRequest, embedded: corral.AsyncClient
 ) -> AsyncIterator[corral.AsyncSandbox]:
     kind = request.param
-    if kind in VM_KINDS and shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     s = await embedded.sandboxes.create(
         kind=kind, image=IMAGE, memory="384MiB", disk="256MiB", env={"FROM_CREATE": "yes"}
     )
@@ -92,26 +87,26 @@ async def test_files(sbx: corral.AsyncSandbox) -> None:
     assert b"bookworm" in await sbx.files.read("/etc/os-release")
 
 
+@pytest.mark.requires_qemu
 @pytest.mark.parametrize("kind", VM_KINDS)
-async def test_close_leaves_no_process(embedded: corral.AsyncClient, kind: str) -> None:
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
+async def test_close_leaves_no_process(embedded: corral.AsyncClient, node: Node, kind: str) -> None:
     s = await embedded.sandboxes.create(kind=kind, image=IMAGE, memory="256MiB")
     assert (await s.commands.run("true")).exit_code == 0
+    assert len(node.qemu_processes(s.id)) == 1  # so the check below can see one
     await s.close()
     await asyncio.sleep(0.2)
-    left = subprocess.run(["pgrep", "-f", f"qemu-system.*{s.id}"], capture_output=True)
-    assert left.stdout == b"", left.stdout
+    assert node.qemu_processes(s.id) == []
     with pytest.raises(corral.SandboxClosed):
         await s.commands.run("true")
 
 
+@pytest.mark.requires_qemu
 @pytest.mark.parametrize("kind", VM_KINDS)
-async def test_a_suspended_vm_resumes_where_it_was(embedded: corral.AsyncClient, kind: str) -> None:
+async def test_a_suspended_vm_resumes_where_it_was(
+    embedded: corral.AsyncClient, node: Node, kind: str
+) -> None:
     """Memory, processes and files survive suspend; the next request
     resumes it; a container says suspend is not for it (yet)."""
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     s = await embedded.sandboxes.create(kind=kind, image=IMAGE, memory="384MiB")
     try:
         await s.files.write("/work/note", b"written before")
@@ -127,8 +122,7 @@ async def test_a_suspended_vm_resumes_where_it_was(embedded: corral.AsyncClient,
         await asyncio.sleep(1)
         info = await s.suspend()
         assert info.state.value == "suspended"
-        left = subprocess.run(["pgrep", "-f", f"qemu-system.*{s.id}"], capture_output=True)
-        assert left.stdout == b""  # no process while suspended: its memory is free
+        assert node.qemu_processes(s.id) == []  # no process while suspended: its memory is free
         # The next request resumes it, by itself.
         assert await s.files.read("/work/note") == b"written before"
         assert (await s.refresh()).state.value == "running"
@@ -151,12 +145,11 @@ async def test_a_suspended_vm_resumes_where_it_was(embedded: corral.AsyncClient,
         await c.close()
 
 
+@pytest.mark.requires_qemu
 @pytest.mark.parametrize("kind", VM_KINDS)
 async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str) -> None:
     """Each copy has the source's memory, processes and files as they were
     at the fork, and goes its own way from there; the source runs on."""
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     src = await embedded.sandboxes.create(kind=kind, image=IMAGE, memory="256MiB")
     copies: list[corral.AsyncSandbox] = []
     try:
@@ -217,11 +210,10 @@ async def test_fork_save_and_suspend_are_for_vms(embedded: corral.AsyncClient) -
         await s.close()
 
 
+@pytest.mark.requires_qemu
 async def test_vm_lifecycle_over_http(server: Server) -> None:
     """suspend, resume, fork and the display through `corral serve`: the
     same calls, over the wire (their errors too)."""
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     async with corral.AsyncClient(server.url) as c:
         s = await c.sandboxes.create(kind="fullvm", image=IMAGE, memory="384MiB")
         copies: list[corral.AsyncSandbox] = []
@@ -246,13 +238,12 @@ async def test_vm_lifecycle_over_http(server: Server) -> None:
             await asyncio.gather(*(x.close() for x in [*copies, s]))
 
 
+@pytest.mark.requires_qemu
 async def test_a_saved_vm_is_restored_on_another_node(
-    embedded: corral.AsyncClient, fresh_config: NodeConfig, tmp_path: Path
+    embedded: corral.AsyncClient, fresh_node: Node, tmp_path: Path
 ) -> None:
     """Saved to a shared store on one node, restored on another: the same
     process, its memory and its files; the source stays suspended."""
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     store = str(tmp_path / "store")
     src = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
     try:
@@ -261,10 +252,10 @@ async def test_a_saved_vm_is_restored_on_another_node(
         saved = await src.save(store)
         assert saved.sandbox == src.id and saved.size > 0
         assert (await src.refresh()).state.value == "suspended"
-        async with corral.AsyncClient(config=fresh_config) as other:
+        async with fresh_node.client() as other:
             moved = await other.sandboxes.restore(saved)
             try:
-                assert moved.id.split("-")[0] == fresh_config.node != src.id.split("-")[0]
+                assert moved.id.split("-")[0] == fresh_node.name != src.id.split("-")[0]
                 assert moved.info.labels["corral.restored_from"] == src.id
                 assert await moved.files.read("/work/note") == b"saved here"
                 r = await moved.commands.run(f"kill -0 {proc.pid} && echo alive")
@@ -286,7 +277,7 @@ async def test_a_saved_vm_is_restored_on_another_node(
             with pytest.raises(corral.InvalidArgument, match="signature") as e:
                 await other.sandboxes.restore(saved)
             assert e.value.field == "key"
-            key = states.load_key(fresh_config.state_key_path)
+            key = states.load_key(fresh_node.config.state_key_path)
             (obj / "mac").write_text(states.sign(key, saved.key, other_guest))
             with pytest.raises(corral.InvalidArgument) as e:
                 await other.sandboxes.restore(saved)

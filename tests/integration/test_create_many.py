@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import corral
-from corral.config import NodeConfig
 
-from ..support import IMAGE, Server, node_leftovers
+from ..framework import IMAGE, Node
 
 
 def _spec(tag: str) -> dict[str, Any]:
@@ -47,8 +44,8 @@ async def test_a_retried_burst_makes_nothing_twice(client: corral.AsyncClient) -
     await asyncio.gather(*(s.close() for s in more if isinstance(s, corral.AsyncSandbox)))
 
 
-async def test_partial_failures_are_reported_per_item(fresh_config: NodeConfig) -> None:
-    async with corral.AsyncClient(config=replace(fresh_config, max_sandboxes=3)) as c:
+async def test_partial_failures_are_reported_per_item(fresh_node: Node) -> None:
+    async with fresh_node.with_config(max_sandboxes=3).client() as c:
         out = await c.sandboxes.create_many(_spec("full"), 5, concurrency=1)
         made = [s for s in out if isinstance(s, corral.AsyncSandbox)]
         errors = [e for e in out if isinstance(e, corral.CorralError)]
@@ -90,19 +87,16 @@ async def test_bad_bursts_are_refused_before_any_sandbox(
     assert len(await embedded.sandboxes.list()) == before
 
 
-def test_the_blocking_twin_returns_sandboxes_and_errors(fresh_config: NodeConfig) -> None:
-    with corral.Client(config=replace(fresh_config, max_sandboxes=1)) as c:
+def test_the_blocking_twin_returns_sandboxes_and_errors(fresh_node: Node) -> None:
+    with corral.Client(config=fresh_node.with_config(max_sandboxes=1).config) as c:
         out = c.sandboxes.create_many(_spec("sync"), 2, concurrency=1)
         assert isinstance(out[0], corral.Sandbox) and isinstance(out[1], corral.ResourceExhausted)
         out[0].close()
 
 
-async def test_a_burst_survives_its_server_being_killed(
-    fresh_config: NodeConfig, data_root: Path
-) -> None:
-    sock = data_root / f"{fresh_config.node}.sock"
+async def test_a_burst_survives_its_server_being_killed(fresh_node: Node) -> None:
     key, n = f"kill-{secrets.token_hex(4)}", 24
-    srv = Server(fresh_config, sock)
+    srv = fresh_node.server
     srv.start()
     ready = asyncio.Event()
     done: list[int] = []
@@ -113,31 +107,28 @@ async def test_a_burst_survives_its_server_being_killed(
         if len(done) >= 6:
             ready.set()
 
-    try:
-        async with corral.AsyncClient(srv.url) as c:
-            burst = asyncio.create_task(
-                c.sandboxes.create_many(
-                    _spec("kill"), n, concurrency=4, key=key, on_ready=seen, retry_for=0
-                )
+    async with fresh_node.http_client() as c:
+        burst = asyncio.create_task(
+            c.sandboxes.create_many(
+                _spec("kill"), n, concurrency=4, key=key, on_ready=seen, retry_for=0
             )
-            await asyncio.wait_for(ready.wait(), 60)
-            srv.kill()  # SIGKILL, mid-burst
-            first = await burst
-        lost = [r for r in first if isinstance(r, corral.CorralError)]
-        assert lost and all(isinstance(e, corral.Unavailable) for e in lost)
-        made_before = {r.id for r in first if isinstance(r, corral.AsyncSandbox)}
-        srv = Server(fresh_config, sock)
-        srv.start()  # recovers: creates in flight are failed and reclaimed
-        async with corral.AsyncClient(srv.url) as c:
-            again = await c.sandboxes.create_many(_spec("kill"), n, concurrency=4, key=key)
-            assert all(isinstance(r, corral.AsyncSandbox) for r in again), again
-            ids = [r.id for r in again if isinstance(r, corral.AsyncSandbox)]
-            assert len(set(ids)) == n and made_before <= set(ids)
-            listed = await c.sandboxes.list(labels={"burst": "kill"})
-            assert sorted(s.id for s in listed) == sorted(ids)
-            await asyncio.gather(*(s.close() for s in listed))
-    finally:
-        srv.stop()
-    async with corral.AsyncClient(config=fresh_config):
+        )
+        await asyncio.wait_for(ready.wait(), 60)
+        srv.kill()  # SIGKILL, mid-burst
+        first = await burst
+    lost = [r for r in first if isinstance(r, corral.CorralError)]
+    assert lost and all(isinstance(e, corral.Unavailable) for e in lost)
+    made_before = {r.id for r in first if isinstance(r, corral.AsyncSandbox)}
+    srv.start()  # recovers: creates in flight are failed and reclaimed
+    async with fresh_node.http_client() as c:
+        again = await c.sandboxes.create_many(_spec("kill"), n, concurrency=4, key=key)
+        assert all(isinstance(r, corral.AsyncSandbox) for r in again), again
+        ids = [r.id for r in again if isinstance(r, corral.AsyncSandbox)]
+        assert len(set(ids)) == n and made_before <= set(ids)
+        listed = await c.sandboxes.list(labels={"burst": "kill"})
+        assert sorted(s.id for s in listed) == sorted(ids)
+        await asyncio.gather(*(s.close() for s in listed))
+    srv.stop()
+    async with fresh_node.client():
         pass  # the last agent out unmounts what nothing needs
-    assert not any(node_leftovers(fresh_config).values()), node_leftovers(fresh_config)
+    assert fresh_node.leftovers() == {}

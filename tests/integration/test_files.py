@@ -11,7 +11,7 @@ import pytest
 
 import corral
 
-from ..support import IMAGE
+from ..framework import IMAGE
 
 
 @pytest.fixture

@@ -6,27 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
-from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import pytest
 
 import corral
-from corral.config import NodeConfig
 
-from ..support import Server
+from ..framework import Node, Server
 
 C_OK = '#include <stdio.h>\nint main(void){int a,b;scanf("%d %d",&a,&b);printf("%d\\n",a+b);}\n'
 CPP_OK = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b<<std::endl;}\n"
 
 
 @pytest.fixture
-async def one_worker(fresh_config: NodeConfig) -> AsyncIterator[corral.AsyncClient]:
+def one_worker(fresh_node: Node) -> Node:
     """A node whose pool has a single worker: every call reuses it."""
-    async with corral.AsyncClient(config=replace(fresh_config, fncall_workers=1)) as c:
-        yield c
+    return fresh_node.with_config(fncall_workers=1)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +83,7 @@ async def test_files_in_and_out(client: corral.AsyncClient) -> None:
     assert r.status == "ok" and r.files == {"out.txt": b"30"}
 
 
-async def test_nothing_of_a_call_reaches_the_next(one_worker: corral.AsyncClient) -> None:
+async def test_nothing_of_a_call_reaches_the_next(one_worker: Node) -> None:
     leave = (
         "export SECRET=1; echo a > /tmp/left; echo b > /work/left; echo c > /dev/shm/left; "
         "mkdir -p /tmp/d/e && touch /tmp/d/e/f; ln -s / /tmp/root-link; "
@@ -96,26 +91,27 @@ async def test_nothing_of_a_call_reaches_the_next(one_worker: corral.AsyncClient
         "(setsid sleep 1000 >/dev/null 2>&1 &); nohup sleep 1000 >/dev/null 2>&1 & "
         "touch /etc/left 2>/dev/null || echo read-only"
     )
-    r = await one_worker.fncall.run("bash", leave)
-    assert r.status == "ok" and r.stdout == "read-only\n", r
     look = (
         "ls -A /tmp /work /dev/shm | grep -v -e '^/' -e '^main.sh$' -e '^$' || true; "
         "echo secret=${SECRET:-}; cat /proc/[0-9]*/comm | sort | uniq -c | grep -c sleep; "
         "ipcs -m -q | grep -c '^0x' || true"
     )
-    r = await one_worker.fncall.run("bash", look)
-    assert r.stdout.split() == ["secret=", "0", "0"], r
-    stats = one_worker.service.fncall.pool.stats()  # type: ignore[attr-defined]
-    assert sum(s["workers"] for s in stats.values()) == 1
+    async with one_worker.client() as c:
+        r = await c.fncall.run("bash", leave)
+        assert r.status == "ok" and r.stdout == "read-only\n", r
+        r = await c.fncall.run("bash", look)
+        assert r.stdout.split() == ["secret=", "0", "0"], r
+        assert one_worker.fncall_workers() == 1  # the same worker ran both
 
 
-async def test_a_fork_bomb_costs_only_its_call(one_worker: corral.AsyncClient) -> None:
+async def test_a_fork_bomb_costs_only_its_call(one_worker: Node) -> None:
     # The bomb's shell returns at once; its children fork on until the
     # worker's pids limit, and die with the reset.
-    r = await one_worker.fncall.run("bash", ":(){ :|:& };:; sleep 1", run_timeout=2)
-    assert "Resource temporarily unavailable" in r.stderr, r
-    r = await one_worker.fncall.run("python", "print('after the bomb')")
-    assert (r.status, r.stdout) == ("ok", "after the bomb\n"), r
+    async with one_worker.client() as c:
+        r = await c.fncall.run("bash", ":(){ :|:& };:; sleep 1", run_timeout=2)
+        assert "Resource temporarily unavailable" in r.stderr, r
+        r = await c.fncall.run("python", "print('after the bomb')")
+        assert (r.status, r.stdout) == ("ok", "after the bomb\n"), r
 
 
 async def test_unknown_language_and_image(client: corral.AsyncClient) -> None:
@@ -155,9 +151,7 @@ async def test_run_many_reports_a_failed_call_and_runs_the_rest(
     assert isinstance(ok4, corral.FnCallResult) and ok4.stdout == "4\n"
 
 
-async def test_a_reset_that_cannot_empty_a_worker_discards_it(
-    one_worker: corral.AsyncClient,
-) -> None:
+async def test_a_reset_that_cannot_empty_a_worker_discards_it(one_worker: Node) -> None:
     # Deeper than the fds corral-init may open while it empties /tmp (the
     # nofile limit is far below this on these hosts: 20000).
     deep = (
@@ -167,15 +161,16 @@ async def test_a_reset_that_cannot_empty_a_worker_discards_it(
         "    os.mkdir('d'); os.chdir('d')\n"
         "open('secret', 'w').write('left behind')\n"
     )
-    r = await one_worker.fncall.run("python", deep, run_timeout=60)
-    assert r.status == "ok", r
-    pool = one_worker.service.fncall.pool  # type: ignore[attr-defined]
-    for _ in range(200):  # the failed reset closes the worker in the background
-        if pool.stats().get("fncall:bookworm", {}).get("workers") == 0:
-            break
-        await asyncio.sleep(0.1)
-    r = await one_worker.fncall.run("bash", "ls -A /tmp | wc -l")
-    assert r.stdout == "0\n"
+    async with one_worker.client() as c:
+        r = await c.fncall.run("python", deep, run_timeout=60)
+        assert r.status == "ok", r
+        for _ in range(200):  # the failed reset closes the worker in the background
+            if one_worker.fncall_workers("fncall:bookworm") == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert one_worker.fncall_workers("fncall:bookworm") == 0
+        r = await c.fncall.run("bash", "ls -A /tmp | wc -l")
+        assert r.stdout == "0\n"
 
 
 async def test_general_api_fncall_sandbox_is_stateless(client: corral.AsyncClient) -> None:
@@ -285,8 +280,8 @@ async def test_sandboxfusion_client_against_corral_serve(server: Server) -> None
     await asyncio.to_thread(_sandboxfusion_calls, server.tcp_url + "/v1")
 
 
-def test_the_blocking_client_runs_calls(node_config: NodeConfig) -> None:
-    with corral.Client(config=node_config) as c:
+def test_the_blocking_client_runs_calls(node: Node) -> None:
+    with corral.Client(config=node.config) as c:
         r = c.fncall.run("python", "print(6 * 7)")
         seen: list[int] = []
         many = c.fncall.run_many(
@@ -327,55 +322,47 @@ async def test_calls_are_counted_in_the_metrics(server: Server) -> None:
     assert 'corral_fncall_workers{image="fncall:bookworm",state="total"}' in text
 
 
-async def test_serve_warms_workers_before_the_first_call(
-    fresh_config: NodeConfig, data_root: Path
-) -> None:
-    srv = Server(fresh_config, data_root / f"{fresh_config.node}.sock", {"CORRAL_FNCALL_WARM": "2"})
+async def test_serve_warms_workers_before_the_first_call(fresh_node: Node) -> None:
+    srv = fresh_node.server
+    srv.env["CORRAL_FNCALL_WARM"] = "2"
     srv.start()
-    try:
-        async with corral.AsyncClient(srv.url) as c:
-            for _ in range(100):
-                pool = await c.sandboxes.list(labels={"corral.pool": "fncall"})
-                if [w.info.state.value for w in pool] == ["running", "running"]:
-                    break
-                await asyncio.sleep(0.1)
-            workers = await c.sandboxes.list(labels={"corral.pool": "fncall"})
-            assert len(workers) == 2
-            assert await c.sandboxes.list() == []  # the pool's are not the caller's
-            r = await c.fncall.run("python", "print('warm')")
-            assert r.stdout == "warm\n"
-            assert len(await c.sandboxes.list(labels={"corral.pool": "fncall"})) == 2
-    finally:
-        srv.stop()
+    async with fresh_node.http_client() as c:
+        for _ in range(100):
+            pool = await c.sandboxes.list(labels={"corral.pool": "fncall"})
+            if [w.info.state.value for w in pool] == ["running", "running"]:
+                break
+            await asyncio.sleep(0.1)
+        workers = await c.sandboxes.list(labels={"corral.pool": "fncall"})
+        assert len(workers) == 2
+        assert await c.sandboxes.list() == []  # the pool's are not the caller's
+        r = await c.fncall.run("python", "print('warm')")
+        assert r.stdout == "warm\n"
+        assert len(await c.sandboxes.list(labels={"corral.pool": "fncall"})) == 2
+    srv.stop()
     # The server closed its workers on the way out.
-    async with corral.AsyncClient(config=fresh_config) as c:
-        assert await c.sandboxes.list(labels={"corral.pool": "fncall"}) == []
+    assert fresh_node.records(labels={"corral.pool": "fncall"}) == []
+    assert fresh_node.leftovers() == {}
 
 
 async def test_closing_the_client_lets_calls_finish_and_retires_workers(
-    fresh_config: NodeConfig,
+    fresh_node: Node,
 ) -> None:
-    c = corral.AsyncClient(config=fresh_config)
+    c = fresh_node.client()
     await c.open()
     call = asyncio.create_task(c.fncall.run("bash", "sleep 1; echo finished"))
     await asyncio.sleep(0.5)
     await c.aclose()  # while the call runs
     r = await call
     assert r.stdout == "finished\n"
-    async with corral.AsyncClient(config=fresh_config) as again:
-        assert await again.sandboxes.list(labels={"corral.pool": "fncall"}) == []
+    assert fresh_node.records(labels={"corral.pool": "fncall"}) == []
 
 
-async def test_images_share_the_workers_of_the_node(fresh_config: NodeConfig) -> None:
+async def test_images_share_the_workers_of_the_node(fresh_node: Node) -> None:
     # One worker per image and one in all: calling a second image retires
     # the first image's idle worker; calls on both at once both finish.
-    cfg = replace(fresh_config, fncall_workers=1, fncall_workers_total=1)
-    async with corral.AsyncClient(config=cfg) as c:
-        pool = c.service.fncall.pool  # type: ignore[attr-defined]
-
-        def total() -> int:
-            return sum(s["workers"] for s in pool.stats().values())
-
+    node = fresh_node.with_config(fncall_workers=1, fncall_workers_total=1)
+    async with node.client() as c:
+        total = node.fncall_workers
         assert (await c.fncall.run("python", "print(1)")).stdout == "1\n"
         r = await c.fncall.run("python", "print(2)", image="debian-python:bookworm")
         assert r.stdout == "2\n" and total() == 1

@@ -11,27 +11,22 @@ pixels, with no help from inside the guest.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 import corral
 from corral.runtimes.vm import desktop
 
-from ..support import IMAGES, png_pixels
+from ..framework import png_pixels, require_image
 
 GREEN = (0, 255, 0)
 
 
 @pytest.fixture
 async def desk(embedded: corral.AsyncClient) -> AsyncIterator[corral.AsyncSandbox]:
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
-    name, tag = desktop.BASE.split(":")
-    if not (IMAGES / "tags" / name / tag).exists():
-        pytest.fail(f"image {desktop.BASE} is missing from {IMAGES}: run ./scripts/install.sh")
+    require_image(desktop.BASE)
     s = await embedded.sandboxes.create(
         kind="fullvm", image=desktop.BASE, toolkit=[desktop.TOOLKIT], memory="1GiB"
     )
@@ -58,18 +53,19 @@ def _box(
 
 
 async def _wait_screen(
-    sbx: corral.AsyncSandbox, ok: object, what: str, timeout: float = 120
+    sbx: corral.AsyncSandbox, ok: Callable[[list[bytes]], object], what: str, timeout: float = 120
 ) -> list[bytes]:
     deadline = time.monotonic() + timeout
     while True:
         w, h, rows = png_pixels(await sbx.display.screenshot())
         assert (w, h) == sbx.display.size
-        if ok(rows):  # type: ignore[operator]
+        if ok(rows):
             return rows
         assert time.monotonic() < deadline, f"the screen never showed {what}"
         await asyncio.sleep(1)
 
 
+@pytest.mark.requires_qemu
 async def test_open_a_terminal_by_clicking_type_and_read_the_screen(
     desk: corral.AsyncSandbox,
 ) -> None:

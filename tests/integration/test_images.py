@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from corral.images.objects import HttpObjects, open_store
 from corral.images.oci import import_oci
 from corral.images.store import ImageStore
 
-from ..support import IMAGE, Blobd
+from ..framework import IMAGE, Blobd, Node
 
 
 def _noprogress(task: str, done: float, total: float | None) -> None:
@@ -42,7 +43,7 @@ def _entry(
     tar.addfile(info, io.BytesIO(data) if data is not None else None)
 
 
-def _layer_tar(build) -> bytes:  # type: ignore[no-untyped-def]
+def _layer_tar(build: Callable[[tarfile.TarFile], None]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         build(tar)
@@ -214,14 +215,15 @@ async def test_lazy_pull_from_an_http_store(
     shared = HttpObjects(blobd.url)
     registry.push(source, IMAGE, shared, _noprogress)
     images_b = data_root / "images-b"
-    cfg_b = replace(node_config, data_dir=data_root / "nodeb", node="b", images=images_b)
+    b = Node(replace(node_config, data_dir=data_root / "nodeb", node="b", images=images_b))
     registry.pull(ImageStore(images_b), IMAGE, open_store(blobd.url), _noprogress)
-    async with corral.AsyncClient(config=cfg_b) as client:
+    async with b.client() as client:
         sbx = await client.sandboxes.create(image=IMAGE)
         r = await sbx.commands.run("python3 -c 'import json; print(json.dumps([1]))'")
         assert r.stdout == "[1]\n"
-        stats = json.loads((cfg_b.data_dir / "lazy" / ".stats").read_bytes())
+        stats = json.loads((b.config.data_dir / "lazy" / ".stats").read_bytes())
         layer = stats["layers"][source.resolve(IMAGE).digest]
         assert 0 < layer["fetched_bytes"] < 0.25 * layer["blob_size"], layer
         await sbx.close()
-    assert not (cfg_b.data_dir / "lazy" / ".stats").exists()  # the loader stopped
+    assert not (b.config.data_dir / "lazy" / ".stats").exists()  # the loader stopped
+    assert b.leftovers() == {}

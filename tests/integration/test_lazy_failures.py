@@ -9,8 +9,8 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +20,7 @@ from corral.images import registry
 from corral.images.objects import HttpObjects, open_store
 from corral.images.store import ImageStore
 
-from ..support import IMAGE, Blobd, node_leftovers
+from ..framework import IMAGE, Blobd, Node
 
 BIG = "/usr/lib/python3.11/pydoc_data/topics.py"  # ~700 KB nobody reads at start
 
@@ -30,40 +30,34 @@ def _noprogress(task: str, done: float, total: float | None) -> None:
 
 
 @pytest.fixture
-def pulled_node(
-    node_config: NodeConfig, data_root: Path, blobd: Blobd, request: pytest.FixtureRequest
-) -> NodeConfig:
+def pulled_node(node_config: NodeConfig, fresh_node: Node, blobd: Blobd) -> Node:
     """A node whose only image was pulled from the HTTP store (cold cache)."""
     registry.push(ImageStore(node_config.images_dir), IMAGE, HttpObjects(blobd.url), _noprogress)
-    name = "l" + str(abs(hash(request.node.nodeid)) % 10**6)
-    cfg = replace(
-        node_config,
-        data_dir=data_root / name,
-        node=name,
-        images=data_root / name / "images",
-        lazy_deadline=2.0,
-        liveness_interval=0.3,
+    node = fresh_node.with_config(
+        images=fresh_node.config.data_dir / "images", lazy_deadline=2.0, liveness_interval=0.3
     )
-    registry.pull(ImageStore(cfg.images_dir), IMAGE, open_store(blobd.url), _noprogress)
-    return cfg
+    registry.pull(ImageStore(node.config.images_dir), IMAGE, open_store(blobd.url), _noprogress)
+    return node
 
 
 @pytest.fixture
-async def lazy_client(pulled_node: NodeConfig) -> AsyncIterator[corral.AsyncClient]:
-    async with corral.AsyncClient(config=pulled_node) as c:
+async def lazy_client(pulled_node: Node) -> AsyncIterator[corral.AsyncClient]:
+    async with pulled_node.client() as c:
         yield c
         for s in await c.sandboxes.list():
             await s.close()
 
 
-def _stats(cfg: NodeConfig) -> dict:  # type: ignore[type-arg]
-    doc = json.loads((cfg.data_dir / "lazy" / ".stats").read_bytes())
+def _stats(node: Node) -> dict[str, Any]:
+    """The lazy loader's counters of the node's one layer (it writes them
+    while it runs)."""
+    doc = json.loads((node.config.data_dir / "lazy" / ".stats").read_bytes())
     (layer,) = doc["layers"].values()
-    return layer  # type: ignore[no-any-return]
+    return dict(layer)
 
 
 async def test_store_down_fails_only_the_reads_that_need_it(
-    lazy_client: corral.AsyncClient, pulled_node: NodeConfig, blobd: Blobd
+    lazy_client: corral.AsyncClient, pulled_node: Node, blobd: Blobd
 ) -> None:
     a = await lazy_client.sandboxes.create(image=IMAGE)
     assert (await a.commands.run("python3 -c 'print(1)'")).stdout == "1\n"
@@ -78,23 +72,22 @@ async def test_store_down_fails_only_the_reads_that_need_it(
     assert (await b.commands.run("echo fine")).stdout == "fine\n"
     assert _stats(pulled_node)["failed_reads"] >= 1
     blobd.start()
-    await asyncio.sleep(2 * pulled_node.lazy_deadline)  # the loader fails fast meanwhile
+    await asyncio.sleep(2 * pulled_node.config.lazy_deadline)  # the loader fails fast meanwhile
     r = await a.commands.run(f"wc -c < {BIG}", timeout=60)
     assert r.exit_code == 0 and int(r.stdout) > 100_000
 
 
-async def test_a_slow_store_costs_bounded_time(pulled_node: NodeConfig, blobd: Blobd) -> None:
-    async with corral.AsyncClient(config=pulled_node) as client:
+async def test_a_slow_store_costs_bounded_time(pulled_node: Node, blobd: Blobd) -> None:
+    async with pulled_node.client() as client:
         sbx = await client.sandboxes.create(image=IMAGE)
         await sbx.commands.run("true")
         blobd.kill()
-        slow = Blobd(blobd.root, rate="20KB")
-        slow.port = blobd.port
+        slow = Blobd(blobd.root, rate="20KB", port=blobd.port)
         slow.start()
         try:
             t0 = time.monotonic()
             r = await sbx.commands.run(f"cat {BIG} > /dev/null", timeout=60)
-            assert time.monotonic() - t0 < 5 * pulled_node.lazy_deadline
+            assert time.monotonic() - t0 < 5 * pulled_node.config.lazy_deadline
             assert r.exit_code != 0 and "Input/output error" in r.stderr
             assert (await sbx.commands.run("echo responsive")).stdout == "responsive\n"
         finally:
@@ -103,11 +96,11 @@ async def test_a_slow_store_costs_bounded_time(pulled_node: NodeConfig, blobd: B
 
 
 async def test_a_corrupt_cached_chunk_is_refetched_and_reported(
-    lazy_client: corral.AsyncClient, pulled_node: NodeConfig
+    lazy_client: corral.AsyncClient, pulled_node: Node
 ) -> None:
     sbx = await lazy_client.sandboxes.create(image=IMAGE)
     want = (await sbx.commands.run(f"md5sum {BIG}")).stdout
-    cache = pulled_node.data_dir / "cache" / "chunks"
+    cache = pulled_node.config.data_dir / "cache" / "chunks"
     (data,) = cache.glob("*.data")
     # Rot every cached byte of the file's chunks, then make the kernel forget
     # its copies so the next read reaches the loader.
@@ -122,11 +115,11 @@ async def test_a_corrupt_cached_chunk_is_refetched_and_reported(
 
 
 async def test_a_killed_loader_fails_its_sandboxes_and_is_replaced(
-    lazy_client: corral.AsyncClient, pulled_node: NodeConfig
+    lazy_client: corral.AsyncClient, pulled_node: Node
 ) -> None:
     sbx = await lazy_client.sandboxes.create(image=IMAGE)
     await sbx.commands.run("true")
-    pid = int((pulled_node.data_dir / "lazy.lock").read_text())
+    pid = int((pulled_node.config.data_dir / "lazy.lock").read_text())
     os.kill(pid, signal.SIGKILL)
     for _ in range(100):
         if (await sbx.refresh()).state == corral.SandboxState.failed:
@@ -139,18 +132,18 @@ async def test_a_killed_loader_fails_its_sandboxes_and_is_replaced(
     await fresh.close()
 
 
-async def test_the_chunk_cache_survives_an_agent_restart(pulled_node: NodeConfig) -> None:
-    async with corral.AsyncClient(config=pulled_node) as c:
+async def test_the_chunk_cache_survives_an_agent_restart(pulled_node: Node) -> None:
+    async with pulled_node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE)
         await sbx.commands.run(f"cat {BIG} > /dev/null")
         first = _stats(pulled_node)["fetched_bytes"]
         await sbx.close()
-    assert not (pulled_node.data_dir / "lazy" / ".stats").exists()  # the loader stopped
-    async with corral.AsyncClient(config=pulled_node) as c:
+    assert not (pulled_node.config.data_dir / "lazy" / ".stats").exists()  # the loader stopped
+    async with pulled_node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE)
         # The same reader as before: its own chunks (cat's) are cached too.
         r = await sbx.commands.run(f"cat {BIG} > /dev/null")
         assert r.exit_code == 0
         assert _stats(pulled_node)["fetched_bytes"] < first // 10  # served by the cache
         await sbx.close()
-    assert not any(node_leftovers(pulled_node).values())
+    assert pulled_node.leftovers() == {}

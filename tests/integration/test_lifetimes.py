@@ -7,7 +7,7 @@ import time
 
 import corral
 
-from ..support import IMAGE
+from ..framework import IMAGE
 
 
 async def _wait_state(sbx: corral.AsyncSandbox, state: str, within: float) -> float:

@@ -9,7 +9,7 @@ import pytest
 import corral
 from corral.config import NodeConfig
 
-from ..support import IMAGE
+from ..framework import IMAGE
 
 
 async def test_memory_limit_kills_inside_only(embedded: corral.AsyncClient) -> None:

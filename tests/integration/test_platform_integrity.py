@@ -10,7 +10,7 @@ import json
 import corral
 from corral.config import NodeConfig
 
-from ..support import IMAGE
+from ..framework import IMAGE
 
 
 async def test_replacing_the_images_shells_changes_nothing_we_run(

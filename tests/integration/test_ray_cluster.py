@@ -20,9 +20,9 @@ import pytest
 import corral
 from corral.host import mounts
 
-from ..support import IMAGE, IMAGES, free_port
+from ..framework import IMAGE, IMAGES, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.requires_ray, pytest.mark.requires_postgres]
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -61,16 +61,6 @@ def _listener(port: int) -> int:
 
 @pytest.fixture(scope="module")
 def ray_cluster(data_root: Path) -> Iterator[dict[str, object]]:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        pytest.skip("requires Ray (pip install 'corral[cluster]')")
-    from corral.control.postgres import _bin
-
-    try:
-        _bin("initdb")
-    except corral.CorralError:
-        pytest.skip("requires PostgreSQL's server binaries (apt install postgresql)")
     directory = data_root / "ray"
     up = _cli(
         "cluster", "up", "--local-nodes", "3", "--dir", str(directory),
@@ -108,7 +98,8 @@ async def test_a_killed_node_agent_is_restarted_by_ray_and_keeps_its_sandboxes(
     ray_cluster: dict[str, object],
 ) -> None:
     gateway, key = str(ray_cluster["gateway"]), str(ray_cluster["api_key"])
-    urls: dict[str, str] = ray_cluster["nodes"]  # type: ignore[assignment]
+    urls = ray_cluster["nodes"]
+    assert isinstance(urls, dict)
     async with corral.AsyncClient(gateway, api_key=key) as c:
         made = await c.sandboxes.create_many({"image": IMAGE, "memory": "256MiB"}, count=6)
         sbxs = [s for s in made if isinstance(s, corral.AsyncSandbox)]

@@ -11,7 +11,7 @@ import pytest
 import corral
 from corral.config import NodeConfig
 
-from ..support import IMAGE
+from ..framework import IMAGE
 
 
 async def test_create_run_close(client: corral.AsyncClient) -> None:

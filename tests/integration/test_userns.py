@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 from pathlib import Path
 
 import corral
-from corral.config import NodeConfig
 from corral.node.admission import ID_BASE
 from corral.runtimes.container.bundle import IDS
 
-from ..support import IMAGE
+from ..framework import IMAGE, Node
 
 
 def _uid_map(text: str) -> tuple[int, int, int]:
@@ -89,16 +87,11 @@ async def test_root_inside_cannot_act_as_host_root(embedded: corral.AsyncClient)
     await sbx.close()
 
 
-async def test_host_id_block_is_freed_on_close(
-    embedded: corral.AsyncClient, node_config: NodeConfig
-) -> None:
+async def test_host_id_block_is_freed_on_close(embedded: corral.AsyncClient, node: Node) -> None:
     sbx = await embedded.sandboxes.create(image=IMAGE)
-
-    def slot() -> int | None:
-        with sqlite3.connect(node_config.db_path) as db:
-            row = db.execute("SELECT slot FROM idmap WHERE sandbox_id=?", (sbx.id,)).fetchone()
-        return None if row is None else int(row[0])
-
-    assert slot() is not None
+    slot = node.idmap_slot(sbx.id)
+    assert slot is not None
+    r = await sbx.commands.run("cat /proc/self/uid_map")
+    assert int(r.stdout.split()[1]) == ID_BASE + slot * IDS  # the block the record names
     await sbx.close()
-    assert slot() is None
+    assert node.idmap_slot(sbx.id) is None

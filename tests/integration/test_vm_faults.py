@@ -10,30 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 import pytest
 
 import corral
-from corral.config import NodeConfig
 
-from ..support import IMAGE
+from ..framework import IMAGE, Node
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("qemu-system-x86_64") is None,
-    reason="requires qemu-system-x86_64 (apt install qemu-system-x86)",
-)
+pytestmark = pytest.mark.requires_qemu
 
 
 @pytest.fixture
-async def watchful(fresh_config: NodeConfig) -> AsyncIterator[corral.AsyncClient]:
+async def watchful(fresh_node: Node) -> AsyncIterator[corral.AsyncClient]:
     """A node that looks for dead and hung guests every second and calls a
     guest hung after 6 s of silence (30 s by default)."""
-    config = replace(fresh_config, liveness_interval=1.0, vm_hang_timeout=6.0)
-    async with corral.AsyncClient(config=config) as c:
+    node = fresh_node.with_config(liveness_interval=1.0, vm_hang_timeout=6.0)
+    async with node.client() as c:
         yield c
         await asyncio.gather(*(s.close() for s in await c.sandboxes.list()))
 

@@ -19,7 +19,7 @@ from corral.config import NodeConfig
 from corral.images.build import build_from_dir
 from corral.images.store import ImageStore
 
-from ..support import IMAGE
+from ..framework import IMAGE
 from .attacks import Neighbour
 from .standins import Standin, UpstreamDNS, standin_hosts
 

@@ -6,7 +6,6 @@ changed); and the audit recorded it."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -227,6 +226,7 @@ async def test_egress_to_a_denied_host_by_ip_and_by_name(
     assert audit.egress_denied > 0 and audit.dns_denied > 0
 
 
+@pytest.mark.requires_qemu
 async def test_a_microvm_is_held_to_the_same_egress_policy(
     rt_client: corral.AsyncClient, standins: dict[str, Standin]
 ) -> None:
@@ -234,8 +234,6 @@ async def test_a_microvm_is_held_to_the_same_egress_policy(
     resolver and the policy are a container's. It survives suspend/resume
     (same address), tightens at once, and a networked VM is not forked
     (every copy would hold its address)."""
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("requires qemu-system-x86_64 (apt install qemu-system-x86)")
     vm = await _networked(rt_client, kind="microvm", memory="256MiB")
     forbidden = standins["forbidden"]
     try:
