@@ -4,8 +4,8 @@ killed in the middle of a burst.
 
     corral bench cluster [--count 400] [--burst 2000]
 
-Every cluster here is processes on this one machine (tests/support.py's
-ProcessCluster: a PostgreSQL of its own, `corral serve --state` node agents,
+Every cluster here is processes on this one machine (tests/framework/cluster.py's
+Cluster: a PostgreSQL of its own, `corral serve --state` node agents,
 a `corral serve --gateway`), the same parts `corral cluster up` runs under
 Ray. The nodes share the machine's 2 cores, so more nodes add no CPU: the
 per-node figures show what the gateway costs, not how a real cluster scales.
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tests.support import ProcessCluster  # noqa: E402
+from tests.framework.cluster import Cluster as ProcessCluster  # noqa: E402
 
 import corral  # noqa: E402
 from _common import IMAGE, fresh_dir, leak_counts, median, pct, table, write_result  # noqa: E402
