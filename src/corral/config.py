@@ -17,6 +17,7 @@ from corral.errors import InvalidArgument
 from corral.units import parse_size
 
 _NODE = re.compile(r"^[a-z0-9]{1,16}$")
+_STORE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 # Named package sources a network policy can turn on; configuration, not code.
 ECOSYSTEMS: dict[str, list[str]] = {
     "pypi": ["pypi.org", "files.pythonhosted.org"],
@@ -88,6 +89,13 @@ class NodeConfig:
     images: Path | None = None
     # The key that signs saved VM states; None: <images dir>/../state.key.
     state_key: Path | None = None
+    # Object stores a sandbox may be saved to and restored from, by name: a
+    # request names one, never a path or URL (the node opens them as root).
+    # "local" is always there: <images dir>/../saved, shared by the nodes
+    # that share images. Values: a directory, http(s):// of `corral blobd`,
+    # s3://bucket/prefix. A store's bearer key goes to that store only.
+    stores: dict[str, str] = field(default_factory=dict)
+    store_keys: dict[str, str] = field(default_factory=dict)
     # Sandbox networking (only for sandboxes given a policy).
     network_pool: str = "10.200.0.0/16"
     dns_port: int = 10053
@@ -125,6 +133,12 @@ class NodeConfig:
                 raise InvalidArgument(
                     name, f"must be a ratio between 1 and {MAX_OVERCOMMIT:g}", ratio
                 )
+        for name in self.stores:
+            if not _STORE.match(name):
+                raise InvalidArgument("stores", "names must match [a-z0-9][a-z0-9_-]{0,31}", name)
+        for name in self.store_keys:
+            if name not in self.object_stores:
+                raise InvalidArgument("store_keys", "must name one of the stores", name)
         if self.oci_runtime not in ("crun", "runc"):
             raise InvalidArgument("oci_runtime", "must be 'crun' or 'runc'", self.oci_runtime)
 
@@ -147,7 +161,7 @@ class NodeConfig:
                 "fncall_max_memory",
             ):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
-            elif f.name in ("ecosystems", "dns_hosts", "network_deny"):
+            elif f.name in ("ecosystems", "dns_hosts", "network_deny", "stores", "store_keys"):
                 values[f.name] = json.loads(raw)
             elif f.name in (
                 "max_sandboxes",
@@ -188,6 +202,11 @@ class NodeConfig:
     @property
     def images_dir(self) -> Path:
         return self.images or self.data_dir / "images"
+
+    @property
+    def object_stores(self) -> dict[str, str]:
+        """The named stores saves may use (see `stores`)."""
+        return {"local": str(self.images_dir.parent / "saved"), **self.stores}
 
     @property
     def state_key_path(self) -> Path:

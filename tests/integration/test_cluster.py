@@ -174,7 +174,8 @@ async def test_a_saved_vm_is_restored_through_the_gateway(cluster: Cluster, tmp_
     async with cluster.client(key) as c:
         src = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
         await src.files.write("/work/x", b"saved")
-        saved = await src.save(str(tmp_path / "store"))
+        saved = await src.save()
+        assert saved.project == "saves"
         moved = await c.sandboxes.restore(saved, idempotency_key="r1")
         assert cluster.used("saves")[0] == 2
         assert (await c.sandboxes.restore(saved, idempotency_key="r1")).id == moved.id

@@ -200,7 +200,7 @@ async def test_fork_save_and_suspend_are_for_vms(embedded: corral.AsyncClient) -
             await embedded.sandboxes.fork(s, 2)
         assert e.value.field == "kind"
         with pytest.raises(corral.InvalidArgument) as e:
-            await s.save("/tmp/nowhere")
+            await s.save()
         assert e.value.field == "kind"
         with pytest.raises(corral.InvalidArgument) as e:
             await s.suspend()
@@ -244,12 +244,20 @@ async def test_a_saved_vm_is_restored_on_another_node(
 ) -> None:
     """Saved to a shared store on one node, restored on another: the same
     process, its memory and its files; the source stays suspended."""
-    store = str(tmp_path / "store")
+    # "local": the store every node sharing the image store has.
+    store = fresh_node.config.object_stores["local"]
     src = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
     try:
         await src.files.write("/work/note", b"saved here")
         proc = await src.commands.start("sleep 600")
-        saved = await src.save(store)
+        # Stores are the operator's, by name: never a path or URL of ours.
+        for bad in ("/tmp/anywhere", "http://169.254.169.254/latest", "../saved", "nope"):
+            with pytest.raises(corral.InvalidArgument) as e:
+                await src.save(bad)
+            assert e.value.field == "store", bad
+        assert (await src.refresh()).state.value == "running"  # nothing was touched
+        saved = await src.save()
+        assert saved.store == "local" and saved.memory == 256 << 20 and saved.project is None
         assert saved.sandbox == src.id and saved.size > 0
         assert (await src.refresh()).state.value == "suspended"
         async with fresh_node.client() as other:
@@ -267,6 +275,13 @@ async def test_a_saved_vm_is_restored_on_another_node(
                     {**saved.model_dump(), "key": "vmstates/x-0000000000000000"}
                 )
             assert e.value.field == "key"
+            # Another project's state looks like none; a size other than the
+            # signed one (a gateway charges by it) is refused by name.
+            for change, field in (({"project": "other"}, "key"), ({"memory": 1 << 20}, "memory"),
+                                  ({"store": "/tmp/x"}, "store"), ({"store": "nope"}, "store")):  # fmt: skip
+                with pytest.raises(corral.InvalidArgument) as e:
+                    await other.sandboxes.restore({**saved.model_dump(), **change})
+                assert e.value.field == field, change
             # Saved states are signed: a changed record is refused, a state
             # file that does not match its record never reaches QEMU, and a
             # (signed) record of other guest artefacts does not load here.

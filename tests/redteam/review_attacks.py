@@ -114,3 +114,42 @@ async def direct_io_stream(sbx: corral.AsyncSandbox, mib: int = 384) -> Outcome:
         if len(parts) >= 3 and parts[-2].endswith(" s"):
             rates.append(int(line.split()[0]) / float(parts[-2].removesuffix(" s")))
     return Outcome(len(rates) == 2, f"{r.stdout.strip()} {r.stderr[-200:]}", {"rates": rates})
+
+
+DNS_FLOOD = r"""
+import os, socket, struct, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setblocking(False)
+ns = open("/etc/resolv.conf").read().split()[1]
+sent, end = 0, time.time() + float(os.environ.get("SECONDS_", "6"))
+while time.time() < end:
+    name = os.urandom(8).hex() + ".refused.test"
+    q = struct.pack(">HHHHHH", sent & 0xFFFF, 0x0100, 1, 0, 0, 0)
+    q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0\0\1\0\1"
+    try:
+        s.sendto(q, (ns, 53)); sent += 1
+    except BlockingIOError:
+        pass
+    try:
+        while s.recv(512): pass
+    except BlockingIOError:
+        pass
+print(sent)
+"""
+
+
+async def dns_flood(sbx: corral.AsyncSandbox, seconds: float = 6.0) -> Outcome:
+    """Class 5: refused names sent to the node's resolver as fast as one
+    process can; the neighbour (on the same event loop's agent) must not
+    notice."""
+    r = await sbx.commands.run(_py(DNS_FLOOD), env={"SECONDS_": str(seconds)}, timeout=seconds + 30)
+    sent = int(r.stdout.strip() or 0)
+    return Outcome(sent > 1000, f"sent {sent} queries {r.stderr[-300:]}", {"sent": sent})
+
+
+SETUID = r"""
+set -e
+cp /bin/id /usr/local/bin/corral-suid-id && chmod 4755 /usr/local/bin/corral-suid-id
+cp /bin/sh /usr/local/bin/corral-suid-sh && chmod 6755 /usr/local/bin/corral-suid-sh
+stat -c '%a %U' /usr/local/bin/corral-suid-id
+"""

@@ -4,6 +4,7 @@ notice, and each refusal counted in the audit by class."""
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,3 +83,73 @@ async def test_direct_io_is_throttled_per_sandbox(
     assert write <= rt_config.disk_write_bps * 1.1, outcome.detail
     assert read <= rt_config.disk_read_bps * 1.1, outcome.detail
     await streamer.close()
+
+
+async def test_a_resolver_flood_costs_the_neighbour_nothing(
+    rt_client: corral.AsyncClient, neighbour: Neighbour
+) -> None:
+    flooder = await rt_client.sandboxes.create(
+        image=IMAGE, network={"domains": ["allowed.test"]}, labels={"role": "dns"}
+    )
+    try:
+        outcome, ratio = await during(neighbour, r.dns_flood(flooder, seconds=6))
+        await check(neighbour, outcome, ratio)
+        audit = await flooder.audit()
+        # Past the rate, queries were dropped in the kernel, not parsed.
+        assert audit.dns_flooded > 0 and audit.dns_denied > 0, audit
+        assert audit.dns_flooded + audit.dns_denied <= outcome.extra["sent"]
+        # The resolver still answers the flooder's allowed names afterwards.
+        answer = await flooder.commands.run(
+            "python3 -c \"import socket; socket.getaddrinfo('allowed.test', 80)\"", timeout=30
+        )
+        assert "refused" not in answer.stderr.lower(), answer.stderr
+    finally:
+        await flooder.close()
+
+
+async def test_setuid_files_committed_are_inert_on_the_host(
+    rt_client: corral.AsyncClient, rt_config: NodeConfig, tmp_path: Path
+) -> None:
+    """Class 2: a setuid-root file made in a sandbox and committed is, on
+    the host, under a mount that is nosuid and nodev, inside a directory
+    no other host user can enter. In a sandbox the layer keeps its bits as
+    given, and no_new_privs (every sandbox process has it) keeps them from
+    raising anyone: stricter than an image may expect (docs/guard.md)."""
+    src = await rt_client.sandboxes.create(image=IMAGE)
+    made = await src.commands.run(r.SETUID)
+    assert made.stdout.strip() == "4755 root", made
+    layer = await src.commit("redteam-suid:1", kind="toolkit")
+    await src.close()
+    user = await rt_client.sandboxes.create(image=IMAGE, toolkit="redteam-suid:1")
+    try:
+        bits = await user.commands.run("stat -c '%a %U' /usr/local/bin/corral-suid-id")
+        assert bits.stdout.strip() == "4755 root", bits  # kept as the image gave them
+        inside = await user.commands.run("corral-suid-id -u", user="nobody")
+        assert inside.stdout.strip() == "65534", inside  # no_new_privs: not raised
+        # On the host: the layer's mount is nosuid,nodev, under a 0700 tree.
+        options = {
+            mount.split()[4]: mount.split()[5]
+            for mount in Path("/proc/self/mountinfo").read_text().splitlines()
+            if layer.digest.removeprefix("sha256:")[:16] in mount.split()[4]
+        }
+        assert options and all(
+            {"nosuid", "nodev", "ro"} <= set(o.split(",")) for o in options.values()
+        )
+        # The data dir may be traversed (a sandbox's own root walks it to its
+        # rootfs), never listed; the layer mounts below it are root's alone.
+        assert rt_config.data_dir.stat().st_mode & 0o066 == 0
+        assert rt_config.mounts_dir.stat().st_mode & 0o077 == 0
+        probe = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ls", str(rt_config.mounts_dir)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe
+        # Even reached (as root), it runs without the privilege it claims.
+        target = next(iter(options)) + "/usr/local/bin/corral-suid-id"
+        run = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", target, "-u"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert run.returncode != 0 or run.stdout.strip() != "0", run
+    finally:
+        await user.close()

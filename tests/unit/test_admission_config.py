@@ -25,3 +25,14 @@ def test_overcommit_and_io_ceilings_from_the_environment(monkeypatch: pytest.Mon
     monkeypatch.setenv("CORRAL_DISK_OVERCOMMIT", "0.1")
     with pytest.raises(InvalidArgument, match="disk_overcommit"):
         NodeConfig.from_env()
+
+
+def test_stores_are_named_and_local_is_always_one() -> None:
+    cfg = NodeConfig(stores={"shared": "/mnt/shared"}, store_keys={"shared": "k"})
+    assert set(cfg.object_stores) == {"local", "shared"}
+    assert cfg.object_stores["local"] == str(cfg.images_dir.parent / "saved")
+    for bad in ({"stores": {"/etc": "/etc"}}, {"stores": {"A": "/x"}},
+                {"store_keys": {"elsewhere": "k"}}):  # fmt: skip
+        with pytest.raises(InvalidArgument) as exc:
+            NodeConfig(**bad)  # type: ignore[arg-type]
+        assert exc.value.field in ("stores", "store_keys")

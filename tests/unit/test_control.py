@@ -576,19 +576,23 @@ async def test_a_fork_charges_a_row_per_copy_and_a_failed_one_gives_them_back(
     await gw.aclose()
 
 
-async def test_a_restore_is_placed_and_charged_like_a_create(db: Database, tmp_path: Path) -> None:
-    import json
-
+async def test_a_restore_is_placed_and_charged_like_a_create(db: Database) -> None:
     from corral.api.models import SavedState
     from corral.control.view import GatewayView
 
     key = "vmstates/a-0123456789abcdef"
-    (tmp_path / key).mkdir(parents=True)
-    (tmp_path / key / "saved.json").write_text(json.dumps({"spec": {"cpu": 1, "memory": GiB}}))
     await quotas.create_project(db, "p")
     gw, transports = await _gateway(db, {"a": False})
     view = GatewayView(gw, "p")
-    saved = SavedState(store=str(tmp_path), key=key, kind="microvm", idempotency_key="r1")
+    saved = SavedState(
+        key=key, kind="microvm", idempotency_key="r1", cpu=1, memory=GiB, project="p"
+    )
+    # Another project's state, or one without its saved size, is refused
+    # before any node is asked or anything charged (no store is opened).
+    for bad in ({"project": "q"}, {"project": None}, {"memory": 0}):
+        with pytest.raises(InvalidArgument):
+            await view.restore(saved.model_copy(update=bad))
+    assert transports["a"].calls == []
     transports["a"].refuse = InvalidArgument("key", "names no state", key)
     with pytest.raises(InvalidArgument):
         await view.restore(saved)

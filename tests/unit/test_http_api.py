@@ -340,7 +340,7 @@ async def test_the_wire_is_what_clients_already_speak() -> None:
     events = [e async for e in svc.exec(sid, ExecRequest(cmd="x", stdin=b"in"))]
     assert [e.type for e in events] == ["started", "stdout", "stderr", "exit"]
     await svc.fork(sid, ForkRequest(n=2))
-    await svc.restore(SavedState(store="/s", key="vmstates/fake-00000000000000aa"))
+    await svc.restore(SavedState(store="local", key="vmstates/fake-00000000000000aa"))
     await svc.display_input(sid, DisplayInput(action="type", text="hi"))
     assert await svc.screenshot(sid) == b"\x89PNG"
     result = await svc.run_call(FnCallRequest(language="python", code="1", files={"f": b"ab"}))

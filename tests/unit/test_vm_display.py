@@ -189,10 +189,15 @@ def test_a_nic_is_a_tap_and_pmem_needs_q35(monkeypatch: Any, tmp_path: Path) -> 
         (ForkRequest, {"n": 2, "idempotency_keys": ["a", "a"]}, "idempotency_keys"),
         (ForkRequest, {"n": 1, "idempotency_keys": ["no spaces"]}, "idempotency_keys"),
         (SaveRequest, {"store": ""}, "store"),
-        (SavedState, {"store": "/s", "key": "../etc/passwd"}, "key"),
-        (SavedState, {"store": "/s", "key": "vmstates/t-0123"}, "key"),
-        (SavedState, {"store": "/s", "key": "vmstates/t-0123456789abcdef", "x": 1}, "x"),
-        (SavedState, {"key": "vmstates/t-0123456789abcdef"}, "store"),
+        (SaveRequest, {"store": "/var/lib/x"}, "store"),  # a path: stores are named
+        (SaveRequest, {"store": "http://169.254.169.254/"}, "store"),
+        (SaveRequest, {"store": "s3://bucket/x"}, "store"),
+        (SaveRequest, {"store": "A" * 33}, "store"),
+        (SavedState, {"store": "local", "key": "../etc/passwd"}, "key"),
+        (SavedState, {"store": "local", "key": "vmstates/t-0123"}, "key"),
+        (SavedState, {"store": "local", "key": "vmstates/t-0123456789abcdef", "x": 1}, "x"),
+        (SavedState, {"store": "/s", "key": "vmstates/t-0123456789abcdef"}, "store"),
+        (SavedState, {"key": "vmstates/t-0123456789abcdef", "memory": -1}, "memory"),
     ],
 )
 def test_fork_save_and_restore_requests_table(model: Any, fields: dict[str, Any], bad: str) -> None:

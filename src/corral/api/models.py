@@ -313,7 +313,9 @@ class AuditReport(BaseModel):
     log_bytes: int = 0
     log_quota_hits: int = 0
     egress_denied: int = 0
-    dns_denied: int = 0
+    dns_denied: int = 0  # queries refused: a name not allowed, or past the resolver's rate
+    dns_flooded: int = 0  # queries dropped in the kernel past the per-sandbox rate
+    dns_rebinding: int = 0  # answers of allowed names pointing inside, dropped
     disk_used: int | None = None
     disk_limit: int | None = None
 

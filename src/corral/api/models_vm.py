@@ -58,22 +58,31 @@ class ForkRequest(StrictModel):
         return self
 
 
-class SaveRequest(StrictModel):
-    """Where a VM's saved state goes: an object store's URL (a shared
-    directory, http(s):// of `corral blobd`, s3://)."""
+STORE_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 
-    store: str = Field(min_length=1, max_length=1024)
+
+class SaveRequest(StrictModel):
+    """Where a VM's saved state goes: one of the object stores the node's
+    operator named (NodeConfig.stores; "local" is always one), never a
+    path or URL of the caller's choosing."""
+
+    store: str = Field(default="local", pattern=STORE_NAME)
 
 
 class SavedState(StrictModel):
-    """A VM's state in an object store, restorable on any node with the same
-    guest artefacts (kernel and initramfs) that can reach the store."""
+    """A VM's state in a named object store, restorable on any node with the
+    same guest artefacts (kernel and initramfs) that has that store. Its
+    size and project come from save(): a node refuses a restore whose
+    values differ from the signed record's (a gateway charges by them)."""
 
-    store: str = Field(min_length=1, max_length=1024)
+    store: str = Field(default="local", pattern=STORE_NAME)
     key: str = Field(pattern=r"^vmstates/[a-z0-9]{1,16}-[0-9a-f]{16}$")
     sandbox: str = ""
     kind: str = ""
     size: int = 0
     guest: str = ""
+    cpu: float = Field(default=0.0, ge=0)
+    memory: int = Field(default=0, ge=0)
+    project: str | None = Field(default=None, max_length=64)
     # A gateway's key for the restored sandbox's row (as a create's).
     idempotency_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$")

@@ -130,9 +130,9 @@ async def _image_run(a: argparse.Namespace) -> int:
 
 async def image_push(a: argparse.Namespace) -> int:
     from corral.images import registry
-    from corral.images.objects import open_store
+    from corral.images.objects import open_store, operator_key
 
-    remote = open_store(a.store)
+    remote = open_store(a.store, operator_key())
     with progress_bar(disable=a.json) as progress:
         layer = await asyncio.to_thread(registry.push, _store(a), a.ref, remote, progress)
     emit(a, _layer_doc(layer), f"pushed {a.ref} {layer.digest[:19]} to {a.store}")
@@ -141,9 +141,9 @@ async def image_push(a: argparse.Namespace) -> int:
 
 async def image_pull(a: argparse.Namespace) -> int:
     from corral.images import registry
-    from corral.images.objects import open_store
+    from corral.images.objects import open_store, operator_key
 
-    remote = open_store(a.store)
+    remote = open_store(a.store, operator_key())
     with progress_bar(disable=a.json) as progress:
         layer = await asyncio.to_thread(
             registry.pull, _store(a), a.ref, remote, progress, eager=a.eager

@@ -18,12 +18,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from corral import ids, metrics
 from corral import labels as platform_labels
@@ -49,7 +48,6 @@ from corral.errors import (
     InternalError,
     InvalidArgument,
     NodeFull,
-    NotFound,
     ResourceExhausted,
     SandboxLost,
     SandboxNotFound,
@@ -60,17 +58,6 @@ from corral.log import get_logger
 log = get_logger("corral.gateway")
 T = TypeVar("T")
 Made = SandboxInfo | builtins.list[SandboxInfo]
-
-
-def _saved_spec(req: SavedState) -> dict[str, Any]:
-    """The record a saved state was saved with (its size, for the charge)."""
-    from corral.images.objects import open_store
-
-    try:
-        doc: dict[str, Any] = json.loads(open_store(req.store).get(f"{req.key}/saved.json"))
-    except NotFound:
-        raise InvalidArgument("key", "names no saved state in the store", req.key) from None
-    return doc
 
 
 class _Refused(Exception):
@@ -395,14 +382,24 @@ class GatewayView(Forwarding):
                 await reader
 
     async def restore(self, req: SavedState) -> SandboxInfo:
-        """Placed and charged like a create (any node that runs the kind and
-        reaches the store), then the node loads the state."""
+        """Placed and charged like a create (by the size save() returned,
+        which the node checks against the signed record), then the node
+        loads the state from the named store."""
         if req.kind not in VM_KINDS:
             raise InvalidArgument("kind", "must be a VM kind a state was saved from", req.kind)
+        if req.project != self.project:
+            # A saved state is restored only by the project that saved it;
+            # the gateway never opens a store itself (the node does, one the
+            # operator named, and checks the signed record's project).
+            raise InvalidArgument("key", "names no saved state of this project", req.key)
+        if not req.memory or not req.cpu:
+            raise InvalidArgument(
+                "memory", "must be the saved size: pass the SavedState that save() returned",
+                req.memory,
+            )  # fmt: skip
         gw = self.gw
         key = sandboxes.node_key(self.project, req.idempotency_key or secrets.token_hex(16))
-        doc = await asyncio.to_thread(_saved_spec, req)
-        cpu, memory = float(doc["spec"]["cpu"]), int(doc["spec"]["memory"])
+        cpu, memory = req.cpu, req.memory
         node = await gw.choose(kind=req.kind, image="", memory=memory, exclude=set())
         try:
             [(row, new)] = await self._reserve([key], node.name, req.kind, cpu, memory)

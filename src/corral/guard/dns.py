@@ -112,6 +112,9 @@ class Resolver(asyncio.DatagramProtocol):
     def _refuse(self, index: int, key: str) -> None:
         self.tally[(index, key)] = self.tally.get((index, key), 0) + 1
 
+    def pending(self, index: int) -> dict[str, int]:
+        return {key: n for (i, key), n in self.tally.items() if i == index}
+
     def flush(self) -> dict[str, dict[str, int]]:
         """Write the refusals tallied since the last flush; returns them by
         sandbox (for the log)."""

@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -42,6 +43,26 @@ def _tree_size(root: Path) -> int:
     return total
 
 
+def device_nodes(root: Path) -> list[str]:
+    """Block and character device nodes in a tree about to become a layer,
+    relative to it. They are left out of every layer: inside a sandbox /dev
+    is its own, and on the host a device node in a layer is an open door
+    to whoever reaches it. Overlay whiteouts (character device 0:0) are not
+    listed: they are how a layer deletes a lower layer's file."""
+    found = []
+    for d, dirs, files in os.walk(root):
+        for name in (*files, *dirs):
+            path = os.path.join(d, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            whiteout = stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+            if (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) and not whiteout:
+                found.append(os.path.relpath(path, root))
+    return sorted(found)
+
+
 def build_from_dir(
     store: ImageStore,
     src: Path,
@@ -63,6 +84,11 @@ def build_from_dir(
     measure = measure or src
     if not measure.is_dir():
         raise InvalidArgument("from_dir", "must be an existing directory", str(measure))
+    # The source is never changed (it may be the caller's own directory):
+    # its devices are left out of the image instead.
+    devices = device_nodes(measure)
+    if devices:
+        log.info("layer.devices_left_out", source=str(measure), count=len(devices))
     total = _count_entries(measure)
     work = store.tmpdir("build")
     meta, blob = work / "meta.erofs", work / "blob"
@@ -71,6 +97,7 @@ def build_from_dir(
         "mkfs.erofs",
         f"--chunksize={CHUNK_SIZE}",
         f"--blobdev={blob}",
+        *(f"--exclude-path={d}" for d in devices),
         str(meta),
         str(src),
     ]

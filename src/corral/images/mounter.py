@@ -13,6 +13,7 @@ new sandboxes from using it until it is mounted again.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,7 +22,7 @@ from corral.errors import Unavailable
 from corral.host import mounts
 from corral.images.layer import Layer
 from corral.images.lazy.loader import LazyLoader
-from corral.images.objects import open_store
+from corral.images.objects import open_store, operator_key
 from corral.images.store import ImageStore
 from corral.log import get_logger
 
@@ -69,7 +70,15 @@ class LayerMounts:
         origin = self.store.origin(layer.digest)
         if origin is None:
             raise Unavailable(f"layer {layer.digest}: metadata image missing and no origin known")
-        data = open_store(origin).get(f"blobs/sha256/{layer.meta_digest.removeprefix('sha256:')}")
+        key = f"blobs/sha256/{layer.meta_digest.removeprefix('sha256:')}"
+        data = open_store(origin, operator_key()).get(key)
+        # The host kernel parses this image: it must be the one the layer's
+        # (verified) manifest names, byte for byte, whatever the store sent.
+        if "sha256:" + hashlib.sha256(data).hexdigest() != layer.meta_digest:
+            raise Unavailable(
+                f"layer {layer.digest}: the metadata image from {origin} does not match its "
+                "digest; not mounted"
+            )
         tmp = meta.with_name(f".{meta.name}.tmp{os.getpid()}")
         tmp.write_bytes(data)
         os.replace(tmp, meta)
@@ -88,7 +97,10 @@ class LayerMounts:
         # EROFS mounts a regular file directly (no loop device); the data
         # blob is the extra device holding the chunks.
         opts = f"device={device}" if device else None
-        mounts.mount(str(meta), str(target), "erofs", mounts.MS_RDONLY | mounts.MS_NODEV, opts)
+        # nosuid, nodev: on the host, a layer's setuid files and device nodes
+        # are inert (inside a sandbox its own mount decides, in its userns).
+        flags = mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV
+        mounts.mount(str(meta), str(target), "erofs", flags, opts)
 
     def release_all(self) -> None:
         """Unmount every layer mount (lazily: sandboxes still holding one

@@ -256,10 +256,19 @@ class S3Objects:
         return sorted(out)
 
 
+def operator_key() -> str | None:
+    """The operator's blob store key (CORRAL_BLOB_KEY), for the stores the
+    operator named itself: the CLI's push/pull and the origins of layers
+    it pulled. Never sent to a store a request named (open_store sends
+    only the key it is given)."""
+    return os.environ.get("CORRAL_BLOB_KEY")
+
+
 def open_store(url: str, api_key: str | None = None) -> ObjectStore:
-    """A store from its URL: a directory path, http(s)://, or s3://."""
+    """A store from its URL: a directory path, http(s)://, or s3://. Only
+    `api_key` is sent, and only to this store."""
     if url.startswith(("http://", "https://")):
-        return HttpObjects(url, api_key=api_key or os.environ.get("CORRAL_BLOB_KEY"))
+        return HttpObjects(url, api_key=api_key)
     if url.startswith("s3://"):
         return S3Objects(url)
     if url.startswith("file://"):

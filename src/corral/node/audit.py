@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from corral.api.models import AuditReport, ExecExit, ExecRequest
@@ -31,6 +34,7 @@ class Audit:
         seccompd: SeccompDaemon,
         network: NodeNetwork,
         scratch: Scratch,
+        pending: Callable[[str], dict[str, int]],
     ) -> None:
         self.config = config
         self.store = store
@@ -38,6 +42,7 @@ class Audit:
         self.seccompd = seccompd
         self.network = network
         self.scratch = scratch
+        self._pending = pending  # counts not yet in the store (the DNS resolver's)
 
     def account(
         self,
@@ -92,12 +97,10 @@ class Audit:
         if size + len(line) > self.config.log_quota:
             if not db.counters(sandbox_id).get("log_quota_hits"):
                 marker = json.dumps({"event": "log quota reached", "quota": self.config.log_quota})
-                with open(path, "ab") as f:
-                    f.write(marker.encode() + b"\n")
+                _append(path, marker.encode() + b"\n")
             db.count(sandbox_id, "log_quota_hits")
             return
-        with open(path, "ab") as f:
-            f.write(line)
+        _append(path, line)
 
     def keep_kernel_counters(self, sandbox_id: str) -> None:
         """Keep the kernel's counters before the cgroup goes away."""
@@ -111,6 +114,8 @@ class Audit:
     async def report(self, rec: SandboxRecord) -> AuditReport:
         sandbox_id = rec.id
         counters = self.store.counters(sandbox_id)
+        for key, value in self._pending(sandbox_id).items():
+            counters[key] = counters.get(key, 0) + value
         report = AuditReport(sandbox=sandbox_id)
         for key, value in counters.items():
             if key in AuditReport.model_fields:
@@ -128,6 +133,16 @@ class Audit:
         row = self.store.net_get(sandbox_id)
         if row is not None:
             report.egress_denied += self.network.denied(row[0])
+            report.dns_flooded += self.network.dns_flooded(row[0])
         log_path = self.config.sandboxes_dir / sandbox_id / "commands.log"
         report.log_bytes = log_path.stat().st_size if log_path.exists() else 0
         return report
+
+
+def _append(path: Path, data: bytes) -> None:
+    """Append, creating the file root-only (what ran is nobody else's)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)

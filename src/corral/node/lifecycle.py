@@ -254,8 +254,10 @@ class Lifecycle:
 
         phase("admit")
         try:
-            sandbox_dir.mkdir()
-            (sandbox_dir / "stage").mkdir()
+            # Traversable, not listable: a container's user namespace root
+            # walks it to the rootfs; a VM's needs nobody but root.
+            sandbox_dir.mkdir(mode=0o711 if runtime.net_tap is None else 0o700)
+            (sandbox_dir / "stage").mkdir(mode=0o700)
             self.scratch.create(rec.id, req.disk)  # two ioctls: ~0.1 ms
             if prep.host_id is not None:
                 # The merged root is the upper's root: the sandbox's root owns it.

@@ -80,9 +80,10 @@ class SandboxNetworks:
         row = db.net_get(sandbox_id)
         if row is None:
             return
-        denied = self.network.denied(row[0])
-        if denied:
-            db.count(sandbox_id, "egress_denied", denied)
+        for key, n in (("egress_denied", self.network.denied(row[0])),
+                       ("dns_flooded", self.network.dns_flooded(row[0]))):  # fmt: skip
+            if n:
+                db.count(sandbox_id, key, n)
         self.network.detach(row[0])
         db.net_free(sandbox_id)
 
@@ -130,6 +131,14 @@ class SandboxNetworks:
 
     def _count(self, sandbox_id: str, key: str, n: int) -> None:
         self.store.count(sandbox_id, key, n)
+
+    def pending(self, sandbox_id: str) -> dict[str, int]:
+        """What the resolver refused this sandbox since its last flush (the
+        audit adds it, so a refusal shows at once in this process)."""
+        row = self.store.net_get(sandbox_id)
+        if self._protocol is None or row is None:
+            return {}
+        return self._protocol.pending(row[0])
 
     def flush_resolver(self) -> None:
         """Write what the resolver refused since the last flush (each tick)."""

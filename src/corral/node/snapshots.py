@@ -216,6 +216,19 @@ class Snapshots:
 
     # ---------------------------------------------------------------- save, restore
 
+    def _store(self, name: str) -> ObjectStore:
+        """One of the stores the operator named, never a path or URL from a
+        request; its key (if any) goes to it alone."""
+        stores = self.config.object_stores
+        url = stores.get(name)
+        if url is None:
+            raise InvalidArgument(
+                "store", f"must name one of this node's stores: {', '.join(sorted(stores))}", name
+            )
+        if url.startswith("/"):
+            Path(url).mkdir(mode=0o700, parents=True, exist_ok=True)
+        return open_store(url, self.config.store_keys.get(name))
+
     async def save(self, sandbox_id: str, req: SaveRequest) -> SavedState:
         """Suspend a sandbox (if it runs) and copy its state and its record
         to an object store, from which restore() starts it on any node with
@@ -227,7 +240,7 @@ class Snapshots:
             raise InvalidArgument(
                 "network", "a VM with a network cannot move (its address is this node's)", "policy"
             )
-        store = open_store(req.store)
+        store = self._store(req.store)
         if rec.state == "running":
             await self.suspend(sandbox_id)
         rec = self.records.get(sandbox_id)
@@ -239,8 +252,10 @@ class Snapshots:
         state = self.config.sandboxes_dir / sandbox_id / "vm.state"
         version = await runtime.state_version()
         t0 = time.monotonic()
+        project = rec.labels.get(labels.PROJECT)
         doc = {
             "sandbox": sandbox_id,
+            "project": project,
             "kind": rec.kind,
             "spec": rec.spec,
             "layers": rec.layers,
@@ -259,14 +274,15 @@ class Snapshots:
         log.info("sandbox.saved", sandbox=sandbox_id, bytes=size, store=store.url,
                  ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
         return SavedState(store=req.store, key=key, sandbox=sandbox_id, kind=rec.kind,
-                          size=size, guest=version)  # fmt: skip
+                          size=size, guest=version, cpu=float(rec.spec["cpu"]),
+                          memory=int(rec.spec["memory"]), project=project)  # fmt: skip
 
     async def restore(self, req: SavedState) -> SandboxInfo:
         """A new sandbox on this node from a saved state: its memory,
         processes and files as they were saved. The layers are the exact
         ones it was saved with (pulled from the store when this node lacks
         them); the state version must be this node's."""
-        store = open_store(req.store)
+        store = self._store(req.store)
         try:
             record = await asyncio.to_thread(store.get, f"{req.key}/saved.json")
             mac = (await asyncio.to_thread(store.get, f"{req.key}/mac")).decode(errors="replace")
@@ -280,6 +296,16 @@ class Snapshots:
                 req.key,
             )
         doc = json.loads(record)
+        if doc.get("project") != req.project:
+            # A state belongs to the project it was saved in: another's looks
+            # like none at all (ids cannot be probed across projects).
+            raise InvalidArgument("key", f"names no saved state in store {req.store!r}", req.key)
+        spec = doc["spec"]
+        for name, given, saved in (("cpu", req.cpu, float(spec["cpu"])),
+                                   ("memory", req.memory, int(spec["memory"]))):  # fmt: skip
+            if given and given != saved:
+                # A gateway charged the restore by this value.
+                raise InvalidArgument(name, "must be what the state was saved with", given)
         runtime = self.runtimes.get(doc["kind"])
         if not isinstance(runtime, Snapshottable):
             raise InvalidArgument("kind", "this node does not run it", doc["kind"])

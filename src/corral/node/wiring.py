@@ -105,6 +105,19 @@ class NodeParts:
         return active
 
 
+def private_tree(cfg: NodeConfig) -> None:
+    """No other host user may list the node's tree or reach what is in it:
+    the data dir can only be traversed (a sandbox's user namespace root,
+    an unprivileged host id, walks it to its own rootfs), and what holds
+    layers, chunks, scratch space and audit counters is root's alone."""
+    cfg.data_dir.chmod(0o711)
+    cfg.sandboxes_dir.chmod(0o711)
+    for d in ("m", "lazy", "cache", "audit", "pmem"):
+        path = cfg.data_dir / d
+        path.mkdir(exist_ok=True)
+        path.chmod(0o700)
+
+
 def check_node_name(cfg: NodeConfig) -> None:
     """Sandbox ids, cgroups and leftovers are named after the node: one
     data dir belongs to one node name for good."""
@@ -163,6 +176,7 @@ async def start_parts(
 ) -> NodeParts:
     for d in (cfg.data_dir, cfg.sandboxes_dir, cfg.run_dir, cfg.platform_dir):
         d.mkdir(parents=True, exist_ok=True)
+    private_tree(cfg)
     check_node_name(cfg)
     platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
     cgroups = cg.Cgroups(cfg.cgroup_parent)
@@ -184,7 +198,7 @@ async def start_parts(
         _node_releasers(store, cgroups, scratch, networks),
         *(r.releasers() for r in runtimes.values()),
     ))  # fmt: skip
-    audit = Audit(cfg, store, cgroups, seccompd, network, scratch)
+    audit = Audit(cfg, store, cgroups, seccompd, network, scratch, networks.pending)
     # Sessions end when their sandbox is released: made first, handed over.
     sessions = Sessions(cfg, store, records, activity, audit, execd)
     lifecycle = Lifecycle(

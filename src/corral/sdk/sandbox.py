@@ -57,11 +57,13 @@ class AsyncSandbox:
         self.info = await self._service.suspend(self.id)
         return self.info
 
-    async def save(self, store: str) -> SavedState:
-        """Suspend this VM (if it runs) and copy its state to an object store
-        (a shared directory, http(s):// of `corral blobd`, s3://), from which
-        client.sandboxes.restore() starts it on any node. It stays here,
-        suspended: resume it, or close it once the copy runs elsewhere."""
+    async def save(self, store: str = "local") -> SavedState:
+        """Suspend this VM (if it runs) and copy its state to one of the
+        node's named object stores (its operator names them; "local" is
+        shared by the nodes that share the image store), from which
+        client.sandboxes.restore() starts it on any node that has the same
+        store. It stays here, suspended: resume it, or close it once the
+        copy runs elsewhere."""
         saved = await self._service.save(self.id, validated(SaveRequest, {"store": store}))
         self.info = await self._service.get(self.id)
         return saved

@@ -297,10 +297,11 @@ class Sandbox:
         """Bring a suspended sandbox back (a running one is left as it is)."""
         return self._portal.call(self._inner.resume)
 
-    def save(self, store: str) -> SavedState:
-        """Suspend this VM (if it runs) and copy its state to an object store (a shared directory,
-        http(s):// of `corral blobd`, s3://), from which client.sandboxes.restore() starts it on
-        any node. It stays here, suspended: resume it, or close it once the copy runs elsewhere."""
+    def save(self, store: str = 'local') -> SavedState:
+        """Suspend this VM (if it runs) and copy its state to one of the node's named object stores
+        (its operator names them; "local" is shared by the nodes that share the image store),
+        from which client.sandboxes.restore() starts it on any node that has the same store. It
+        stays here, suspended: resume it, or close it once the copy runs elsewhere."""
         return self._portal.call(self._inner.save, store)
 
     def suspend(self) -> SandboxInfo:

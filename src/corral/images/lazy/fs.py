@@ -26,7 +26,7 @@ import trio
 from corral.errors import CorralError
 from corral.images.lazy.cache import ChunkCache
 from corral.images.lazy.reader import LayerReader
-from corral.images.objects import open_store
+from corral.images.objects import open_store, operator_key
 from corral.images.store import ImageStore
 from corral.log import get_logger
 
@@ -104,7 +104,7 @@ class LazyFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         reader = LayerReader(
             layer,
-            store=None if local.exists() else open_store(origin or ""),
+            store=None if local.exists() else open_store(origin or "", operator_key()),
             local_blob=local if local.exists() else None,
             cache=self.cache,
             pinned=self.pinned,

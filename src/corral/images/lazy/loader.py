@@ -31,7 +31,9 @@ class LazyLoader:
         deadline: float = 20.0,
         attempts: int = 4,
     ) -> None:
-        self.mount = data_dir / "lazy"
+        # Below a root-only directory: the FUSE mount itself lets any user
+        # in (allow_other, for the kernel's reads on a sandbox's behalf).
+        self.mount = data_dir / "lazy" / "fs"
         self.cache = data_dir / "cache" / "chunks"
         self.lock = data_dir / "lazy.lock"
         self.log_file = data_dir / "lazy.log"

@@ -86,7 +86,10 @@ class ContainerRuntime:
         )
         if key in self._bpf:
             cfg["annotations"] = {"run.oci.seccomp_bpf_data": self._bpf[key]}
-        (prep.sandbox_dir / "config.json").write_text(json.dumps(cfg))
+        # Its env may hold secrets; the sandbox dir is only traversable.
+        fd = os.open(prep.sandbox_dir / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(cfg, f)
 
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
