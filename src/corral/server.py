@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import ipaddress
 import os
 import signal
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import uvicorn
 
 from corral.api.app import create_app
 from corral.config import NodeConfig
+from corral.errors import InvalidArgument
 from corral.images.blobd import create_blob_app
 from corral.log import configure, get_logger
 from corral.node.agent import NodeAgent
@@ -73,6 +75,21 @@ async def _run(
         stop()
 
 
+def require_key_beyond_loopback(host: str, key: str | None, flag: str) -> None:
+    """Whoever can reach an unkeyed server runs code as its sandboxes and
+    reads its files: without a key it listens on loopback only."""
+    if key:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise InvalidArgument(
+            "host", f"may be beyond loopback only with an API key: give {flag}", host
+        )
+
+
 async def serve(
     config: NodeConfig,
     *,
@@ -89,11 +106,12 @@ async def serve(
     store), it also heartbeats its capacity there as reachable at
     `advertise` (default http://host:port), so gateways place on it."""
     configure(log_level)
+    key = api_key or os.environ.get("CORRAL_API_KEY")
+    require_key_beyond_loopback(host, key, "--api-key (or CORRAL_API_KEY)")
     become_subreaper()
     agent = NodeAgent(config, reap_children=True)
     await agent.start()
     warming = asyncio.create_task(_warm(agent)) if config.fncall_warm else None
-    key = api_key or os.environ.get("CORRAL_API_KEY")
     app = create_app(agent, api_key=key)
     # The node's layer store, readable by other nodes (image pull, lazy loading).
     create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs")

@@ -4,10 +4,13 @@ notice, and each refusal counted in the audit by class."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 
 import corral
@@ -153,3 +156,66 @@ async def test_setuid_files_committed_are_inert_on_the_host(
         assert run.returncode != 0 or run.stdout.strip() != "0", run
     finally:
         await user.close()
+
+
+# ----------------------------------------------------------------- class 9
+
+
+async def test_an_unkeyed_server_listens_on_loopback_only(tmp_path: Path) -> None:
+    for host in ("0.0.0.0", "10.0.0.1", "::", "example.org"):
+        out = subprocess.run(
+            [sys.executable, "-m", "corral.cli.main", "--data-dir", str(tmp_path / "n"),
+             "serve", "--host", host, "--port", "1"],
+            capture_output=True, text=True, timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "CORRAL_API_KEY"},
+        )  # fmt: skip
+        assert out.returncode == 2 and "API key" in out.stderr and "host" in out.stderr, out
+    assert not (tmp_path / "n" / "state.db").exists()  # refused before anything started
+
+
+async def test_metrics_and_the_blob_store_need_the_key(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+
+    from corral.api.app import create_app
+    from corral.api.http import HttpService
+    from corral.images.blobd import create_blob_app
+
+    root = tmp_path / "blobs"
+    (root / "blobs" / "sha256").mkdir(parents=True)
+    (root / "blobs" / "sha256" / "ab").write_bytes(b"layer")
+    # Any service will do: these routes never reach it.
+    app: FastAPI = create_app(HttpService("http://127.0.0.1:9"), api_key="k")
+    create_blob_app(root, api_key="k", app=app, prefix="/blobs")
+    good = {"authorization": "Bearer k"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        for method, url in (("GET", "/metrics"), ("GET", "/blobs/objects/blobs/sha256/ab"),
+                            ("HEAD", "/blobs/objects/blobs/sha256/ab"), ("GET", "/blobs/objects"),
+                            ("GET", "/blobs/stats"), ("PUT", "/blobs/objects/x")):  # fmt: skip
+            for headers in ({}, {"authorization": "Bearer wrong"}):
+                resp = await h.request(method, url, headers=headers, content=b"x")
+                assert resp.status_code == 401, (method, url, headers)
+        assert (await h.get("/metrics", headers=good)).status_code == 200
+        assert (await h.get("/blobs/objects/blobs/sha256/ab", headers=good)).content == b"layer"
+        # A listing's prefix is an object name, never a host path.
+        for prefix in ("..", "../..", "/etc", "blobs/../..", "./", "a\\..\\b"):
+            resp = await h.get("/blobs/objects", params={"prefix": prefix}, headers=good)
+            assert resp.status_code == 400, prefix
+        listed = await h.get("/blobs/objects", params={"prefix": "blobs"}, headers=good)
+        assert listed.json() == {"keys": ["blobs/sha256/ab"]}
+        assert not (root / "x").exists()
+
+
+async def test_a_body_over_the_cap_is_refused_before_it_is_read() -> None:
+    from corral.api.app import create_app
+    from corral.api.http import HttpService
+    from corral.api.routes import MAX_BODY
+
+    app = create_app(HttpService("http://127.0.0.1:9"))  # never reached
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        resp = await h.put(
+            "/v1/sandboxes/t-0123456789abcdef/files",
+            params={"path": "/x"},
+            headers={"content-length": str(MAX_BODY + 1)},
+            content=b"",
+        )
+    assert resp.status_code == 400 and resp.json()["error"]["field"] == "body"

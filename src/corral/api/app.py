@@ -101,7 +101,10 @@ def create_app(
         return {"ok": True, "version": __version__}
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        # Behind the same key as the API: counts of sandboxes, nodes and
+        # refusals are the operator's, not anyone's who can reach the port.
+        await resolve(request)
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     add_routes(app)

@@ -21,7 +21,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-MAX_BODY = 1 << 30  # the largest raw body a server reads (a file, a tar archive)
+# The largest raw body a server reads (a file, a tar archive): the node's
+# default max_file_bytes, refused by Content-Length before a byte is read.
+MAX_BODY = 256 << 20
 
 # ------------------------------------------------------------ how arguments travel
 

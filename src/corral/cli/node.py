@@ -139,7 +139,9 @@ async def blobd(a: argparse.Namespace) -> int:
     import uvicorn
 
     from corral.images.blobd import create_blob_app
+    from corral.server import require_key_beyond_loopback
 
+    require_key_beyond_loopback(a.host, a.api_key, "--api-key")
     rate = parse_size(a.rate, "rate") if a.rate else None
     app = create_blob_app(a.root, rate=rate, api_key=a.api_key)
     server = uvicorn.Server(

@@ -22,6 +22,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from corral.errors import InvalidArgument
 from corral.images.objects import LocalObjects
 
 PIECE = 64 * 1024
@@ -60,6 +61,15 @@ def create_blob_app(
     bucket = TokenBucket(rate) if rate else None
     sent = {"bytes": 0}
 
+    def allowed(request: Request) -> bool:
+        if api_key is None:
+            return True
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        return hmac.compare_digest(given.encode(), api_key.encode())
+
+    def unauthenticated() -> JSONResponse:
+        return JSONResponse({"error": "a valid API key is required"}, status_code=401)
+
     def path_of(key: str) -> Path | None:
         try:
             p = store._path(key)
@@ -83,6 +93,8 @@ def create_blob_app(
 
     @app.get(prefix + "/objects/{key:path}")
     async def get(key: str, request: Request) -> Response:
+        if not allowed(request):
+            return unauthenticated()
         path = path_of(key)
         if path is None:
             return JSONResponse({"error": "not found"}, status_code=404)
@@ -106,7 +118,9 @@ def create_blob_app(
         )
 
     @app.head(prefix + "/objects/{key:path}")
-    async def head(key: str) -> Response:
+    async def head(key: str, request: Request) -> Response:
+        if not allowed(request):
+            return Response(status_code=401)
         path = path_of(key)
         if path is None:
             return Response(status_code=404)
@@ -114,10 +128,8 @@ def create_blob_app(
 
     @app.put(prefix + "/objects/{key:path}")
     async def put(key: str, request: Request) -> Response:
-        if api_key is not None:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
-                return JSONResponse({"error": "a valid API key is required"}, status_code=401)
+        if not allowed(request):
+            return unauthenticated()
         try:
             dst = store._path(key)
         except Exception:
@@ -131,11 +143,19 @@ def create_blob_app(
         return Response(status_code=204)
 
     @app.get(prefix + "/objects")
-    async def list_keys(request: Request) -> dict[str, list[str]]:
-        return {"keys": store.list(request.query_params.get("prefix", ""))}
+    async def list_keys(request: Request) -> Response:
+        if not allowed(request):
+            return unauthenticated()
+        try:
+            keys = store.list(request.query_params.get("prefix", ""))
+        except InvalidArgument as exc:
+            return JSONResponse({"error": exc.message}, status_code=400)
+        return JSONResponse({"keys": keys})
 
     @app.get(prefix + "/stats")
-    async def stats() -> dict[str, int]:
-        return dict(sent)
+    async def stats(request: Request) -> Response:
+        if not allowed(request):
+            return unauthenticated()
+        return JSONResponse(dict(sent))
 
     return app

@@ -45,7 +45,17 @@ class ObjectStore(Protocol):
 
 
 def _check_key(key: str) -> str:
-    if not key or key.startswith("/") or ".." in key.split("/") or "\x00" in key:
+    """A relative object name: no root, no '..' or '.' part, no NUL, no
+    backslash (a key names an object, never a place on the host)."""
+    parts = key.split("/")
+    if (
+        not key
+        or key.startswith("/")
+        or any(p in ("..", ".") for p in parts)
+        or "\x00" in key
+        or "\\" in key
+        or len(key) > 1024
+    ):
         raise InvalidArgument("key", "must be a relative object key without '..'", key)
     return key
 
@@ -95,7 +105,8 @@ class LocalObjects:
         os.replace(tmp, dst)
 
     def list(self, prefix: str) -> list[str]:
-        base = self.root / prefix
+        # A prefix is an object name like any key: never a way out of root.
+        base = self.root / _check_key(prefix) if prefix else self.root
         if not base.is_dir():
             return []
         return sorted(
