@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from corral.errors import ImageNotFound, InvalidArgument, NotFound
+from corral.errors import ImageNotFound, InvalidArgument, NotFound, Unavailable
 from corral.images import registry
 from corral.images.blobd import create_blob_app
 from corral.images.objects import HttpObjects, LocalObjects, open_store
@@ -109,7 +109,10 @@ def test_push_and_pull_over_http(tmp_path: Path, blobd: str) -> None:
     a, b = ImageStore(tmp_path / "a"), ImageStore(tmp_path / "b")
     digest = _layer(a, tmp_path, "tk:9")
     registry.push(a, "tk:9", HttpObjects(blobd, api_key="k"), _noprogress)
-    assert registry.pull(b, "tk:9", open_store(blobd), _noprogress).digest == digest
+    # Reads need the key too (issue 14): a layer store is not for anyone.
+    with pytest.raises(Unavailable, match="401"):
+        registry.pull(b, "tk:9", open_store(blobd), _noprogress)
+    assert registry.pull(b, "tk:9", open_store(blobd, "k"), _noprogress).digest == digest
 
 
 @pytest.mark.parametrize("url", ["relative/dir", "ftp://x", ""])
