@@ -4,9 +4,11 @@ notice, and each refusal counted in the audit by class."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import corral
 from corral.config import NodeConfig
 
 from . import review_attacks as r
-from .attacks import IMAGE, Neighbour, during
+from .attacks import IMAGE, Neighbour, Outcome, during
 from .test_attacks import check
 
 
@@ -219,3 +221,39 @@ async def test_a_body_over_the_cap_is_refused_before_it_is_read() -> None:
             content=b"",
         )
     assert resp.status_code == 400 and resp.json()["error"]["field"] == "body"
+
+
+# ----------------------------------------------------------------- class 8
+
+
+@pytest.mark.requires_qemu
+async def test_a_guest_flooding_its_console_is_held_to_the_cap(
+    rt_client: corral.AsyncClient, rt_config: NodeConfig, neighbour: Neighbour
+) -> None:
+    """Guest root writes its serial console as fast as it can: the host's
+    copy (outside any quota of the sandbox's) stays under its cap, what
+    was trimmed is audited, and the neighbour does not notice."""
+    from corral.runtimes.vm.runtime import CONSOLE_KEEP, CONSOLE_MAX
+
+    vm = await rt_client.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    log = rt_config.sandboxes_dir / vm.id / "console.log"
+    try:
+        flood = vm.commands.run(
+            "head -c 6000000 /dev/zero | tr '\\0' x > /dev/ttyS0; echo done", timeout=300
+        )
+        outcome, ratio = await during(neighbour, _as_outcome(flood))
+        await check(neighbour, outcome, ratio)
+        await asyncio.sleep(rt_config.liveness_interval * 2 + 1)  # a trim tick after the end
+        assert log.stat().st_size <= CONSOLE_MAX + CONSOLE_KEEP, log.stat().st_size
+        audit = await vm.audit()
+        assert audit.console_dropped_bytes > 0, audit
+        # The guest still answers, and its last console lines are still there.
+        assert (await vm.commands.run("echo alive")).stdout == "alive\n"
+        assert log.read_bytes().endswith(b"x")
+    finally:
+        await vm.close()
+
+
+async def _as_outcome(run: Awaitable[corral.CommandResult]) -> Outcome:
+    r = await run
+    return Outcome(r.stdout.strip() == "done", f"exit {r.exit_code} {r.stderr[-200:]}")

@@ -316,6 +316,8 @@ class AuditReport(BaseModel):
     dns_denied: int = 0  # queries refused: a name not allowed, or past the resolver's rate
     dns_flooded: int = 0  # queries dropped in the kernel past the per-sandbox rate
     dns_rebinding: int = 0  # answers of allowed names pointing inside, dropped
+    console_dropped_bytes: int = 0  # a VM guest's console beyond its cap, trimmed
+    replies_refused: int = 0  # exec server answers over what was asked (a VM guest's)
     disk_used: int | None = None
     disk_limit: int | None = None
 

@@ -23,6 +23,18 @@ from corral.errors import (
 from corral.execd import protocol as p
 
 CHUNK = 256 * 1024
+MAX_ENTRIES = 1 << 20  # a listing's entries, at most (the host holds them all)
+
+
+def reply_refused(path: str, what: str) -> FileError:
+    """An answer the host will not hold: the exec server sent `what`."""
+    return FileError(
+        f"{path}: the sandbox answered with {what}; refused",
+        path=path,
+        errno=errno_mod.EFBIG,
+        strerror="EFBIG",
+        refused="reply",
+    )
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,10 @@ class Connection:
         try:
             head = await self.reader.readexactly(p.HEADER.size)
             length, _stream, kind = p.HEADER.unpack(head)
+            if length > p.MAX_PAYLOAD:
+                # The server may be hostile (a VM guest's root speaks for
+                # its agent): a frame is never buffered past the protocol's cap.
+                raise ConnectionError(f"exec server sent a {length}-byte frame")
             payload = await self.reader.readexactly(length) if length else b""
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise ConnectionError("exec server closed the connection") from exc
@@ -118,7 +134,13 @@ class ExecdClient:
 
     async def read(self, user: str, path: str, max_bytes: int) -> bytes:
         request = p.file_request(p.REQ_READ, user, path, p.u64(max_bytes))
-        return b"".join([f.payload async for f in self._until_ok(request, path)])
+        parts, total = [], 0
+        async for f in self._until_ok(request, path):
+            total += len(f.payload)
+            if total > max_bytes:
+                raise reply_refused(path, f"more than the {max_bytes} bytes asked for")
+            parts.append(f.payload)
+        return b"".join(parts)
 
     async def write(
         self,
@@ -152,7 +174,12 @@ class ExecdClient:
 
     async def list(self, user: str, path: str) -> builtins.list[p.Entry]:
         request = p.file_request(p.REQ_LIST, user, path)
-        return [p.parse_entry(f.payload) async for f in self._until_ok(request, path)]
+        entries: builtins.list[p.Entry] = []
+        async for f in self._until_ok(request, path):
+            if len(entries) >= MAX_ENTRIES:
+                raise reply_refused(path, f"more than {MAX_ENTRIES} directory entries")
+            entries.append(p.parse_entry(f.payload))
+        return entries
 
     async def stat(self, user: str, path: str) -> p.Entry:
         conn = await self.connect()

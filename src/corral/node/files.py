@@ -5,12 +5,13 @@ download through the platform's own busybox (never the image's tar)."""
 from __future__ import annotations
 
 import builtins
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 from corral import metrics
 from corral.api.models import FileEntry, check_path
 from corral.config import NodeConfig
-from corral.errors import InvalidArgument
+from corral.errors import FileError, InvalidArgument
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
 from corral.host import platform as plat
@@ -48,11 +49,22 @@ class Files:
         self._execd = execd
         self.sessions = sessions
 
+    @contextmanager
+    def _audited(self, sandbox_id: str) -> Iterator[None]:
+        """An answer the host refused to hold (execd/client.py) is counted."""
+        try:
+            yield
+        except FileError as exc:
+            if exc.details.get("refused") == "reply":
+                self.sessions.store.count(sandbox_id, "replies_refused")
+            raise
+
     async def read(self, sandbox_id: str, path: str, user: str) -> bytes:
         path = check_path(path)
         await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("read").inc()
-        return await self._execd(sandbox_id).read(user, path, self.max_bytes)
+        with self._audited(sandbox_id):
+            return await self._execd(sandbox_id).read(user, path, self.max_bytes)
 
     async def write(self, sandbox_id: str, path: str, data: bytes, user: str, mode: int) -> int:
         path = check_path(path)
@@ -72,7 +84,8 @@ class Files:
         path = check_path(path)
         await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("list").inc()
-        entries = await self._execd(sandbox_id).list(user, path)
+        with self._audited(sandbox_id):
+            entries = await self._execd(sandbox_id).list(user, path)
         return sorted(
             (_entry(e, f"{path.rstrip('/')}/{e.name}") for e in entries), key=lambda e: e.name
         )

@@ -13,7 +13,7 @@ import asyncio
 import fcntl
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from corral import metrics
 from corral.api.models import VM_KINDS
@@ -27,6 +27,7 @@ from corral.node.children import Children
 from corral.node.lifecycle import Lifecycle, control_path
 from corral.node.recovery import GcReport, Recovery, init_alive, orphan_worker
 from corral.node.store import SandboxRecord, Store
+from corral.runtimes.base import Diagnosable, Runtime
 
 log = get_logger("corral.maintenance")
 
@@ -42,6 +43,7 @@ class Housekeeping:
         owner: str,
         lifecycle: Lifecycle,
         recovery: Recovery,
+        runtimes: Mapping[str, Runtime],
         layers: LayerMounts,
         activity: Activity,
         children: Children,
@@ -53,6 +55,7 @@ class Housekeeping:
         self.owner = owner
         self.lifecycle = lifecycle
         self.recovery = recovery
+        self.runtimes = runtimes
         self.layers = layers
         self.activity = activity
         self.children = children
@@ -140,10 +143,21 @@ class Housekeeping:
                 await lc.retire(rec.id, reason="its function-call pool is gone")
         if check_liveness:
             await self._check_guests(now)
+            self._bound_logs()
         metrics.SANDBOXES_ACTIVE.set(db.count_active()[0])
         if now - self._last_gc >= GC_EVERY:
             self._last_gc = now
             await self.recovery.gc()
+
+    def _bound_logs(self) -> None:
+        """Logs a sandbox writes outside its disk quota (a VM's console)
+        stay under their cap; what was dropped is in its audit."""
+        for rec in self.store.list(["running"]):
+            runtime = self.runtimes.get(rec.kind)
+            if isinstance(runtime, Diagnosable):
+                dropped = runtime.bound_logs(rec.id)
+                if dropped:
+                    self.store.count(rec.id, "console_dropped_bytes", dropped)
 
     async def _check_guests(self, now: float) -> None:
         """A VM's QEMU can be alive around a dead guest: a kernel stuck with

@@ -9,6 +9,7 @@ import builtins
 import signal as signals
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Literal
 
 from corral import metrics
 from corral.api.models import ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStarted
@@ -88,6 +89,8 @@ class Sessions:
         self.activity.begin(sandbox_id)
         outcome = "error"
         exit_event: ExecExit | None = None
+        seen = {"stdout": 0, "stderr": 0}
+        over = False
         try:
             yield ExecStarted(pid=session.pid)
             limit = req.timeout + EXEC_GRACE if req.timeout else None
@@ -131,9 +134,20 @@ class Sessions:
                         await self._reset_stateless(sandbox_id)
                     yield exit_event
                     return
-                yield ExecOutput(
-                    type="stdout" if kind == proto.RSP_STDOUT else "stderr", data=payload
+                stream: Literal["stdout", "stderr"] = (
+                    "stdout" if kind == proto.RSP_STDOUT else "stderr"
                 )
+                # The server caps what it captures; the host holds it to the
+                # same caps whatever it says (a VM guest's root speaks for it).
+                room = (req.stdout_limit if stream == "stdout" else req.stderr_limit) - seen[stream]
+                if len(payload) > room:
+                    payload = payload[: max(0, room)]
+                    if not over:
+                        over = True
+                        self.store.count(sandbox_id, "replies_refused")
+                seen[stream] += len(payload)
+                if payload:
+                    yield ExecOutput(type=stream, data=payload)
         finally:
             session.close()
             self._sessions.pop(key, None)

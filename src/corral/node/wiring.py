@@ -226,7 +226,8 @@ async def start_parts(
                        retire=lifecycle.retire, execd=execd),
         recovery=recovery,
         housekeeping=Housekeeping(
-            cfg, store, owner=owner, lifecycle=lifecycle, recovery=recovery, layers=layers,
+            cfg, store, owner=owner, lifecycle=lifecycle, recovery=recovery, runtimes=runtimes,
+            layers=layers,
             activity=activity, children=children, on_lead=networks.start_resolver,
             on_tick=networks.flush_resolver,
         ),

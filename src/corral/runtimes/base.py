@@ -168,6 +168,11 @@ class Diagnosable(Protocol):
 
     def console_tail(self, sandbox_id: str, lines: int = 60) -> str: ...
 
+    def bound_logs(self, sandbox_id: str) -> int:
+        """Trim that log to its cap (the node calls it on each liveness
+        tick); returns the bytes dropped."""
+        ...
+
 
 def unsupported(kind: str, rule: str) -> InvalidArgument:
     """The refusal of an operation a kind's runtime lacks the capability

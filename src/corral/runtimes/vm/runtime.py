@@ -51,6 +51,10 @@ TAP = "tap0"  # in the VM's own network namespace: one name for every VM
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 PMEM_ALIGN = 128 * 2**20
+CONSOLE_MAX = 1 << 20  # a guest's console log on the host, at most (then trimmed)
+CONSOLE_KEEP = 256 << 10  # what is kept of it: the lines a failure report shows
+FALLOC_FL_COLLAPSE_RANGE = 0x08
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
 
 def vm_capable() -> bool:
@@ -294,6 +298,19 @@ class MicroVMRuntime:
         channels, self.channels = self.channels, {}
         await asyncio.gather(*(c.aclose() for c in channels.values()))
 
+    def bound_logs(self, sandbox_id: str) -> int:
+        """Keep the guest's console log under CONSOLE_MAX (its last
+        CONSOLE_KEEP bytes): the guest writes it, the host stores it, and
+        no quota of the sandbox's covers it. Returns the bytes dropped."""
+        path = self._dir(sandbox_id) / "console.log"
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return 0
+        if size <= CONSOLE_MAX:
+            return 0
+        return drop_head(path, size - CONSOLE_KEEP)
+
     def console_tail(self, sandbox_id: str, lines: int = 60) -> str:
         """The guest's last console lines (a crash, a hang, an OOM)."""
         try:
@@ -390,6 +407,25 @@ class FullVMRuntime(MicroVMRuntime):
     async def _release_vm(self, ref: str) -> None:
         self.displays.pop(ref, None)
         await super()._release_vm(ref)
+
+
+def drop_head(path: Path, n: int) -> int:
+    """Remove (about) the first `n` bytes of a file another process appends
+    to (O_APPEND: it writes on at the new end). Collapsing the range keeps
+    the rest in place where the file system can (ext4, xfs); elsewhere the
+    tail is copied down. Returns the bytes removed."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        block = os.fstatvfs(fd).f_bsize
+        whole = n // block * block
+        if whole and _libc.fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, 0, ctypes.c_long(whole)) == 0:
+            return whole
+        tail = os.pread(fd, CONSOLE_KEEP, n)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, tail, 0)
+        return n
+    finally:
+        os.close(fd)
 
 
 def _qemu(pid_file: Path, kind: str) -> int | None:
