@@ -24,7 +24,16 @@
  * map line MAP ("inside outside count") before running the program: how a
  * committed layer reads a sandbox's upper with its ids shifted back.
  *
- * usage: corral-nsexec [--hybrid] [--overlay LOWER UPPER WORK TARGET]
+ * --limits PID NAME=VALUE... enters the user namespace of process PID (a
+ * sandbox's init) and writes each /proc/sys/user/NAME there: limits of the
+ * kernel's per-user-namespace counters (inotify instances and watches,
+ * fanotify groups and marks). Without them every sandbox's charge lands on
+ * one account, the host root's that created its namespace, and one sandbox
+ * could exhaust it for all the others and for the host's own services.
+ * The values show only from inside that namespace, hence the setns.
+ *
+ * usage: corral-nsexec --limits PID NAME=VALUE...
+ *        corral-nsexec [--hybrid] [--overlay LOWER UPPER WORK TARGET]
  *                      [--idmap HOSTID:SIZE --stage DIR] [--view SRC DST MAP]
  *                      [--listen-fd N] [--log FILE] -- PROGRAM ARGS...
  * Exit status 125 means corral-nsexec itself failed (message on stderr).
@@ -100,7 +109,36 @@ static void idmapped(int userns, const char *src, const char *dst) {
 }
 
 
+static int limits(int argc, char **argv) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%s/ns/user", argv[2]);
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0) die("opening", path);
+    if (setns(ns, CLONE_NEWUSER) < 0) die("entering", path);
+    for (int i = 3; i < argc; i++) {
+        char name[64], file[128];
+        const char *eq = strchr(argv[i], '=');
+        if (!eq || eq == argv[i] || (size_t)(eq - argv[i]) >= sizeof name || strchr(argv[i], '/')) {
+            fprintf(stderr, "corral-nsexec: --limits takes NAME=VALUE, not %s\n", argv[i]);
+            return 125;
+        }
+        memcpy(name, argv[i], (size_t)(eq - argv[i]));
+        name[eq - argv[i]] = 0;
+        snprintf(file, sizeof file, "/proc/sys/user/%s", name);
+        int fd = open(file, O_WRONLY | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno == ENOENT) continue; /* this kernel does not count it */
+            die("opening", file);
+        }
+        size_t n = strlen(eq + 1);
+        if (write(fd, eq + 1, n) != (ssize_t)n) die("writing", file);
+        close(fd);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 3 && !strcmp(argv[1], "--limits")) return limits(argc, argv);
     int hybrid = 0, listen_fd = -1;
     const char *lower = NULL, *upper = NULL, *work = NULL, *target = NULL, *log = NULL;
     const char *idmap = NULL, *stage = NULL, *view_src = NULL, *view_dst = NULL, *view_map = NULL;

@@ -21,6 +21,12 @@
  * A sandbox that floods refused syscalls only slows itself: past a budget
  * per second its fd is not polled for a while, and its threads wait.
  *
+ * io_setup is the one call the daemon lets through (the filter notifies
+ * it, the daemon answers CONTINUE): the kernel's AIO event count is one
+ * host-wide pool (fs.aio-max-nr) with no per-user share, so each sandbox
+ * gets a budget of events for its life (--aio-events), and a call past it
+ * is refused with EAGAIN and counted, as the pool itself would refuse.
+ *
  * usage: corral-seccompd --listen PATH --audit-dir DIR --policy FILE --lock FILE
  */
 #define _GNU_SOURCE
@@ -55,10 +61,13 @@ struct sandbox {
     long budget;
     long long window_start_ms;
     long long muted_until_ms;
+    unsigned long long aio_events; /* granted to io_setup over its life */
 };
 
 #define I386_SLOTS 512
 #define X32_BIT 0x40000000
+#define NR_IO_SETUP 206
+static unsigned long long aio_budget = 65536;
 
 static int errno_for[SLOTS];
 static int twin_of_i386[I386_SLOTS]; /* x86_64 number, or -1 */
@@ -170,6 +179,20 @@ static int answer(struct sandbox *sb) {
     memset(&resp, 0, sizeof resp);
     resp.id = req.id;
     resp.error = -err;
+    if (slot == NR_IO_SETUP) {
+        /* The kernel reads nr_events as an unsigned int: charge that. (It
+         * reserves about twice as many in the pool; the node sizes the
+         * pool, fs.aio-max-nr, for that.) */
+        unsigned long long want = (uint32_t)req.data.args[0];
+        if (sb->aio_events + want <= aio_budget) {
+            sb->aio_events += want;
+            resp.error = 0;
+            resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+            if (ioctl(sb->notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp) < 0 && errno != ENOENT) {}
+            return 0; /* granted: not a refusal, not counted */
+        }
+        resp.error = -EAGAIN;
+    }
     if (ioctl(sb->notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp) < 0 && errno != ENOENT) {}
     count(sb, slot);
     return 0;
@@ -209,11 +232,15 @@ int main(int argc, char **argv) {
         perror("corral-seccompd: policy");
         return 1;
     }
-    /* Lines: "<nr> <errno>" for x86_64, "i386 <nr32> <nr64>" for the twins. */
+    /* Lines: "<nr> <errno>" for x86_64, "i386 <nr32> <nr64>" for the twins,
+     * "aio <events>" for each sandbox's budget of AIO events. */
     char line[128];
     while (fgets(line, sizeof line, pf)) {
         int a, b;
-        if (sscanf(line, "i386 %d %d", &a, &b) == 2) {
+        unsigned long long events;
+        if (sscanf(line, "aio %llu", &events) == 1) {
+            aio_budget = events;
+        } else if (sscanf(line, "i386 %d %d", &a, &b) == 2) {
             if (a >= 0 && a < I386_SLOTS && b >= 0 && b < OTHER_ARCH) twin_of_i386[a] = b;
         } else if (sscanf(line, "%d %d", &a, &b) == 2) {
             if (a >= 0 && a < OTHER_ARCH) errno_for[a] = b;

@@ -59,6 +59,13 @@ class NodeConfig:
     # one sandbox streaming to disk leaves the device to its neighbours too.
     disk_read_bps: int = 128 * 1024**2
     disk_write_bps: int = 128 * 1024**2
+    # Kernel counters charged per user namespace (each sandbox's own share;
+    # the host-wide account is raised to hold every sandbox's at once).
+    inotify_instances: int = 128
+    inotify_watches: int = 16384
+    # AIO events a sandbox may set up over its life (the pool, fs.aio-max-nr,
+    # is the host's: raised to hold every sandbox's budget at once).
+    aio_events: int = 65536
     max_file_bytes: int = 256 * 1024**2
     # What the platform logs about one sandbox (its command log) is capped:
     # an endless printer costs at most this, and the cap hit is recorded.
@@ -171,6 +178,9 @@ class NodeConfig:
                 "fncall_workers_total",
                 "fncall_pids",
                 "fncall_warm",
+                "inotify_instances",
+                "inotify_watches",
+                "aio_events",
             ):
                 values[f.name] = int(raw)
             elif f.name in ("disk_read_bps", "disk_write_bps"):

@@ -153,3 +153,43 @@ cp /bin/id /usr/local/bin/corral-suid-id && chmod 4755 /usr/local/bin/corral-sui
 cp /bin/sh /usr/local/bin/corral-suid-sh && chmod 6755 /usr/local/bin/corral-suid-sh
 stat -c '%a %U' /usr/local/bin/corral-suid-id
 """
+
+
+COUNTERS = r"""
+import ctypes, json, os, sys, tempfile
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(r):
+    return 0 if r >= 0 else ctypes.get_errno()
+# inotify instances until refused
+fds = []
+while len(fds) < 100000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    fds.append(fd)
+instances = len(fds)
+# watches on one instance until refused (each on its own directory)
+base = tempfile.mkdtemp()
+watches = 0
+fd = fds[0] if fds else libc.inotify_init1(0)
+while watches < 200000:
+    d = os.path.join(base, str(watches))
+    os.mkdir(d)
+    if libc.inotify_add_watch(fd, d.encode(), 0x100) < 0:
+        break
+    watches += 1
+class Attr(ctypes.Structure):
+    _fields_ = [("f", ctypes.c_long), ("m", ctypes.c_long), ("s", ctypes.c_long), ("c", ctypes.c_long), ("p", ctypes.c_long * 4)]
+mq = errno_of(libc.mq_open(b"/corral-q", os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(Attr(0, 10, 8192, 0))))
+aio = []
+for n in map(int, sys.argv[1:]):
+    ctx = ctypes.c_ulong(0)
+    aio.append(errno_of(libc.syscall(206, n, ctypes.byref(ctx))))
+print(json.dumps({"instances": instances, "watches": watches, "mq": mq, "aio": aio}))
+"""
+
+
+async def kernel_counters(sbx: corral.AsyncSandbox, *aio: int) -> dict[str, object]:
+    """Class 3: take as much of each host-wide kernel counter as allowed."""
+    r = await sbx.commands.run(_py(COUNTERS) + [str(n) for n in aio], timeout=120)
+    return json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr}

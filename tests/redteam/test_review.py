@@ -5,6 +5,8 @@ notice, and each refusal counted in the audit by class."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -257,3 +259,41 @@ async def test_a_guest_flooding_its_console_is_held_to_the_cap(
 async def _as_outcome(run: Awaitable[corral.CommandResult]) -> Outcome:
     r = await run
     return Outcome(r.stdout.strip() == "done", f"exit {r.exit_code} {r.stderr[-200:]}")
+
+
+# ----------------------------------------------------------------- class 3
+
+
+async def test_a_sandbox_at_its_kernel_counter_limits_leaves_the_neighbour_its_own(
+    rt_client: corral.AsyncClient, rt_config: NodeConfig
+) -> None:
+    """inotify instances and watches are the sandbox's own share (per user
+    namespace), AIO events a per-sandbox budget, POSIX message queues
+    refused: a sandbox holding all it can get leaves a neighbour able to
+    use each, and the host root too."""
+    hog = await rt_client.sandboxes.create(image=IMAGE, pids=256, disk="512MiB")
+    other = await rt_client.sandboxes.create(image=IMAGE, pids=256, disk="512MiB")
+    try:
+        holding = hog.commands.start(
+            ["python3", "-c", r.COUNTERS.replace("print(", "import time; print(") + "\ntime.sleep(30)",
+             str(rt_config.aio_events // 2), str(rt_config.aio_events // 2), "4096"],
+        )  # fmt: skip
+        handle = await holding
+        await asyncio.sleep(3)  # the hog holds everything it could take
+        theirs = await r.kernel_counters(other, 4096)
+        assert theirs["instances"] == rt_config.inotify_instances, theirs
+        assert theirs["watches"] == rt_config.inotify_watches, theirs
+        assert theirs["mq"] == 1 and theirs["aio"] == [0], theirs  # EPERM; granted
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0)  # the host root still can
+        assert fd >= 0, ctypes.get_errno()
+        os.close(fd)
+        hogged = await handle.wait()
+        mine = json.loads(hogged.stdout)
+        assert mine["instances"] == rt_config.inotify_instances, mine
+        assert mine["aio"] == [0, 0, 11], mine  # the third is past the budget: EAGAIN
+        audit = await hog.audit()
+        assert audit.syscalls.get("io_setup") == 1 and audit.syscalls.get("mq_open") == 1, audit
+        assert audit.syscalls_denied.get("kernel-quota") == 2, audit
+    finally:
+        await asyncio.gather(hog.close(), other.close())

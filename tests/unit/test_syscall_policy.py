@@ -42,3 +42,12 @@ def test_the_profile_allows_exactly_the_needed_families() -> None:
         allowed.add((args[0], args.get(2)))
     assert allowed == {(1, None), (2, None), (10, None), (16, 0)}
     assert "socket" not in seccomp.ALLOWED and "socketpair" not in seccomp.ALLOWED
+
+
+def test_aio_has_a_budget_and_posix_queues_are_refused() -> None:
+    lines = policy_lines({}, aio_events=1234).splitlines()
+    assert "aio 1234" in lines and f"{seccomp.NR_IO_SETUP} 11" in lines
+    assert f"{seccomp.NR_MQ_OPEN} 1" in lines
+    assert "io_setup" not in seccomp.ALLOWED and "mq_open" not in seccomp.ALLOWED
+    assert syscall_class(seccomp.NR_IO_SETUP) == ("kernel-quota", "io_setup")
+    assert syscall_class(seccomp.NR_MQ_OPEN) == ("kernel-quota", "mq_open")

@@ -37,10 +37,12 @@ def i386_twins(headers: Path = UNISTD) -> dict[int, int]:
     return {nr: nr64[name] for name, nr in _table(headers / "unistd_32.h").items() if name in nr64}
 
 
-def policy_lines(twins: dict[int, int] | None = None) -> str:
+def policy_lines(twins: dict[int, int] | None = None, aio_events: int = 65536) -> str:
     """`nr errno` for every refused syscall that is not merely unknown, then
-    `i386 nr32 nr64` for every 32-bit twin."""
-    lines = [f"{nr} 1" for nr in sorted(seccomp.PRIVILEGED)]
+    `i386 nr32 nr64` for every 32-bit twin, and each sandbox's AIO budget."""
+    lines = [f"aio {aio_events}", f"{seccomp.NR_IO_SETUP} {seccomp.EAGAIN}",
+             f"{seccomp.NR_MQ_OPEN} 1"]  # fmt: skip
+    lines += [f"{nr} 1" for nr in sorted(seccomp.PRIVILEGED)]
     lines += [f"{seccomp.NR_IOCTL} 1", f"{seccomp.NR_CLONE} 1", f"{seccomp.NR_PERSONALITY} 1"]
     lines += [f"{nr} {seccomp.EAFNOSUPPORT}" for nr in (seccomp.NR_SOCKET, seccomp.NR_SOCKETPAIR)]
     twins = i386_twins() if twins is None else twins
@@ -62,12 +64,17 @@ def syscall_class(nr: int) -> tuple[str, str]:
         return "privileged", "personality"
     if nr in (seccomp.NR_SOCKET, seccomp.NR_SOCKETPAIR):
         return "socket-family", "socket" if nr == seccomp.NR_SOCKET else "socketpair"
+    if nr == seccomp.NR_IO_SETUP:
+        return "kernel-quota", "io_setup"
+    if nr == seccomp.NR_MQ_OPEN:
+        return "kernel-quota", "mq_open"
     return "other", f"syscall {nr}"
 
 
 class SeccompDaemon:
-    def __init__(self, data_dir: Path, binary: Path) -> None:
+    def __init__(self, data_dir: Path, binary: Path, aio_events: int = 65536) -> None:
         self.binary = binary
+        self.aio_events = aio_events
         self.socket = data_dir / "run" / "seccomp.sock"
         self.audit_dir = data_dir / "audit"
         self.lock = data_dir / "seccompd.lock"
@@ -93,7 +100,7 @@ class SeccompDaemon:
         if self.running_pid() is not None and self.socket.exists():
             return
         self.audit_dir.mkdir(parents=True, exist_ok=True)
-        self.policy.write_text(policy_lines())
+        self.policy.write_text(policy_lines(aio_events=self.aio_events))
         with open(self.log_file, "ab") as out:
             proc = subprocess.Popen(
                 [

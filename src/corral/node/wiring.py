@@ -29,6 +29,7 @@ from corral.host import platform as plat
 from corral.host.procs import host_memory
 from corral.host.scratch import Scratch
 from corral.images.mounter import LayerMounts
+from corral.log import get_logger
 from corral.node import ledger as ledgers
 from corral.node.activity import Activity
 from corral.node.admission import Admission
@@ -53,6 +54,8 @@ from corral.runtimes.container.oci import OciRuntime
 from corral.runtimes.container.runtime import ContainerRuntime
 from corral.runtimes.fncall.runtime import FnCallRuntime
 from corral.runtimes.vm.runtime import FullVMRuntime, MicroVMRuntime, vm_capable
+
+log = get_logger("corral.node")
 
 
 @dataclass
@@ -118,6 +121,23 @@ def private_tree(cfg: NodeConfig) -> None:
         path.chmod(0o700)
 
 
+def raise_host_limits(cfg: NodeConfig) -> None:
+    """The host-wide accounts every sandbox's per-namespace share is also
+    charged to (the host root's, who made each namespace): raised, never
+    lowered, to hold max_sandboxes full shares and the host's own use."""
+    for name, share in (("inotify/max_user_instances", cfg.inotify_instances),
+                        ("inotify/max_user_watches", cfg.inotify_watches),
+                        ("aio-max-nr", 2 * cfg.aio_events)):  # fmt: skip
+        path = Path("/proc/sys/fs") / name
+        try:
+            current = int(path.read_text())
+            wanted = min((cfg.max_sandboxes + 8) * share, (1 << 31) - 1)
+            if current < wanted:
+                path.write_text(str(wanted))
+        except (OSError, ValueError) as exc:
+            log.warning("host.limit_not_raised", limit=name, error=str(exc))
+
+
 def check_node_name(cfg: NodeConfig) -> None:
     """Sandbox ids, cgroups and leftovers are named after the node: one
     data dir belongs to one node name for good."""
@@ -149,9 +169,12 @@ def _runtimes(
         if device is not None and (cfg.disk_read_bps or cfg.disk_write_bps)
         else None
     )
+    limits = {"max_inotify_instances": cfg.inotify_instances,
+              "max_inotify_watches": cfg.inotify_watches}  # fmt: skip
+    raise_host_limits(cfg)
     runtimes: dict[str, Runtime] = {
-        "container": ContainerRuntime(oci, cgroups, platform, listener, io),
-        "fncall": FnCallRuntime(oci, cgroups, platform, listener, cfg.fncall_tmpfs),
+        "container": ContainerRuntime(oci, cgroups, platform, listener, io, limits),
+        "fncall": FnCallRuntime(oci, cgroups, platform, listener, cfg.fncall_tmpfs, limits),
     }
     if vm_capable():
         fpr = cfg.vm_free_page_reporting
@@ -180,7 +203,7 @@ async def start_parts(
     check_node_name(cfg)
     platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
     cgroups = cg.Cgroups(cfg.cgroup_parent)
-    seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd)
+    seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd, cfg.aio_events)
     await asyncio.to_thread(seccompd.ensure)
     await asyncio.to_thread(scratch.open)
     runtimes = _runtimes(cfg, cgroups, platform, seccompd, layers, scratch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -33,9 +34,12 @@ class ContainerRuntime:
         platform: Platform,
         seccomp_listener: Path | None,
         io: bundle.IoLimit | None = None,
+        ns_limits: dict[str, int] | None = None,
     ) -> None:
         self.oci = oci
         self.io = io
+        # /proc/sys/user limits set in each sandbox's user namespace.
+        self.ns_limits = ns_limits or {}
         self.cgroups = cgroups
         self.platform = platform
         self.seccomp_listener = seccomp_listener
@@ -124,7 +128,25 @@ class ContainerRuntime:
                 f"see {prep.sandbox_dir / 'oci.out'}",
                 sandbox=spec.id,
             )
+        if prep.host_id is not None and self.ns_limits:
+            await self._limit_namespace(spec.id, pid)
         return Started(pid=pid, pid_start=started)
+
+    async def _limit_namespace(self, sandbox_id: str, pid: int) -> None:
+        """Give the sandbox its own share of the per-user-namespace kernel
+        counters (corral-nsexec --limits says why), before it runs anything."""
+        args = [f"{k}={v}" for k, v in sorted(self.ns_limits.items())]
+        proc = await asyncio.create_subprocess_exec(
+            str(self.platform.nsexec), "--limits", str(pid), *args,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise SandboxFailed(
+                f"sandbox {sandbox_id}: setting its kernel counter limits failed: "
+                f"{err.decode(errors='replace').strip()}",
+                sandbox=sandbox_id,
+            )
 
     def releasers(self) -> dict[str, Releaser]:
         # The cgroup is the node's to release (host/cgroups.py), like a VM's.

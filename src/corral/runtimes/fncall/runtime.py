@@ -23,7 +23,8 @@ class FnCallRuntime(ContainerRuntime):
         platform: Platform,
         seccomp_listener: Path | None,
         tmpfs_size: int,
+        ns_limits: dict[str, int] | None = None,
     ) -> None:
         # No I/O ceiling: a worker writes only to its tmpfs mounts.
-        super().__init__(oci, cgroups, platform, seccomp_listener)
+        super().__init__(oci, cgroups, platform, seccomp_listener, ns_limits=ns_limits)
         self.tmpfs = (("/tmp", tmpfs_size), ("/work", tmpfs_size))
