@@ -666,6 +666,51 @@ static int mkdir_parent(const char *path) {
     return mkdirs(tmp, 0755);
 }
 
+/* The parents of `path`, made without following a symbolic link: each
+ * component is made in, then opened from, the directory before it with
+ * O_NOFOLLOW, so a link an agent planted is refused (ELOOP), never walked. */
+static int mkdir_parent_nofollow(const char *path) {
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    char *last = strrchr(tmp, '/');
+    if (!last || last == tmp) return 0;
+    *last = 0;
+    int dfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return -1;
+    char *save = NULL;
+    for (char *comp = strtok_r(tmp + 1, "/", &save); comp; comp = strtok_r(NULL, "/", &save)) {
+        if (mkdirat(dfd, comp, 0755) < 0 && errno != EEXIST) break;
+        int next = openat(dfd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int e = errno;
+        struct stat lst;
+        if (next < 0 && e == ENOTDIR && fstatat(dfd, comp, &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISLNK(lst.st_mode))
+            e = ELOOP; /* a link, refused as one (O_DIRECTORY says ENOTDIR first) */
+        close(dfd);
+        if (next < 0) {
+            errno = e;
+            return -1;
+        }
+        dfd = next;
+    }
+    int e = errno;
+    close(dfd);
+    errno = e;
+    return 0;
+}
+
+/* open(2), or with FILE_NOFOLLOW openat2 refusing a link in any component. */
+static int open_file(const char *path, int oflags, mode_t mode, uint32_t flags) {
+    if (!(flags & FILE_NOFOLLOW)) return open(path, oflags, mode);
+    struct {
+        uint64_t flags, mode, resolve;
+    } how = {(uint64_t)oflags, (oflags & O_CREAT) ? (uint64_t)mode : 0, 0x04 /* RESOLVE_NO_SYMLINKS */};
+    return (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+}
+
 static int send_entry(int conn, const char *name, const struct stat *st) {
     size_t nl = strlen(name);
     unsigned char *b = malloc(1 + 4 + 8 + 8 + nl);
@@ -686,8 +731,8 @@ static int send_ok(int conn, uint64_t n) {
     return send_frame(conn, RSP_OK, b, 8);
 }
 
-static int handle_read(int conn, const char *path, uint64_t max) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+static int handle_read(int conn, const char *path, uint64_t max, uint32_t flags) {
+    int fd = open_file(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0, flags);
     if (fd < 0) return send_error(conn, errno, "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -725,14 +770,15 @@ static int handle_read(int conn, const char *path, uint64_t max) {
 static int handle_write(int conn, const char *path, uint32_t mode, uint32_t flags, uint64_t max) {
     int err = 0;
     char errmsg[512] = "";
-    if ((flags & FILE_MKDIRS) && mkdir_parent(path) < 0) {
+    if ((flags & FILE_MKDIRS) &&
+        ((flags & FILE_NOFOLLOW) ? mkdir_parent_nofollow(path) : mkdir_parent(path)) < 0) {
         err = errno;
         snprintf(errmsg, sizeof errmsg, "creating parents of %s: %s", path, strerror(err));
     }
     int fd = -1;
     if (!err) {
         int of = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | ((flags & FILE_APPEND) ? O_APPEND : 0);
-        fd = open(path, of, (mode_t)(mode & 07777));
+        fd = open_file(path, of, (mode_t)(mode & 07777), flags);
         struct stat st;
         if (fd < 0) {
             err = errno;
@@ -1025,7 +1071,9 @@ static void serve_connection(int conn) {
     switch (f.type) {
     case REQ_READ: {
         uint64_t max = cur_u64(&c);
-        handle_read(conn, path, max);
+        /* Flags came later: a request without them follows links. */
+        uint32_t flags = c.left >= 4 ? cur_u32(&c) : 0;
+        handle_read(conn, path, max, flags);
         break;
     }
     case REQ_WRITE: {

@@ -65,6 +65,10 @@ enum {
 /* REQ_WRITE / REQ_MKDIR / REQ_REMOVE flags */
 #define FILE_MKDIRS 0x1u
 #define FILE_APPEND 0x2u
+/* Follow no symbolic link anywhere in the path (openat2 RESOLVE_NO_SYMLINKS):
+ * the platform acting for a trainer never writes through a link an agent
+ * planted. */
+#define FILE_NOFOLLOW 0x4u
 #define FILE_RECURSIVE 0x4u
 
 #endif

@@ -297,3 +297,71 @@ async def test_a_sandbox_at_its_kernel_counter_limits_leaves_the_neighbour_its_o
         assert audit.syscalls_denied.get("kernel-quota") == 2, audit
     finally:
         await asyncio.gather(hog.close(), other.close())
+
+
+# ----------------------------------------------------------------- class 7
+
+
+async def test_links_an_agent_plants_do_not_redirect_the_trainers_files(
+    rt_client: corral.AsyncClient,
+) -> None:
+    """An agent running as an unprivileged user plants links; the trainer's
+    file operations with follow_symlinks=False refuse every link in the
+    path (final or inner, to a file or to a directory), read and write, and
+    root's files stay as they were."""
+    sbx = await rt_client.sandboxes.create(image=IMAGE)
+    try:
+        before = await sbx.files.read("/etc/passwd")
+        planted = await sbx.commands.run(
+            "mkdir -p /tmp/w && ln -s /etc/passwd /tmp/w/out && ln -s /etc /tmp/w/dir "
+            "&& ln -s /etc/shadow /tmp/w/secret && echo planted",
+            user="nobody",
+        )
+        assert planted.stdout == "planted\n", planted
+        for path in ("/tmp/w/out", "/tmp/w/dir/passwd", "/tmp/w/dir/new/file"):
+            with pytest.raises(corral.FileError) as exc:
+                await sbx.files.write(path, b"owned\n", user="root", follow_symlinks=False)
+            assert exc.value.details["errno"] == 40, (path, exc.value)  # ELOOP
+            with pytest.raises(corral.FileError):
+                await sbx.files.read(path.replace("/new/file", "/passwd"),
+                                     user="root", follow_symlinks=False)  # fmt: skip
+        with pytest.raises(corral.FileError):
+            await sbx.files.read("/tmp/w/secret", user="root", follow_symlinks=False)
+        assert await sbx.files.read("/etc/passwd") == before
+        assert not await sbx.files.exists("/etc/new")  # no directory made through the link
+        # Without links, the same calls work; following links stays the default.
+        assert await sbx.files.write("/tmp/w/plain", b"ok", follow_symlinks=False) == 2
+        assert await sbx.files.read("/tmp/w/plain", follow_symlinks=False) == b"ok"
+        assert await sbx.files.read("/tmp/w/out") == before
+    finally:
+        await sbx.close()
+
+
+async def test_file_operations_run_as_the_sandboxs_default_user(
+    rt_client: corral.AsyncClient, rt_config: NodeConfig, tmp_path: Path
+) -> None:
+    """In an image whose default user is unprivileged, a trainer's files
+    calls run as that user unless they name another: the platform cannot be
+    made to write what the sandbox's own user could not."""
+    from corral.images.build import build_from_dir
+    from corral.images.layer import ImageConfig
+    from corral.images.store import ImageStore
+
+    (tmp_path / "tk" / "etc").mkdir(parents=True)
+    build_from_dir(
+        ImageStore(rt_config.images_dir), tmp_path / "tk", tag="redteam-user:1",
+        kind="toolkit", config=ImageConfig(user="nobody"),
+    )  # fmt: skip
+    sbx = await rt_client.sandboxes.create(image=IMAGE, toolkit="redteam-user:1")
+    try:
+        with pytest.raises(corral.FileError) as exc:
+            await sbx.files.write("/etc/corral-owned", b"x")
+        assert exc.value.details["errno"] == 13, exc.value  # EACCES: nobody may not
+        await sbx.files.write("/tmp/mine", b"x")
+        owner = await sbx.commands.run("stat -c %U /tmp/mine")
+        assert owner.stdout.strip() == "nobody", owner
+        with pytest.raises(corral.FileError):
+            await sbx.files.read("/etc/shadow")
+        assert await sbx.files.write("/etc/corral-root", b"x", user="root") == 1  # named: root
+    finally:
+        await sbx.close()

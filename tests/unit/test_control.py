@@ -390,7 +390,9 @@ class NodeTransport:
                 return info
         raise SandboxNotFound(f"no sandbox {sandbox_id}", sandbox=sandbox_id)
 
-    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
+    async def read_file(
+        self, sandbox_id: str, path: str, user: str = "", follow_symlinks: bool = True
+    ) -> bytes:
         self.calls.append(("read_file", sandbox_id, path, user))
         return b"data"
 

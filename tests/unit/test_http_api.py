@@ -100,13 +100,21 @@ class FakeService:
         await self.get(sandbox_id)
         self.calls.append(("kill", sandbox_id, pid, signal))
 
-    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
+    async def read_file(
+        self, sandbox_id: str, path: str, user: str = "", follow_symlinks: bool = True
+    ) -> bytes:
         if path not in self.files:
             raise corral.FileNotFound(f"{path}: No such file or directory", path=path)
         return self.files[path]
 
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, user: str = "root", mode: int = 0o644
+        self,
+        sandbox_id: str,
+        path: str,
+        data: bytes,
+        user: str = "",
+        mode: int = 0o644,
+        follow_symlinks: bool = True,
     ) -> int:
         self.files[path] = data
         return len(data)
@@ -360,9 +368,20 @@ async def test_the_wire_is_what_clients_already_speak() -> None:
     assert exchanges == [
         ("GET /v1/sandboxes?label=job%3Da%3Db", 200, "application/json"),
         (f"POST /v1/sandboxes/{sid}/commands/42/kill?signal=15", 204, None),
-        (f"GET /v1/sandboxes/{sid}/files?path=%2Fa+b&user=nobody", 200, "application/octet-stream"),
-        (f"PUT /v1/sandboxes/{sid}/files?path=%2Fw&user=root&mode=384", 200, "application/json"),
-        (f"DELETE /v1/sandboxes/{sid}/files?path=%2Fw&user=root&recursive=false", 204, None),
+        # follow_symlinks came later (issue 14): a server that predates it
+        # ignores it, and one that has it defaults to true when it is absent.
+        (
+            f"GET /v1/sandboxes/{sid}/files?path=%2Fa+b&user=nobody&follow_symlinks=true",
+            200,
+            "application/octet-stream",
+        ),
+        (
+            # user= (empty): the sandbox's default user, no longer root (issue 14)
+            f"PUT /v1/sandboxes/{sid}/files?path=%2Fw&user=&mode=384&follow_symlinks=true",
+            200,
+            "application/json",
+        ),
+        (f"DELETE /v1/sandboxes/{sid}/files?path=%2Fw&user=&recursive=false", 204, None),
         (f"POST /v1/sandboxes/{sid}/exec", 200, "application/x-ndjson"),
         (f"POST /v1/sandboxes/{sid}/fork", 200, "application/json"),
         ("POST /v1/restore", 200, "application/json"),
@@ -404,7 +423,7 @@ async def test_the_wire_is_what_clients_already_speak() -> None:
     }
     # What the service was handed is what the caller passed.
     assert ("kill", sid, 42, 15) in fake.calls
-    assert ("remove_file", sid, "/w", "root", False) in fake.calls
+    assert ("remove_file", sid, "/w", "", False) in fake.calls
     assert ("fork", sid, ForkRequest(n=2)) in fake.calls
 
 

@@ -59,11 +59,21 @@ def _broken(op: str, **change: Any) -> tuple[routes.Route, ...]:
         (ROUTES[:-1], "without a route: ['run_call']"),
         ((*ROUTES, ROUTES[0]), "create has 2 routes"),
         (_broken("read_file", args={"path": Query()}), "places"),
-        (_broken("read_file", args={"path": Query(), "user": Raw()}), "must be bytes"),
+        (
+            _broken("read_file", args={"path": Query(), "user": Raw(), "follow_symlinks": Query()}),
+            "must be bytes",
+        ),
         (_broken("commit", args={"req": Query()}), "query argument req"),
         (
             _broken(
-                "write_file", args={"path": Body(), "data": Raw(), "user": Query(), "mode": Query()}
+                "write_file",
+                args={
+                    "path": Body(),
+                    "data": Raw(),
+                    "user": Query(),
+                    "mode": Query(),
+                    "follow_symlinks": Query(),
+                },
             ),
             "more than one body",
         ),

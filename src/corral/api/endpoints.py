@@ -68,8 +68,14 @@ def add_routes(app: FastAPI) -> None:
         return Response(status_code=204)
 
     @app.get("/v1/sandboxes/{sandbox_id}/files", status_code=200)
-    async def read_file(svc: Svc, sandbox_id: str, path: str, user: str = "root") -> Response:
-        data = await svc.read_file(sandbox_id, path, user)
+    async def read_file(
+        svc: Svc,
+        sandbox_id: str,
+        path: str,
+        user: str = "",
+        follow_symlinks: bool = True,
+    ) -> Response:
+        data = await svc.read_file(sandbox_id, path, user, follow_symlinks)
         return Response(data, media_type="application/octet-stream")
 
     @app.put("/v1/sandboxes/{sandbox_id}/files", status_code=200)
@@ -78,11 +84,12 @@ def add_routes(app: FastAPI) -> None:
         request: Request,
         sandbox_id: str,
         path: str,
-        user: str = "root",
+        user: str = "",
         mode: int = 0o644,
+        follow_symlinks: bool = True,
     ) -> dict[str, int]:
         data = await read_body(request, MAX_BODY)
-        result = await svc.write_file(sandbox_id, path, data, user, mode)
+        result = await svc.write_file(sandbox_id, path, data, user, mode, follow_symlinks)
         return {"bytes": result}
 
     @app.get("/v1/sandboxes/{sandbox_id}/files/list", status_code=200)
@@ -90,17 +97,17 @@ def add_routes(app: FastAPI) -> None:
         svc: Svc,
         sandbox_id: str,
         path: str,
-        user: str = "root",
+        user: str = "",
     ) -> dict[str, builtins.list[FileEntry]]:
         result = await svc.list_files(sandbox_id, path, user)
         return {"entries": result}
 
     @app.get("/v1/sandboxes/{sandbox_id}/files/stat", status_code=200)
-    async def stat_file(svc: Svc, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+    async def stat_file(svc: Svc, sandbox_id: str, path: str, user: str = "") -> FileEntry:
         return await svc.stat_file(sandbox_id, path, user)
 
     @app.post("/v1/sandboxes/{sandbox_id}/files/mkdir", status_code=204)
-    async def make_dir(svc: Svc, sandbox_id: str, path: str, user: str = "root") -> Response:
+    async def make_dir(svc: Svc, sandbox_id: str, path: str, user: str = "") -> Response:
         await svc.make_dir(sandbox_id, path, user)
         return Response(status_code=204)
 
@@ -109,7 +116,7 @@ def add_routes(app: FastAPI) -> None:
         svc: Svc,
         sandbox_id: str,
         path: str,
-        user: str = "root",
+        user: str = "",
         recursive: bool = True,
     ) -> Response:
         await svc.remove_file(sandbox_id, path, user, recursive)

@@ -361,7 +361,13 @@ def _client_method(r: Route, op: Op) -> list[str]:
         return lines + _call("return self._events(", [f'"{r.method}"', path, json_arg], ")", 8)
     args = [f'"{r.method}"', path]
     if query or labels:
-        args.append(f"params=[{', '.join(query + labels)}]")
+        items = query + labels
+        flat = f"params=[{', '.join(items)}]"
+        # As an argument of the split _send call (indent 12), the list is
+        # split too when it would not fit, one pair a line, as ruff does.
+        if 12 + len(flat) + 1 > WIDTH:
+            flat = "params=[\n" + "".join(f"{' ' * 16}{i},\n" for i in items) + f"{' ' * 12}]"
+        args.append(flat)
     if body is not None:
         args.append(body)
     lines = _call(f"async def {r.op}(", params, f") -> {op.returns}:", 4)

@@ -66,11 +66,17 @@ class HttpService(HttpTransport):
             params=[("signal", signal)],
         )
 
-    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
+    async def read_file(
+        self,
+        sandbox_id: str,
+        path: str,
+        user: str = "",
+        follow_symlinks: bool = True,
+    ) -> bytes:
         resp = await self._send(
             "GET",
             f"/v1/sandboxes/{ids.segment(sandbox_id)}/files",
-            params=[("path", path), ("user", user)],
+            params=[("path", path), ("user", user), ("follow_symlinks", follow_symlinks)],
         )
         return resp.content
 
@@ -79,13 +85,19 @@ class HttpService(HttpTransport):
         sandbox_id: str,
         path: str,
         data: bytes,
-        user: str = "root",
+        user: str = "",
         mode: int = 0o644,
+        follow_symlinks: bool = True,
     ) -> int:
         resp = await self._send(
             "PUT",
             f"/v1/sandboxes/{ids.segment(sandbox_id)}/files",
-            params=[("path", path), ("user", user), ("mode", mode)],
+            params=[
+                ("path", path),
+                ("user", user),
+                ("mode", mode),
+                ("follow_symlinks", follow_symlinks),
+            ],
             raw_body=data,
         )
         return int(resp.json()["bytes"])
@@ -94,7 +106,7 @@ class HttpService(HttpTransport):
         self,
         sandbox_id: str,
         path: str,
-        user: str = "root",
+        user: str = "",
     ) -> builtins.list[FileEntry]:
         resp = await self._send(
             "GET",
@@ -103,7 +115,7 @@ class HttpService(HttpTransport):
         )
         return [FileEntry.model_validate(x) for x in resp.json()["entries"]]
 
-    async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+    async def stat_file(self, sandbox_id: str, path: str, user: str = "") -> FileEntry:
         resp = await self._send(
             "GET",
             f"/v1/sandboxes/{ids.segment(sandbox_id)}/files/stat",
@@ -111,7 +123,7 @@ class HttpService(HttpTransport):
         )
         return FileEntry.model_validate_json(resp.content)
 
-    async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
+    async def make_dir(self, sandbox_id: str, path: str, user: str = "") -> None:
         await self._send(
             "POST",
             f"/v1/sandboxes/{ids.segment(sandbox_id)}/files/mkdir",
@@ -122,7 +134,7 @@ class HttpService(HttpTransport):
         self,
         sandbox_id: str,
         path: str,
-        user: str = "root",
+        user: str = "",
         recursive: bool = True,
     ) -> None:
         await self._send(

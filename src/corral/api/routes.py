@@ -153,7 +153,7 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         f"{_SBX}/files",
         Bytes("application/octet-stream"),
-        {"path": _Q, "user": _Q},
+        {"path": _Q, "user": _Q, "follow_symlinks": _Q},
         forward=True,
     ),
     Route(
@@ -161,7 +161,7 @@ ROUTES: tuple[Route, ...] = (
         "PUT",
         f"{_SBX}/files",
         Json("bytes"),
-        {"path": _Q, "data": Raw(), "user": _Q, "mode": _Q},
+        {"path": _Q, "data": Raw(), "user": _Q, "mode": _Q, "follow_symlinks": _Q},
         forward=True,
     ),
     Route(

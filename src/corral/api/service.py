@@ -52,22 +52,30 @@ class SandboxService(Protocol):
 
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None: ...
 
-    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes: ...
+    async def read_file(
+        self, sandbox_id: str, path: str, user: str = "", follow_symlinks: bool = True
+    ) -> bytes: ...
 
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, user: str = "root", mode: int = 0o644
+        self,
+        sandbox_id: str,
+        path: str,
+        data: bytes,
+        user: str = "",
+        mode: int = 0o644,
+        follow_symlinks: bool = True,
     ) -> int: ...
 
     async def list_files(
-        self, sandbox_id: str, path: str, user: str = "root"
+        self, sandbox_id: str, path: str, user: str = ""
     ) -> builtins.list[FileEntry]: ...
 
-    async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry: ...
+    async def stat_file(self, sandbox_id: str, path: str, user: str = "") -> FileEntry: ...
 
-    async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None: ...
+    async def make_dir(self, sandbox_id: str, path: str, user: str = "") -> None: ...
 
     async def remove_file(
-        self, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+        self, sandbox_id: str, path: str, user: str = "", recursive: bool = True
     ) -> None: ...
 
     async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None: ...

@@ -43,41 +43,51 @@ class Forwarding(ABC):
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None:
         await self._forward(sandbox_id, lambda node: node.kill(sandbox_id, pid, signal))
 
-    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
-        return await self._forward(sandbox_id, lambda node: node.read_file(sandbox_id, path, user))
+    async def read_file(
+        self,
+        sandbox_id: str,
+        path: str,
+        user: str = "",
+        follow_symlinks: bool = True,
+    ) -> bytes:
+        return await self._forward(
+            sandbox_id,
+            lambda node: node.read_file(sandbox_id, path, user, follow_symlinks),
+        )
 
     async def write_file(
         self,
         sandbox_id: str,
         path: str,
         data: bytes,
-        user: str = "root",
+        user: str = "",
         mode: int = 0o644,
+        follow_symlinks: bool = True,
     ) -> int:
         return await self._forward(
             sandbox_id,
-            lambda node: node.write_file(sandbox_id, path, data, user, mode),
+            lambda node: node.write_file(sandbox_id, path, data, user, mode, follow_symlinks),
         )
 
     async def list_files(
         self,
         sandbox_id: str,
         path: str,
-        user: str = "root",
+        user: str = "",
     ) -> builtins.list[FileEntry]:
         return await self._forward(sandbox_id, lambda node: node.list_files(sandbox_id, path, user))
 
-    async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+    async def stat_file(self, sandbox_id: str, path: str, user: str = "") -> FileEntry:
         return await self._forward(sandbox_id, lambda node: node.stat_file(sandbox_id, path, user))
 
-    async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
+    async def make_dir(self, sandbox_id: str, path: str, user: str = "") -> None:
         await self._forward(sandbox_id, lambda node: node.make_dir(sandbox_id, path, user))
 
     async def remove_file(
         self,
         sandbox_id: str,
         path: str,
-        user: str = "root",
+        user: str = "",
         recursive: bool = True,
     ) -> None:
         await self._forward(

@@ -132,8 +132,9 @@ class ExecdClient:
         finally:
             conn.close()
 
-    async def read(self, user: str, path: str, max_bytes: int) -> bytes:
-        request = p.file_request(p.REQ_READ, user, path, p.u64(max_bytes))
+    async def read(self, user: str, path: str, max_bytes: int, *, nofollow: bool = False) -> bytes:
+        flags = p.FILE_NOFOLLOW if nofollow else 0
+        request = p.file_request(p.REQ_READ, user, path, p.u64(max_bytes) + p.u32(flags))
         parts, total = [], 0
         async for f in self._until_ok(request, path):
             total += len(f.payload)
@@ -152,8 +153,10 @@ class ExecdClient:
         mkdirs: bool = True,
         append: bool = False,
         max_bytes: int,
+        nofollow: bool = False,
     ) -> int:
         flags = (p.FILE_MKDIRS if mkdirs else 0) | (p.FILE_APPEND if append else 0)
+        flags |= p.FILE_NOFOLLOW if nofollow else 0
         conn = await self.connect()
         try:
             head = p.file_request(

@@ -51,6 +51,7 @@ ERR_EXEC = 3
 EXEC_STDIN_STREAM = 0x1
 FILE_MKDIRS = 0x1
 FILE_APPEND = 0x2
+FILE_NOFOLLOW = 0x4  # no symbolic link in any component of the path
 FILE_RECURSIVE = 0x4
 
 EXIT = struct.Struct("<iiBQQQQQ")

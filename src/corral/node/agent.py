@@ -216,27 +216,35 @@ class NodeAgent:
 
     # ---------------------------------------------------------------- files
 
-    async def read_file(self, sandbox_id: str, path: str, user: str = "root") -> bytes:
-        return await self.parts.files.read(sandbox_id, path, user)
+    async def read_file(
+        self, sandbox_id: str, path: str, user: str = "", follow_symlinks: bool = True
+    ) -> bytes:
+        return await self.parts.files.read(sandbox_id, path, user, follow_symlinks)
 
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, user: str = "root", mode: int = 0o644
+        self,
+        sandbox_id: str,
+        path: str,
+        data: bytes,
+        user: str = "",
+        mode: int = 0o644,
+        follow_symlinks: bool = True,
     ) -> int:
-        return await self.parts.files.write(sandbox_id, path, data, user, mode)
+        return await self.parts.files.write(sandbox_id, path, data, user, mode, follow_symlinks)
 
     async def list_files(
-        self, sandbox_id: str, path: str, user: str = "root"
+        self, sandbox_id: str, path: str, user: str = ""
     ) -> builtins.list[FileEntry]:
         return await self.parts.files.list(sandbox_id, path, user)
 
-    async def stat_file(self, sandbox_id: str, path: str, user: str = "root") -> FileEntry:
+    async def stat_file(self, sandbox_id: str, path: str, user: str = "") -> FileEntry:
         return await self.parts.files.stat(sandbox_id, path, user)
 
-    async def make_dir(self, sandbox_id: str, path: str, user: str = "root") -> None:
+    async def make_dir(self, sandbox_id: str, path: str, user: str = "") -> None:
         await self.parts.files.make_dir(sandbox_id, path, user)
 
     async def remove_file(
-        self, sandbox_id: str, path: str, user: str = "root", recursive: bool = True
+        self, sandbox_id: str, path: str, user: str = "", recursive: bool = True
     ) -> None:
         await self.parts.files.remove(sandbox_id, path, user, recursive)
 

@@ -21,6 +21,14 @@ from corral.node.store import SandboxRecord
 Awake = Callable[[str], Awaitable[SandboxRecord]]
 
 
+def as_user(rec: SandboxRecord, user: str) -> str:
+    """Who a file operation runs as: the user the caller named, else the
+    sandbox's default user (its image's, as its commands), else root. Never
+    root by default where the image says otherwise: the platform acting for
+    a trainer must not do what the sandbox's own user could not."""
+    return user or rec.image_user or "root"
+
+
 def _entry(e: proto.Entry, path: str) -> FileEntry:
     kinds = {"f": "file", "d": "dir", "l": "symlink"}
     return FileEntry(
@@ -59,14 +67,18 @@ class Files:
                 self.sessions.store.count(sandbox_id, "replies_refused")
             raise
 
-    async def read(self, sandbox_id: str, path: str, user: str) -> bytes:
+    async def read(self, sandbox_id: str, path: str, user: str, follow: bool = True) -> bytes:
         path = check_path(path)
-        await self._awake(sandbox_id)
+        rec = await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("read").inc()
         with self._audited(sandbox_id):
-            return await self._execd(sandbox_id).read(user, path, self.max_bytes)
+            return await self._execd(sandbox_id).read(
+                as_user(rec, user), path, self.max_bytes, nofollow=not follow
+            )
 
-    async def write(self, sandbox_id: str, path: str, data: bytes, user: str, mode: int) -> int:
+    async def write(
+        self, sandbox_id: str, path: str, data: bytes, user: str, mode: int, follow: bool = True
+    ) -> int:
         path = check_path(path)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument("data", "must be bytes", type(data).__name__)
@@ -74,45 +86,46 @@ class Files:
             raise InvalidArgument("data", f"must be at most {self.max_bytes} bytes per file", data)
         if not 0 <= mode <= 0o7777:
             raise InvalidArgument("mode", "must be a permission mode between 0 and 0o7777", mode)
-        await self._awake(sandbox_id)
+        rec = await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("write").inc()
         return await self._execd(sandbox_id).write(
-            user, path, bytes(data), mode=mode, max_bytes=self.max_bytes
-        )
+            as_user(rec, user), path, bytes(data), mode=mode, max_bytes=self.max_bytes,
+            nofollow=not follow,
+        )  # fmt: skip
 
     async def list(self, sandbox_id: str, path: str, user: str) -> builtins.list[FileEntry]:
         path = check_path(path)
-        await self._awake(sandbox_id)
+        rec = await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("list").inc()
         with self._audited(sandbox_id):
-            entries = await self._execd(sandbox_id).list(user, path)
+            entries = await self._execd(sandbox_id).list(as_user(rec, user), path)
         return sorted(
             (_entry(e, f"{path.rstrip('/')}/{e.name}") for e in entries), key=lambda e: e.name
         )
 
     async def stat(self, sandbox_id: str, path: str, user: str) -> FileEntry:
         path = check_path(path)
-        await self._awake(sandbox_id)
-        return _entry(await self._execd(sandbox_id).stat(user, path), path)
+        rec = await self._awake(sandbox_id)
+        return _entry(await self._execd(sandbox_id).stat(as_user(rec, user), path), path)
 
     async def make_dir(self, sandbox_id: str, path: str, user: str) -> None:
         path = check_path(path)
-        await self._awake(sandbox_id)
-        await self._execd(sandbox_id).mkdir(user, path)
+        rec = await self._awake(sandbox_id)
+        await self._execd(sandbox_id).mkdir(as_user(rec, user), path)
 
     async def remove(self, sandbox_id: str, path: str, user: str, recursive: bool) -> None:
         path = check_path(path)
         if path == "/":
             raise InvalidArgument("path", "must not be the sandbox's root", path)
-        await self._awake(sandbox_id)
+        rec = await self._awake(sandbox_id)
         metrics.FILE_OPS.labels("remove").inc()
-        await self._execd(sandbox_id).remove(user, path, recursive=recursive)
+        await self._execd(sandbox_id).remove(as_user(rec, user), path, recursive=recursive)
 
     async def upload_tar(self, sandbox_id: str, path: str, data: bytes) -> None:
         path = check_path(path)
         if len(data) > self.max_bytes:
             raise InvalidArgument("data", f"must be at most {self.max_bytes} bytes", data)
-        await self.make_dir(sandbox_id, path, "root")
+        await self.make_dir(sandbox_id, path, "")
         metrics.FILE_OPS.labels("upload_tar").inc()
         await self.sessions.run_platform(
             await self._awake(sandbox_id),

@@ -65,34 +65,64 @@ class Files:
         """The directory `path` as a tar archive."""
         return self._portal.call(self._inner.download_tar, path)
 
-    def exists(self, path: str, *, user: str = 'root') -> bool:
+    def exists(self, path: str, *, user: str = '') -> bool:
         return self._portal.call(self._inner.exists, path, user=user)
 
-    def list(self, path: str, *, user: str = 'root') -> builtins.list[FileEntry]:
+    def list(self, path: str, *, user: str = '') -> builtins.list[FileEntry]:
         return self._portal.call(self._inner.list, path, user=user)
 
-    def make_dir(self, path: str, *, user: str = 'root') -> None:
+    def make_dir(self, path: str, *, user: str = '') -> None:
         return self._portal.call(self._inner.make_dir, path, user=user)
 
-    def read(self, path: str, *, user: str = 'root') -> bytes:
-        return self._portal.call(self._inner.read, path, user=user)
+    def read(self, path: str, *, user: str = '', follow_symlinks: bool = True) -> bytes:
+        return self._portal.call(self._inner.read, path, user=user, follow_symlinks=follow_symlinks)
 
-    def read_text(self, path: str, *, user: str = 'root', encoding: str = 'utf-8') -> str:
-        return self._portal.call(self._inner.read_text, path, user=user, encoding=encoding)
+    def read_text(
+        self,
+        path: str,
+        *,
+        user: str = '',
+        encoding: str = 'utf-8',
+        follow_symlinks: bool = True,
+    ) -> str:
+        result = self._portal.call(
+            self._inner.read_text,
+            path,
+            user=user,
+            encoding=encoding,
+            follow_symlinks=follow_symlinks,
+        )
+        return result
 
-    def remove(self, path: str, *, user: str = 'root', recursive: bool = True) -> None:
+    def remove(self, path: str, *, user: str = '', recursive: bool = True) -> None:
         return self._portal.call(self._inner.remove, path, user=user, recursive=recursive)
 
-    def stat(self, path: str, *, user: str = 'root') -> FileEntry:
+    def stat(self, path: str, *, user: str = '') -> FileEntry:
         return self._portal.call(self._inner.stat, path, user=user)
 
     def upload_tar(self, path: str, data: bytes) -> None:
         """Extract a tar archive into the directory `path` (made if missing)."""
         return self._portal.call(self._inner.upload_tar, path, data)
 
-    def write(self, path: str, data: bytes | str, *, user: str = 'root', mode: int = 420) -> int:
+    def write(
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        user: str = '',
+        mode: int = 420,
+        follow_symlinks: bool = True,
+    ) -> int:
         """Create or replace a file (parent directories are made). Returns bytes written."""
-        return self._portal.call(self._inner.write, path, data, user=user, mode=mode)
+        result = self._portal.call(
+            self._inner.write,
+            path,
+            data,
+            user=user,
+            mode=mode,
+            follow_symlinks=follow_symlinks,
+        )
+        return result
 
 
 class Network:
