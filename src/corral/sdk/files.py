@@ -44,9 +44,7 @@ class AsyncFiles:
     ) -> int:
         """Create or replace a file (parent directories are made). Returns bytes written."""
         raw = data.encode() if isinstance(data, str) else data
-        return await self._svc.write_file(
-            self._sandbox.id, path, raw, user, mode, follow_symlinks
-        )
+        return await self._svc.write_file(self._sandbox.id, path, raw, user, mode, follow_symlinks)
 
     async def list(self, path: str, *, user: str = "") -> builtins.list[FileEntry]:
         return await self._svc.list_files(self._sandbox.id, path, user)
