@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from tests.redteam import attacks as a  # noqa: E402
+from tests.redteam import review_attacks as r  # noqa: E402
 from tests.redteam.standins import UpstreamDNS, standin_hosts  # noqa: E402
 
 import corral  # noqa: E402
@@ -106,8 +107,54 @@ async def run_attacks(c: corral.AsyncClient, forbidden_url: str) -> list[list[st
     await one("DNS tunnelling through the resolver", lambda: a.dns_tunnel(sbx))
     for s in (sbx, victim):
         await s.close()
+    await review_attacks(c, one)
     await n.stop()
     return rows
+
+
+async def review_attacks(
+    c: corral.AsyncClient, one: Callable[[str, Callable[[], Awaitable[a.Outcome]]], Awaitable[None]]
+) -> None:
+    """The second round's classes (issue 14), each next to the neighbour."""
+    sbx = await attacker(c)
+    await one("privileged syscalls through int 0x80", lambda: r.int80_syscalls(sbx))
+    await one("sockets of other families (vsock, packet, netlink audit, ...)",
+              lambda: r.socket_families(sbx))  # fmt: skip
+
+    async def counters() -> a.Outcome:
+        got = await r.kernel_counters(sbx, 40000, 40000)
+        ok = got.get("instances") == 128 and got.get("mq") == 1 and got.get("aio") == [0, 11]
+        return a.Outcome(ok, f"took {got}")
+
+    await one("host-wide kernel counters (inotify, AIO, mqueue)", counters)
+    await sbx.close()
+    io = await c.sandboxes.create(image=a.IMAGE, disk="1GiB")
+    await one("O_DIRECT stream to the scratch pool", lambda: _throttled(io))
+    await io.close()
+    dns = await c.sandboxes.create(image=a.IMAGE, network={"domains": ["allowed.test"]})
+    await one("DNS flood of refused names", lambda: r.dns_flood(dns, 6))
+    await dns.close()
+    if shutil.which("qemu-system-x86_64"):
+        vm = await c.sandboxes.create(kind="microvm", image=a.IMAGE, memory="256MiB")
+        await one("a VM guest flooding its console", lambda: _console(vm))
+        await vm.close()
+
+
+async def _throttled(sbx: corral.AsyncSandbox) -> a.Outcome:
+    out = await r.direct_io_stream(sbx, mib=512)
+    rates = out.extra.get("rates", [])
+    ok = len(rates) == 2 and max(rates) <= 1.1 * 128 * 2**20
+    return a.Outcome(ok, "MB/s " + ", ".join(f"{x / 1e6:.0f}" for x in rates))
+
+
+async def _console(vm: corral.AsyncSandbox) -> a.Outcome:
+    res = await vm.commands.run(
+        "head -c 6000000 /dev/zero | tr '\\0' x > /dev/ttyS0; echo done", timeout=300
+    )
+    await asyncio.sleep(12)  # a liveness tick trims it
+    audit = await vm.audit()
+    ok = res.stdout.strip() == "done" and audit.console_dropped_bytes > 0
+    return a.Outcome(ok, f"trimmed {audit.console_dropped_bytes} bytes of console")
 
 
 async def costs(cfg: NodeConfig) -> list[list[str]]:
@@ -118,7 +165,10 @@ async def costs(cfg: NodeConfig) -> list[list[str]]:
         ("user namespace off", replace(cfg, userns=False), None),
         ("seccomp and user namespace off", replace(cfg, seccomp=False, userns=False), None),
         ("seccomp + network policy (netns, veth, nftables, DNS)", cfg, NET),
-    ]
+        ("per-namespace counter shares off (inotify)",
+         replace(cfg, inotify_instances=0, inotify_watches=0), None),
+        ("block I/O ceilings off", replace(cfg, disk_read_bps=0, disk_write_bps=0), None),
+    ]  # fmt: skip
     for name, config, net in variants:
         async with corral.AsyncClient(config=config) as c:
             creates, execs = [], []

@@ -60,7 +60,8 @@ class NodeConfig:
     disk_read_bps: int = 128 * 1024**2
     disk_write_bps: int = 128 * 1024**2
     # Kernel counters charged per user namespace (each sandbox's own share;
-    # the host-wide account is raised to hold every sandbox's at once).
+    # the host-wide account is raised to hold every sandbox's at once; 0:
+    # no share, every sandbox draws on the one account).
     inotify_instances: int = 128
     inotify_watches: int = 16384
     # AIO events a sandbox may set up over its life (the pool, fs.aio-max-nr,

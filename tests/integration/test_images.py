@@ -221,9 +221,9 @@ async def test_lazy_pull_from_an_http_store(
         sbx = await client.sandboxes.create(image=IMAGE)
         r = await sbx.commands.run("python3 -c 'import json; print(json.dumps([1]))'")
         assert r.stdout == "[1]\n"
-        stats = json.loads((b.config.data_dir / "lazy" / ".stats").read_bytes())
+        stats = json.loads((b.config.data_dir / "lazy" / "fs" / ".stats").read_bytes())
         layer = stats["layers"][source.resolve(IMAGE).digest]
         assert 0 < layer["fetched_bytes"] < 0.25 * layer["blob_size"], layer
         await sbx.close()
-    assert not (b.config.data_dir / "lazy" / ".stats").exists()  # the loader stopped
+    assert not (b.config.data_dir / "lazy" / "fs" / ".stats").exists()  # the loader stopped
     assert b.leftovers() == {}

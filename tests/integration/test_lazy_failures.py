@@ -51,7 +51,7 @@ async def lazy_client(pulled_node: Node) -> AsyncIterator[corral.AsyncClient]:
 def _stats(node: Node) -> dict[str, Any]:
     """The lazy loader's counters of the node's one layer (it writes them
     while it runs)."""
-    doc = json.loads((node.config.data_dir / "lazy" / ".stats").read_bytes())
+    doc = json.loads((node.config.data_dir / "lazy" / "fs" / ".stats").read_bytes())
     (layer,) = doc["layers"].values()
     return dict(layer)
 
@@ -138,7 +138,7 @@ async def test_the_chunk_cache_survives_an_agent_restart(pulled_node: Node) -> N
         await sbx.commands.run(f"cat {BIG} > /dev/null")
         first = _stats(pulled_node)["fetched_bytes"]
         await sbx.close()
-    assert not (pulled_node.config.data_dir / "lazy" / ".stats").exists()  # the loader stopped
+    assert not (pulled_node.config.data_dir / "lazy" / "fs" / ".stats").exists()  # the loader stopped
     async with pulled_node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE)
         # The same reader as before: its own chunks (cat's) are cached too.

@@ -169,8 +169,9 @@ def _runtimes(
         if device is not None and (cfg.disk_read_bps or cfg.disk_write_bps)
         else None
     )
-    limits = {"max_inotify_instances": cfg.inotify_instances,
+    shares = {"max_inotify_instances": cfg.inotify_instances,
               "max_inotify_watches": cfg.inotify_watches}  # fmt: skip
+    limits = {k: v for k, v in shares.items() if v}  # 0: not set (the host account is shared)
     raise_host_limits(cfg)
     runtimes: dict[str, Runtime] = {
         "container": ContainerRuntime(oci, cgroups, platform, listener, io, limits),
