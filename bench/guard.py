@@ -172,7 +172,7 @@ async def costs(cfg: NodeConfig) -> list[list[str]]:
     for name, config, net in variants:
         async with corral.AsyncClient(config=config) as c:
             creates, execs = [], []
-            for _ in range(15):
+            for _ in range(30):
                 t0 = time.perf_counter()
                 s = await c.sandboxes.create(image=a.IMAGE, network=net)
                 creates.append(time.perf_counter() - t0)
@@ -238,8 +238,9 @@ async def main() -> None:
             ],
             rows,
         ),
-        "## What the defences cost\n\nMedians over 15 creates and 600 execs per row, same "
-        "machine, same run.\n\n"
+        "## What the defences cost\n\nMedians over 30 creates and 1,200 execs per row, same "
+        "machine, same run. The ratios are the row's p50 over the first row's (every "
+        "defence on): a row with a defence off below 1.00 is what that defence costs.\n\n"
         + table(
             [
                 "configuration",
@@ -248,8 +249,17 @@ async def main() -> None:
                 "exec `true` p50 (ms)",
                 "exec p99 (ms)",
                 "python3 start (ms)",
+                "create vs all on",
+                "exec vs all on",
             ],
-            cost,
+            [
+                [
+                    *row,
+                    f"{float(row[1]) / float(cost[0][1]):.2f}",
+                    f"{float(row[3]) / float(cost[0][3]):.2f}",
+                ]
+                for row in cost
+            ],
         ),
     ]
     print(

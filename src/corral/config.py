@@ -36,7 +36,7 @@ def _repo_platform_dir() -> Path:
 
 
 # Promising more than this many times what a node has is a typo, not a policy.
-MAX_OVERCOMMIT = 100.0
+MAX_OVERCOMMIT = 1000.0
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,11 @@ class NodeConfig:
     memory_overcommit: float = 8.0
     scratch_size: int = 64 * 1024**3
     # The same rule for writable space: the disk promised to sandboxes may
-    # exceed the scratch pool by this factor (each is held to its own quota;
-    # most write little), and no one sandbox may ask for more than the pool.
-    disk_overcommit: float = 8.0
+    # exceed the scratch pool by this factor, and no one sandbox may ask for
+    # more than the pool. Each is held to its own quota, and an agent's
+    # sandbox writes megabytes where it is promised gibibytes: 128 lets a
+    # 64 GiB pool hold 4,096 sandboxes of the SDK's default 2 GiB.
+    disk_overcommit: float = 128.0
     # Per-sandbox ceilings on block I/O to the scratch pool, bytes/s (0: none):
     # one sandbox streaming to disk leaves the device to its neighbours too.
     disk_read_bps: int = 128 * 1024**2

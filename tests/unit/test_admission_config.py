@@ -10,11 +10,11 @@ from corral.errors import InvalidArgument
 
 
 @pytest.mark.parametrize("field", ["memory_overcommit", "disk_overcommit"])
-@pytest.mark.parametrize("value", [0.0, 0.5, -1.0, 101.0, 1e9])
-def test_an_overcommit_outside_1_to_100_is_refused(field: str, value: float) -> None:
+@pytest.mark.parametrize("value", [0.0, 0.5, -1.0, 1001.0, 1e9])
+def test_an_overcommit_outside_1_to_1000_is_refused(field: str, value: float) -> None:
     with pytest.raises(InvalidArgument) as exc:
         NodeConfig(**{field: value})  # type: ignore[arg-type]
-    assert exc.value.field == field and "between 1 and 100" in exc.value.rule
+    assert exc.value.field == field and "between 1 and 1000" in exc.value.rule
 
 
 def test_overcommit_and_io_ceilings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
