@@ -93,7 +93,7 @@ class ContainerRuntime:
         # Its env may hold secrets; the sandbox dir is only traversable.
         fd = os.open(prep.sandbox_dir / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(cfg, f)
+            f.write(json.dumps(cfg))  # dumps: the C encoder (dump writes piece by piece)
 
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
