@@ -365,3 +365,35 @@ async def test_file_operations_run_as_the_sandboxs_default_user(
         assert await sbx.files.write("/etc/corral-root", b"x", user="root") == 1  # named: root
     finally:
         await sbx.close()
+
+
+# ----------------------------------------------------------------- class 1
+
+
+@pytest.mark.requires_qemu
+async def test_saves_and_restores_reach_only_the_operators_stores(
+    rt_client: corral.AsyncClient, rt_config: NodeConfig, tmp_path: Path
+) -> None:
+    """A caller cannot make the node write a VM's state into a host path,
+    fetch one from a URL of its choosing (with the node's keys), or restore
+    another project's state."""
+    vm = await rt_client.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    try:
+        target = tmp_path / "planted"
+        for store in (str(target), f"file://{target}", "http://169.254.169.254/latest",
+                      "s3://attacker/x", "../../etc", "nope"):  # fmt: skip
+            with pytest.raises(corral.InvalidArgument) as exc:
+                await vm.save(store)
+            assert exc.value.field == "store", store
+        assert not target.exists() and (await vm.refresh()).state.value == "running"
+        saved = await vm.save()
+        for change, field in (({"store": "http://127.0.0.1:9/x"}, "store"),
+                              ({"store": "/var/lib"}, "store"),
+                              ({"project": "someone-else"}, "key"),
+                              ({"cpu": 0.1}, "cpu")):  # fmt: skip
+            with pytest.raises(corral.InvalidArgument) as exc:
+                await rt_client.sandboxes.restore({**saved.model_dump(), **change})
+            assert exc.value.field == field, change
+        assert len([s for s in await rt_client.sandboxes.list() if s.info.kind == "microvm"]) == 1
+    finally:
+        await vm.close()
