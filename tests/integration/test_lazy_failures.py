@@ -138,7 +138,9 @@ async def test_the_chunk_cache_survives_an_agent_restart(pulled_node: Node) -> N
         await sbx.commands.run(f"cat {BIG} > /dev/null")
         first = _stats(pulled_node)["fetched_bytes"]
         await sbx.close()
-    assert not (pulled_node.config.data_dir / "lazy" / "fs" / ".stats").exists()  # the loader stopped
+    assert not (
+        pulled_node.config.data_dir / "lazy" / "fs" / ".stats"
+    ).exists()  # the loader stopped
     async with pulled_node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE)
         # The same reader as before: its own chunks (cat's) are cached too.
