@@ -15,6 +15,7 @@ starts, because most parts need the open store; undone in reverse by
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,8 +289,6 @@ def _node_releasers(
 
 
 def require_root() -> None:
-    import os
-
     if os.geteuid() != 0:
         raise Unavailable(
             "the node agent needs root (mount(2), cgroups and namespaces need "
