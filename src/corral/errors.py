@@ -11,6 +11,7 @@
      |    +-- CommandNotFound         404 command_not_found
      +-- SandboxClosed                409 sandbox_closed
      +-- Conflict                     409 conflict
+     |    +-- Ambiguous               409 ambiguous        (ran or not: nobody can tell)
      +-- CommandTimeout               408 command_timeout  (also a TimeoutError)
      +-- ResourceExhausted            429 resource_exhausted
      |    +-- NodeFull                429 node_full        (this node; another may take it)
@@ -123,6 +124,14 @@ class Conflict(CorralError):
     http_status = 409
 
 
+class Ambiguous(Conflict):
+    """A keyed operation (a rollout step) started but its outcome was lost
+    with the process that ran it: it may have had its effects or not. It
+    is never run again behind the caller's back (that could do it twice)."""
+
+    code = "ambiguous"
+
+
 class CommandTimeout(CorralError, TimeoutError):
     """A command ran past its timeout and was killed with its process tree."""
 
@@ -190,6 +199,7 @@ ERROR_CODES: dict[str, type[CorralError]] = {
         CommandNotFound,
         SandboxClosed,
         Conflict,
+        Ambiguous,
         CommandTimeout,
         ResourceExhausted,
         NodeFull,

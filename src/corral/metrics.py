@@ -48,6 +48,18 @@ VM_OPS = Histogram(
     buckets=_LATENCY,
     registry=REGISTRY,
 )
+SUSPEND_OPS = Histogram(
+    "corral_suspend_seconds",
+    "Suspends and resumes of any kind of sandbox, by depth (freeze, disk)",
+    ["kind", "op", "mode"],
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+RECLAIMED_BYTES = Counter(
+    "corral_suspend_reclaimed_bytes_total",
+    "Memory given back to the host by freezing sandboxes",
+    registry=REGISTRY,
+)
 VM_STATE_BYTES = Counter(
     "corral_vm_state_bytes_total",
     "Bytes of VM state written (suspend, fork, save)",

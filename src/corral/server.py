@@ -119,9 +119,9 @@ async def serve(
     db = None
     try:
         if state is not None:
-            from corral.control.db import connect
             from corral.control.heartbeat import Heartbeat
             from corral.control.schema import migrate
+            from corral.db import connect
 
             db = await connect(state)
             await migrate(db)
@@ -173,8 +173,8 @@ async def serve_gateway(
     """A gateway replica: the same API, placing on and routing to the node
     agents that heartbeat into `state`. Callers authenticate with a
     project's API key; nodes are reached with `node_key`."""
-    from corral.control.db import connect
     from corral.control.gateway import Gateway
+    from corral.db import connect
 
     configure(log_level)
     db = await connect(state)

@@ -14,7 +14,7 @@ from typing import Any
 import corral
 from corral.config import NodeConfig
 from corral.control import nodes, quotas
-from corral.control.db import Database, connect
+from corral.db import Database, connect
 from corral.control.postgres import LocalPostgres
 
 from .images import IMAGES

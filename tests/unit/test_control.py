@@ -14,7 +14,7 @@ import pytest
 from corral import metrics
 from corral.capacity import NodeCapacity
 from corral.control import nodes, placement, quotas, sandboxes, schema
-from corral.control.db import Database, connect
+from corral.db import Database, connect
 from corral.control.nodes import NodeRow
 from corral.errors import (
     Conflict,

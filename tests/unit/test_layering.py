@@ -38,6 +38,7 @@ BASE = (
     "config",
     "progress",
     "version",
+    "db",
 )
 # Lowest first; parts on one line share a rank (and so may not import each other).
 RANKS: tuple[tuple[str, ...], ...] = (

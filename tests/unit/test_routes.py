@@ -56,7 +56,7 @@ def _broken(op: str, **change: Any) -> tuple[routes.Route, ...]:
 @pytest.mark.parametrize(
     ("table", "why"),
     [
-        (ROUTES[:-1], "without a route: ['run_call']"),
+        (ROUTES[:-1], "without a route: ['rollout_delete']"),
         ((*ROUTES, ROUTES[0]), "create has 2 routes"),
         (_broken("read_file", args={"path": Query()}), "places"),
         (

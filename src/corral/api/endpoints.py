@@ -25,6 +25,7 @@ from corral.api.models import (
     ForkRequest,
     LayerInfo,
     NetworkPolicy,
+    RolloutStep,
     SandboxInfo,
     SavedState,
     SaveRequest,
@@ -142,8 +143,8 @@ def add_routes(app: FastAPI) -> None:
         return await svc.audit(sandbox_id)
 
     @app.post("/v1/sandboxes/{sandbox_id}/suspend", status_code=200)
-    async def suspend(svc: Svc, sandbox_id: str) -> SandboxInfo:
-        return await svc.suspend(sandbox_id)
+    async def suspend(svc: Svc, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
+        return await svc.suspend(sandbox_id, mode, key)
 
     @app.post("/v1/sandboxes/{sandbox_id}/resume", status_code=200)
     async def resume(svc: Svc, sandbox_id: str) -> SandboxInfo:
@@ -178,3 +179,18 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/fncall", status_code=200)
     async def run_call(svc: Svc, req: FnCallRequest) -> FnCallResult:
         return await svc.run_call(req)
+
+    @app.get("/v1/rollouts/{rollout}/steps", status_code=200)
+    async def rollout_steps(svc: Svc, rollout: str) -> dict[str, builtins.list[RolloutStep]]:
+        result = await svc.rollout_steps(rollout)
+        return {"steps": result}
+
+    @app.post("/v1/rollouts/{rollout}/steps", status_code=204)
+    async def rollout_append(svc: Svc, rollout: str, step: RolloutStep) -> Response:
+        await svc.rollout_append(rollout, step)
+        return Response(status_code=204)
+
+    @app.delete("/v1/rollouts/{rollout}", status_code=204)
+    async def rollout_delete(svc: Svc, rollout: str) -> Response:
+        await svc.rollout_delete(rollout)
+        return Response(status_code=204)

@@ -330,7 +330,7 @@ def _path_expr(r: Route, op: Op) -> str:
         name = m.group(1)
         if op.param(name).annotation == "int":
             return f"{{{name}}}"
-        field = "" if name == "sandbox_id" else f', "{name}"'
+        field = "" if name == "sandbox_id" else f", '{name}'"
         return f"{{ids.segment({name}{field})}}"
 
     path = re.sub(r"\{(\w+)\}", segment, r.path)

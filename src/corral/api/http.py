@@ -24,6 +24,7 @@ from corral.api.models import (
     ForkRequest,
     LayerInfo,
     NetworkPolicy,
+    RolloutStep,
     SandboxInfo,
     SavedState,
     SaveRequest,
@@ -171,8 +172,12 @@ class HttpService(HttpTransport):
         resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/audit")
         return AuditReport.model_validate_json(resp.content)
 
-    async def suspend(self, sandbox_id: str) -> SandboxInfo:
-        resp = await self._send("POST", f"/v1/sandboxes/{ids.segment(sandbox_id)}/suspend")
+    async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
+        resp = await self._send(
+            "POST",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/suspend",
+            params=[("mode", mode), ("key", key)],
+        )
         return SandboxInfo.model_validate_json(resp.content)
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
@@ -228,3 +233,17 @@ class HttpService(HttpTransport):
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         resp = await self._send("POST", "/v1/fncall", json_body=req.model_dump_json())
         return FnCallResult.model_validate_json(resp.content)
+
+    async def rollout_steps(self, rollout: str) -> builtins.list[RolloutStep]:
+        resp = await self._send("GET", f"/v1/rollouts/{ids.segment(rollout, 'rollout')}/steps")
+        return [RolloutStep.model_validate(x) for x in resp.json()["steps"]]
+
+    async def rollout_append(self, rollout: str, step: RolloutStep) -> None:
+        await self._send(
+            "POST",
+            f"/v1/rollouts/{ids.segment(rollout, 'rollout')}/steps",
+            json_body=step.model_dump_json(),
+        )
+
+    async def rollout_delete(self, rollout: str) -> None:
+        await self._send("DELETE", f"/v1/rollouts/{ids.segment(rollout, 'rollout')}")

@@ -38,6 +38,7 @@ from corral.api.models_fncall import (
     FnCallStatus,
     check_call_file_name,
 )
+from corral.api.models_rollout import ROLLOUT_NAME, ROLLOUT_NAME_RULE, RolloutStep
 from corral.api.models_vm import DisplayInput, ForkRequest, SavedState, SaveRequest
 from corral.guard.policy import NetworkPolicy
 from corral.units import parse_size
@@ -50,6 +51,8 @@ __all__ = [
     "MAX_DISPLAY",
     "MIN_DISPLAY",
     "PATH_RULE",
+    "ROLLOUT_NAME",
+    "ROLLOUT_NAME_RULE",
     "VM_KINDS",
     "AuditReport",
     "CommitRequest",
@@ -70,6 +73,7 @@ __all__ = [
     "LayerInfo",
     "MiB",
     "NetworkPolicy",
+    "RolloutStep",
     "SandboxInfo",
     "SandboxState",
     "SaveRequest",
@@ -98,7 +102,7 @@ class SandboxState(StrEnum):
     closed = "closed"
     failed = "failed"
     suspending = "suspending"
-    suspended = "suspended"  # a microVM saved to disk; the next request resumes it
+    suspended = "suspended"  # frozen or saved to disk (info.suspended); the next request resumes it
     resuming = "resuming"
 
 
@@ -268,6 +272,7 @@ class SandboxInfo(BaseModel):
     network: NetworkPolicy | None = None
     address: str | None = None
     display_size: tuple[int, int] | None = None  # a full VM's screen
+    suspended: Literal["freeze", "disk"] | None = None  # a suspended sandbox's depth
 
 
 class CommitRequest(StrictModel):

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.api.models_base import USER, MiB, StrictModel, check_env, check_path
 from corral.errors import InvalidArgument
+
+_KEY = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
 
 
 class ExecRequest(StrictModel):
@@ -26,6 +29,9 @@ class ExecRequest(StrictModel):
     stdout_limit: int = 1 * MiB
     stderr_limit: int = 1 * MiB
     background: bool = False
+    # At most once per key in a sandbox: the same key again returns the
+    # first run's output (node/keyed.py); a rollout's step.
+    key: str | None = None
 
     @field_validator("cmd")
     @classmethod
@@ -37,6 +43,13 @@ class ExecRequest(StrictModel):
             raise ValueError("must not contain NUL")
         if sum(len(p) for p in parts) > 1 * MiB:
             raise ValueError("must be at most 1 MiB in total")
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str | None) -> str | None:
+        if v is not None and not _KEY.fullmatch(v):
+            raise ValueError("must be 1-200 letters, digits and . _ : / -")
         return v
 
     @field_validator("timeout")

@@ -205,7 +205,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("commit", "POST", f"{_SBX}/commit", Json(), {"req": Body()}, forward=True),
     Route("audit", "GET", f"{_SBX}/audit", Json(), forward=True),
-    Route("suspend", "POST", f"{_SBX}/suspend", Json(), forward=True),
+    Route("suspend", "POST", f"{_SBX}/suspend", Json(), {"mode": _Q, "key": _Q}, forward=True),
     Route("resume", "POST", f"{_SBX}/resume", Json(), forward=True),
     Route("update_network", "PUT", f"{_SBX}/network", Json(), {"policy": Body()}, forward=True),
     Route("fork", "POST", f"{_SBX}/fork", Json(), {"req": Body(exclude_none=True)}),
@@ -222,6 +222,16 @@ ROUTES: tuple[Route, ...] = (
         forward=True,
     ),
     Route("run_call", "POST", "/v1/fncall", Json(), {"req": Body()}),
+    Route("rollout_steps", "GET", "/v1/rollouts/{rollout}/steps", Json("steps")),
+    Route(
+        "rollout_append",
+        "POST",
+        "/v1/rollouts/{rollout}/steps",
+        NoContent(),
+        {"step": Body()},
+        status=204,
+    ),
+    Route("rollout_delete", "DELETE", "/v1/rollouts/{rollout}", NoContent(), status=204),
 )
 
 # SandboxService methods with no route: each side starts and closes its own.

@@ -28,6 +28,7 @@ from corral.api.models import (
     ForkRequest,
     LayerInfo,
     NetworkPolicy,
+    RolloutStep,
     SandboxInfo,
     SavedState,
     SaveRequest,
@@ -86,7 +87,7 @@ class SandboxService(Protocol):
 
     async def audit(self, sandbox_id: str) -> AuditReport: ...
 
-    async def suspend(self, sandbox_id: str) -> SandboxInfo: ...
+    async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo: ...
 
     async def resume(self, sandbox_id: str) -> SandboxInfo: ...
 
@@ -103,6 +104,19 @@ class SandboxService(Protocol):
     async def display_input(self, sandbox_id: str, req: DisplayInput) -> None: ...
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult: ...
+
+    async def rollout_steps(self, rollout: str) -> builtins.list[RolloutStep]:
+        """A rollout's logged steps, in order (corral/rollout/)."""
+        ...
+
+    async def rollout_append(self, rollout: str, step: RolloutStep) -> None:
+        """Log the next step of a rollout (durable when this returns). The
+        same step again with the same digest is a no-op; a step that is not
+        the next, or that another writer logged with other arguments, is
+        refused."""
+        ...
+
+    async def rollout_delete(self, rollout: str) -> None: ...
 
     async def aclose(self) -> None:
         """Release what start() took (connections, the node's workers);

@@ -14,7 +14,7 @@ from corral.cli.output import console, emit
 from corral.units import format_size, parse_size
 
 if TYPE_CHECKING:
-    from corral.control.db import Database
+    from corral.db import Database
 
 # ---------------------------------------------------------------- projects
 
@@ -23,8 +23,8 @@ async def _state(a: argparse.Namespace) -> Database:
     """The state store of --state, else of the cluster in --cluster-dir;
     migrated, so a fresh one works too."""
     from corral.cluster.up import load
-    from corral.control.db import connect
     from corral.control.schema import migrate
+    from corral.db import connect
 
     url = a.state or load(a.cluster_dir)["state"]
     db = await connect(url)

@@ -32,9 +32,9 @@ import httpx
 
 from corral.cluster.actors import NAMESPACE, GatewaySpec, NodeSpec
 from corral.control import nodes, quotas
-from corral.control.db import connect
 from corral.control.postgres import LocalPostgres
 from corral.control.schema import migrate
+from corral.db import connect
 from corral.errors import InvalidArgument, NotFound, Unavailable
 from corral.log import get_logger
 

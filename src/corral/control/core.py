@@ -19,9 +19,10 @@ from typing import TypeVar
 from corral import metrics
 from corral.api.http import HttpService
 from corral.control import nodes, placement, quotas
-from corral.control.db import Database
 from corral.control.nodes import NodeRow
+from corral.db import Database
 from corral.errors import Unavailable
+from corral.node.steplog import StepLog
 
 T = TypeVar("T")
 
@@ -46,6 +47,7 @@ class GatewayCore:
         k: int = placement.K,
     ) -> None:
         self.db = db
+        self.steplog = StepLog(db)  # rollout logs, by project
         self.node_key = node_key
         self.node_timeout = node_timeout
         self.sweep_interval = sweep_interval

@@ -107,8 +107,8 @@ class Forwarding(ABC):
     async def audit(self, sandbox_id: str) -> AuditReport:
         return await self._forward(sandbox_id, lambda node: node.audit(sandbox_id))
 
-    async def suspend(self, sandbox_id: str) -> SandboxInfo:
-        return await self._forward(sandbox_id, lambda node: node.suspend(sandbox_id))
+    async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
+        return await self._forward(sandbox_id, lambda node: node.suspend(sandbox_id, mode, key))
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         return await self._forward(sandbox_id, lambda node: node.resume(sandbox_id))

@@ -23,10 +23,10 @@ from corral import labels, metrics
 from corral.api.service import SandboxService
 from corral.control import nodes, placement, quotas, sandboxes
 from corral.control.core import GatewayCore
-from corral.control.db import Database
 from corral.control.nodes import NodeRow
 from corral.control.schema import migrate
 from corral.control.view import GatewayView
+from corral.db import Database
 from corral.errors import CorralError, Unauthenticated, Unavailable
 from corral.log import get_logger
 

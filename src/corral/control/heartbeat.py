@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 
 from corral.control import nodes
-from corral.control.db import Database
+from corral.db import Database
 from corral.log import get_logger
 from corral.node.agent import NodeAgent
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from corral.capacity import NodeCapacity
 from corral.control import quotas
-from corral.control.db import Database
+from corral.db import Database
 
 ALIVE = "alive"
 LOST = "lost"

@@ -15,7 +15,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from corral.control.db import Database, Tx
+from corral.db import Database, Tx
 from corral.errors import Conflict, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")

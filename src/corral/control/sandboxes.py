@@ -18,7 +18,7 @@ import hashlib
 from dataclasses import dataclass
 
 from corral.control import quotas
-from corral.control.db import Database, Tx
+from corral.db import Database, Tx
 
 CHARGED = ("placing", "ready")
 

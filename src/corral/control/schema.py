@@ -9,8 +9,9 @@ a released one is never edited.
 
 from __future__ import annotations
 
-from corral.control.db import Database
+from corral.db import Database
 from corral.errors import Unavailable
+from corral.node import steplog
 
 MIGRATIONS: list[list[str]] = [
     # 1: projects (nested: org / team / job), API keys, nodes, sandboxes.
@@ -58,6 +59,8 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX sandboxes_node_state ON sandboxes(node, state)",
         "CREATE INDEX sandboxes_project_state ON sandboxes(project, state)",
     ],
+    # 2: rollout logs (node/steplog.py).
+    [steplog.DDL],
 ]
 
 VERSION = len(MIGRATIONS)

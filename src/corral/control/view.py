@@ -34,6 +34,7 @@ from corral.api.models import (
     FnCallRequest,
     FnCallResult,
     ForkRequest,
+    RolloutStep,
     SandboxInfo,
     SavedState,
 )
@@ -424,6 +425,15 @@ class GatewayView(Forwarding):
             return [await self.get(row.id) for row in rows if row.id]
         to_node = ForkRequest(n=req.n, idempotency_keys=keys)
         return await self._make(rows, source.node, lambda node: node.fork(sandbox_id, to_node))
+
+    async def rollout_steps(self, rollout: str) -> builtins.list[RolloutStep]:
+        return await self.gw.steplog.steps(self.project, rollout)
+
+    async def rollout_append(self, rollout: str, step: RolloutStep) -> None:
+        await self.gw.steplog.append(self.project, rollout, step)
+
+    async def rollout_delete(self, rollout: str) -> None:
+        await self.gw.steplog.delete(self.project, rollout)
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         """Stateless: any node with function-call workers; full or

@@ -10,6 +10,8 @@ that makes crun refuse to run unless it is hidden) and pure cgroup v2
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 from enum import StrEnum
@@ -130,6 +132,75 @@ class Cgroups:
             pass
         return 0
 
+    # ------------------------------------------------------------ freezing
+
+    def _dir(self, controller: str, sandbox_id: str) -> Path | None:
+        base = self._controller(controller)
+        return None if base is None else base / self.parent / sandbox_id
+
+    async def freeze(self, sandbox_id: str, timeout: float = 5.0) -> None:
+        """Stop every process of the sandbox where it stands (they do not
+        see it: no signal, no EINTR) and return once all are stopped."""
+        await self._set_frozen(sandbox_id, True, timeout)
+
+    async def thaw(self, sandbox_id: str, timeout: float = 5.0) -> None:
+        await self._set_frozen(sandbox_id, False, timeout)
+
+    def frozen(self, sandbox_id: str) -> bool:
+        d = self._dir("freezer", sandbox_id)
+        try:
+            if self.mode is Mode.V2:
+                return "frozen 1" in (d / "cgroup.events").read_text().splitlines()  # type: ignore[operator]
+            return (d / "freezer.state").read_text().strip() == "FROZEN"  # type: ignore[operator]
+        except (OSError, TypeError):
+            return False
+
+    async def _set_frozen(self, sandbox_id: str, frozen: bool, timeout: float) -> None:
+        d = self._dir("freezer", sandbox_id)
+        if d is None:
+            raise OSError("this host has no cgroup freezer")
+        if self.mode is Mode.V2:
+            (d / "cgroup.freeze").write_text("1" if frozen else "0")
+        else:
+            (d / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
+        # Freezing is asynchronous (v1 reads FREEZING, v2's events lag):
+        # a task in an uninterruptible sleep stops only when it wakes.
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while self.frozen(sandbox_id) != frozen:
+            if time.monotonic() > deadline:
+                what = "freeze" if frozen else "thaw"
+                raise TimeoutError(f"the cgroup of {sandbox_id} did not {what} in {timeout:g} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def reclaim(self, sandbox_id: str) -> int:
+        """Push a (frozen) sandbox's memory out: its page cache is dropped
+        and its anonymous memory goes to swap where the host has some.
+        Returns the bytes its usage fell by. Swap stays off while the
+        sandbox runs (swap_off_while_running); only this call swaps it."""
+        d = self._dir("memory", sandbox_id)
+        before = self.memory_usage(sandbox_id)
+        if d is None or before is None:
+            return 0
+        try:
+            if self.mode is Mode.V2:
+                # swap.max is 0 while it runs (memory+swap == memory).
+                (d / "memory.swap.max").write_text("max")
+                with contextlib.suppress(OSError):  # EAGAIN: reclaimed less than asked
+                    (d / "memory.reclaim").write_text(str(before))
+                (d / "memory.swap.max").write_text("0")
+            else:
+                (d / "memory.swappiness").write_text("100")
+                # v1's only "reclaim now": it retries until usage is 0 or
+                # reclaim makes no progress; tasks may stay in the cgroup.
+                (d / "memory.force_empty").write_text("0")
+                (d / "memory.swappiness").write_text("0")
+        except OSError:
+            return 0
+        after = self.memory_usage(sandbox_id) or 0
+        return max(0, before - after)
+
     def present(self) -> set[str]:
         """Sandbox ids that have a cgroup under our parent in any hierarchy."""
         out: set[str] = set()
@@ -143,6 +214,10 @@ class Cgroups:
     def remove(self, sandbox_id: str, timeout: float = 5.0) -> None:
         """Kill what is left inside and rmdir every directory of the sandbox."""
         deadline = time.monotonic() + timeout
+        # A frozen task takes its SIGKILL only once thawed (v1).
+        with contextlib.suppress(OSError, TypeError):
+            if self.mode is not Mode.V2:
+                (self._dir("freezer", sandbox_id) / "freezer.state").write_text("THAWED")  # type: ignore[operator]
         for d in self.dirs(sandbox_id):
             while d.exists():
                 try:

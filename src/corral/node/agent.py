@@ -28,6 +28,7 @@ from corral.api.models import (
     ForkRequest,
     LayerInfo,
     NetworkPolicy,
+    RolloutStep,
     SandboxInfo,
     SavedState,
     SaveRequest,
@@ -170,8 +171,8 @@ class NodeAgent:
     async def close(self, sandbox_id: str) -> None:
         await self.parts.lifecycle.close(sandbox_id)
 
-    async def suspend(self, sandbox_id: str) -> SandboxInfo:
-        return await self.parts.snapshots.suspend(sandbox_id)
+    async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
+        return await self.parts.snapshots.suspend(sandbox_id, mode or None, key or None)
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         return await self.parts.snapshots.resume(sandbox_id)
@@ -204,7 +205,8 @@ class NodeAgent:
     async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         p = self.parts
         rec = await p.snapshots.awake(sandbox_id)
-        async for event in p.sessions.exec(rec, req):
+        run = p.sessions.exec if req.key is None else p.keyed.exec
+        async for event in run(rec, req):
             yield event
 
     async def kill(self, sandbox_id: str, pid: int, signal: int = signals.SIGKILL) -> None:
@@ -213,6 +215,18 @@ class NodeAgent:
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         return await self.parts.fncall.run(req)
+
+    # ---------------------------------------------------------------- rollout logs
+    # One tenant per node: a gateway keeps its projects' logs itself.
+
+    async def rollout_steps(self, rollout: str) -> builtins.list[RolloutStep]:
+        return await self.parts.steplog.steps("", rollout)
+
+    async def rollout_append(self, rollout: str, step: RolloutStep) -> None:
+        await self.parts.steplog.append("", rollout, step)
+
+    async def rollout_delete(self, rollout: str) -> None:
+        await self.parts.steplog.delete("", rollout)
 
     # ---------------------------------------------------------------- files
 

@@ -99,6 +99,7 @@ class Records:
             error=rec.error,
             workdir=rec.workdir,
             display_size=s.get("display_size"),
+            suspended=rec.suspended if rec.state == "suspended" else None,  # type: ignore[arg-type]
             **self._net_info(rec.id),
         )
 

@@ -95,31 +95,56 @@ class Snapshots:
             await self.resume(sandbox_id)
         return self.records.running(sandbox_id)
 
-    def _suspendable(self, rec: SandboxRecord) -> Suspendable:
+    def _suspendable(self, rec: SandboxRecord, mode: str | None) -> tuple[Suspendable, str]:
         runtime = self.runtimes.get(rec.kind)
         if not isinstance(runtime, Suspendable):
-            raise unsupported(rec.kind, "suspend is supported for microvm and fullvm sandboxes")
-        return runtime
+            raise unsupported(
+                rec.kind, "suspend is supported for container, microvm and fullvm sandboxes"
+            )
+        if mode is None:
+            return runtime, runtime.suspend_modes[0]
+        if mode not in runtime.suspend_modes:
+            raise InvalidArgument(
+                "mode", f"must be one of {', '.join(runtime.suspend_modes)} for a {rec.kind}", mode
+            )
+        return runtime, mode
 
-    async def suspend(self, sandbox_id: str) -> SandboxInfo:
-        """Save a running sandbox to disk and stop it; its memory and its
-        processes come back on resume() (or on the next request)."""
-        rec = self.records.running(sandbox_id)
-        runtime = self._suspendable(rec)
+    async def suspend(
+        self, sandbox_id: str, mode: str | None = None, key: str | None = None
+    ) -> SandboxInfo:
+        """Stop a running sandbox, its processes kept: frozen in place
+        ("freeze", its memory pushed out where the host can) or saved to
+        disk and ended ("disk"). resume() or the next request brings it
+        back. A suspended sandbox is left as it is (at whatever depth). With
+        `key`, only the first call with that key acts: a retried preemption
+        hook does not suspend a sandbox that was resumed since."""
+        rec = self.records.get(sandbox_id)
+        if rec.state in ("closed", "failed", "closing"):
+            raise Conflict(f"sandbox {sandbox_id} is {rec.state}: it cannot be suspended",
+                           sandbox=sandbox_id)  # fmt: skip
+        runtime, mode = self._suspendable(rec, mode)
+        if key is not None and not self.store.op_key(sandbox_id, f"suspend:{key}"):
+            return self.records.info(rec)  # this key already acted
+        if rec.state == "suspended":
+            return self.records.info(rec)
         db = self.store
         if not db.transition(sandbox_id, ["running"], "suspending"):
-            raise Conflict(f"sandbox {sandbox_id} is busy changing state", sandbox=sandbox_id)
+            state = self.records.get(sandbox_id).state
+            raise Conflict(f"sandbox {sandbox_id} is {state}: it cannot be suspended now",
+                           sandbox=sandbox_id, state=state)  # fmt: skip
         t0 = time.monotonic()
         try:
-            size = await runtime.suspend(sandbox_id)
+            done = await runtime.suspend(sandbox_id, mode)
         except BaseException:
             db.transition(sandbox_id, ["suspending"], "running")
             raise
-        db.transition(sandbox_id, ["suspending"], "suspended")
-        metrics.VM_OPS.labels("suspend").observe(time.monotonic() - t0)
-        metrics.VM_STATE_BYTES.labels("suspend").inc(size)
-        log.info("sandbox.suspended", sandbox=sandbox_id,
-                 ms=round((time.monotonic() - t0) * 1000, 1), state_bytes=size)  # fmt: skip
+        db.transition(sandbox_id, ["suspending"], "suspended", suspended=mode)
+        metrics.SUSPEND_OPS.labels(rec.kind, "suspend", mode).observe(time.monotonic() - t0)
+        metrics.VM_STATE_BYTES.labels("suspend").inc(done.state_bytes)
+        metrics.RECLAIMED_BYTES.inc(done.reclaimed_bytes)
+        log.info("sandbox.suspended", sandbox=sandbox_id, mode=mode,
+                 ms=round((time.monotonic() - t0) * 1000, 1), state_bytes=done.state_bytes,
+                 reclaimed_bytes=done.reclaimed_bytes)  # fmt: skip
         return self.records.info(self.records.get(sandbox_id))
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
@@ -136,21 +161,28 @@ class Snapshots:
                 await asyncio.sleep(0.01)
             return self.records.info(self.records.running(sandbox_id))
         t0 = time.monotonic()
-        runtime = self._suspendable(rec)
+        mode = rec.suspended or "disk"
+        runtime, mode = self._suspendable(rec, mode)
         try:
-            started = await runtime.resume(sandbox_id)
-            self.children.add(started.pid)
-            await wait_ready(sandbox_id, control_path(self.config.run_dir, sandbox_id))
-            await self.networks.reconnect(sandbox_id, started.pid, self.runtimes[rec.kind].net_tap)
+            started = await runtime.resume(sandbox_id, mode)
+            if started is not None:
+                self.children.add(started.pid)
+                await wait_ready(sandbox_id, control_path(self.config.run_dir, sandbox_id))
+                await self.networks.reconnect(
+                    sandbox_id, started.pid, self.runtimes[rec.kind].net_tap
+                )
         except BaseException as exc:
             db.transition(sandbox_id, ["resuming"], "suspended")
             if isinstance(exc, CorralError):
                 raise
             raise SandboxFailed(f"sandbox {sandbox_id}: resume failed: {exc}") from exc
-        db.transition(sandbox_id, ["resuming"], "running",
-                      init_pid=started.pid, init_start=started.pid_start)  # fmt: skip
-        metrics.VM_OPS.labels("resume").observe(time.monotonic() - t0)
-        log.info("sandbox.resumed", sandbox=sandbox_id, ms=round((time.monotonic() - t0) * 1000, 1))
+        pids = {} if started is None else {"init_pid": started.pid, "init_start": started.pid_start}
+        db.transition(sandbox_id, ["resuming"], "running", suspended=None, **pids)
+        # A resumed sandbox was just used: the idle policy starts again.
+        self.store.touch({sandbox_id: time.time()})
+        metrics.SUSPEND_OPS.labels(rec.kind, "resume", mode).observe(time.monotonic() - t0)
+        log.info("sandbox.resumed", sandbox=sandbox_id, mode=mode,
+                 ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
         return self.records.info(self.records.get(sandbox_id))
 
     # ---------------------------------------------------------------- fork
@@ -242,8 +274,13 @@ class Snapshots:
             )
         store = self._store(req.store)
         if rec.state == "running":
-            await self.suspend(sandbox_id)
+            await self.suspend(sandbox_id, "disk")
         rec = self.records.get(sandbox_id)
+        if rec.state == "suspended" and rec.suspended == "freeze":
+            # A frozen VM still runs its QEMU: bring it back to save it whole.
+            await self.resume(sandbox_id)
+            await self.suspend(sandbox_id, "disk")
+            rec = self.records.get(sandbox_id)
         if rec.state != "suspended":
             raise Conflict(
                 f"sandbox {sandbox_id} is {rec.state}, not suspended", sandbox=sandbox_id

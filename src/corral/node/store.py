@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import json
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,8 +22,9 @@ from typing import Any
 
 from corral.errors import ResourceExhausted
 from corral.node import states as st
+from corral.node import steplog
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -90,6 +92,19 @@ _MIGRATIONS: dict[int, str] = {
     6: """
     ALTER TABLE sandboxes ADD COLUMN disk INTEGER NOT NULL DEFAULT 0;
     """,
+    7: """
+    ALTER TABLE sandboxes ADD COLUMN suspended TEXT;
+    CREATE TABLE op_keys (
+        sandbox_id TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        digest     TEXT NOT NULL,
+        started    REAL NOT NULL,
+        result     TEXT,
+        PRIMARY KEY (sandbox_id, key)
+    );
+    """
+    + steplog.DDL
+    + ";",
 }
 
 # Every state but the final ones (node/states.py draws the machine).
@@ -115,11 +130,13 @@ class SandboxRecord:
     closed_at: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
     image_user: str | None = None
+    suspended: str | None = None  # the depth of a suspended sandbox
 
 
 _COLUMNS = (
     "id, kind, state, spec, layers, image_env, workdir, created_at, expires_at, "
-    "last_active, owner, init_pid, init_start, error, closed_at, memory, image_user, disk"
+    "last_active, owner, init_pid, init_start, error, closed_at, memory, image_user, disk, "
+    "suspended"
 )
 
 
@@ -142,6 +159,7 @@ def _row_to_record(row: sqlite3.Row, labels: dict[str, str]) -> SandboxRecord:
         closed_at=row["closed_at"],
         labels=labels,
         image_user=row["image_user"],
+        suspended=row["suspended"],
     )
 
 
@@ -191,7 +209,7 @@ class Store:
 
     def insert(self, rec: SandboxRecord) -> None:
         self.db.execute(
-            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 rec.id,
                 rec.kind,
@@ -211,6 +229,7 @@ class Store:
                 int(rec.spec.get("memory", 0)),
                 rec.image_user,
                 int(rec.spec.get("disk", 0)),
+                rec.suspended,
             ),
         )
         self.db.executemany(
@@ -306,6 +325,36 @@ class Store:
             [(t, sid) for sid, t in last_active.items()],
         )
 
+    def op_key(self, sandbox_id: str, key: str) -> bool:
+        """Record that the operation `key` acted on a sandbox; False if it
+        already had (a retried bulk call)."""
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO op_keys (sandbox_id, key, digest, started) VALUES (?,?,'',?)",
+            (sandbox_id, key, time.time()),
+        )
+        return cur.rowcount == 1
+
+    def exec_key(self, sandbox_id: str, key: str) -> tuple[str, str | None] | None:
+        """(digest, result) of a keyed command: result None while it runs
+        (or if it was lost with its agent)."""
+        row = self.db.execute(
+            "SELECT digest, result FROM op_keys WHERE sandbox_id=? AND key=?",
+            (sandbox_id, f"exec:{key}"),
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def exec_key_start(self, sandbox_id: str, key: str, digest: str) -> None:
+        self.db.execute(
+            "INSERT INTO op_keys (sandbox_id, key, digest, started) VALUES (?,?,?,?)",
+            (sandbox_id, f"exec:{key}", digest, time.time()),
+        )
+
+    def exec_key_end(self, sandbox_id: str, key: str, result: str) -> None:
+        self.db.execute(
+            "UPDATE op_keys SET result=? WHERE sandbox_id=? AND key=?",
+            (result, sandbox_id, f"exec:{key}"),
+        )
+
     def count(self, sandbox_id: str, key: str, n: int = 1) -> None:
         """Add n to one of a sandbox's audit counters."""
         self.db.execute(
@@ -389,6 +438,7 @@ class Store:
             self.db.executemany("DELETE FROM sandboxes WHERE id=?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM audit WHERE sandbox_id=?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM idempotency WHERE sandbox_id=?", [(i,) for i in ids])
+            self.db.executemany("DELETE FROM op_keys WHERE sandbox_id=?", [(i,) for i in ids])
         return len(ids)
 
     # ---------------------------------------------------------------- idempotency

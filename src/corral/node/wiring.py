@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.config import NodeConfig
+from corral.db import SqliteDatabase
 from corral.errors import InvalidArgument, Unavailable
 from corral.execd.client import ExecdClient
 from corral.guard.network import NodeNetwork
@@ -41,6 +42,7 @@ from corral.node.display import Displays
 from corral.node.files import Files
 from corral.node.fncall.service import FnCalls
 from corral.node.housekeeping import Housekeeping
+from corral.node.keyed import KeyedExecs
 from corral.node.ledger import Ledger
 from corral.node.lifecycle import Lifecycle, control_path
 from corral.node.network import SandboxNetworks
@@ -48,6 +50,7 @@ from corral.node.records import Records
 from corral.node.recovery import Recovery
 from corral.node.sessions import Sessions
 from corral.node.snapshots import Snapshots
+from corral.node.steplog import StepLog
 from corral.node.store import Store
 from corral.runtimes.base import Reattachable, Releaser, Runtime
 from corral.runtimes.container.bundle import IoLimit
@@ -76,6 +79,8 @@ class NodeParts:
     lifecycle: Lifecycle
     snapshots: Snapshots
     sessions: Sessions
+    keyed: KeyedExecs
+    steplog: StepLog
     files: Files
     displays: Displays
     commits: Commits
@@ -90,6 +95,8 @@ class NodeParts:
         await self.fncall.pool.aclose()
         await self.housekeeping.stop()
         self.networks.stop_resolver()
+        await self.keyed.aclose()
+        await self.steplog.db.aclose()
         self.sessions.close_all()
         for runtime in self.runtimes.values():
             if isinstance(runtime, Reattachable):
@@ -244,6 +251,8 @@ async def start_parts(
         records=records, admission=admission, ledger=ledger, networks=networks, audit=audit,
         activity=activity, children=children, lifecycle=lifecycle, snapshots=snapshots,
         sessions=sessions,
+        keyed=KeyedExecs(store, sessions.exec),
+        steplog=StepLog(SqliteDatabase(f"sqlite://{store.path}")),
         files=Files(cfg, snapshots.awake, execd, sessions),
         displays=Displays(snapshots.awake, runtimes, activity),
         commits=Commits(cfg, store, layers.store, scratch, admission, platform.nsexec),

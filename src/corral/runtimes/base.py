@@ -107,15 +107,31 @@ class Runtime(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Suspension:
+    """What a suspend left: the bytes it wrote to disk (a machine state, a
+    process checkpoint) and the bytes of memory it gave back to the host."""
+
+    state_bytes: int = 0
+    reclaimed_bytes: int = 0
+
+
 @runtime_checkable
 class Suspendable(Protocol):
-    """Can stop a sandbox to disk and bring it back, processes and all."""
+    """Can stop a sandbox and bring it back, processes and all, at one or
+    more depths: "freeze" keeps its processes, stopped, and gives back what
+    memory the host can take; "disk" saves them and ends them, so the
+    sandbox holds only disk."""
 
-    async def suspend(self, sandbox_id: str) -> int:
-        """Save and stop; returns the saved state's size in bytes."""
+    # The depths this runtime offers; the first is its default.
+    suspend_modes: tuple[str, ...]
+
+    async def suspend(self, sandbox_id: str, mode: str) -> Suspension: ...
+
+    async def resume(self, sandbox_id: str, mode: str) -> Started | None:
+        """Bring it back from `mode`; None: the same processes run on (a
+        thaw), so the record's init is still the sandbox's."""
         ...
-
-    async def resume(self, sandbox_id: str) -> Started: ...
 
 
 @runtime_checkable

@@ -50,11 +50,16 @@ class AsyncSandbox:
         hits, timed-out and killed commands, dropped output, log quota."""
         return await self._service.audit(self.id)
 
-    async def suspend(self) -> SandboxInfo:
-        """Save the sandbox (memory, devices, processes) to disk and stop
-        it, freeing its memory and CPU; resume() or the next request brings
-        it back where it was. microVMs only, for now."""
-        self.info = await self._service.suspend(self.id)
+    async def suspend(self, mode: str | None = None, *, key: str | None = None) -> SandboxInfo:
+        """Stop the sandbox, its processes kept; resume() or the next
+        request brings it back where it was. `mode` is the depth: "freeze"
+        stops its processes in place and gives its memory back to the host
+        (a container's default; resumes in milliseconds); "disk" saves them
+        and ends them, so it holds only disk (a VM's default). A suspended
+        sandbox is left as it is. With `key`, only the first call with that
+        key acts (a retried preemption hook leaves a sandbox resumed since
+        running)."""
+        self.info = await self._service.suspend(self.id, mode or "", key or "")
         return self.info
 
     async def save(self, store: str = "local") -> SavedState:

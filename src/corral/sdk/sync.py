@@ -334,11 +334,14 @@ class Sandbox:
         stays here, suspended: resume it, or close it once the copy runs elsewhere."""
         return self._portal.call(self._inner.save, store)
 
-    def suspend(self) -> SandboxInfo:
-        """Save the sandbox (memory, devices, processes) to disk and stop it, freeing its memory
-        and CPU; resume() or the next request brings it back where it was. microVMs only, for
-        now."""
-        return self._portal.call(self._inner.suspend)
+    def suspend(self, mode: str | None = None, *, key: str | None = None) -> SandboxInfo:
+        """Stop the sandbox, its processes kept; resume() or the next request brings it back where
+        it was. `mode` is the depth: "freeze" stops its processes in place and gives its memory
+        back to the host (a container's default; resumes in milliseconds); "disk" saves them and
+        ends them, so it holds only disk (a VM's default). A suspended sandbox is left as it is.
+        With `key`, only the first call with that key acts (a retried preemption hook leaves a
+        sandbox resumed since running)."""
+        return self._portal.call(self._inner.suspend, mode, key=key)
 
     def __enter__(self) -> Sandbox:
         return self

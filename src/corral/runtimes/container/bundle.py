@@ -32,6 +32,10 @@ class BundleSpec:
     readonly_root: bool = False
     tmpfs: tuple[tuple[str, int], ...] = ()
     io: IoLimit | None = None
+    # cgroup v1: the memory cgroup's swappiness. 0 keeps a running sandbox
+    # out of swap (the host may have some for suspended ones); v2 has no
+    # such knob (its swap.max is 0 through memory+swap == memory).
+    swappiness: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ def config(spec: BundleSpec) -> dict[str, Any]:
     memory: dict[str, Any] = {"limit": spec.memory}
     if spec.swap_accounting:
         memory["swap"] = spec.memory  # memory+swap == memory: no swap use
+    if spec.swappiness is not None:
+        memory["swappiness"] = spec.swappiness
     process_extra: dict[str, Any] = {}
     if CAN_PROTECT_INIT:
         # corral-init must survive the sandbox's own OOM; commands raise

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from corral.guard import seccomp
 from corral.host.cgroups import Cgroups, Mode
 from corral.host.platform import Platform
 from corral.host.procs import process_start_time
-from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started
+from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
 from corral.runtimes.container import bundle
 from corral.runtimes.container.oci import OciRuntime, Overlay
 
@@ -86,6 +87,7 @@ class ContainerRuntime:
                 readonly_root=self.readonly_root,
                 tmpfs=self.tmpfs,
                 io=self.io,
+                swappiness=None if self.cgroups.mode is Mode.V2 else 0,
             )
         )
         if key in self._bpf:
@@ -148,10 +150,39 @@ class ContainerRuntime:
                 sandbox=sandbox_id,
             )
 
+    # ------------------------------------------------------------ suspend
+
+    suspend_modes = ("freeze",)
+
+    async def suspend(self, sandbox_id: str, mode: str) -> Suspension:
+        """freeze: every process stops where it stands (the cgroup
+        freezer: no signal, nothing inside can tell), then the host takes
+        back its page cache and, where it has swap, its memory."""
+        await self.cgroups.freeze(sandbox_id)
+        reclaimed = await asyncio.to_thread(self.cgroups.reclaim, sandbox_id)
+        return Suspension(reclaimed_bytes=reclaimed)
+
+    async def resume(self, sandbox_id: str, mode: str) -> Started | None:
+        await self.cgroups.thaw(sandbox_id)
+        return None
+
     def releasers(self) -> dict[str, Releaser]:
         # The cgroup is the node's to release (host/cgroups.py), like a VM's.
-        return {"container": self.oci.delete}
+        # One releaser however many container runtimes share the OCI runtime.
+        return {"container": _Deleter(self.oci, self.cgroups)}
 
     def leftovers(self) -> dict[str, set[str]]:
         """Sandbox ids with container state in the OCI runtime's root."""
         return {"container": self.oci.known()}
+
+
+@dataclass(frozen=True)
+class _Deleter:
+    oci: OciRuntime
+    cgroups: Cgroups
+
+    async def __call__(self, sandbox_id: str) -> None:
+        # crun's kill would wait on a frozen init forever.
+        if self.cgroups.frozen(sandbox_id):
+            await self.cgroups.thaw(sandbox_id)
+        await self.oci.delete(sandbox_id)

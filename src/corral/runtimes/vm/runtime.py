@@ -33,7 +33,7 @@ from corral.host.procs import process_start_time
 from corral.images.layer import Layer
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
-from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started
+from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
 from corral.runtimes.vm import guest
 from corral.runtimes.vm.channel import AgentChannel
 from corral.runtimes.vm.display import Display
@@ -230,21 +230,40 @@ class MicroVMRuntime:
             qmp.close()
         return state.stat().st_size
 
-    async def suspend(self, sandbox_id: str) -> int:
-        """Save the guest's memory and devices to disk and end its QEMU;
-        returns the state's size in bytes. The guest does not notice: its
-        clock and its processes carry on from where they were."""
+    # "disk" first: a VM's default suspend ends its QEMU (what save needs).
+    suspend_modes = ("disk", "freeze")
+
+    async def suspend(self, sandbox_id: str, mode: str) -> Suspension:
+        """disk: save the guest's memory and devices and end its QEMU. The
+        guest does not notice: its clock and processes carry on from where
+        they were. freeze: stop its vCPUs and push QEMU's memory out
+        (swap, where the host has it); the same QEMU runs on at resume."""
+        if mode == "freeze":
+            await self._qmp(sandbox_id, "stop")
+            reclaimed = await asyncio.to_thread(self.cgroups.reclaim, sandbox_id)
+            return Suspension(reclaimed_bytes=reclaimed)
         size = await self._save(sandbox_id, self._dir(sandbox_id) / "vm.state", then="quit")
         await self._wait_gone(sandbox_id)
-        return size
+        return Suspension(state_bytes=size)
+
+    async def _qmp(self, sandbox_id: str, command: str) -> None:
+        qmp = await Qmp.connect(self._dir(sandbox_id) / "qmp.sock")
+        try:
+            await qmp.execute(command)
+        finally:
+            qmp.close()
 
     async def snapshot(self, sandbox_id: str, state: Path) -> int:
         """Save a running guest to `state` for copies to start from; the
         guest pauses while its memory is written (~0.1 s per 256 MiB)."""
         return await self._save(sandbox_id, state, then="cont")
 
-    async def resume(self, sandbox_id: str) -> Started:
-        """A new QEMU, the same machine, loaded from the saved state."""
+    async def resume(self, sandbox_id: str, mode: str) -> Started | None:
+        """freeze: run the vCPUs again. disk: a new QEMU, the same machine,
+        loaded from the saved state."""
+        if mode == "freeze":
+            await self._qmp(sandbox_id, "cont")
+            return None
         d = self._dir(sandbox_id)
         state = d / "vm.state"
         (d / "qmp.sock").unlink(missing_ok=True)
@@ -403,6 +422,13 @@ class FullVMRuntime(MicroVMRuntime):
             return await super()._save(sandbox_id, state, then=then)
         async with display.lock:  # QEMU serves one QMP client at a time
             return await super()._save(sandbox_id, state, then=then)
+
+    async def _qmp(self, sandbox_id: str, command: str) -> None:
+        display = self.displays.get(sandbox_id)
+        if display is None:
+            return await super()._qmp(sandbox_id, command)
+        async with display.lock:
+            return await super()._qmp(sandbox_id, command)
 
     async def _release_vm(self, ref: str) -> None:
         self.displays.pop(ref, None)
