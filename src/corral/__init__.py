@@ -24,6 +24,7 @@ from corral.api.models import (
     SavedState,
 )
 from corral.errors import (
+    Ambiguous,
     CommandNotFound,
     CommandTimeout,
     Conflict,
@@ -49,6 +50,7 @@ from corral.sdk.commands import AsyncCommandHandle, AsyncCommands, CommandResult
 from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
+from corral.sdk.rollouts import AsyncRollout, AsyncRollouts, AsyncRolloutSandbox
 from corral.sdk.sandbox import AsyncSandbox
 from corral.version import __version__
 
@@ -61,6 +63,8 @@ if TYPE_CHECKING:
         Files,
         FnCall,
         Network,
+        Rollout,
+        Rollouts,
         Sandbox,
         Sandboxes,
     )
@@ -73,6 +77,8 @@ _SYNC = (
     "Files",
     "FnCall",
     "Network",
+    "Rollout",
+    "Rollouts",
     "Sandbox",
     "Sandboxes",
 )
@@ -89,12 +95,16 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Ambiguous",
     "AsyncClient",
     "AsyncCommandHandle",
     "AsyncCommands",
     "AsyncDisplay",
     "AsyncFiles",
     "AsyncFnCall",
+    "AsyncRollout",
+    "AsyncRolloutSandbox",
+    "AsyncRollouts",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AuditReport",
@@ -123,6 +133,8 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "ResourceExhausted",
+    "Rollout",
+    "Rollouts",
     "Sandbox",
     "SandboxClosed",
     "SandboxFailed",

@@ -18,13 +18,14 @@ import asyncio
 import contextlib
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from corral.errors import InvalidArgument, Unavailable
 
 Row = tuple[Any, ...]
+T = TypeVar("T")
 _PG_NOW = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 _SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
@@ -64,40 +65,46 @@ async def connect(url: str) -> Database:
 class _SqliteTx:
     dialect = "sqlite"
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, inline: bool) -> None:
         self._conn = conn
+        self._inline = inline
 
     def _sql(self, sql: str) -> str:
         return sql.replace("$NOW", _SQLITE_NOW).replace("%s", "?")
 
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return fn() if self._inline else await asyncio.to_thread(fn)
+
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        cur = await asyncio.to_thread(self._conn.execute, self._sql(sql), tuple(params))
-        return cur.rowcount
+        return await self._run(lambda: self._conn.execute(self._sql(sql), tuple(params)).rowcount)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         def run() -> Row | None:
             row = self._conn.execute(self._sql(sql), tuple(params)).fetchone()
             return tuple(row) if row is not None else None
 
-        return await asyncio.to_thread(run)
+        return await self._run(run)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         def run() -> list[Row]:
             return [tuple(r) for r in self._conn.execute(self._sql(sql), tuple(params))]
 
-        return await asyncio.to_thread(run)
+        return await self._run(run)
 
     def for_update(self) -> str:
         return ""
 
 
 class SqliteDatabase:
-    """One connection, one transaction at a time (an asyncio lock), WAL."""
+    """One connection, one transaction at a time (an asyncio lock), WAL.
+    `inline`: statements run on the event loop's thread, for a caller whose
+    statements are all short (a thread hop costs more than they do)."""
 
     dialect = "sqlite"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, inline: bool = False) -> None:
         self.url = url
+        self._inline = inline
         path = Path(url.removeprefix("sqlite://"))
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(
@@ -110,13 +117,14 @@ class SqliteDatabase:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self._lock:
-            await asyncio.to_thread(self._conn.execute, "BEGIN IMMEDIATE")
+            tx = _SqliteTx(self._conn, self._inline)
+            await tx.execute("BEGIN IMMEDIATE")
             try:
-                yield _SqliteTx(self._conn)
+                yield tx
             except BaseException:
-                await asyncio.to_thread(self._conn.execute, "ROLLBACK")
+                await tx.execute("ROLLBACK")
                 raise
-            await asyncio.to_thread(self._conn.execute, "COMMIT")
+            await tx.execute("COMMIT")
 
     async def aclose(self) -> None:
         self._conn.close()

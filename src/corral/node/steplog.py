@@ -58,7 +58,8 @@ class StepLog:
         check_name(rollout)
         async with self.db.transaction() as tx:
             row = await tx.fetchone(
-                "SELECT COUNT(*) FROM rollout_steps WHERE project = %s AND rollout = %s",
+                "SELECT COALESCE(MAX(step) + 1, 0) FROM rollout_steps "
+                "WHERE project = %s AND rollout = %s",
                 (project, rollout),
             )
             n = int(row[0]) if row else 0

@@ -252,7 +252,7 @@ async def start_parts(
         activity=activity, children=children, lifecycle=lifecycle, snapshots=snapshots,
         sessions=sessions,
         keyed=KeyedExecs(store, sessions.exec),
-        steplog=StepLog(SqliteDatabase(f"sqlite://{store.path}")),
+        steplog=StepLog(SqliteDatabase(f"sqlite://{store.path}", inline=True)),
         files=Files(cfg, snapshots.awake, execd, sessions),
         displays=Displays(snapshots.awake, runtimes, activity),
         commits=Commits(cfg, store, layers.store, scratch, admission, platform.nsexec),

@@ -28,6 +28,7 @@ from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.errors import CorralError, InvalidArgument, Unavailable
 from corral.sdk.fncall import AsyncFnCall
+from corral.sdk.rollouts import AsyncRollouts
 from corral.sdk.sandbox import AsyncSandbox
 
 
@@ -267,6 +268,7 @@ class AsyncClient:
             cfg = config or NodeConfig.from_env(data_dir=data_dir, node=node)
             self._service = NodeAgent(cfg)
         self.sandboxes = AsyncSandboxes(self)
+        self.rollouts = AsyncRollouts(self)
         self.fncall = AsyncFnCall(self._ready)
 
     @property

@@ -189,12 +189,18 @@ class AsyncCommands:
         on_stderr: OutputCallback | None = None,
         stdout_limit: int = MiB,
         stderr_limit: int = MiB,
+        key: str | None = None,
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's
         own static bash (`bash -c`; programs still come from the image's
         PATH), a list runs as given. `user` defaults to the image's
         user, else root. Raises CommandTimeout (a
-        TimeoutError) after killing the command's whole process tree."""
+        TimeoutError) after killing the command's whole process tree.
+
+        With `key`, the command runs at most once in this sandbox: running
+        the same key again (after a lost connection, a restarted caller)
+        returns the first run's result, waiting for it if it still runs;
+        Ambiguous if it started under an agent that died before it ended."""
         req = self._request(
             cmd,
             False,
@@ -205,6 +211,7 @@ class AsyncCommands:
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
             stdout_limit=stdout_limit,
             stderr_limit=stderr_limit,
+            key=key,
         )
         collector = _Collector(on_stdout, on_stderr)
         async for ev in self._sandbox._service.exec(self._sandbox.id, req):

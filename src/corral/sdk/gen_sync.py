@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from corral.sdk import client, commands, display, files, fncall, network, sandbox
+from corral.sdk import client, commands, display, files, fncall, network, rollouts, sandbox
 
 CLASSES: list[tuple[type[Any], str]] = [
     (client.AsyncClient, "Client"),
@@ -31,6 +31,11 @@ CLASSES: list[tuple[type[Any], str]] = [
     (network.AsyncNetwork, "Network"),
     (display.AsyncDisplay, "Display"),
     (fncall.AsyncFnCall, "FnCall"),
+    (rollouts.AsyncRollouts, "Rollouts"),
+    (rollouts.AsyncRollout, "Rollout"),
+    (rollouts.AsyncRolloutSandbox, "RolloutSandbox"),
+    (rollouts.AsyncRolloutCommands, "RolloutCommands"),
+    (rollouts.AsyncRolloutFiles, "RolloutFiles"),
 ]
 RENAME = {cls.__name__: name for cls, name in CLASSES}
 TARGET = Path(__file__).with_name("sync.py")
@@ -148,6 +153,7 @@ def _class(cls: type[Any], name: str) -> str:
             "        )",
             "        self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)",
             "        self.fncall = FnCall(self._portal, self._inner.fncall)",
+            "        self.rollouts = Rollouts(self._portal, self._inner.rollouts)",
             "",
             "    def __enter__(self) -> Client:",
             "        self.open()",
@@ -276,6 +282,13 @@ from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.network import AsyncNetwork
 from corral.sdk.portal import Portal
+from corral.sdk.rollouts import (
+    AsyncRollout,
+    AsyncRolloutCommands,
+    AsyncRolloutFiles,
+    AsyncRollouts,
+    AsyncRolloutSandbox,
+)
 from corral.sdk.sandbox import AsyncSandbox
 
 __all__ = [
@@ -286,6 +299,11 @@ __all__ = [
     "Files",
     "FnCall",
     "Network",
+    "Rollout",
+    "RolloutCommands",
+    "RolloutFiles",
+    "RolloutSandbox",
+    "Rollouts",
     "Sandbox",
     "Sandboxes",
 ]
@@ -299,6 +317,11 @@ __all__ = [
         "Sandbox",
         "Sandboxes",
         "FnCall",
+        "RolloutCommands",
+        "RolloutFiles",
+        "RolloutSandbox",
+        "Rollout",
+        "Rollouts",
         "Client",
     ]
     by_name = {name: cls for cls, name in CLASSES}

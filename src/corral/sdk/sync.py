@@ -39,6 +39,13 @@ from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.network import AsyncNetwork
 from corral.sdk.portal import Portal
+from corral.sdk.rollouts import (
+    AsyncRollout,
+    AsyncRolloutCommands,
+    AsyncRolloutFiles,
+    AsyncRollouts,
+    AsyncRolloutSandbox,
+)
 from corral.sdk.sandbox import AsyncSandbox
 
 __all__ = [
@@ -49,6 +56,11 @@ __all__ = [
     "Files",
     "FnCall",
     "Network",
+    "Rollout",
+    "RolloutCommands",
+    "RolloutFiles",
+    "RolloutSandbox",
+    "Rollouts",
     "Sandbox",
     "Sandboxes",
 ]
@@ -235,6 +247,7 @@ class Commands:
         on_stderr: OutputCallback | None = None,
         stdout_limit: int = MiB,
         stderr_limit: int = MiB,
+        key: str | None = None,
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's own static bash (`bash
         -c`; programs still come from the image's PATH), a list runs as given. `user` defaults
@@ -252,6 +265,7 @@ class Commands:
             on_stderr=on_stderr,
             stdout_limit=stdout_limit,
             stderr_limit=stderr_limit,
+            key=key,
         )
         return result
 
@@ -522,6 +536,134 @@ class FnCall:
         return result
 
 
+class RolloutCommands:
+    """Blocking twin of AsyncRolloutCommands."""
+
+    def __init__(self, portal: Portal, inner: AsyncRolloutCommands) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    def run(
+        self,
+        cmd: str | builtins.list[str],
+        *,
+        timeout: float | None = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        stdin: str | None = None,
+    ) -> CommandResult:
+        """commands.run() as a step, run at most once (its key is the step)."""
+        result = self._portal.call(
+            self._inner.run,
+            cmd,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            user=user,
+            stdin=stdin,
+        )
+        return result
+
+
+class RolloutFiles:
+    """Blocking twin of AsyncRolloutFiles."""
+
+    def __init__(self, portal: Portal, inner: AsyncRolloutFiles) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    def read(self, path: str) -> bytes:
+        return self._portal.call(self._inner.read, path)
+
+    def read_text(self, path: str) -> str:
+        return self._portal.call(self._inner.read_text, path)
+
+    def write(self, path: str, data: bytes | str, *, mode: int = 420) -> int:
+        return self._portal.call(self._inner.write, path, data, mode=mode)
+
+
+class RolloutSandbox:
+    """Blocking twin of AsyncRolloutSandbox. A sandbox whose calls are a rollout's steps."""
+
+    def __init__(self, portal: Portal, inner: AsyncRolloutSandbox) -> None:
+        self._portal = portal
+        self._inner = inner
+        self.rollout = Rollout(portal, inner.rollout)
+        self.sandbox = Sandbox(portal, inner.sandbox)
+        self.commands = RolloutCommands(portal, inner.commands)
+        self.files = RolloutFiles(portal, inner.files)
+
+    def close(self) -> None:
+        return self._portal.call(self._inner.close)
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+
+class Rollout:
+    """Blocking twin of AsyncRollout."""
+
+    def __init__(self, portal: Portal, inner: AsyncRollout) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    def attach(self, sandbox_id: str) -> RolloutSandbox:
+        """Use a sandbox made elsewhere in this rollout (a step: replayed, the same id must come
+        back)."""
+        return RolloutSandbox(self._portal, self._portal.call(self._inner.attach, sandbox_id))
+
+    def checkpoint(self, sandbox: RolloutSandbox, store: str = 'local') -> SavedState:
+        """Save a sandbox to an object store as a step; in state() after."""
+        return self._portal.call(self._inner.checkpoint, sandbox, store)
+
+    def create(self) -> RolloutSandbox:
+        """Create a sandbox as step n (client.sandboxes.create()'s arguments); replayed, the same
+        sandbox, re-attached."""
+        return RolloutSandbox(self._portal, self._portal.call(self._inner.create))
+
+    @property
+    def logged(self) -> int:
+        return self._inner.logged
+
+    def record(self, op: str, fn: Callable[[], Any], *, args: Any = None) -> Any:
+        """A step computed by the trainer (the policy's action, a reward): live, call `fn()`
+        (awaited if it returns an awaitable) and log its JSON value; replayed, the logged value.
+        `args` (JSON) is what the step depends on, checked at replay."""
+        return self._portal.call(self._inner.record, op, fn, args=args)
+
+    @property
+    def replaying(self) -> bool:
+        return self._inner.replaying
+
+
+class Rollouts:
+    """Blocking twin of AsyncRollouts. client.rollouts"""
+
+    def __init__(self, portal: Portal, inner: AsyncRollouts) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    def delete(self, name: str) -> None:
+        """Drop a finished rollout's log (its sandboxes are the caller's)."""
+        return self._portal.call(self._inner.delete, name)
+
+    def open(self, name: str | None = None) -> Rollout:
+        """The rollout `name` (a new one if none is given or none is logged), fast-forwarding
+        through whatever its log holds."""
+        return Rollout(self._portal, self._portal.call(self._inner.open, name))
+
+    def resume(self, state: dict[str, Any]) -> Rollout:
+        """Reattach to a rollout from what AsyncRollout.state() returned (the same as
+        open(state["name"]), checked against the log)."""
+        return Rollout(self._portal, self._portal.call(self._inner.resume, state))
+
+
 class Client:
     """Blocking twin of AsyncClient."""
 
@@ -548,6 +690,7 @@ class Client:
         )
         self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)
         self.fncall = FnCall(self._portal, self._inner.fncall)
+        self.rollouts = Rollouts(self._portal, self._inner.rollouts)
 
     def __enter__(self) -> Client:
         self.open()
