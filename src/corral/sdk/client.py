@@ -28,47 +28,9 @@ from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.errors import CorralError, InvalidArgument, Unavailable
 from corral.sdk.fncall import AsyncFnCall
+from corral.sdk.request import create_request as _create_request
 from corral.sdk.rollouts import AsyncRollouts
 from corral.sdk.sandbox import AsyncSandbox
-
-
-def _create_request(
-    *,
-    kind: str = "container",
-    image: str,
-    workspace: str | None = None,
-    toolkit: str | list[str] | None = None,
-    cpu: float | None = None,
-    memory: int | str | None = None,
-    disk: int | str = "2GiB",
-    pids: int = 512,
-    ttl: float | None = 3600,
-    idle_timeout: float | None = 600,
-    env: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-    network: NetworkPolicy | dict[str, Any] | None = None,
-    display_size: str | tuple[int, int] | None = None,
-) -> CreateSandbox:
-    # cpu, memory, display_size: None is the kind's default (a full VM's is
-    # bigger), so they are left out rather than sent as a value.
-    optional = {"cpu": cpu, "memory": memory, "display_size": display_size}
-    return validated(
-        CreateSandbox,
-        {
-            **{k: v for k, v in optional.items() if v is not None},
-            "kind": kind,
-            "image": image,
-            "workspace": workspace,
-            "toolkit": toolkit,
-            "disk": disk,
-            "pids": pids,
-            "ttl": ttl,
-            "idle_timeout": idle_timeout,
-            "env": env or {},
-            "labels": labels or {},
-            "network": network.model_dump() if isinstance(network, NetworkPolicy) else network,
-        },
-    )
 
 
 class AsyncSandboxes:
@@ -268,7 +230,7 @@ class AsyncClient:
             cfg = config or NodeConfig.from_env(data_dir=data_dir, node=node)
             self._service = NodeAgent(cfg)
         self.sandboxes = AsyncSandboxes(self)
-        self.rollouts = AsyncRollouts(self)
+        self.rollouts = AsyncRollouts(self._ready)
         self.fncall = AsyncFnCall(self._ready)
 
     @property

@@ -137,6 +137,17 @@ def _attributes(cls: type[Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _docstring(fn: Any) -> list[str]:
+    """The first paragraph of fn's docstring, rewrapped for the twin."""
+    doc = inspect.getdoc(fn)
+    if not doc:
+        return []
+    wrapped = textwrap.wrap(" ".join(doc.split("\n\n")[0].split()), 88)
+    wrapped[0] = '"""' + wrapped[0]
+    wrapped[-1] += '"""'
+    return ["        " + w for w in wrapped]
+
+
 def _class(cls: type[Any], name: str) -> str:
     lines = [f"class {name}:"]
     doc = inspect.getdoc(cls)
@@ -206,13 +217,8 @@ def _class(cls: type[Any], name: str) -> str:
             ]
         elif inspect.iscoroutinefunction(member):
             params, call, ret = _signature(member)
-            doc = inspect.getdoc(member)
             lines += _def(attr_name, params, _sync_type(ret))
-            if doc:
-                wrapped = textwrap.wrap(" ".join(doc.split("\n\n")[0].split()), 88)
-                wrapped[0] = '"""' + wrapped[0]
-                wrapped[-1] += '"""'
-                lines += ["        " + w for w in wrapped]
+            lines += _docstring(member)
             result = f"self._portal.call(self._inner.{attr_name}{', ' if call else ''}{call})"
             line = f"        return {_wrapper(ret, result)}"
             if len(line) > 100:
@@ -224,6 +230,12 @@ def _class(cls: type[Any], name: str) -> str:
                         f"        return {_wrapper(ret, 'result')}"
                     )
             lines.append(line)
+            lines.append("")
+        elif inspect.isfunction(member):  # a plain method: called as it is
+            params, call, ret = _signature(member)
+            lines += _def(attr_name, params, _sync_type(ret))
+            lines += _docstring(member)
+            lines.append(f"        return self._inner.{attr_name}({call})")
             lines.append("")
     if name == "Sandbox":
         lines += [

@@ -34,7 +34,7 @@ import json
 import re
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral.api.models import ROLLOUT_NAME, ROLLOUT_NAME_RULE, RolloutStep, SavedState
 from corral.api.service import SandboxService
@@ -48,10 +48,8 @@ from corral.errors import (
     error_from_wire,
 )
 from corral.sdk.commands import CommandResult
+from corral.sdk.request import create_request
 from corral.sdk.sandbox import AsyncSandbox
-
-if TYPE_CHECKING:
-    from corral.sdk.client import AsyncClient
 
 # Errors that say nothing about the step's own outcome (the platform was
 # unreachable, the node died): not logged, so the step is tried again.
@@ -66,8 +64,8 @@ def _digest(op: str, args: Any) -> str:
 class AsyncRollouts:
     """client.rollouts"""
 
-    def __init__(self, client: AsyncClient) -> None:
-        self._client = client
+    def __init__(self, ready: Callable[[], Awaitable[SandboxService]]) -> None:
+        self._ready = ready  # the client's started service
 
     async def open(self, name: str | None = None) -> AsyncRollout:
         """The rollout `name` (a new one if none is given or none is
@@ -75,7 +73,7 @@ class AsyncRollouts:
         name = name or f"rollout-{secrets.token_hex(8)}"
         if not ROLLOUT_NAME.fullmatch(name):
             raise InvalidArgument("name", ROLLOUT_NAME_RULE, name)
-        service = await self._client._ready()
+        service = await self._ready()
         return AsyncRollout(service, name, await service.rollout_steps(name))
 
     async def resume(self, state: dict[str, Any]) -> AsyncRollout:
@@ -96,7 +94,7 @@ class AsyncRollouts:
 
     async def delete(self, name: str) -> None:
         """Drop a finished rollout's log (its sandboxes are the caller's)."""
-        service = await self._client._ready()
+        service = await self._ready()
         await service.rollout_delete(name)
 
 
@@ -128,7 +126,7 @@ class AsyncRollout:
             "checkpoints": list(self.checkpoints),
         }
 
-    def key(self, step: int) -> str:
+    def _key(self, step: int) -> str:
         return f"{self.name}.{step}"
 
     async def _step(
@@ -180,13 +178,11 @@ class AsyncRollout:
     async def create(self, **spec: Any) -> AsyncRolloutSandbox:
         """Create a sandbox as step n (client.sandboxes.create()'s
         arguments); replayed, the same sandbox, re-attached."""
-        from corral.sdk.client import _create_request
-
-        req = _create_request(**spec)
+        req = create_request(**spec)
         args = req.model_dump(mode="json", exclude={"idempotency_key"})
 
         async def live(n: int) -> str:
-            keyed = req.model_copy(update={"idempotency_key": self.key(n)})
+            keyed = req.model_copy(update={"idempotency_key": self._key(n)})
             return (await self._service.create(keyed)).id
 
         sandbox_id = await self._step("create", args, live)
@@ -282,7 +278,7 @@ class AsyncRolloutCommands:
             try:
                 return await sbx.commands.run(
                     cmd, timeout=timeout, cwd=cwd, env=env, user=user, stdin=stdin,
-                    key=rollout.key(n),
+                    key=rollout._key(n),
                 )  # fmt: skip
             except CorralError as exc:
                 partial = getattr(exc, "result", None)  # a CommandTimeout's

@@ -641,6 +641,11 @@ class Rollout:
     def replaying(self) -> bool:
         return self._inner.replaying
 
+    def state(self) -> dict[str, Any]:
+        """What a trainer needs to reattach (AsyncRollouts.resume): the rollout's name, its step,
+        its sandboxes and checkpoints."""
+        return self._inner.state()
+
 
 class Rollouts:
     """Blocking twin of AsyncRollouts. client.rollouts"""
