@@ -45,7 +45,7 @@ from corral.errors import (
     Unauthenticated,
     Unavailable,
 )
-from corral.sdk.client import AsyncClient, AsyncSandboxes
+from corral.sdk.client import AsyncClient, AsyncSandboxes, BulkOutcome
 from corral.sdk.commands import AsyncCommandHandle, AsyncCommands, CommandResult
 from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
@@ -114,6 +114,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxes",
     "AuditReport",
+    "BulkOutcome",
     "Client",
     "CommandHandle",
     "CommandNotFound",

@@ -84,6 +84,17 @@ class NodeConfig:
     # (its kernel, or its PID 1 starved): failed, with its console attached.
     # Generous: a TCG guest under load answers in seconds, not milliseconds.
     vm_hang_timeout: float = 30.0
+    # Idle sandboxes stop holding memory without the trainer doing anything:
+    # a running sandbox unused for suspend_after seconds is suspended (frozen
+    # where its kind can be, docs/preemption.md), and one frozen for
+    # suspend_to_disk_after more is saved to disk where its kind can be.
+    # The next request resumes it. 0: off.
+    suspend_after: float = 0.0
+    suspend_to_disk_after: float = 0.0
+    # A swap file the node makes and enables (<data>/swap, this many bytes)
+    # so frozen sandboxes' memory can leave RAM; 0: the host's own swap, if
+    # any. Running sandboxes never swap (their memory+swap is their memory).
+    swap_size: int = 0
     # A full VM's base layer on virtio-pmem with DAX: one copy of its pages
     # on the host for all VMs, not one per guest page cache. Off: virtio-blk.
     vm_pmem: bool = True
@@ -151,6 +162,14 @@ class NodeConfig:
                 raise InvalidArgument("store_keys", "must name one of the stores", name)
         if self.oci_runtime not in ("crun", "runc"):
             raise InvalidArgument("oci_runtime", "must be 'crun' or 'runc'", self.oci_runtime)
+        for name in ("suspend_after", "suspend_to_disk_after"):
+            after = getattr(self, name)
+            if not 0 <= after <= 30 * 86400:
+                raise InvalidArgument(name, "must be 0 (off) or seconds up to 30 days", after)
+        if not 0 <= self.swap_size <= 1 << 40:
+            raise InvalidArgument(
+                "swap_size", "must be 0 (off) or bytes up to 1 TiB", self.swap_size
+            )
 
     @classmethod
     def from_env(cls, **overrides: object) -> NodeConfig:
@@ -186,7 +205,7 @@ class NodeConfig:
                 "aio_events",
             ):
                 values[f.name] = int(raw)
-            elif f.name in ("disk_read_bps", "disk_write_bps"):
+            elif f.name in ("disk_read_bps", "disk_write_bps", "swap_size"):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
             elif f.name in (
                 "memory_overcommit",
@@ -195,6 +214,8 @@ class NodeConfig:
                 "lazy_deadline",
                 "liveness_interval",
                 "vm_hang_timeout",
+                "suspend_after",
+                "suspend_to_disk_after",
                 "fncall_cpu",
             ):
                 values[f.name] = float(raw)

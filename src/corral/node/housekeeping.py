@@ -26,8 +26,9 @@ from corral.node.activity import Activity
 from corral.node.children import Children
 from corral.node.lifecycle import Lifecycle, control_path
 from corral.node.recovery import GcReport, Recovery, init_alive, orphan_worker
+from corral.node.snapshots import Snapshots
 from corral.node.store import SandboxRecord, Store
-from corral.runtimes.base import Diagnosable, Runtime
+from corral.runtimes.base import Diagnosable, Runtime, Suspendable
 
 log = get_logger("corral.maintenance")
 
@@ -49,6 +50,7 @@ class Housekeeping:
         children: Children,
         on_lead: Callable[[], Awaitable[None]],
         on_tick: Callable[[], None],
+        snapshots: Snapshots,
     ) -> None:
         self.config = config
         self.store = store
@@ -61,6 +63,7 @@ class Housekeeping:
         self.children = children
         self._on_lead = on_lead  # what only the leader runs (the node's DNS)
         self._on_tick = on_tick  # the leader's batched writes (the DNS refusals)
+        self.snapshots = snapshots
         self.is_leader = False
         self._lock_fd: int | None = None
         self._task: asyncio.Task[None] | None = None
@@ -144,10 +147,40 @@ class Housekeeping:
         if check_liveness:
             await self._check_guests(now)
             self._bound_logs()
+        if self.config.suspend_after:
+            await self._suspend_idle(now)
         metrics.SANDBOXES_ACTIVE.set(db.count_active()[0])
         if now - self._last_gc >= GC_EVERY:
             self._last_gc = now
             await self.recovery.gc()
+
+    async def _suspend_idle(self, now: float) -> None:
+        """The idle policy (config.suspend_after): frozen first where a kind
+        can be, then to disk after suspend_to_disk_after. A sandbox running
+        a command is never idle (Activity counts it as used)."""
+        cfg = self.config
+        for rec in self.store.list(["running", "suspended"]):
+            runtime = self.runtimes.get(rec.kind)
+            if not isinstance(runtime, Suspendable) or self.activity.running(rec.id):
+                continue
+            idle = now - rec.last_active
+            modes = runtime.suspend_modes
+            if rec.state == "running" and idle >= cfg.suspend_after:
+                mode = "freeze" if "freeze" in modes else modes[0]
+            elif (
+                rec.state == "suspended"
+                and rec.suspended == "freeze"
+                and "disk" in modes
+                and cfg.suspend_to_disk_after
+                and idle >= cfg.suspend_after + cfg.suspend_to_disk_after
+            ):
+                mode = "disk"
+            else:
+                continue
+            try:
+                await self.snapshots.suspend(rec.id, mode)
+            except CorralError as exc:  # raced with a request, or cannot: next tick
+                log.info("sandbox.idle_suspend_skipped", sandbox=rec.id, error=exc.message)
 
     def _bound_logs(self) -> None:
         """Logs a sandbox writes outside its disk quota (a VM's console)

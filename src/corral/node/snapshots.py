@@ -16,7 +16,7 @@ import builtins
 import json
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from corral import labels, metrics
@@ -85,6 +85,7 @@ class Snapshots:
         self.layers = layers
         self.networks = networks
         self.children = children
+        self._reclaims: dict[str, asyncio.Task[None]] = {}
 
     # ---------------------------------------------------------------- suspend
 
@@ -115,7 +116,8 @@ class Snapshots:
         """Stop a running sandbox, its processes kept: frozen in place
         ("freeze", its memory pushed out where the host can) or saved to
         disk and ended ("disk"). resume() or the next request brings it
-        back. A suspended sandbox is left as it is (at whatever depth). With
+        back. A suspended sandbox is left as it is, unless asked to go
+        deeper (disk, from freeze: it is thawed and saved). With
         `key`, only the first call with that key acts: a retried preemption
         hook does not suspend a sandbox that was resumed since."""
         rec = self.records.get(sandbox_id)
@@ -126,7 +128,9 @@ class Snapshots:
         if key is not None and not self.store.op_key(sandbox_id, f"suspend:{key}"):
             return self.records.info(rec)  # this key already acted
         if rec.state == "suspended":
-            return self.records.info(rec)
+            if not (rec.suspended == "freeze" and mode == "disk"):
+                return self.records.info(rec)
+            await self.resume(sandbox_id)
         db = self.store
         if not db.transition(sandbox_id, ["running"], "suspending"):
             state = self.records.get(sandbox_id).state
@@ -139,13 +143,35 @@ class Snapshots:
             db.transition(sandbox_id, ["suspending"], "running")
             raise
         db.transition(sandbox_id, ["suspending"], "suspended", suspended=mode)
+        if done.reclaim is not None:
+            self._reclaims[sandbox_id] = asyncio.create_task(
+                self._reclaim(sandbox_id, done.reclaim)
+            )
         metrics.SUSPEND_OPS.labels(rec.kind, "suspend", mode).observe(time.monotonic() - t0)
         metrics.VM_STATE_BYTES.labels("suspend").inc(done.state_bytes)
-        metrics.RECLAIMED_BYTES.inc(done.reclaimed_bytes)
         log.info("sandbox.suspended", sandbox=sandbox_id, mode=mode,
-                 ms=round((time.monotonic() - t0) * 1000, 1), state_bytes=done.state_bytes,
-                 reclaimed_bytes=done.reclaimed_bytes)  # fmt: skip
+                 ms=round((time.monotonic() - t0) * 1000, 1),
+                 state_bytes=done.state_bytes)  # fmt: skip
         return self.records.info(self.records.get(sandbox_id))
+
+    async def _reclaim(self, sandbox_id: str, reclaim: Callable[[], int]) -> None:
+        """Push a frozen sandbox's memory out, after the caller has its
+        answer (it costs ~1 ms per MiB pushed to swap)."""
+        t0 = time.monotonic()
+        try:
+            n = await asyncio.to_thread(reclaim)
+        finally:
+            self._reclaims.pop(sandbox_id, None)
+        metrics.RECLAIMED_BYTES.inc(n)
+        log.info("sandbox.reclaimed", sandbox=sandbox_id, bytes=n,
+                 ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
+
+    async def settled(self, sandbox_id: str) -> None:
+        """Wait for a freeze's reclaim of this sandbox, if one runs: a
+        resume (or a close) must not race with it."""
+        task = self._reclaims.get(sandbox_id)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         """Bring a suspended sandbox back; a running one is left as it is."""
@@ -163,6 +189,7 @@ class Snapshots:
         t0 = time.monotonic()
         mode = rec.suspended or "disk"
         runtime, mode = self._suspendable(rec, mode)
+        await self.settled(sandbox_id)
         try:
             started = await runtime.resume(sandbox_id, mode)
             if started is not None:
@@ -273,14 +300,9 @@ class Snapshots:
                 "network", "a VM with a network cannot move (its address is this node's)", "policy"
             )
         store = self._store(req.store)
-        if rec.state == "running":
+        if rec.state == "running" or rec.suspended == "freeze":
             await self.suspend(sandbox_id, "disk")
         rec = self.records.get(sandbox_id)
-        if rec.state == "suspended" and rec.suspended == "freeze":
-            # A frozen VM still runs its QEMU: bring it back to save it whole.
-            await self.resume(sandbox_id)
-            await self.suspend(sandbox_id, "disk")
-            rec = self.records.get(sandbox_id)
         if rec.state != "suspended":
             raise Conflict(
                 f"sandbox {sandbox_id} is {rec.state}, not suspended", sandbox=sandbox_id

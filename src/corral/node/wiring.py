@@ -28,6 +28,7 @@ from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon
 from corral.host import cgroups as cg
 from corral.host import platform as plat
+from corral.host import swap
 from corral.host.procs import host_memory
 from corral.host.scratch import Scratch
 from corral.images.mounter import LayerMounts
@@ -181,6 +182,8 @@ def _runtimes(
               "max_inotify_watches": cfg.inotify_watches}  # fmt: skip
     limits = {k: v for k, v in shares.items() if v}  # 0: not set (the host account is shared)
     raise_host_limits(cfg)
+    if cfg.swap_size:
+        swap.ensure(cfg.data_dir / "swap", cfg.swap_size)  # once per node start
     runtimes: dict[str, Runtime] = {
         "container": ContainerRuntime(oci, cgroups, platform, listener, io, limits),
         "fncall": FnCallRuntime(oci, cgroups, platform, listener, cfg.fncall_tmpfs, limits),
@@ -263,7 +266,7 @@ async def start_parts(
             cfg, store, owner=owner, lifecycle=lifecycle, recovery=recovery, runtimes=runtimes,
             layers=layers,
             activity=activity, children=children, on_lead=networks.start_resolver,
-            on_tick=networks.flush_resolver,
+            on_tick=networks.flush_resolver, snapshots=snapshots,
         ),
     )  # fmt: skip
     await parts.housekeeping.start()

@@ -110,10 +110,12 @@ class Runtime(Protocol):
 @dataclass(frozen=True)
 class Suspension:
     """What a suspend left: the bytes it wrote to disk (a machine state, a
-    process checkpoint) and the bytes of memory it gave back to the host."""
+    process checkpoint), and for a freeze the blocking call that pushes the
+    sandbox's memory out (returning the bytes given back), which the node
+    runs after answering and waits for before a resume."""
 
     state_bytes: int = 0
-    reclaimed_bytes: int = 0
+    reclaim: Callable[[], int] | None = None
 
 
 @runtime_checkable

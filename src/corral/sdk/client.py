@@ -19,11 +19,19 @@ import inspect
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.api.models import CreateSandbox, ForkRequest, NetworkPolicy, SavedState, validated
+from corral.api.models import (
+    CreateSandbox,
+    ForkRequest,
+    NetworkPolicy,
+    SandboxInfo,
+    SavedState,
+    validated,
+)
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.errors import CorralError, InvalidArgument, Unavailable
@@ -31,6 +39,19 @@ from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.request import create_request as _create_request
 from corral.sdk.rollouts import AsyncRollouts
 from corral.sdk.sandbox import AsyncSandbox
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    """One sandbox's outcome in a bulk call: its info after, or the error."""
+
+    id: str
+    info: SandboxInfo | None
+    error: CorralError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 class AsyncSandboxes:
@@ -159,6 +180,50 @@ class AsyncSandboxes:
 
         await asyncio.gather(*(one(i) for i in range(count)))
         return [r for r in results if r is not None]
+
+    async def suspend_many(
+        self,
+        labels: dict[str, str],
+        *,
+        mode: str | None = None,
+        concurrency: int = 64,
+        key: str | None = None,
+    ) -> builtins.list[BulkOutcome]:
+        """Suspend every live sandbox carrying all of `labels` (a training
+        job's preemption hook), at most `concurrency` at a time; one
+        outcome per sandbox, a failure not stopping the others. With
+        `key`, calling again (the hook retried after a crash) suspends no
+        sandbox a call with that key already suspended, even one resumed
+        since."""
+        return await self._many(labels, concurrency, lambda s: s.suspend(mode, key=key))
+
+    async def resume_many(
+        self, labels: dict[str, str], *, concurrency: int = 64
+    ) -> builtins.list[BulkOutcome]:
+        """Resume every suspended sandbox carrying all of `labels` (running
+        ones are left as they are); one outcome per sandbox."""
+        return await self._many(labels, concurrency, lambda s: s.resume())
+
+    async def _many(
+        self,
+        labels: dict[str, str],
+        concurrency: int,
+        act: Callable[[AsyncSandbox], Awaitable[SandboxInfo]],
+    ) -> builtins.list[BulkOutcome]:
+        if not labels:
+            raise InvalidArgument("labels", "must name at least one label (not every sandbox)", {})
+        if concurrency < 1:
+            raise InvalidArgument("concurrency", "must be at least 1", concurrency)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(sbx: AsyncSandbox) -> BulkOutcome:
+            async with gate:
+                try:
+                    return BulkOutcome(sbx.id, await act(sbx))
+                except CorralError as exc:
+                    return BulkOutcome(sbx.id, None, exc)
+
+        return list(await asyncio.gather(*(one(s) for s in await self.list(labels))))
 
     async def fork(
         self, sandbox: AsyncSandbox | str, n: int, *, idempotency_key: str | None = None

@@ -281,7 +281,7 @@ from corral.api.models import (
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.errors import CorralError
-from corral.sdk.client import AsyncClient, AsyncSandboxes
+from corral.sdk.client import AsyncClient, AsyncSandboxes, BulkOutcome
 from corral.sdk.commands import (
     AsyncCommandHandle,
     AsyncCommands,

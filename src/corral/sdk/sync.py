@@ -26,7 +26,7 @@ from corral.api.models import (
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.errors import CorralError
-from corral.sdk.client import AsyncClient, AsyncSandboxes
+from corral.sdk.client import AsyncClient, AsyncSandboxes, BulkOutcome
 from corral.sdk.commands import (
     AsyncCommandHandle,
     AsyncCommands,
@@ -472,6 +472,37 @@ class Sandboxes:
         Labelled corral.restored_from=<the saved sandbox's id>."""
         result = self._portal.call(self._inner.restore, saved, idempotency_key=idempotency_key)
         return Sandbox(self._portal, result)
+
+    def resume_many(
+        self,
+        labels: dict[str, str],
+        *,
+        concurrency: int = 64,
+    ) -> builtins.list[BulkOutcome]:
+        """Resume every suspended sandbox carrying all of `labels` (running ones are left as they
+        are); one outcome per sandbox."""
+        return self._portal.call(self._inner.resume_many, labels, concurrency=concurrency)
+
+    def suspend_many(
+        self,
+        labels: dict[str, str],
+        *,
+        mode: str | None = None,
+        concurrency: int = 64,
+        key: str | None = None,
+    ) -> builtins.list[BulkOutcome]:
+        """Suspend every live sandbox carrying all of `labels` (a training job's preemption hook),
+        at most `concurrency` at a time; one outcome per sandbox, a failure not stopping the
+        others. With `key`, calling again (the hook retried after a crash) suspends no sandbox a
+        call with that key already suspended, even one resumed since."""
+        result = self._portal.call(
+            self._inner.suspend_many,
+            labels,
+            mode=mode,
+            concurrency=concurrency,
+            key=key,
+        )
+        return result
 
 
 class FnCall:

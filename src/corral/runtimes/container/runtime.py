@@ -159,8 +159,7 @@ class ContainerRuntime:
         freezer: no signal, nothing inside can tell), then the host takes
         back its page cache and, where it has swap, its memory."""
         await self.cgroups.freeze(sandbox_id)
-        reclaimed = await asyncio.to_thread(self.cgroups.reclaim, sandbox_id)
-        return Suspension(reclaimed_bytes=reclaimed)
+        return Suspension(reclaim=lambda: self.cgroups.reclaim(sandbox_id))
 
     async def resume(self, sandbox_id: str, mode: str) -> Started | None:
         await self.cgroups.thaw(sandbox_id)

@@ -240,8 +240,7 @@ class MicroVMRuntime:
         (swap, where the host has it); the same QEMU runs on at resume."""
         if mode == "freeze":
             await self._qmp(sandbox_id, "stop")
-            reclaimed = await asyncio.to_thread(self.cgroups.reclaim, sandbox_id)
-            return Suspension(reclaimed_bytes=reclaimed)
+            return Suspension(reclaim=lambda: self.cgroups.reclaim(sandbox_id))
         size = await self._save(sandbox_id, self._dir(sandbox_id) / "vm.state", then="quit")
         await self._wait_gone(sandbox_id)
         return Suspension(state_bytes=size)

@@ -1,0 +1,64 @@
+"""The node's own swap file, where frozen sandboxes' memory goes.
+
+Enabled once and left on: a frozen sandbox may hold pages in it at any
+moment, and the node agent's processes come and go (an embedded client per
+trainer). Running sandboxes never use it: their memory cgroup keeps
+memory+swap equal to memory (v2: swap.max 0; v1: swappiness 0), and only a
+freeze's reclaim (host/cgroups.py) pushes pages out.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from corral.log import get_logger
+
+log = get_logger("corral.node")
+
+
+def active(path: Path) -> bool:
+    try:
+        lines = Path("/proc/swaps").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(line.split()[0] == str(path) for line in lines if line.split())
+
+
+def host_swap_bytes() -> int:
+    """Swap the host has in all (ours included)."""
+    total = 0
+    try:
+        for line in Path("/proc/swaps").read_text().splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 3:
+                total += int(parts[2]) * 1024
+    except (OSError, ValueError):
+        pass
+    return total
+
+
+def ensure(path: Path, size: int) -> bool:
+    """Make `path` a swap file of `size` bytes and enable it (idempotent).
+    False, logged, where the host refuses (no CAP_SYS_ADMIN, a file
+    system swap cannot live on): frozen sandboxes then only drop their
+    page cache."""
+    if active(path):
+        return True
+    try:
+        if not path.exists() or path.stat().st_size != size:
+            path.unlink(missing_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)  # swap needs its blocks allocated
+            finally:
+                os.close(fd)
+            subprocess.run(["mkswap", str(path)], check=True, capture_output=True)
+        subprocess.run(["swapon", str(path)], check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        why = getattr(exc, "stderr", None) or str(exc)
+        log.warning("swap.unavailable", path=str(path), error=str(why).strip())
+        return False
+    log.info("swap.enabled", path=str(path), bytes=size)
+    return True
