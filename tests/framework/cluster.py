@@ -14,8 +14,8 @@ from typing import Any
 import corral
 from corral.config import NodeConfig
 from corral.control import nodes, quotas
-from corral.db import Database, connect
 from corral.control.postgres import LocalPostgres
+from corral.db import Database, connect
 
 from .images import IMAGES
 from .node import Node

@@ -14,8 +14,8 @@ import pytest
 from corral import metrics
 from corral.capacity import NodeCapacity
 from corral.control import nodes, placement, quotas, sandboxes, schema
-from corral.db import Database, connect
 from corral.control.nodes import NodeRow
+from corral.db import Database, connect
 from corral.errors import (
     Conflict,
     InvalidArgument,

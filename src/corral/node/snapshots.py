@@ -98,7 +98,7 @@ class Snapshots:
 
     def _suspendable(self, rec: SandboxRecord, mode: str | None) -> tuple[Suspendable, str]:
         runtime = self.runtimes.get(rec.kind)
-        if not isinstance(runtime, Suspendable):
+        if not isinstance(runtime, Suspendable) or not runtime.suspend_modes:
             raise unsupported(
                 rec.kind, "suspend is supported for container, microvm and fullvm sandboxes"
             )
@@ -165,6 +165,10 @@ class Snapshots:
         metrics.RECLAIMED_BYTES.inc(n)
         log.info("sandbox.reclaimed", sandbox=sandbox_id, bytes=n,
                  ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
+
+    async def aclose(self) -> None:
+        """Let the reclaims in flight finish (each is one blocking write)."""
+        await asyncio.gather(*self._reclaims.values(), return_exceptions=True)
 
     async def settled(self, sandbox_id: str) -> None:
         """Wait for a freeze's reclaim of this sandbox, if one runs: a

@@ -97,6 +97,7 @@ class NodeParts:
         await self.housekeeping.stop()
         self.networks.stop_resolver()
         await self.keyed.aclose()
+        await self.snapshots.aclose()
         await self.steplog.db.aclose()
         self.sessions.close_all()
         for runtime in self.runtimes.values():

@@ -152,7 +152,7 @@ class ContainerRuntime:
 
     # ------------------------------------------------------------ suspend
 
-    suspend_modes = ("freeze",)
+    suspend_modes: tuple[str, ...] = ("freeze",)
 
     async def suspend(self, sandbox_id: str, mode: str) -> Suspension:
         """freeze: every process stops where it stands (the cgroup

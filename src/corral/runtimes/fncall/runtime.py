@@ -15,6 +15,8 @@ from corral.runtimes.container.runtime import ContainerRuntime
 class FnCallRuntime(ContainerRuntime):
     kind = "fncall"
     readonly_root = True
+    # A stateless worker has nothing to keep: it is never suspended.
+    suspend_modes: tuple[str, ...] = ()
 
     def __init__(
         self,
