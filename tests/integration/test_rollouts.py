@@ -78,7 +78,8 @@ async def _trajectory(c: corral.AsyncClient, name: str, stop_at: int | None) -> 
         if stop_at is not None and r.step >= stop_at:
             raise RuntimeError("trainer died")
         res = await sbx.commands.run(BUMP)
-        action = await r.record("policy", lambda i=i: {"i": i, "seen": res.stdout.strip()})
+        seen = res.stdout.strip()
+        action = await r.record("policy", lambda i=i, seen=seen: {"i": i, "seen": seen})
         out.append(f"{res.stdout.strip()}:{action['i']}")
     await sbx.files.write("/tmp/done", "yes")
     out.append(await sbx.files.read_text("/tmp/done"))
