@@ -30,7 +30,7 @@ import pytest
 
 import corral
 from corral.config import NodeConfig
-from corral.host import mounts
+from corral.host import mounts, swap
 
 from .framework import IMAGE, IMAGES, Blobd, Node, Server, close_everything, require_image
 from .framework.capabilities import REQUIREMENTS, missing_platform
@@ -71,6 +71,8 @@ def data_root() -> Iterator[Path]:
         asyncio.run(close_everything(root))
     for mount_point, _fs, _src in sorted(leftover, reverse=True):
         mounts.umount(mount_point)
+    for path in root.glob("*/swap"):  # a node's swap file its agent left on
+        swap.disable(path)
     shutil.rmtree(root, ignore_errors=True)
     assert not leftover, f"the test session left mounts behind: {leftover}"
 

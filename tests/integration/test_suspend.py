@@ -171,8 +171,8 @@ async def test_idle_sandboxes_are_frozen_by_the_node(fresh_node: Node) -> None:
         await asyncio.gather(sbx.close(), busy.close())
 
 
-async def test_a_frozen_container_gives_its_memory_to_swap(node: Node) -> None:
-    swapped = node.with_config(swap_size=1 << 30)
+async def test_a_frozen_container_gives_its_memory_to_swap(fresh_node: Node) -> None:
+    swapped = fresh_node.with_config(swap_size=1 << 30)
     async with swapped.client() as c:
         if not swap.active(swapped.config.data_dir / "swap"):
             pytest.skip("the host refused a swap file (swapon): no swap for frozen sandboxes")
@@ -191,6 +191,8 @@ async def test_a_frozen_container_gives_its_memory_to_swap(node: Node) -> None:
         assert (cg.memory_usage(sbx.id) or 0) < 16 << 20
         assert (await sbx.commands.run("echo alive")).ok
         await sbx.close()
+    # The node's last agent, its last sandbox gone, turns its swap off.
+    assert not swap.active(swapped.config.data_dir / "swap")
 
 
 def test_suspend_policy_settings_are_checked(node: Node) -> None:

@@ -1,8 +1,9 @@
 """The node's own swap file, where frozen sandboxes' memory goes.
 
-Enabled once and left on: a frozen sandbox may hold pages in it at any
-moment, and the node agent's processes come and go (an embedded client per
-trainer). Running sandboxes never use it: their memory cgroup keeps
+Enabled when a node agent starts and left on while the node has any
+sandbox: a frozen one may hold pages in it at any moment, and agents come
+and go (an embedded client per trainer). The last agent of a node with no
+sandbox turns it off and removes it. Running sandboxes never use it: their memory cgroup keeps
 memory+swap equal to memory (v2: swap.max 0; v1: swappiness 0), and only a
 freeze's reclaim (host/cgroups.py) pushes pages out.
 """
@@ -62,3 +63,14 @@ def ensure(path: Path, size: int) -> bool:
         return False
     log.info("swap.enabled", path=str(path), bytes=size)
     return True
+
+
+def disable(path: Path) -> None:
+    """Turn the node's swap file off and remove it (nothing if absent).
+    Pages still in it come back to RAM first (swapoff does that)."""
+    if active(path):
+        proc = subprocess.run(["swapoff", str(path)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            log.warning("swap.swapoff_failed", path=str(path), error=proc.stderr.strip())
+            return
+    path.unlink(missing_ok=True)

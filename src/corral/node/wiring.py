@@ -111,6 +111,7 @@ class NodeParts:
             # no sandbox needs.
             layers.release_unused(db.referenced_layers())
             if active == 0:
+                swap.disable(self.config.data_dir / "swap")
                 self.cgroups.remove_parent()
                 self.seccompd.stop()
                 network.remove_base()
