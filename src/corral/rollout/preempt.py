@@ -22,11 +22,15 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import corral
+from corral.api.service import SandboxService
 
 IMAGE = "debian-python:bookworm"
 STEP = (
@@ -68,6 +72,89 @@ def main(argv: list[str]) -> int:
     tmp.write_text(json.dumps(results))
     os.replace(tmp, out)
     return 0
+
+
+STEPS_PER_STEP = 2  # a rollout's log: create, (policy, command) per step, read back
+
+
+def logged_steps(steps: int) -> int:
+    return STEPS_PER_STEP * steps + 2
+
+
+@dataclass
+class Survival:
+    """What happened to a job whose trainer was killed."""
+
+    rollouts: int
+    steps: int
+    killed_at: int  # steps logged (all rollouts) when the trainer was killed
+    suspended: int  # sandboxes suspend_many suspended
+    suspend_s: float
+    problems: list[str]  # check()'s findings: [] when every step ran once
+    restart_s: float  # the restarted trainer, start to end
+    results: list[dict[str, Any]]
+
+
+def _trainer(url: str, job: str, rollouts: int, steps: int, out: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "corral.rollout.preempt", url, job, str(rollouts), str(steps)]
+    return subprocess.Popen([*argv, str(out)], stderr=subprocess.DEVNULL)
+
+
+async def _logged(service: SandboxService, job: str, rollouts: int) -> list[int]:
+    names = [rollout_name(job, i) for i in range(rollouts)]
+    return [len(s) for s in await asyncio.gather(*(service.rollout_steps(n) for n in names))]
+
+
+async def survive(
+    url: str, job: str, rollouts: int, steps: int, out: Path, kill_at: int | None = None
+) -> Survival:
+    """Run the trainer against the Corral at `url`, SIGKILL it once its
+    rollouts have logged `kill_at` steps in all (random, after every
+    rollout has its sandbox, if None), suspend the job's sandboxes by label
+    as a preemption hook would, run the trainer again, and check."""
+    total = rollouts * logged_steps(steps)
+    if kill_at is None:
+        kill_at = random.randint(rollouts * 2, total - rollouts * 4)
+    trainer = _trainer(url, job, rollouts, steps, out)
+    async with corral.AsyncClient(url) as client:
+        service = await client._ready()
+        deadline = time.monotonic() + 600
+        try:
+            while True:
+                counts = await _logged(service, job, rollouts)
+                if sum(counts) >= kill_at and min(counts) >= 1:
+                    break
+                if trainer.poll() is not None:
+                    raise RuntimeError(f"the trainer ended (exit {trainer.returncode}) early")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the trainer made no progress: {counts}")
+                await asyncio.sleep(0.05)
+        finally:
+            trainer.kill()
+            trainer.wait()
+        killed_at = sum(await _logged(service, job, rollouts))
+        t0 = time.monotonic()
+        outcomes = await client.sandboxes.suspend_many({"job": job}, key=f"{job}-preempt")
+        suspend_s = time.monotonic() - t0
+        suspended = sum(o.ok and o.info is not None and o.info.state == "suspended"
+                        for o in outcomes)  # fmt: skip
+        t0 = time.monotonic()
+        restarted = _trainer(url, job, rollouts, steps, out)
+        code = await asyncio.to_thread(restarted.wait, 600)
+        if code != 0:
+            raise RuntimeError(f"the restarted trainer failed (exit {code})")
+        results = json.loads(out.read_text())
+        return Survival(rollouts, steps, killed_at, suspended, suspend_s, check(results, steps),
+                        time.monotonic() - t0, results)  # fmt: skip
+
+
+async def clean(url: str, job: str, rollouts: int) -> None:
+    """Close the job's sandboxes and drop its logs."""
+    async with corral.AsyncClient(url) as client:
+        await asyncio.gather(
+            *(s.close() for s in await client.sandboxes.list(labels={"job": job})),
+            *(client.rollouts.delete(rollout_name(job, i)) for i in range(rollouts)),
+        )
 
 
 def check(results: list[dict[str, Any]], steps: int) -> list[str]:

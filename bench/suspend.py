@@ -1,0 +1,236 @@
+"""Suspend and resume, and the trajectory log, side by side with their
+peers in one run.
+
+    corral bench suspend [--quick]
+
+- freeze: sbx.suspend() / sbx.resume() of an idle container, p50/p99, next
+  to the bare cgroup freezer write on the same cgroup (what `crun pause`
+  and `runc pause` do) in the same run;
+- VMs: a microVM's suspend to disk and resume (QMP migration) and its
+  freeze (vCPUs stopped), the same way;
+- host memory held by N frozen containers vs N running idle ones, and by
+  containers each holding 50 MiB resident, with the node's swap file;
+- the trajectory log: a recorded step, and commands.run through a rollout
+  vs the same call without one (embedded, p50/p99 per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import corral
+from _common import IMAGE, IMAGES, mem_used, pct, table, write_result
+from corral.config import NodeConfig
+
+DATA = Path("/var/lib/corral-suspend")
+HOLD = (
+    "python3 -c \"\nimport time\nx=bytearray(50<<20)\n"
+    "for i in range(0,len(x),4096): x[i]=1\ntime.sleep(100000)\""
+)
+
+
+def _ms(xs: list[float]) -> tuple[str, str]:
+    return f"{pct(xs, 50) * 1000:.2f}", f"{pct(xs, 99) * 1000:.2f}"
+
+
+async def _timed(n: int, fn: Callable[[], Awaitable[object]]) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _config(swap: bool) -> NodeConfig:
+    cfg = NodeConfig.from_env(data_dir=DATA, images=IMAGES, node="sus", memory_overcommit=8.0)
+    return replace(cfg, swap_size=8 << 30) if swap else cfg
+
+
+async def freeze_latency(c: corral.AsyncClient, n: int) -> list[str]:
+    sbx = await c.sandboxes.create(image=IMAGE, memory="128MiB")
+    snaps = c._service.parts.snapshots  # type: ignore[attr-defined]
+    cg = c._service.parts.cgroups  # type: ignore[attr-defined]
+    sus, res = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await sbx.suspend()
+        sus.append(time.perf_counter() - t0)
+        await snaps.settled(sbx.id)
+        t0 = time.perf_counter()
+        await sbx.resume()
+        res.append(time.perf_counter() - t0)
+    bare_f, bare_t = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await cg.freeze(sbx.id)
+        bare_f.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await cg.thaw(sbx.id)
+        bare_t.append(time.perf_counter() - t0)
+    # The first request after a suspend resumes on its way (what a trainer sees).
+    wake = []
+    for _ in range(n):
+        await sbx.suspend()
+        await snaps.settled(sbx.id)
+        t0 = time.perf_counter()
+        await sbx.commands.run("true")
+        wake.append(time.perf_counter() - t0)
+    plain = await _timed(n, lambda: sbx.commands.run("true"))
+    await sbx.close()
+    rows = [
+        ["Corral suspend(freeze)", *_ms(sus), f"{pct(sus, 50) / pct(bare_f, 50):.1f}x"],
+        ["bare cgroup freeze (crun/runc pause)", *_ms(bare_f), "1.0x"],
+        ["Corral resume (thaw)", *_ms(res), f"{pct(res, 50) / pct(bare_t, 50):.1f}x"],
+        ["bare cgroup thaw (crun/runc resume)", *_ms(bare_t), "1.0x"],
+        ["first command after a freeze (resumes)", *_ms(wake),
+         f"{pct(wake, 50) / pct(plain, 50):.1f}x"],  # fmt: skip
+        ["the same command, running", *_ms(plain), "1.0x"],
+    ]
+    return [
+        f"## Freeze: an idle container, {n} times each\n",
+        table(["what", "p50 ms", "p99 ms", "vs peer (p50)"], rows),
+    ]
+
+
+async def vm_latency(c: corral.AsyncClient, n: int) -> list[str]:
+    try:
+        sbx = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    except corral.CorralError as exc:
+        return [f"## microVM\n\nnot measured: {exc}"]
+    rows = []
+    for mode in ("disk", "freeze"):
+        sus, res = [], []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await sbx.suspend(mode)
+            sus.append(time.perf_counter() - t0)
+            await c._service.parts.snapshots.settled(sbx.id)  # type: ignore[attr-defined]
+            t0 = time.perf_counter()
+            await sbx.resume()
+            res.append(time.perf_counter() - t0)
+            await sbx.commands.run("true")
+        rows += [[f"suspend({mode})", *_ms(sus)], [f"resume from {mode}", *_ms(res)]]
+    await sbx.close()
+    return [
+        f"## microVM (256 MiB guest, TCG), {n} times each\n",
+        table(["what", "p50 ms", "p99 ms"], rows),
+    ]
+
+
+async def _settle(c: corral.AsyncClient, ids: list[str]) -> None:
+    snaps = c._service.parts.snapshots  # type: ignore[attr-defined]
+    await asyncio.gather(*(snaps.settled(i) for i in ids))
+    await asyncio.sleep(1)
+
+
+async def memory(c: corral.AsyncClient, n: int, hold: bool) -> list[str]:
+    cg = c._service.parts.cgroups  # type: ignore[attr-defined]
+    job = f"mem{int(hold)}"
+    base = mem_used()
+    made = await c.sandboxes.create_many(
+        {"image": IMAGE, "memory": "96MiB" if hold else "32MiB", "labels": {"job": job},
+         "idle_timeout": None},  # fmt: skip
+        n,
+        concurrency=8,
+    )
+    sbxs = [s for s in made if isinstance(s, corral.AsyncSandbox)]
+    if hold:
+        await asyncio.gather(*(s.commands.start(HOLD) for s in sbxs))
+        await asyncio.sleep(5)
+    await asyncio.sleep(2)
+    running = mem_used() - base
+    cg_running = sum(cg.memory_usage(s.id) or 0 for s in sbxs)
+    t0 = time.perf_counter()
+    out = await c.sandboxes.suspend_many({"job": job}, concurrency=32)
+    took = time.perf_counter() - t0
+    await _settle(c, [s.id for s in sbxs])
+    frozen = mem_used() - base
+    cg_frozen = sum(cg.memory_usage(s.id) or 0 for s in sbxs)
+    t0 = time.perf_counter()
+    await c.sandboxes.resume_many({"job": job}, concurrency=32)
+    back = time.perf_counter() - t0
+    await asyncio.gather(*(s.close() for s in sbxs))
+    what = "holding 50 MiB resident each" if hold else "idle"
+    mib = 2**20
+    return [
+        f"## Host memory: {len(sbxs)} containers {what}, running vs frozen\n",
+        table(
+            ["", "running", "frozen", "frozen / running"],
+            [
+                ["host memory in use (MemTotal - MemAvailable), MiB",
+                 f"{running / mib:.0f}", f"{frozen / mib:.0f}",
+                 f"{frozen / max(running, 1):.2f}"],
+                ["their cgroups' memory, MiB", f"{cg_running / mib:.0f}",
+                 f"{cg_frozen / mib:.0f}", f"{cg_frozen / max(cg_running, 1):.2f}"],
+                ["per sandbox, MiB (host)", f"{running / len(sbxs) / mib:.2f}",
+                 f"{frozen / len(sbxs) / mib:.2f}", ""],
+            ],
+        ),  # fmt: skip
+        f"\nsuspend_many of {len(sbxs)}: {took:.2f} s ({sum(o.ok for o in out)} ok); "
+        f"resume_many: {back:.2f} s.",
+    ]
+
+
+async def log_overhead(c: corral.AsyncClient, n: int) -> list[str]:
+    r = await c.rollouts.open()
+    sbx = await r.create(image=IMAGE, memory="64MiB")
+    plain = await _timed(n, lambda: sbx.sandbox.commands.run("true"))
+    logged = await _timed(n, lambda: sbx.commands.run("true"))
+    keyed_i = iter(range(10**9))
+    keyed = await _timed(n, lambda: sbx.sandbox.commands.run("true", key=f"k{next(keyed_i)}"))
+    rec = await _timed(n, lambda: r.record("policy", lambda: 1))
+    name = r.name
+    t0 = time.perf_counter()
+    replay = await c.rollouts.open(name)
+    again = await replay.create(image=IMAGE, memory="64MiB")
+    for _ in range(n):
+        await again.commands.run("true")
+    ff = (time.perf_counter() - t0) / (n + 1)
+    await sbx.sandbox.close()
+    await c.rollouts.delete(name)
+    added = statistics.median(logged) - statistics.median(plain)
+    return [
+        f"## The trajectory log, embedded, {n} steps each\n",
+        table(
+            ["call", "p50 ms", "p99 ms"],
+            [
+                ["commands.run('true')", *_ms(plain)],
+                ["the same with a key (run at most once)", *_ms(keyed)],
+                ["the same as a rollout step (key + log)", *_ms(logged)],
+                ["a recorded value (rollout.record)", *_ms(rec)],
+            ],
+        ),
+        f"\nAdded per command step (p50): {added * 1000:.2f} ms. "
+        f"Fast-forward through a logged step: {ff * 1000:.3f} ms.",
+    ]
+
+
+async def main(quick: bool) -> None:
+    n = 20 if quick else 200
+    count = 50 if quick else 500
+    sections: list[str] = []
+    async with corral.AsyncClient(config=_config(swap=False)) as c:
+        sections += await freeze_latency(c, n)
+        sections += await log_overhead(c, n)
+        sections += await vm_latency(c, 3 if quick else 10)
+    async with corral.AsyncClient(config=_config(swap=True)) as c:
+        sections += await memory(c, count, hold=False)
+        sections += await memory(c, 10 if quick else 50, hold=True)
+    path = write_result("suspend", "Suspend, resume and the trajectory log", sections)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    asyncio.run(main(ap.parse_args().quick))
