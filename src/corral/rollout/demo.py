@@ -24,7 +24,7 @@ from corral.config import NodeConfig
 from corral.images.store import ImageStore
 from corral.progress import progress_bar
 from corral.rollout import demo_images as di
-from corral.rollout import humaneval
+from corral.rollout import humaneval, preempt
 from corral.sdk.client import AsyncClient
 from corral.sdk.sandbox import AsyncSandbox
 
@@ -123,6 +123,12 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
             judging = bar.add_task("judge HumanEval (function calls)", total=328)
             judged = await humaneval.judge(client, on_done=lambda: bar.advance(judging))
 
+    # Preemption: the trainer is killed mid-batch; its sandboxes are
+    # suspended, and the trainer run again continues every rollout.
+    if not as_json:
+        console.print("[bold]preemption:[/bold] 16 rollouts of 20 steps; the trainer is killed")
+    survived = await preempt.survive_on_a_server(config, rollouts=16, steps=20)
+
     per_sandbox_mem = max(0, mem_before - mem_idle) / sandboxes
     creates = [r.create_s for r in rollouts]
     execs = [r.exec_s for r in rollouts]
@@ -160,7 +166,16 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
             "latency_p99_ms": judged.latency_ms(99),
         },
     }
-    ok = not failed and judged.all_correct
+    doc["preemption"] = {
+        "rollouts": survived.rollouts,
+        "steps": survived.steps,
+        "killed_after_logged_steps": survived.killed_at,
+        "suspended": survived.suspended,
+        "suspend_many_ms": survived.suspend_s * 1000,
+        "restart_s": survived.restart_s,
+        "problems": survived.problems,
+    }
+    ok = not failed and judged.all_correct and not survived.problems
     if as_json:
         print(json.dumps(doc))
         return 0 if ok else 1
@@ -238,4 +253,23 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
     console.print(he)
     for line in judged.wrong[:3]:
         console.print(f"[red]misjudged[/red] {line}")
+    pre = Table(title="Preemption: the trainer killed (SIGKILL), its job suspended, run again")
+    for col in (
+        "rollouts x steps",
+        "killed after (logged steps)",
+        "suspended (suspend_many)",
+        "restarted trainer to the end",
+        "steps run twice or lost",
+    ):
+        pre.add_column(col, justify="right")
+    pre.add_row(
+        f"{survived.rollouts} x {survived.steps}",
+        f"{survived.killed_at} of {survived.rollouts * preempt.logged_steps(survived.steps)}",
+        f"{survived.suspended} in {survived.suspend_s * 1000:.0f} ms",
+        f"{survived.restart_s:.1f} s",
+        "none" if not survived.problems else str(len(survived.problems)),
+    )
+    console.print(pre)
+    for line in survived.problems[:3]:
+        console.print(f"[red]preemption[/red] {line}")
     return 0 if ok else 1

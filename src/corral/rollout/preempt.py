@@ -22,8 +22,10 @@ import asyncio
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ from typing import Any
 
 import corral
 from corral.api.service import SandboxService
+from corral.config import NodeConfig
 
 IMAGE = "debian-python:bookworm"
 STEP = (
@@ -146,6 +149,41 @@ async def survive(
         results = json.loads(out.read_text())
         return Survival(rollouts, steps, killed_at, suspended, suspend_s, check(results, steps),
                         time.monotonic() - t0, results)  # fmt: skip
+
+
+def _serve(config: NodeConfig, sock: Path) -> subprocess.Popen[bytes]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "corral.cli.main", "--data-dir", str(config.data_dir), "serve",
+            "--socket", str(sock), "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def survive_on_a_server(config: NodeConfig, rollouts: int, steps: int) -> Survival:
+    """survive() on this node, served by a `corral serve` of its own: the
+    node outlives the trainer, as sandbox hosts outlive a preempted
+    training job (an embedded trainer takes its node agent down with it,
+    and the commands it had in flight become Ambiguous)."""
+    sock = config.data_dir / "run" / f"preempt-{os.getpid()}.sock"
+    server = _serve(config, sock)
+    job = f"preempt-{os.getpid()}"
+    try:
+        for _ in range(600):
+            if sock.exists() or server.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        if not sock.exists():
+            raise RuntimeError(f"corral serve did not start (exit {server.poll()})")
+        url = f"unix:{sock}"
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                return await survive(url, job, rollouts, steps, Path(tmp) / "results.json")
+            finally:
+                await clean(url, job, rollouts)
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 async def clean(url: str, job: str, rollouts: int) -> None:
