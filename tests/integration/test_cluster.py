@@ -380,3 +380,25 @@ async def test_a_closed_sandboxs_key_is_not_reused(cluster: Cluster, keys: dict[
         assert (await c.sandboxes.get(s.id)).info.state.value == "closed"
         with pytest.raises(corral.SandboxClosed):
             await s.commands.run("true")
+
+
+async def test_rollouts_and_suspends_through_the_gateway_belong_to_the_project(
+    cluster: Cluster, keys: dict[str, str]
+) -> None:
+    async with cluster.client(keys["job"]) as c, cluster.client(keys["other"]) as o:
+        made = await c.sandboxes.create_many({**SPEC, "labels": {"pre": "j"}}, count=3, key="pre")
+        theirs = await o.sandboxes.create(**{**SPEC, "labels": {"pre": "j"}})
+        out = await c.sandboxes.suspend_many({"pre": "j"}, key="pre")
+        assert sorted(x.id for x in out) == sorted(s.id for s in made)  # type: ignore[union-attr]
+        assert all(x.ok and x.info and x.info.state == "suspended" for x in out)
+        assert (await o.sandboxes.get(theirs.id)).info.state == "running"
+        # A rollout's log is in the state store (PostgreSQL), by project.
+        r = await c.rollouts.open("shared-name")
+        sbx = await r.attach(made[0].id)  # type: ignore[union-attr]
+        assert (await sbx.commands.run("echo $((20+1))")).stdout == "21\n"  # resumes it
+        again = await c.rollouts.open("shared-name")
+        assert again.logged == 2
+        assert (await o.rollouts.open("shared-name")).logged == 0
+        await c.rollouts.delete("shared-name")
+        await asyncio.gather(*(s.close() for s in made if isinstance(s, corral.AsyncSandbox)))
+        await theirs.close()
