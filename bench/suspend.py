@@ -33,8 +33,8 @@ from corral.config import NodeConfig
 
 DATA = Path("/var/lib/corral-suspend")
 HOLD = (
-    "python3 -c \"\nimport time\nx=bytearray(50<<20)\n"
-    "for i in range(0,len(x),4096): x[i]=1\ntime.sleep(100000)\""
+    'python3 -c "\nimport time\nx=bytearray(50<<20)\n'
+    'for i in range(0,len(x),4096): x[i]=1\ntime.sleep(100000)"'
 )
 
 
@@ -92,8 +92,11 @@ async def freeze_latency(c: corral.AsyncClient, n: int) -> list[str]:
         ["bare cgroup freeze (crun/runc pause)", *_ms(bare_f), "1.0x"],
         ["Corral resume (thaw)", *_ms(res), f"{pct(res, 50) / pct(bare_t, 50):.1f}x"],
         ["bare cgroup thaw (crun/runc resume)", *_ms(bare_t), "1.0x"],
-        ["first command after a freeze (resumes)", *_ms(wake),
-         f"{pct(wake, 50) / pct(plain, 50):.1f}x"],  # fmt: skip
+        [
+            "first command after a freeze (resumes)",
+            *_ms(wake),
+            f"{pct(wake, 50) / pct(plain, 50):.1f}x",
+        ],
         ["the same command, running", *_ms(plain), "1.0x"],
     ]
     return [
@@ -138,8 +141,12 @@ async def memory(c: corral.AsyncClient, n: int, hold: bool) -> list[str]:
     job = f"mem{int(hold)}"
     base = mem_used()
     made = await c.sandboxes.create_many(
-        {"image": IMAGE, "memory": "96MiB" if hold else "32MiB", "labels": {"job": job},
-         "idle_timeout": None},  # fmt: skip
+        {
+            "image": IMAGE,
+            "memory": "96MiB" if hold else "32MiB",
+            "labels": {"job": job},
+            "idle_timeout": None,
+        },
         n,
         concurrency=8,
     )
@@ -167,15 +174,26 @@ async def memory(c: corral.AsyncClient, n: int, hold: bool) -> list[str]:
         table(
             ["", "running", "frozen", "frozen / running"],
             [
-                ["host memory in use (MemTotal - MemAvailable), MiB",
-                 f"{running / mib:.0f}", f"{frozen / mib:.0f}",
-                 f"{frozen / max(running, 1):.2f}"],
-                ["their cgroups' memory, MiB", f"{cg_running / mib:.0f}",
-                 f"{cg_frozen / mib:.0f}", f"{cg_frozen / max(cg_running, 1):.2f}"],
-                ["per sandbox, MiB (host)", f"{running / len(sbxs) / mib:.2f}",
-                 f"{frozen / len(sbxs) / mib:.2f}", ""],
+                [
+                    "host memory in use (MemTotal - MemAvailable), MiB",
+                    f"{running / mib:.0f}",
+                    f"{frozen / mib:.0f}",
+                    f"{frozen / max(running, 1):.2f}",
+                ],
+                [
+                    "their cgroups' memory, MiB",
+                    f"{cg_running / mib:.0f}",
+                    f"{cg_frozen / mib:.0f}",
+                    f"{cg_frozen / max(cg_running, 1):.2f}",
+                ],
+                [
+                    "per sandbox, MiB (host)",
+                    f"{running / len(sbxs) / mib:.2f}",
+                    f"{frozen / len(sbxs) / mib:.2f}",
+                    "",
+                ],
             ],
-        ),  # fmt: skip
+        ),
         f"\nsuspend_many of {len(sbxs)}: {took:.2f} s ({sum(o.ok for o in out)} ok); "
         f"resume_many: {back:.2f} s.",
     ]
