@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ipc.h>
+#include <stddef.h>
+#include <sys/mman.h>
 #include <sys/msg.h>
 #include <sys/prctl.h>
 #include <sys/sem.h>
@@ -1052,6 +1054,12 @@ static void serve_connection(int conn) {
         handle_reset(conn, &c);
         return;
     }
+    if (f.type == REQ_PARK) {
+        /* Only PID 1 can park its listener: this request reached a handler
+         * because it had not fully arrived when PID 1 looked. */
+        send_error(conn, EAGAIN, "park: not whole on arrival; ask again");
+        return;
+    }
     /* File operations: user, path, then per-operation fields. */
     char *user = cur_str(&c);
     char *path = cur_str(&c);
@@ -1347,8 +1355,71 @@ static int listen_on_path(const char *path) {
     return fd;
 }
 
+/* REQ_PARK: the listener becomes a memfd placeholder (see proto.h); returns
+ * the abstract socket to wait on, or -1 (the listener is kept). Closes conn:
+ * the node freezes the sandbox once it sees conn end, and no socket of the
+ * host's may be left in PID 1 then. */
+static int park(int conn, int lfd, const unsigned char *nonce) {
+    char name[64];
+    for (int i = 0; i < 16; i++)
+        if (!((nonce[i] >= '0' && nonce[i] <= '9') || (nonce[i] >= 'a' && nonce[i] <= 'f'))) {
+            send_error(conn, EINVAL, "park: the nonce must be 16 hex digits");
+            close(conn);
+            return -1;
+        }
+    snprintf(name, sizeof name, "corral-ctl-%.16s", (const char *)nonce);
+    int mfd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC);
+    int pk = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int len = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "corral-park-%.16s", (const char *)nonce);
+    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+    if (mfd < 0 || pk < 0 || bind(pk, (struct sockaddr *)&a, alen) < 0 || listen(pk, 4) < 0) {
+        send_error(conn, errno, "park: %s", strerror(errno));
+        close(conn);
+        if (mfd >= 0) close(mfd);
+        if (pk >= 0) close(pk);
+        return -1;
+    }
+    /* Swapped before the answer: the node freezes the sandbox on hearing it. */
+    dup3(mfd, lfd, O_CLOEXEC);
+    close(mfd);
+    send_frame(conn, RSP_OK, NULL, 0);
+    close(conn);
+    return pk;
+}
+
+/* A parked init's way back: only a peer outside the sandbox's pid namespace
+ * (its pid reads as 0 here) may hand it a listener. Returns 1 when unparked
+ * (init then execs itself), 0 to go on waiting. */
+static int unpark(int pk, int lfd) {
+    int c = accept4(pk, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0) return 0;
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.pid != 0) {
+        close(c);
+        return 0;
+    }
+    char byte;
+    char ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&byte, 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+                       .msg_controllen = sizeof ctl};
+    ssize_t n = recvmsg(c, &m, MSG_CMSG_CLOEXEC);
+    close(c);
+    if (n != 1) return 0;
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(h), sizeof fd);
+        dup3(fd, lfd, O_CLOEXEC);
+        close(fd);
+    }
+    return 1;
+}
+
 int main(int argc, char **argv) {
-    int lfd = LISTEN_FD, serial = 0;
+    int lfd = LISTEN_FD, serial = 0, parked = -1;
     /* `--listen PATH` serves on a path: used by tests outside a container. */
     if (argc == 3 && strcmp(argv[1], "--listen") == 0) lfd = listen_on_path(argv[2]);
     else if (argc == 3 && strcmp(argv[1], "--serial") == 0) {
@@ -1386,7 +1457,8 @@ int main(int argc, char **argv) {
     int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
 
     for (;;) {
-        struct pollfd p[2] = {{lfd, POLLIN, 0}, {sfd, POLLIN, 0}};
+        /* Parked: the listener is a placeholder (always "readable"). */
+        struct pollfd p[2] = {{parked >= 0 ? parked : lfd, POLLIN, 0}, {sfd, POLLIN, 0}};
         if (poll(p, 2, -1) < 0) {
             if (errno == EINTR) continue;
             logmsg("poll: %s", strerror(errno));
@@ -1397,6 +1469,18 @@ int main(int argc, char **argv) {
             while (read(sfd, &si, sizeof si) > 0) {}
             while (waitpid(-1, NULL, WNOHANG) > 0) {}
         }
+        if (p[0].revents && parked >= 0) {
+            if (unpark(parked, lfd)) {
+                /* Afresh, as at create: after a restore this process's
+                 * memory belongs to the host's user namespace, which would
+                 * make the next checkpoint fail; exec resets that. */
+                fcntl(lfd, F_SETFD, 0);
+                execv(argv[0], argv);
+                logmsg("re-exec %s: %s", argv[0], strerror(errno));
+                return 1;
+            }
+            continue;
+        }
         if (p[0].revents) {
             int conn = serial ? recv_fd(lfd) : accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
             if (conn < 0) continue;
@@ -1405,10 +1489,10 @@ int main(int argc, char **argv) {
              * (17 bytes on a fresh socket: the write cannot block.) A kill
              * is too: it must work when the sandbox has no pid left to fork
              * a handler with (a fork bomb against pids.max). */
-            unsigned char peek[FRAME_HEADER + 8];
+            unsigned char peek[FRAME_HEADER + 16];
             ssize_t got = recv(conn, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
-            if (got == (ssize_t)sizeof peek && peek[8] == REQ_KILL && get_u32le(peek) == 8) {
-                if (recv(conn, peek, sizeof peek, MSG_DONTWAIT) == (ssize_t)sizeof peek) {
+            if (got >= FRAME_HEADER + 8 && peek[8] == REQ_KILL && get_u32le(peek) == 8) {
+                if (recv(conn, peek, FRAME_HEADER + 8, MSG_DONTWAIT) == FRAME_HEADER + 8) {
                     struct cursor kc = {.p = peek + FRAME_HEADER, .left = 8, .bad = 0};
                     handle_kill(conn, &kc);
                 }
@@ -1423,6 +1507,15 @@ int main(int argc, char **argv) {
                     send_frame(conn, RSP_PONG, b, 8);
                 }
                 close(conn);
+                continue;
+            }
+            if (!serial && got >= FRAME_HEADER + 16 && peek[8] == REQ_PARK &&
+                get_u32le(peek) == 16) {
+                unsigned char req[FRAME_HEADER + 16];
+                if (recv(conn, req, sizeof req, MSG_DONTWAIT) == (ssize_t)sizeof req)
+                    parked = park(conn, lfd, req + FRAME_HEADER);
+                else
+                    close(conn);
                 continue;
             }
             pid_t h = fork();

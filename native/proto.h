@@ -32,6 +32,13 @@ enum {
     REQ_REMOVE = 0x25,
     REQ_KILL = 0x26,      /* u32 pid, u32 signal: for a command whose connection is gone */
     REQ_RESET = 0x27,     /* strv dirs: kill every process, empty the dirs, drop SysV IPC */
+    /* 16 hex chars: before a checkpoint, PID 1 swaps its listener (a socket
+     * of the host's network namespace, which CRIU cannot dump) for a memfd
+     * named corral-ctl-<nonce> and waits on the abstract socket
+     * @corral-park-<nonce> for a peer outside its pid namespace (the node)
+     * to hand it a listener, or none to keep the one a restore put in
+     * place of the memfd; it then execs itself again. */
+    REQ_PARK = 0x28,
     REQ_DATA = 0x30,
     REQ_END = 0x31,
 };

@@ -59,6 +59,10 @@ else
   say "venv: up to date"
 fi
 
+# --- CRIU (containers suspended to disk) -----------------------------------------
+say "criu: 4.1 from Debian trixie's source (bookworm's 3.17 fails on this kernel; cached)"
+./scripts/build-criu.sh
+
 # --- platform helpers (static C) ------------------------------------------------
 say "platform: building static helpers"
 make -s -C native

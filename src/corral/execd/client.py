@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import errno as errno_mod
 import struct
 from collections.abc import AsyncIterator
@@ -215,6 +216,32 @@ class ExecdClient:
 
     async def kill(self, pid: int, signal: int) -> None:
         await self._ok(p.frame(p.REQ_KILL, p.u32(pid) + p.u32(signal)), None)
+
+    async def park(self, nonce: str) -> None:
+        """Ask PID 1 to park its listener before a checkpoint (proto.h
+        REQ_PARK). A request that reached a handler instead (it was not
+        whole when PID 1 looked) is answered EAGAIN and sent again."""
+        for _ in range(100):
+            conn = await self.connect()
+            try:
+                await conn.send(p.frame(p.REQ_PARK, nonce.encode()))
+                f = await conn.recv()
+                if f.kind == p.RSP_OK:
+                    # PID 1 closes its end once its listener is parked:
+                    # until then the connection is a host socket in it.
+                    with contextlib.suppress(ConnectionError):
+                        while True:
+                            await conn.recv()
+                    return
+                if f.kind != p.RSP_ERROR:
+                    raise SandboxFailed(f"unexpected answer 0x{f.kind:x} to park")
+                err = p.parse_error(f.payload)
+                if err.errno != errno_mod.EAGAIN:
+                    raise_remote(err, None)
+            finally:
+                conn.close()
+            await asyncio.sleep(0.002)
+        raise SandboxFailed("the sandbox's init did not take the park request")
 
     async def reset(self, dirs: builtins.list[str]) -> None:
         """Kill every process but init, empty `dirs`, drop SysV IPC."""

@@ -146,6 +146,10 @@ class Cgroups:
     async def thaw(self, sandbox_id: str, timeout: float = 5.0) -> None:
         await self._set_frozen(sandbox_id, False, timeout)
 
+    def freezer_dir(self, sandbox_id: str) -> Path | None:
+        """The cgroup directory whose freezer holds the sandbox."""
+        return self._dir("freezer", sandbox_id)
+
     def frozen(self, sandbox_id: str) -> bool:
         d = self._dir("freezer", sandbox_id)
         try:

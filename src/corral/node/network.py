@@ -71,6 +71,14 @@ class SandboxNetworks:
         await asyncio.to_thread(self.network.detach, row[0])
         await self.connect(sandbox_id, pid, row[0], NetworkPolicy.model_validate_json(row[1]), tap)
 
+    async def unplug(self, sandbox_id: str) -> None:
+        """Take a sandbox's interface away, keeping its address and policy
+        for reconnect() (a checkpoint cannot carry a veth whose peer is on
+        the host)."""
+        row = self.store.net_get(sandbox_id)
+        if row is not None:
+            await asyncio.to_thread(self.network.detach, row[0])
+
     def has_network(self, sandbox_id: str) -> bool:
         return self.store.net_get(sandbox_id) is not None
 

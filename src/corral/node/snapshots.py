@@ -41,6 +41,7 @@ from corral.images.mounter import LayerMounts
 from corral.images.objects import ObjectStore, open_store
 from corral.log import get_logger
 from corral.node import signing
+from corral.node.activity import Activity
 from corral.node.children import Children
 from corral.node.lifecycle import Lifecycle, control_path, wait_ready
 from corral.node.network import SandboxNetworks
@@ -76,6 +77,7 @@ class Snapshots:
         layers: LayerMounts,
         networks: SandboxNetworks,
         children: Children,
+        activity: Activity,
     ) -> None:
         self.config = config
         self.store = store
@@ -85,6 +87,7 @@ class Snapshots:
         self.layers = layers
         self.networks = networks
         self.children = children
+        self.activity = activity
         self._reclaims: dict[str, asyncio.Task[None]] = {}
 
     # ---------------------------------------------------------------- suspend
@@ -92,7 +95,13 @@ class Snapshots:
     async def awake(self, sandbox_id: str) -> SandboxRecord:
         """The record of a running sandbox; a suspended one is resumed
         first (the next request restores it)."""
-        if self.records.get(sandbox_id).state == "suspended":
+        state = self.records.get(sandbox_id).state
+        for _ in range(3000):  # a suspend in flight: the request resumes it after
+            if state != "suspending":
+                break
+            await asyncio.sleep(0.01)
+            state = self.records.get(sandbox_id).state
+        if state == "suspended":
             await self.resume(sandbox_id)
         return self.records.running(sandbox_id)
 
@@ -131,6 +140,15 @@ class Snapshots:
             if not (rec.suspended == "freeze" and mode == "disk"):
                 return self.records.info(rec)
             await self.resume(sandbox_id)
+        checkpoint = mode == "disk" and getattr(runtime, "disk_needs_idle", False)
+        if checkpoint and self.activity.running(sandbox_id):
+            raise Conflict(
+                f"sandbox {sandbox_id} is running {self.activity.running(sandbox_id)} "
+                "command(s): a checkpoint cannot carry their connections; freeze it instead, "
+                "or suspend it to disk when they end",
+                sandbox=sandbox_id,
+            )
+        unplug = checkpoint and self.networks.has_network(sandbox_id)
         db = self.store
         if not db.transition(sandbox_id, ["running"], "suspending"):
             state = self.records.get(sandbox_id).state
@@ -138,8 +156,12 @@ class Snapshots:
                            sandbox=sandbox_id, state=state)  # fmt: skip
         t0 = time.monotonic()
         try:
+            if unplug:
+                await self.networks.unplug(sandbox_id)
             done = await runtime.suspend(sandbox_id, mode)
         except BaseException:
+            if unplug and rec.init_pid is not None:
+                await self.networks.reconnect(sandbox_id, rec.init_pid, None)
             db.transition(sandbox_id, ["suspending"], "running")
             raise
         db.transition(sandbox_id, ["suspending"], "suspended", suspended=mode)
@@ -182,6 +204,13 @@ class Snapshots:
         rec = self.records.get(sandbox_id)
         if rec.state == "running":
             return self.records.info(rec)
+        if rec.state == "suspending":
+            raise Conflict(
+                f"sandbox {sandbox_id} is being suspended: resume it once it is suspended "
+                "(a request to it waits for that and resumes it)",
+                sandbox=sandbox_id,
+                state=rec.state,
+            )
         db = self.store
         if not db.transition(sandbox_id, ["suspended"], "resuming"):
             for _ in range(3000):  # another request is resuming it: wait for that

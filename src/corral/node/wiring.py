@@ -187,7 +187,9 @@ def _runtimes(
     if cfg.swap_size:
         swap.ensure(cfg.data_dir / "swap", cfg.swap_size)  # once per node start
     runtimes: dict[str, Runtime] = {
-        "container": ContainerRuntime(oci, cgroups, platform, listener, io, limits),
+        "container": ContainerRuntime(
+            oci, cgroups, platform, listener, io, limits, sandboxes_dir=cfg.sandboxes_dir
+        ),
         "fncall": FnCallRuntime(oci, cgroups, platform, listener, cfg.fncall_tmpfs, limits),
     }
     if vm_capable():
@@ -245,7 +247,7 @@ async def start_parts(
     )  # fmt: skip
     snapshots = Snapshots(
         cfg, store, records=records, lifecycle=lifecycle, runtimes=runtimes, layers=layers,
-        networks=networks, children=children,
+        networks=networks, children=children, activity=activity,
     )  # fmt: skip
     recovery = Recovery(
         cfg, store, owner=owner, lifecycle=lifecycle, ledger=ledger, runtimes=runtimes,

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import os
+import secrets
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.errors import SandboxFailed
+from corral.errors import Conflict, SandboxFailed
+from corral.execd.client import ExecdClient
 from corral.guard import seccomp
 from corral.host.cgroups import Cgroups, Mode
 from corral.host.platform import Platform
 from corral.host.procs import process_start_time
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
-from corral.runtimes.container import bundle
+from corral.runtimes.container import bundle, criu
 from corral.runtimes.container.oci import OciRuntime, Overlay
 
 
@@ -36,8 +40,14 @@ class ContainerRuntime:
         seccomp_listener: Path | None,
         io: bundle.IoLimit | None = None,
         ns_limits: dict[str, int] | None = None,
+        sandboxes_dir: Path | None = None,
     ) -> None:
         self.oci = oci
+        # Where each sandbox's dir is (its layout, its checkpoint): with
+        # it, and CRIU on the host, containers also suspend to disk.
+        self.sandboxes_dir = sandboxes_dir
+        if sandboxes_dir is not None and criu.available() is None:
+            self.suspend_modes = ("freeze", "disk")
         self.io = io
         # /proc/sys/user limits set in each sandbox's user namespace.
         self.ns_limits = ns_limits or {}
@@ -122,6 +132,12 @@ class ContainerRuntime:
             compiled = self.oci.state_root / spec.id / "seccomp.bpf"
             if compiled.exists():
                 self._bpf[key] = base64.b64encode(compiled.read_bytes()).decode()
+        if self.sandboxes_dir is not None:
+            criu.Layout(
+                lower=[str(p) for p in prep.lower], upper=str(prep.upper), work=str(prep.work),
+                rootfs=str(rootfs), control=str(prep.control),
+                platform_dir=str(self.platform.layer_dir), host_id=prep.host_id,
+            ).save(prep.sandbox_dir / "layout.json")  # fmt: skip
         pid = int(pid_file.read_text().strip())
         started = process_start_time(pid)
         if started is None:
@@ -153,17 +169,78 @@ class ContainerRuntime:
     # ------------------------------------------------------------ suspend
 
     suspend_modes: tuple[str, ...] = ("freeze",)
+    # A command's connection to the agent cannot be checkpointed (criu.py).
+    disk_needs_idle = True
 
     async def suspend(self, sandbox_id: str, mode: str) -> Suspension:
         """freeze: every process stops where it stands (the cgroup
         freezer: no signal, nothing inside can tell), then the host takes
-        back its page cache and, where it has swap, its memory."""
+        back its page cache and, where it has swap, its memory. disk: the
+        processes are checkpointed with CRIU and end (criu.py)."""
+        if mode == "disk":
+            return await self._dump(sandbox_id)
         await self.cgroups.freeze(sandbox_id)
         return Suspension(reclaim=lambda: self.cgroups.reclaim(sandbox_id))
 
     async def resume(self, sandbox_id: str, mode: str) -> Started | None:
+        if mode == "disk":
+            return await self._restore(sandbox_id)
         await self.cgroups.thaw(sandbox_id)
         return None
+
+    def _sdir(self, sandbox_id: str) -> Path:
+        assert self.sandboxes_dir is not None
+        return self.sandboxes_dir / sandbox_id
+
+    async def _dump(self, sandbox_id: str) -> Suspension:
+        d = self._sdir(sandbox_id)
+        layout = criu.Layout.load(d / "layout.json")
+        pid = int((d / "init.pid").read_text().strip())
+        nonce = secrets.token_hex(8)
+        await ExecdClient(layout.control).park(nonce)
+        try:
+            # Parked, init starts no handler; the last ones (a request just
+            # answered, a park that reached a handler first) are on their
+            # way out, and each holds a connection CRIU cannot dump.
+            for _ in range(400):
+                if not criu.handlers(pid):
+                    break
+                await asyncio.sleep(0.005)
+            else:
+                raise Conflict(
+                    f"sandbox {sandbox_id} is still serving a request: try again",
+                    sandbox=sandbox_id,
+                )
+            await self.cgroups.freeze(sandbox_id)
+            size = await criu.dump(pid, d / "checkpoint", layout, nonce,
+                                   self.cgroups.freezer_dir(sandbox_id))  # fmt: skip
+        except BaseException:
+            # CRIU left the tree as it found it: frozen, init parked.
+            await self.cgroups.thaw(sandbox_id)
+            listener = criu.listen(Path(layout.control))
+            try:
+                await asyncio.to_thread(criu.unpark, pid, nonce, listener)
+            finally:
+                listener.close()
+            raise
+        with contextlib.suppress(OSError, TimeoutError):  # its tasks are gone
+            await self.cgroups.thaw(sandbox_id)
+        return Suspension(state_bytes=size)
+
+    async def _restore(self, sandbox_id: str) -> Started:
+        d = self._sdir(sandbox_id)
+        layout = criu.Layout.load(d / "layout.json")
+        pid = await criu.restore(d / "checkpoint", layout, self.oci.nsexec, self.oci.hybrid)
+        (d / "init.pid").write_text(str(pid))
+        started = process_start_time(pid)
+        if started is None:
+            raise SandboxFailed(
+                f"sandbox {sandbox_id}: its restored init exited", sandbox=sandbox_id
+            )
+        if layout.host_id is not None and self.ns_limits:
+            await self._limit_namespace(sandbox_id, pid)  # restore resets them
+        shutil.rmtree(d / "checkpoint", ignore_errors=True)
+        return Started(pid=pid, pid_start=started)
 
     def releasers(self) -> dict[str, Releaser]:
         # The cgroup is the node's to release (host/cgroups.py), like a VM's.

@@ -1,0 +1,308 @@
+"""A container to disk and back with CRIU: suspend(mode="disk").
+
+The sandbox's processes are checkpointed (`criu dump`, which ends them)
+into <sandbox>/checkpoint and restored (`criu restore`) in a private mount
+namespace where corral-nsexec mounts the sandbox's overlay again, as at
+create. Same node, same id, same user namespace block and cgroups: the
+sandbox holds only disk in between.
+
+What CRIU cannot take across, and how each is handled:
+- corral-init's listener (fd 3) is a socket of the host's network namespace,
+  which CRIU cannot dump: init parks it first (REQ_PARK, native/proto.h),
+  putting a memfd named corral-ctl-<nonce> in its place; restore hands a
+  new listener, bound at the same control path, in place of that memfd
+  (--inherit-fd), and the node then unparks init (which execs itself, so
+  its memory belongs to the sandbox's user namespace again and the next
+  checkpoint works).
+- bind mounts from the host (the platform layer, /dev/null over masked
+  /proc files, device nodes) are declared external and bound again at
+  restore; init's stdout/stderr (oci.out, outside the sandbox's mounts) is
+  an external file, given back as the restoring criu's fd 1.
+- a command's connection to the agent, a network interface, and the
+  seccomp listener held by seccompd are not carried: a sandbox running a
+  command or with a network is refused (node/snapshots.py), and after a
+  restore the syscalls the guard would have asked seccompd about fail
+  with ENOSYS (closed, uncounted) instead (docs/preemption.md).
+
+If the dump fails, CRIU lets the processes run on; the node unparks init
+with a new listener and the sandbox stays running, untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.errors import SandboxFailed
+from corral.log import get_logger
+
+log = get_logger("corral.criu")
+
+CRIU = "/usr/local/sbin/criu"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+# Kernel file systems a sandbox mounts itself (CRIU recreates them).
+_OWN_FS = {"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "overlay"}
+
+
+def available() -> str | None:
+    """Why disk suspends cannot work here, or None when they can."""
+    if not os.access(CRIU, os.X_OK):
+        return f"{CRIU} is missing (scripts/build-criu.sh builds it)"
+    return None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What restore needs of the sandbox as it was created (recorded at
+    start: the runtime has no Prepared at resume)."""
+
+    lower: list[str]
+    upper: str
+    work: str
+    rootfs: str
+    control: str
+    platform_dir: str
+    host_id: int | None
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.__dict__))
+
+    @classmethod
+    def load(cls, path: Path) -> Layout:
+        return cls(**json.loads(path.read_text()))
+
+
+def _mountinfo(pid: int) -> list[tuple[int, str, str, str]]:
+    """(mount id, root, mount point, fs type) of each mount `pid` sees."""
+    out = []
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        left, right = line.split(" - ", 1)
+        f = left.split()
+        out.append((int(f[0]), f[3], f[4], right.split()[0]))
+    return out
+
+
+def _externals(pid: int, platform_dir: str) -> tuple[list[str], dict[str, str], list[str]]:
+    """criu dump's --external options, the mounts restore binds again
+    (cookie -> host source), and the external files (init's stdout)."""
+    opts: list[str] = []
+    binds: dict[str, str] = {}
+    mounts = _mountinfo(pid)
+    for _id, root, mp, fstype in mounts:
+        if mp == "/" or fstype in _OWN_FS:
+            continue
+        if mp == "/.corral":
+            cookie, src = "platform", platform_dir
+        elif fstype == "devtmpfs" and root == "/null":
+            cookie, src = "devnull", "/dev/null"
+        elif fstype == "devtmpfs":
+            cookie, src = f"dev{root.replace('/', '-')}", f"/dev{root}"
+        else:
+            raise SandboxFailed(f"a mount CRIU cannot carry: {mp} ({fstype})")
+        binds[cookie] = src
+        opts += ["--external", f"mnt[{mp}]:{cookie}"]
+    ids = {m[0] for m in mounts}
+    files: list[str] = []
+    for fd in ("1", "2"):
+        link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        info = dict(
+            line.split(":\t", 1)
+            for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
+            if ":\t" in line
+        )
+        mnt = int(info.get("mnt_id", "-1"))
+        if link.startswith("/") and mnt not in ids:
+            key = f"file[{mnt:x}:{os.stat(f'/proc/{pid}/fd/{fd}').st_ino:x}]"
+            if key not in files:
+                files.append(key)
+                opts += ["--external", key]
+    return opts, binds, files
+
+
+def _sockets(pid: int) -> dict[int, list[str]]:
+    """Each process of the tree of `pid` with the sockets it holds (what a
+    failed dump most often trips on)."""
+    out: dict[int, list[str]] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            fds = os.listdir(f"/proc/{p}/fd")
+            out[p] = [
+                f"{fd}:{os.readlink(f'/proc/{p}/fd/{fd}')}"
+                for fd in fds
+                if os.readlink(f"/proc/{p}/fd/{fd}").startswith("socket:")
+            ]
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+    return out
+
+
+def handlers(pid: int) -> list[int]:
+    """The children of init `pid` that are its request handlers (each holds
+    a connection to the agent while it lives, which CRIU cannot dump)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    out = []
+    for c in children:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{c}/exe").endswith("/.corral/bin/corral-init"):
+                out.append(int(c))
+    return out
+
+
+def unpark(pid: int, nonce: str, listener: socket.socket | None) -> None:
+    """Hand a parked init (pid, on the host) a listener, or none to keep
+    the one restore put in place (proto.h REQ_PARK). The abstract socket
+    is in the sandbox's network namespace: this thread enters it to make
+    its socket, then returns to its own."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    theirs = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    try:
+        if _libc.setns(theirs, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the sandbox's network namespace")
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        finally:
+            if _libc.setns(own, CLONE_NEWNET) != 0:  # never stay in the sandbox's
+                raise OSError(ctypes.get_errno(), "setns back to the host's network namespace")
+    finally:
+        os.close(own)
+        os.close(theirs)
+    with s:
+        s.settimeout(10)
+        s.connect(f"\0corral-park-{nonce}")
+        fds = [listener.fileno()] if listener is not None else []
+        socket.send_fds(s, [b"u"], fds)
+        # init closes its end when it execs: wait for that, so the caller
+        # never talks to the old image.
+        with contextlib.suppress(OSError):
+            s.recv(1)
+
+
+async def _run(argv: list[str], *, pass_fds: tuple[int, ...] = ()) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        pass_fds=pass_fds,
+        env={**os.environ, "CORRAL_AGENT_PID": str(os.getpid())},
+    )
+    _, err = await proc.communicate()
+    return proc.returncode or 0, err.decode(errors="replace")
+
+
+def _errors(log_file: Path) -> str:
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    errs = [ln for ln in lines if "Error" in ln]
+    return "; ".join(errs[-3:]) or (lines[-1] if lines else "(empty log)")
+
+
+def _own(images: Path, host_id: int | None) -> None:
+    """criu restore reads the images from inside the sandbox's user
+    namespace, as its root: they belong to the sandbox's own host uid,
+    nobody else's (0600 in a 0700 dir)."""
+    if host_id is None:
+        return
+    for p in [images, *images.iterdir()]:
+        os.chown(p, host_id, host_id)
+        os.chmod(p, 0o700 if p.is_dir() else 0o600)
+
+
+def listen(control: Path) -> socket.socket:
+    """A new listener at the sandbox's control path (0600)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    control.unlink(missing_ok=True)
+    listener.bind(str(control))
+    os.chmod(control, 0o600)
+    listener.listen(512)
+    return listener
+
+
+async def dump(pid: int, images: Path, layout: Layout, nonce: str, freezer: Path | None) -> int:
+    """Checkpoint the process tree of init `pid` (parked with `nonce`,
+    its cgroup frozen) into `images`, ending it. Returns the image bytes.
+    On a failure CRIU leaves the tree as it found it: the caller thaws and
+    unparks it."""
+    if images.exists():
+        shutil.rmtree(images)
+    images.mkdir(mode=0o700)
+    opts, binds, files = _externals(pid, layout.platform_dir)
+    argv = [CRIU, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log",
+            "--manage-cgroups", "--network-lock", "nftables", "--file-locks",
+            "--tcp-established", *opts]  # fmt: skip
+    if freezer is not None:
+        argv += ["--freeze-cgroup", str(freezer)]
+    code, err = await _run(argv)
+    if code != 0:
+        why = _errors(images / "dump.log") or err.strip()
+        with contextlib.suppress(OSError):  # kept for whoever asks why
+            shutil.copy(images / "dump.log", images.parent / "dump-failed.log")
+        shutil.rmtree(images, ignore_errors=True)
+        raise SandboxFailed(
+            f"checkpointing failed (the sandbox runs on): {why}; sockets: {_sockets(pid)}"
+        )
+    meta = {"nonce": nonce, "binds": binds, "files": files}
+    (images / "corral.json").write_text(json.dumps(meta))
+    _own(images, layout.host_id)
+    return sum(p.stat().st_size for p in images.iterdir() if p.is_file())
+
+
+async def restore(images: Path, layout: Layout, nsexec: Path, hybrid: bool) -> int:
+    """Restore the checkpoint in `images`; returns init's new host pid."""
+    meta = json.loads((images / "corral.json").read_text())
+    # The overlay was volatile; its last user ended cleanly (CRIU killed it),
+    # but the marker stays and would refuse the new mount.
+    shutil.rmtree(Path(layout.work) / "work" / "incompat", ignore_errors=True)
+    rootfs = Path(layout.rootfs)
+    sandbox_dir = rootfs.parent
+    out = sandbox_dir / "oci.out"
+    out.touch(mode=0o600)
+    if layout.host_id is not None:
+        # Opened again by the restored init as its own root, not the host's.
+        os.chown(out, layout.host_id, layout.host_id)
+    pidfile = images / "restored.pid"
+    pidfile.unlink(missing_ok=True)
+    (images / "restore.log").unlink(missing_ok=True)
+    _own(images, layout.host_id)
+    overlay = [":".join(layout.lower), layout.upper, layout.work, str(rootfs)]
+    argv = [str(nsexec), *(["--hybrid"] if hybrid else []), "--overlay", *overlay]
+    if layout.host_id is not None:
+        argv += ["--idmap", f"{layout.host_id}:65536", "--stage", str(sandbox_dir / "stage")]
+    listener = listen(Path(layout.control))
+    try:
+        argv += ["--listen-fd", str(listener.fileno()), "--log", str(out), "--",
+                 CRIU, "restore", "-D", str(images), "-o", "restore.log", "--root", str(rootfs),
+                 "--restore-detached", "--restore-sibling", "--pidfile", str(pidfile),
+                 "--manage-cgroups", "--file-locks", "--tcp-established"]  # fmt: skip
+        for cookie, src in meta["binds"].items():
+            argv += ["--external", f"mnt[{cookie}]:{src}"]
+        for key in meta["files"]:
+            argv += ["--inherit-fd", f"fd[1]:{key}"]  # nsexec made oci.out our fd 1
+        argv += ["--inherit-fd", f"fd[3]:/memfd:corral-ctl-{meta['nonce']}"]
+        t0 = time.monotonic()
+        code, err = await _run(argv, pass_fds=(listener.fileno(),))
+        if code != 0:
+            raise SandboxFailed(
+                f"restoring its checkpoint failed: {_errors(images / 'restore.log') or err}"
+            )
+        pid = int(pidfile.read_text().strip())
+        await asyncio.to_thread(unpark, pid, meta["nonce"], None)
+    finally:
+        listener.close()
+    log.info("criu.restored", pid=pid, ms=round((time.monotonic() - t0) * 1000, 1))
+    return pid
