@@ -294,7 +294,9 @@ async def test_resuming_a_sandbox_being_checkpointed_is_refused(
     _needs_criu()
     sbx = await client.sandboxes.create(image=IMAGE, memory="64MiB")
     suspending = asyncio.create_task(sbx.suspend("disk"))
-    while (await client.sandboxes.get(sbx.id)).info.state == "running":
+    for _ in range(5000):  # polled: the state lives in the node's store
+        if (await client.sandboxes.get(sbx.id)).info.state != "running":
+            break
         await asyncio.sleep(0.002)
     with pytest.raises(corral.Conflict, match="being suspended"):
         await sbx.resume()

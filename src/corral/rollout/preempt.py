@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import corral
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
+from corral.sdk.client import AsyncClient
 
 IMAGE = "debian-python:bookworm"
 STEP = (
@@ -46,7 +46,7 @@ def rollout_name(job: str, i: int) -> str:
     return f"{job}-{i}"
 
 
-async def one(client: corral.AsyncClient, job: str, i: int, steps: int) -> dict[str, Any]:
+async def one(client: AsyncClient, job: str, i: int, steps: int) -> dict[str, Any]:
     r = await client.rollouts.open(rollout_name(job, i))
     sbx = await r.create(image=IMAGE, memory="64MiB", labels={"job": job}, idle_timeout=None)
     seen = "0"
@@ -61,7 +61,7 @@ async def one(client: corral.AsyncClient, job: str, i: int, steps: int) -> dict[
 
 
 async def train(url: str, job: str, rollouts: int, steps: int) -> list[dict[str, Any]]:
-    async with corral.AsyncClient(url) as client:
+    async with AsyncClient(url) as client:
         return list(await asyncio.gather(*(one(client, job, i, steps) for i in range(rollouts))))
 
 
@@ -119,7 +119,7 @@ async def survive(
     if kill_at is None:
         kill_at = random.randint(rollouts * 2, total - rollouts * 4)
     trainer = _trainer(url, job, rollouts, steps, out)
-    async with corral.AsyncClient(url) as client:
+    async with AsyncClient(url) as client:
         service = await client._ready()
         deadline = time.monotonic() + 600
         try:
@@ -188,7 +188,7 @@ async def survive_on_a_server(config: NodeConfig, rollouts: int, steps: int) -> 
 
 async def clean(url: str, job: str, rollouts: int) -> None:
     """Close the job's sandboxes and drop its logs."""
-    async with corral.AsyncClient(url) as client:
+    async with AsyncClient(url) as client:
         await asyncio.gather(
             *(s.close() for s in await client.sandboxes.list(labels={"job": job})),
             *(client.rollouts.delete(rollout_name(job, i)) for i in range(rollouts)),
