@@ -91,6 +91,10 @@ class NodeConfig:
     # The next request resumes it. 0: off.
     suspend_after: float = 0.0
     suspend_to_disk_after: float = 0.0
+    # A container goes to disk only with no command running (a command's
+    # connection cannot be checkpointed): a suspend waits this long for
+    # them to end before it is refused.
+    checkpoint_wait: float = 10.0
     # A swap file the node makes and enables (<data>/swap, this many bytes)
     # so frozen sandboxes' memory can leave RAM; 0: the host's own swap, if
     # any. Running sandboxes never swap (their memory+swap is their memory).
@@ -162,7 +166,7 @@ class NodeConfig:
                 raise InvalidArgument("store_keys", "must name one of the stores", name)
         if self.oci_runtime not in ("crun", "runc"):
             raise InvalidArgument("oci_runtime", "must be 'crun' or 'runc'", self.oci_runtime)
-        for name in ("suspend_after", "suspend_to_disk_after"):
+        for name in ("suspend_after", "suspend_to_disk_after", "checkpoint_wait"):
             after = getattr(self, name)
             if not 0 <= after <= 30 * 86400:
                 raise InvalidArgument(name, "must be 0 (off) or seconds up to 30 days", after)
@@ -216,6 +220,7 @@ class NodeConfig:
                 "vm_hang_timeout",
                 "suspend_after",
                 "suspend_to_disk_after",
+                "checkpoint_wait",
                 "fncall_cpu",
             ):
                 values[f.name] = float(raw)

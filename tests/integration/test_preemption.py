@@ -9,18 +9,24 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
+import pytest
+
 from corral.rollout import preempt
+from corral.runtimes.container import criu
 
 from ..framework import Node
 
 ROLLOUTS, STEPS = 32, 20
 
 
+@pytest.mark.parametrize("mode", ["freeze", "disk"])
 async def test_a_killed_trainer_resumes_every_rollout_exactly_once(
-    node: Node, server: object, tmp_path: Path
+    node: Node, server: object, tmp_path: Path, mode: str
 ) -> None:
+    if mode == "disk" and criu.available():
+        pytest.fail(f"containers suspend to disk with CRIU: {criu.available()}")
     job, url = f"pre-{secrets.token_hex(4)}", node.server.url
-    report = await preempt.survive(url, job, ROLLOUTS, STEPS, tmp_path / "results.json")
+    report = await preempt.survive(url, job, ROLLOUTS, STEPS, tmp_path / "results.json", mode=mode)
     assert report.suspended == ROLLOUTS
     assert 0 < report.killed_at < ROLLOUTS * preempt.logged_steps(STEPS)
     assert report.problems == []

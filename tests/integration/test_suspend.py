@@ -199,7 +199,7 @@ async def test_a_frozen_container_gives_its_memory_to_swap(fresh_node: Node) -> 
 
 def test_suspend_policy_settings_are_checked(node: Node) -> None:
     for field, value in (("suspend_after", -1.0), ("suspend_to_disk_after", 1e9),
-                         ("swap_size", -1)):  # fmt: skip
+                         ("swap_size", -1), ("checkpoint_wait", -1.0)):  # fmt: skip
         with pytest.raises(corral.InvalidArgument) as err:
             replace(node.config, **{field: value})
         assert err.value.field == field
@@ -270,22 +270,26 @@ async def test_the_next_request_restores_a_container_from_disk(client: corral.As
     await sbx.close()
 
 
-async def test_disk_is_refused_while_a_command_runs_and_nothing_changes(
-    client: corral.AsyncClient,
-) -> None:
+async def test_disk_waits_for_a_command_to_end_then_is_refused(node: Node) -> None:
     _needs_criu()
-    sbx = await client.sandboxes.create(image=IMAGE, memory="64MiB")
-    bg = await sbx.commands.start("sleep 30")
-    with pytest.raises(corral.Conflict, match="command"):
-        await sbx.suspend("disk")
-    info = (await client.sandboxes.get(sbx.id)).info
-    assert info.state == "running"
-    # A frozen one goes to disk only once idle: the freeze keeps the command.
-    await sbx.suspend("freeze")
-    with pytest.raises(corral.Conflict, match="command"):
-        await sbx.suspend("disk")
-    await bg.kill()
-    await sbx.close()
+    async with node.with_config(checkpoint_wait=1.0).client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        # One about to end is waited for.
+        ending = asyncio.create_task(sbx.commands.run("sleep 0.3; echo done"))
+        await asyncio.sleep(0.1)
+        assert (await sbx.suspend("disk")).suspended == "disk"
+        assert (await ending).stdout == "done\n"
+        # One that goes on is not: refused, and nothing changes.
+        bg = await sbx.commands.start("sleep 30")
+        with pytest.raises(corral.Conflict, match="command"):
+            await sbx.suspend("disk")
+        assert (await c.sandboxes.get(sbx.id)).info.state == "running"
+        # A frozen one goes to disk only once idle: the freeze keeps the command.
+        await sbx.suspend("freeze")
+        with pytest.raises(corral.Conflict, match="command"):
+            await sbx.suspend("disk")
+        await bg.kill()
+        await sbx.close()
 
 
 async def test_resuming_a_sandbox_being_checkpointed_is_refused(

@@ -141,6 +141,14 @@ class Snapshots:
                 return self.records.info(rec)
             await self.resume(sandbox_id)
         checkpoint = mode == "disk" and getattr(runtime, "disk_needs_idle", False)
+        # A preemption hook often finds the last commands about to end.
+        deadline = time.monotonic() + self.config.checkpoint_wait
+        for _ in range(int(self.config.checkpoint_wait * 100) + 1):  # polled: no event to wait on
+            if not (checkpoint and self.activity.running(sandbox_id)):
+                break
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
         if checkpoint and self.activity.running(sandbox_id):
             raise Conflict(
                 f"sandbox {sandbox_id} is running {self.activity.running(sandbox_id)} "

@@ -100,7 +100,8 @@ class Survival:
 
 def _trainer(url: str, job: str, rollouts: int, steps: int, out: Path) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "corral.rollout.preempt", url, job, str(rollouts), str(steps)]
-    return subprocess.Popen([*argv, str(out)], stderr=subprocess.DEVNULL)
+    with open(out.with_suffix(".log"), "ab") as log_file:  # the child keeps its copy
+        return subprocess.Popen([*argv, str(out)], stderr=log_file)
 
 
 async def _logged(service: SandboxService, job: str, rollouts: int) -> list[int]:
@@ -109,12 +110,19 @@ async def _logged(service: SandboxService, job: str, rollouts: int) -> list[int]
 
 
 async def survive(
-    url: str, job: str, rollouts: int, steps: int, out: Path, kill_at: int | None = None
+    url: str,
+    job: str,
+    rollouts: int,
+    steps: int,
+    out: Path,
+    kill_at: int | None = None,
+    mode: str | None = None,
 ) -> Survival:
     """Run the trainer against the Corral at `url`, SIGKILL it once its
     rollouts have logged `kill_at` steps in all (random, after every
     rollout has its sandbox, if None), suspend the job's sandboxes by label
-    as a preemption hook would, run the trainer again, and check."""
+    (at depth `mode`) as a preemption hook would, run the trainer again,
+    and check."""
     total = rollouts * logged_steps(steps)
     if kill_at is None:
         kill_at = random.randint(rollouts * 2, total - rollouts * 4)
@@ -137,7 +145,9 @@ async def survive(
             trainer.wait()
         killed_at = sum(await _logged(service, job, rollouts))
         t0 = time.monotonic()
-        outcomes = await client.sandboxes.suspend_many({"job": job}, key=f"{job}-preempt")
+        outcomes = await client.sandboxes.suspend_many(
+            {"job": job}, mode=mode, key=f"{job}-preempt"
+        )
         suspend_s = time.monotonic() - t0
         suspended = sum(o.ok and o.info is not None and o.info.state == "suspended"
                         for o in outcomes)  # fmt: skip
@@ -145,7 +155,8 @@ async def survive(
         restarted = _trainer(url, job, rollouts, steps, out)
         code = await asyncio.to_thread(restarted.wait, 600)
         if code != 0:
-            raise RuntimeError(f"the restarted trainer failed (exit {code})")
+            tail = out.with_suffix(".log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the restarted trainer failed (exit {code}): {tail}")
         results = json.loads(out.read_text())
         return Survival(rollouts, steps, killed_at, suspended, suspend_s, check(results, steps),
                         time.monotonic() - t0, results)  # fmt: skip
@@ -160,7 +171,9 @@ def _serve(config: NodeConfig, sock: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def survive_on_a_server(config: NodeConfig, rollouts: int, steps: int) -> Survival:
+async def survive_on_a_server(
+    config: NodeConfig, rollouts: int, steps: int, mode: str | None = None
+) -> Survival:
     """survive() on this node, served by a `corral serve` of its own: the
     node outlives the trainer, as sandbox hosts outlive a preempted
     training job (an embedded trainer takes its node agent down with it,
@@ -178,7 +191,8 @@ async def survive_on_a_server(config: NodeConfig, rollouts: int, steps: int) -> 
         url = f"unix:{sock}"
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                return await survive(url, job, rollouts, steps, Path(tmp) / "results.json")
+                out = Path(tmp) / "results.json"
+                return await survive(url, job, rollouts, steps, out, mode=mode)
             finally:
                 await clean(url, job, rollouts)
     finally:

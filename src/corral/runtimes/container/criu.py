@@ -212,15 +212,19 @@ def _errors(log_file: Path) -> str:
     return "; ".join(errs[-3:]) or (lines[-1] if lines else "(empty log)")
 
 
-def _own(images: Path, host_id: int | None) -> None:
-    """criu restore reads the images from inside the sandbox's user
-    namespace, as its root: they belong to the sandbox's own host uid,
-    nobody else's (0600 in a 0700 dir)."""
-    if host_id is None:
-        return
-    for p in [images, *images.iterdir()]:
-        os.chown(p, host_id, host_id)
-        os.chmod(p, 0o700 if p.is_dir() else 0o600)
+def _readable(holder: Path) -> Path:
+    """The images dir inside `holder`. criu restore reads the images from
+    inside the sandbox's user namespace, where its tasks may, for a moment,
+    have no mapped uid at all (seen: EACCES opening timens-0.img under
+    load): the images are world-readable (0644 in a 0711 dir) in a holder
+    only root can enter (0700). CRIU opens the images dir once, as root,
+    and its tasks read through that fd, never through the holder."""
+    holder.chmod(0o700)
+    images = holder / "img"
+    images.chmod(0o711)
+    for p in images.iterdir():
+        p.chmod(0o644)
+    return images
 
 
 def listen(control: Path) -> socket.socket:
@@ -238,8 +242,11 @@ async def dump(pid: int, images: Path, layout: Layout, nonce: str, freezer: Path
     its cgroup frozen) into `images`, ending it. Returns the image bytes.
     On a failure CRIU leaves the tree as it found it: the caller thaws and
     unparks it."""
-    if images.exists():
-        shutil.rmtree(images)
+    holder = images
+    if holder.exists():
+        shutil.rmtree(holder)
+    holder.mkdir(mode=0o700)
+    images = holder / "img"
     images.mkdir(mode=0o700)
     opts, binds, files = _externals(pid, layout.platform_dir)
     argv = [CRIU, "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log",
@@ -251,19 +258,20 @@ async def dump(pid: int, images: Path, layout: Layout, nonce: str, freezer: Path
     if code != 0:
         why = _errors(images / "dump.log") or err.strip()
         with contextlib.suppress(OSError):  # kept for whoever asks why
-            shutil.copy(images / "dump.log", images.parent / "dump-failed.log")
-        shutil.rmtree(images, ignore_errors=True)
+            shutil.copy(images / "dump.log", holder.parent / "dump-failed.log")
+        shutil.rmtree(holder, ignore_errors=True)
         raise SandboxFailed(
             f"checkpointing failed (the sandbox runs on): {why}; sockets: {_sockets(pid)}"
         )
     meta = {"nonce": nonce, "binds": binds, "files": files}
     (images / "corral.json").write_text(json.dumps(meta))
-    _own(images, layout.host_id)
+    _readable(holder)
     return sum(p.stat().st_size for p in images.iterdir() if p.is_file())
 
 
-async def restore(images: Path, layout: Layout, nsexec: Path, hybrid: bool) -> int:
-    """Restore the checkpoint in `images`; returns init's new host pid."""
+async def restore(holder: Path, layout: Layout, nsexec: Path, hybrid: bool) -> int:
+    """Restore the checkpoint in `holder`; returns init's new host pid."""
+    images = holder / "img"
     meta = json.loads((images / "corral.json").read_text())
     # The overlay was volatile; its last user ended cleanly (CRIU killed it),
     # but the marker stays and would refuse the new mount.
@@ -278,7 +286,7 @@ async def restore(images: Path, layout: Layout, nsexec: Path, hybrid: bool) -> i
     pidfile = images / "restored.pid"
     pidfile.unlink(missing_ok=True)
     (images / "restore.log").unlink(missing_ok=True)
-    _own(images, layout.host_id)
+    _readable(holder)
     overlay = [":".join(layout.lower), layout.upper, layout.work, str(rootfs)]
     argv = [str(nsexec), *(["--hybrid"] if hybrid else []), "--overlay", *overlay]
     if layout.host_id is not None:
@@ -297,6 +305,8 @@ async def restore(images: Path, layout: Layout, nsexec: Path, hybrid: bool) -> i
         t0 = time.monotonic()
         code, err = await _run(argv, pass_fds=(listener.fileno(),))
         if code != 0:
+            with contextlib.suppress(OSError):
+                shutil.copy(images / "restore.log", sandbox_dir / "restore-failed.log")
             raise SandboxFailed(
                 f"restoring its checkpoint failed: {_errors(images / 'restore.log') or err}"
             )
