@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corral
 from _common import IMAGE, IMAGES, mem_used, pct, table, write_result
 from corral.config import NodeConfig
+from corral.runtimes.container import criu
 
 DATA = Path("/var/lib/corral-suspend")
 HOLD = (
@@ -102,6 +104,83 @@ async def freeze_latency(c: corral.AsyncClient, n: int) -> list[str]:
     return [
         f"## Freeze: an idle container, {n} times each\n",
         table(["what", "p50 ms", "p99 ms", "vs peer (p50)"], rows),
+    ]
+
+
+def _bare_criu(n: int) -> tuple[list[float], list[float], int]:
+    """The peer: `criu dump` / `criu restore` of a bare process holding
+    50 MiB (no container, no namespaces), n times."""
+    import ctypes
+    import shutil
+    import subprocess
+    import tempfile
+
+    # Restored processes re-parent to us, and are reaped at once after each
+    # dump (this host's PID 1 reaps late; a pid not yet freed fails the
+    # next restore with EEXIST).
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    d = Path(tempfile.mkdtemp(prefix="criu-peer-"))
+    hold = ["python3", "-c", "import time\nx=bytearray(50<<20)\n"
+            "for i in range(0,len(x),4096): x[i]=1\ntime.sleep(100000)"]  # fmt: skip
+    proc = subprocess.Popen(hold, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(1.5)
+    pid, dumps, restores, size = proc.pid, [], [], 0
+    for _ in range(n):
+        img = d / "img"
+        shutil.rmtree(img, ignore_errors=True)
+        img.mkdir()
+        t0 = time.perf_counter()
+        subprocess.run([criu.CRIU, "dump", "-t", str(pid), "-D", str(img), "-o", "d.log"],
+                       check=True)  # fmt: skip
+        dumps.append(time.perf_counter() - t0)
+        os.waitpid(pid, 0)
+        size = sum(p.stat().st_size for p in img.iterdir())
+        (d / "pid").unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        subprocess.run([criu.CRIU, "restore", "-D", str(img), "-o", "r.log", "-d",
+                        "--pidfile", str(d / "pid")], check=True)  # fmt: skip
+        restores.append(time.perf_counter() - t0)
+        pid = int((d / "pid").read_text())
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    shutil.rmtree(d, ignore_errors=True)
+    return dumps, restores, size
+
+
+async def disk_latency(c: corral.AsyncClient, n: int) -> list[str]:
+    if criu.available():
+        return [f"## To disk\n\nnot measured: {criu.available()}"]
+    rows = []
+    sizes = []
+    for hold in (False, True):
+        sbx = await c.sandboxes.create(image=IMAGE, memory="256MiB")
+        if hold:
+            await sbx.commands.run(f"nohup {HOLD} >/dev/null 2>&1 &")
+            await asyncio.sleep(3)
+        sus, res = [], []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await sbx.suspend("disk")
+            sus.append(time.perf_counter() - t0)
+            img = DATA / "sandboxes" / sbx.id / "checkpoint" / "img"
+            ckpt = sum(p.stat().st_size for p in img.iterdir())
+            t0 = time.perf_counter()
+            await sbx.resume()
+            res.append(time.perf_counter() - t0)
+        what = "holding 50 MiB" if hold else "idle"
+        rows += [[f"Corral suspend(disk), {what}", *_ms(sus)],
+                 [f"Corral resume from disk, {what}", *_ms(res)]]  # fmt: skip
+        sizes.append(f"{what}: {ckpt / 2**20:.1f} MiB")
+        await sbx.close()
+    dumps, restores, size = await asyncio.to_thread(_bare_criu, n)
+    rows += [["bare criu dump, a process holding 50 MiB", *_ms(dumps)],
+             ["bare criu restore, the same", *_ms(restores)]]  # fmt: skip
+    return [
+        f"## To disk (CRIU): a container, {n} times each, next to bare CRIU\n",
+        table(["what", "p50 ms", "p99 ms"], rows),
+        f"\nCheckpoint size: {'; '.join(sizes)}; bare CRIU's image of the 50 MiB process: "
+        f"{size / 2**20:.1f} MiB.",
     ]
 
 
@@ -240,6 +319,7 @@ async def main(quick: bool) -> None:
     async with corral.AsyncClient(config=_config(swap=False)) as c:
         sections += await freeze_latency(c, n)
         sections += await log_overhead(c, n)
+        sections += await disk_latency(c, 5 if quick else 20)
         sections += await vm_latency(c, 3 if quick else 10)
     async with corral.AsyncClient(config=_config(swap=True)) as c:
         sections += await memory(c, count, hold=False)
