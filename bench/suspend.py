@@ -274,7 +274,9 @@ async def memory(c: corral.AsyncClient, n: int, hold: bool) -> list[str]:
             ],
         ),
         f"\nsuspend_many of {len(sbxs)}: {took:.2f} s ({sum(o.ok for o in out)} ok); "
-        f"resume_many: {back:.2f} s.",
+        f"resume_many: {back:.2f} s. Host memory is counted from a baseline taken before "
+        "the creates: below 0, the freezes' reclaim also pushed out page cache that was "
+        "there before; the cgroup line is the sandboxes' own memory.",
     ]
 
 
