@@ -106,7 +106,7 @@ async def test_a_suspended_vm_resumes_where_it_was(
     embedded: corral.AsyncClient, node: Node, kind: str
 ) -> None:
     """Memory, processes and files survive suspend; the next request
-    resumes it; a container says suspend is not for it (yet)."""
+    resumes it. (A container's suspend: tests/integration/test_suspend.py.)"""
     s = await embedded.sandboxes.create(kind=kind, image=IMAGE, memory="384MiB")
     try:
         await s.files.write("/work/note", b"written before")
@@ -136,13 +136,6 @@ async def test_a_suspended_vm_resumes_where_it_was(
         assert (await s.commands.run("echo again")).stdout == "again\n"
     finally:
         await s.close()
-    c = await embedded.sandboxes.create(image=IMAGE, memory="128MiB")
-    try:
-        with pytest.raises(corral.InvalidArgument) as err:
-            await c.suspend()
-        assert err.value.field == "kind"
-    finally:
-        await c.close()
 
 
 @pytest.mark.requires_qemu
@@ -193,7 +186,7 @@ async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str)
         await src.close()
 
 
-async def test_fork_save_and_suspend_are_for_vms(embedded: corral.AsyncClient) -> None:
+async def test_fork_and_save_are_for_vms(embedded: corral.AsyncClient) -> None:
     s = await embedded.sandboxes.create(image=IMAGE)
     try:
         with pytest.raises(corral.InvalidArgument) as e:
@@ -201,9 +194,6 @@ async def test_fork_save_and_suspend_are_for_vms(embedded: corral.AsyncClient) -
         assert e.value.field == "kind"
         with pytest.raises(corral.InvalidArgument) as e:
             await s.save()
-        assert e.value.field == "kind"
-        with pytest.raises(corral.InvalidArgument) as e:
-            await s.suspend()
         assert e.value.field == "kind"
         assert (await s.refresh()).state.value == "running"  # nothing was touched
     finally:

@@ -256,6 +256,9 @@ async def test_a_container_suspended_to_disk_holds_no_process_and_comes_back(
         await asyncio.sleep(0.3)
         assert await _ticks(sbx) > after  # its process, its socket pair, run on
     assert (await sbx.files.read_text("/tmp/state")) == "kept"
+    # init's park socket (its way back, docs/preemption.md) is gone once unparked.
+    unix = await sbx.files.read_text("/proc/net/unix")
+    assert "corral-park" not in unix and "corral-ctl" not in unix
     log = await sbx.files.read_text("/tmp/server.log")
     assert "Error" not in log, log
     await sbx.close()
