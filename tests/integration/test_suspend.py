@@ -335,3 +335,29 @@ async def test_idle_sandboxes_go_to_disk_after_a_while(fresh_node: Node) -> None
         assert (info.state, info.suspended) == ("suspended", "disk")
         assert (await sbx.commands.run("echo back")).stdout == "back\n"
         await sbx.close()
+
+
+@pytest.mark.parametrize("mode", ["freeze", "disk"])
+async def test_a_suspended_container_outlives_its_agent(fresh_node: Node, mode: str) -> None:
+    """The agent that suspended it stops (a trainer's embedded node); the
+    next agent of the node resumes it, processes and all, and a restored
+    one closes leaving nothing."""
+    if mode == "disk":
+        _needs_criu()
+    async with fresh_node.client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE, memory="128MiB")
+        await sbx.commands.run(
+            'nohup python3 -c "\nimport time\nn=0\nwhile True:\n  n+=1\n'
+            "  open('/tmp/ticks','w').write(str(n)); time.sleep(0.05)\n\" >/dev/null 2>&1 &"
+        )
+        await asyncio.sleep(0.5)
+        await sbx.suspend(mode)
+    async with fresh_node.client() as c:
+        again = await c.sandboxes.get(sbx.id)
+        assert (again.info.state, again.info.suspended) == ("suspended", mode)
+        before = await _ticks(again)  # resumes it
+        await asyncio.sleep(0.3)
+        assert await _ticks(again) > before
+        await again.close()
+        assert fresh_node.resources(sbx.id) == []
+        assert _live_tasks(fresh_node.agent.parts.cgroups.dirs(sbx.id)) == []
