@@ -60,6 +60,18 @@ RECLAIMED_BYTES = Counter(
     "Memory given back to the host by freezing sandboxes",
     registry=REGISTRY,
 )
+ROLLOUT_STEPS = Counter(
+    "corral_rollout_steps_total",
+    "Rollout steps appended to a log (logged), or appended again as a retry (retried)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+KEYED_EXECS = Counter(
+    "corral_keyed_exec_total",
+    "Commands with a key: run, replayed from the record, joined while running, ambiguous",
+    ["outcome"],
+    registry=REGISTRY,
+)
 VM_STATE_BYTES = Counter(
     "corral_vm_state_bytes_total",
     "Bytes of VM state written (suspend, fork, save)",

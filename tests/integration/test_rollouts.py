@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import secrets
 
+import httpx
 import pytest
 
 import corral
 from corral.api.models import ExecRequest
 from corral.node import keyed
 
-from ..framework import IMAGE, Node
+from ..framework import IMAGE, Node, Server
 
 BUMP = "n=$(cat /tmp/n 2>/dev/null || echo 0); echo $((n+1)) > /tmp/n; cat /tmp/n"
 
@@ -178,3 +179,22 @@ async def test_a_step_logged_twice_by_two_writers_is_refused(client: corral.Asyn
         await service.rollout_steps("../etc")
     assert err.value.field == "rollout"
     await service.rollout_delete(name)
+
+
+async def test_steps_and_suspends_are_counted_in_the_metrics(node: Node, server: Server) -> None:
+    async with node.http_client() as c:
+        r = await c.rollouts.open(_name())
+        sbx = await r.create(image=IMAGE, memory="64MiB")
+        await sbx.commands.run("true")
+        await sbx.sandbox.commands.run("true", key=f"{r.name}.1")  # a replay of step 1
+        await sbx.sandbox.suspend()
+        await sbx.sandbox.close()
+        await c.rollouts.delete(r.name)
+    async with httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(server.sock)), base_url="http://corral"
+    ) as http:
+        text = (await http.get("/metrics")).text
+    assert 'corral_rollout_steps_total{outcome="logged"}' in text
+    assert 'corral_keyed_exec_total{outcome="run"}' in text
+    assert 'corral_keyed_exec_total{outcome="replayed"}' in text
+    assert 'corral_suspend_seconds_count{kind="container",mode="freeze",op="suspend"}' in text

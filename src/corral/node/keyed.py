@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from corral import metrics
 from corral.api.models import ExecEvent, ExecRequest
 from corral.errors import Ambiguous, CorralError, InvalidArgument, error_from_wire
 from corral.node.store import SandboxRecord, Store
@@ -89,9 +90,12 @@ class KeyedExecs:
         if run is None:
             row = self.store.exec_key(sid, key)
             if row is not None:
+                outcome = "replayed" if row[1] is not None else "ambiguous"
+                metrics.KEYED_EXECS.labels(outcome).inc()
                 async for event in self._replay(sid, key, want, row):
                     yield event
                 return
+            metrics.KEYED_EXECS.labels("run").inc()
             # Recorded before it starts: after any crash, a key the store
             # lacks never ran.
             self.store.exec_key_start(sid, key, want)
@@ -102,6 +106,8 @@ class KeyedExecs:
             task.add_done_callback(self._tasks.discard)
         elif self.store.exec_key(sid, key)[0] != want:  # type: ignore[index]
             raise self._mismatch(key)
+        else:
+            metrics.KEYED_EXECS.labels("joined").inc()
         async for event in run.follow():
             yield event
 

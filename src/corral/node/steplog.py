@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import json
 
+from corral import metrics
 from corral.api.models import ROLLOUT_NAME, ROLLOUT_NAME_RULE, RolloutStep
 from corral.db import Database
 from corral.errors import Conflict, InvalidArgument
@@ -70,6 +71,7 @@ class StepLog:
                     (project, rollout, step.step),
                 )
                 if got is not None and (got[0], got[1]) == (step.op, step.digest):
+                    metrics.ROLLOUT_STEPS.labels("retried").inc()
                     return  # a retry of what is logged
                 raise Conflict(
                     f"rollout {rollout!r}: step {step.step} is already logged as "
@@ -86,6 +88,7 @@ class StepLog:
                 "VALUES (%s, %s, %s, %s, %s, %s, $NOW)",
                 (project, rollout, step.step, step.op, step.digest, json.dumps(step.result)),
             )
+        metrics.ROLLOUT_STEPS.labels("logged").inc()
 
     async def delete(self, project: str, rollout: str) -> None:
         check_name(rollout)
