@@ -1490,6 +1490,11 @@ int main(int argc, char **argv) {
              * is too: it must work when the sandbox has no pid left to fork
              * a handler with (a fork bomb against pids.max). */
             unsigned char peek[FRAME_HEADER + 16];
+            /* Accepted before its first bytes arrived (a loaded host): wait
+             * for them a little, so that what only PID 1 can answer (a park)
+             * reaches PID 1. Only the node can connect here. */
+            struct pollfd first = {conn, POLLIN, 0};
+            if (!serial) poll(&first, 1, 20);
             ssize_t got = recv(conn, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
             if (got >= FRAME_HEADER + 8 && peek[8] == REQ_KILL && get_u32le(peek) == 8) {
                 if (recv(conn, peek, FRAME_HEADER + 8, MSG_DONTWAIT) == FRAME_HEADER + 8) {

@@ -186,8 +186,11 @@ async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str)
         await src.close()
 
 
-async def test_fork_and_save_are_for_vms(embedded: corral.AsyncClient) -> None:
-    s = await embedded.sandboxes.create(image=IMAGE)
+async def test_fork_and_save_are_not_for_function_call_workers(
+    embedded: corral.AsyncClient,
+) -> None:
+    # (Containers fork and save with CRIU: tests/integration/test_checkpoints.py.)
+    s = await embedded.sandboxes.create(kind="fncall", image="fncall:bookworm", memory="256MiB")
     try:
         with pytest.raises(corral.InvalidArgument) as e:
             await embedded.sandboxes.fork(s, 2)

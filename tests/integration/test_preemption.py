@@ -27,7 +27,7 @@ async def test_a_killed_trainer_resumes_every_rollout_exactly_once(
         pytest.fail(f"containers suspend to disk with CRIU: {criu.available()}")
     job, url = f"pre-{secrets.token_hex(4)}", node.server.url
     report = await preempt.survive(url, job, ROLLOUTS, STEPS, tmp_path / "results.json", mode=mode)
-    assert report.suspended == ROLLOUTS
+    assert (report.suspended, report.refused) == (ROLLOUTS, [])
     assert 0 < report.killed_at < ROLLOUTS * preempt.logged_steps(STEPS)
     assert report.problems == []
     async with node.http_client() as c:

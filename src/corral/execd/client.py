@@ -221,7 +221,8 @@ class ExecdClient:
         """Ask PID 1 to park its listener before a checkpoint (proto.h
         REQ_PARK). A request that reached a handler instead (it was not
         whole when PID 1 looked) is answered EAGAIN and sent again."""
-        for _ in range(100):
+        pause = 0.002
+        for _ in range(60):
             conn = await self.connect()
             try:
                 await conn.send(p.frame(p.REQ_PARK, nonce.encode()))
@@ -240,7 +241,8 @@ class ExecdClient:
                     raise_remote(err, None)
             finally:
                 conn.close()
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
         raise SandboxFailed("the sandbox's init did not take the park request")
 
     async def reset(self, dirs: builtins.list[str]) -> None:

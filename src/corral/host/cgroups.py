@@ -49,6 +49,15 @@ class Cgroups:
                 for mp, fs, _ in mounts.mount_table()
                 if fs == "cgroup" and mp.startswith(str(CGROUP_ROOT))
             )
+        # Where others may make a sandbox's cgroups too, to be removed with
+        # it: on a hybrid host, CRIU restores into the cgroup2 mount as well.
+        self.all = list(self.hierarchies)
+        if self.mode is Mode.HYBRID:
+            self.all += [
+                Path(mp)
+                for mp, fs, _ in mounts.mount_table()
+                if fs == "cgroup2" and mp.startswith(str(CGROUP_ROOT))
+            ]
 
     def oci_path(self, sandbox_id: str) -> str:
         return f"/{self.parent}/{sandbox_id}"
@@ -132,6 +141,50 @@ class Cgroups:
             pass
         return 0
 
+    # ------------------------------------------------------------ making
+
+    # What crun allows a container (OCI's default devices): the rest is denied.
+    _DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm",
+                "c 5:0 rwm", "c 5:1 rwm", "c 5:2 rwm", "c 136:* rwm")  # fmt: skip
+
+    def create(self, sandbox_id: str, *, cpu: float, memory: int, pids: int, period: int) -> None:
+        """Make a sandbox's cgroups with its limits, as crun would at
+        create: for a restored checkpoint, which crun never started."""
+        for h in self.hierarchies:
+            d = h
+            for part in [*self.parent.split("/"), sandbox_id]:
+                parent, d = d, d / part
+                if d.is_dir():
+                    continue
+                d.mkdir()
+                for f in ("cpuset.cpus", "cpuset.mems"):  # v1: empty until inherited
+                    if (d / f).exists() and not (d / f).read_text().strip():
+                        (d / f).write_text((parent / f).read_text())
+        limits: dict[str, list[tuple[str, str]]]
+        if self.mode is Mode.V2:
+            limits = {"": [("memory.max", str(memory)), ("memory.swap.max", "0"),
+                           ("cpu.max", f"{int(cpu * period)} {period}"),
+                           ("pids.max", str(pids))]}  # fmt: skip
+        else:
+            limits = {
+                "memory": [("memory.limit_in_bytes", str(memory)),
+                           ("memory.memsw.limit_in_bytes", str(memory)),
+                           ("memory.swappiness", "0")],
+                "cpu": [("cpu.cfs_period_us", str(period)),
+                        ("cpu.cfs_quota_us", str(int(cpu * period))),
+                        ("cpu.shares", str(max(2, int(1024 * cpu))))],
+                "pids": [("pids.max", str(pids))],
+                "devices": [("devices.deny", "a"), *(("devices.allow", r) for r in self._DEVICES)],
+            }  # fmt: skip
+        for controller, writes in limits.items():
+            base = CGROUP_ROOT if self.mode is Mode.V2 else self._controller(controller)
+            if base is None:
+                continue
+            for name, value in writes:
+                target = base / self.parent / sandbox_id / name
+                if target.exists():
+                    target.write_text(value)
+
     # ------------------------------------------------------------ freezing
 
     def _dir(self, controller: str, sandbox_id: str) -> Path | None:
@@ -208,7 +261,7 @@ class Cgroups:
     def present(self) -> set[str]:
         """Sandbox ids that have a cgroup under our parent in any hierarchy."""
         out: set[str] = set()
-        for h in self.hierarchies:
+        for h in self.all:
             try:
                 out.update(p.name for p in (h / self.parent).iterdir() if p.is_dir())
             except OSError:
@@ -222,18 +275,19 @@ class Cgroups:
         with contextlib.suppress(OSError, TypeError):
             if self.mode is not Mode.V2:
                 (self._dir("freezer", sandbox_id) / "freezer.state").write_text("THAWED")  # type: ignore[operator]
-        for d in self.dirs(sandbox_id):
+        for d in [h / self.parent / sandbox_id for h in self.all]:
             while d.exists():
                 try:
-                    for pid in (d / "cgroup.procs").read_text().split():
-                        try:
-                            os.kill(int(pid), 9)
-                        except ProcessLookupError:
-                            pass
-                    for child in d.iterdir():
-                        if child.is_dir():
-                            child.rmdir()
-                    d.rmdir()
+                    # Children first, at any depth: a checkpoint restored as
+                    # this sandbox keeps its tasks under the cgroup path it
+                    # was dumped from, below this one (criu --cgroup-root).
+                    tree = sorted((p for p in d.rglob("*") if p.is_dir()), reverse=True)
+                    for cg in [*tree, d]:
+                        for pid in (cg / "cgroup.procs").read_text().split():
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(int(pid), 9)
+                    for cg in [*tree, d]:
+                        cg.rmdir()
                 except FileNotFoundError:
                     break
                 except OSError:
@@ -243,7 +297,7 @@ class Cgroups:
 
     def remove_parent(self) -> None:
         """Remove our (empty) parent cgroups, e.g. when the node has no sandbox."""
-        for h in self.hierarchies:
+        for h in self.all:
             parts = self.parent.split("/")
             for depth in range(len(parts), 0, -1):
                 try:

@@ -141,21 +141,8 @@ class Snapshots:
                 return self.records.info(rec)
             await self.resume(sandbox_id)
         checkpoint = mode == "disk" and getattr(runtime, "disk_needs_idle", False)
-        # A preemption hook often finds the last commands about to end.
-        deadline = time.monotonic() + self.config.checkpoint_wait
-        for _ in range(int(self.config.checkpoint_wait * 100) + 1):  # polled: no event to wait on
-            if not (checkpoint and self.activity.running(sandbox_id)):
-                break
-            if time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.01)
-        if checkpoint and self.activity.running(sandbox_id):
-            raise Conflict(
-                f"sandbox {sandbox_id} is running {self.activity.running(sandbox_id)} "
-                "command(s): a checkpoint cannot carry their connections; freeze it instead, "
-                "or suspend it to disk when they end",
-                sandbox=sandbox_id,
-            )
+        if checkpoint:
+            await self._idle_for_checkpoint(sandbox_id, runtime)
         unplug = checkpoint and self.networks.has_network(sandbox_id)
         db = self.store
         if not db.transition(sandbox_id, ["running"], "suspending"):
@@ -207,6 +194,25 @@ class Snapshots:
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
 
+    async def _idle_for_checkpoint(self, sandbox_id: str, runtime: object) -> None:
+        """A container is checkpointed only with no command running (their
+        connections cannot be carried): wait checkpoint_wait for them to
+        end (a preemption hook often finds the last ones finishing)."""
+        if not getattr(runtime, "disk_needs_idle", False):
+            return
+        deadline = time.monotonic() + self.config.checkpoint_wait
+        for _ in range(int(self.config.checkpoint_wait * 100) + 1):  # polled: no event to wait on
+            if not self.activity.running(sandbox_id) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        if self.activity.running(sandbox_id):
+            raise Conflict(
+                f"sandbox {sandbox_id} is running {self.activity.running(sandbox_id)} "
+                "command(s): a checkpoint cannot carry their connections; freeze it instead, "
+                "or checkpoint it when they end",
+                sandbox=sandbox_id,
+            )
+
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         """Bring a suspended sandbox back; a running one is left as it is."""
         rec = self.records.get(sandbox_id)
@@ -257,8 +263,10 @@ class Snapshots:
 
     def _snapshottable(self, rec: SandboxRecord, what: str) -> Snapshottable:
         runtime = self.runtimes.get(rec.kind)
-        if not isinstance(runtime, Snapshottable):
-            raise unsupported(rec.kind, f"{what} is for microvm and fullvm sandboxes")
+        if not isinstance(runtime, Snapshottable) or not getattr(runtime, "can_snapshot", True):
+            raise unsupported(
+                rec.kind, f"{what} is for microvm, fullvm and (with CRIU) container sandboxes"
+            )
         return runtime
 
     async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:
@@ -268,11 +276,12 @@ class Snapshots:
         into a machine of its own (its own id, channel and cgroup)."""
         rec = await self.awake(sandbox_id)
         runtime = self._snapshottable(rec, "fork")
+        await self._idle_for_checkpoint(sandbox_id, runtime)
         if self.networks.has_network(sandbox_id):
             # Every copy would wake up holding the source's address.
             raise InvalidArgument(
                 "network",
-                "a VM with a network cannot be forked (its copies share its address)",
+                "a sandbox with a network cannot be forked (its copies share its address)",
                 "policy",
             )
         keys: builtins.list[str | None] = (
@@ -338,7 +347,9 @@ class Snapshots:
         runtime = self._snapshottable(rec, "save")
         if self.networks.has_network(sandbox_id):
             raise InvalidArgument(
-                "network", "a VM with a network cannot move (its address is this node's)", "policy"
+                "network",
+                "a sandbox with a network cannot move (its address is this node's)",
+                "policy",
             )
         store = self._store(req.store)
         if rec.state == "running" or rec.suspended == "freeze":
@@ -349,7 +360,7 @@ class Snapshots:
                 f"sandbox {sandbox_id} is {rec.state}, not suspended", sandbox=sandbox_id
             )
         key = f"{VM_STATES}/{sandbox_id}"
-        state = self.config.sandboxes_dir / sandbox_id / "vm.state"
+        state = await runtime.saved_state(sandbox_id)
         version = await runtime.state_version()
         t0 = time.monotonic()
         project = rec.labels.get(labels.PROJECT)

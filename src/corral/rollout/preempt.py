@@ -94,6 +94,7 @@ class Survival:
     suspended: int  # sandboxes suspend_many suspended
     suspend_s: float
     problems: list[str]  # check()'s findings: [] when every step ran once
+    refused: list[str]  # why sandboxes were not suspended (suspend_many's errors)
     restart_s: float  # the restarted trainer, start to end
     results: list[dict[str, Any]]
 
@@ -158,8 +159,9 @@ async def survive(
             tail = out.with_suffix(".log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"the restarted trainer failed (exit {code}): {tail}")
         results = json.loads(out.read_text())
+        refused = sorted({o.error.message for o in outcomes if o.error is not None})
         return Survival(rollouts, steps, killed_at, suspended, suspend_s, check(results, steps),
-                        time.monotonic() - t0, results)  # fmt: skip
+                        refused, time.monotonic() - t0, results)  # fmt: skip
 
 
 def _serve(config: NodeConfig, sock: Path) -> subprocess.Popen[bytes]:

@@ -150,6 +150,12 @@ class Snapshottable(Protocol):
         kernel's build): states load only where this is equal."""
         ...
 
+    async def saved_state(self, sandbox_id: str) -> Path:
+        """The state file of a sandbox suspended to disk, as one file to
+        copy to a store (a VM's machine state; a container's checkpoint and
+        writable layer, packed)."""
+        ...
+
 
 class Screen(Protocol):
     async def screenshot(self) -> bytes: ...

@@ -237,7 +237,14 @@ def listen(control: Path) -> socket.socket:
     return listener
 
 
-async def dump(pid: int, images: Path, layout: Layout, nonce: str, freezer: Path | None) -> int:
+async def dump(
+    pid: int,
+    images: Path,
+    layout: Layout,
+    nonce: str,
+    freezer: Path | None,
+    leave_running: bool = False,
+) -> int:
     """Checkpoint the process tree of init `pid` (parked with `nonce`,
     its cgroup frozen) into `images`, ending it. Returns the image bytes.
     On a failure CRIU leaves the tree as it found it: the caller thaws and
@@ -254,6 +261,8 @@ async def dump(pid: int, images: Path, layout: Layout, nonce: str, freezer: Path
             "--tcp-established", *opts]  # fmt: skip
     if freezer is not None:
         argv += ["--freeze-cgroup", str(freezer)]
+    if leave_running:  # a snapshot: the source runs on
+        argv.append("--leave-running")
     code, err = await _run(argv)
     if code != 0:
         why = _errors(images / "dump.log") or err.strip()
@@ -269,7 +278,9 @@ async def dump(pid: int, images: Path, layout: Layout, nonce: str, freezer: Path
     return sum(p.stat().st_size for p in images.iterdir() if p.is_file())
 
 
-async def restore(holder: Path, layout: Layout, nsexec: Path, hybrid: bool) -> int:
+async def restore(
+    holder: Path, layout: Layout, nsexec: Path, hybrid: bool, cgroup_root: str | None = None
+) -> int:
     """Restore the checkpoint in `holder`; returns init's new host pid."""
     images = holder / "img"
     meta = json.loads((images / "corral.json").read_text())
@@ -297,6 +308,8 @@ async def restore(holder: Path, layout: Layout, nsexec: Path, hybrid: bool) -> i
                  CRIU, "restore", "-D", str(images), "-o", "restore.log", "--root", str(rootfs),
                  "--restore-detached", "--restore-sibling", "--pidfile", str(pidfile),
                  "--manage-cgroups", "--file-locks", "--tcp-established"]  # fmt: skip
+        if cgroup_root is not None:  # another sandbox's cgroups (made by the node)
+            argv += ["--cgroup-root", cgroup_root]
         for cookie, src in meta["binds"].items():
             argv += ["--external", f"mnt[{cookie}]:{src}"]
         for key in meta["files"]:
@@ -316,3 +329,140 @@ async def restore(holder: Path, layout: Layout, nsexec: Path, hybrid: bool) -> i
         listener.close()
     log.info("criu.restored", pid=pid, ms=round((time.monotonic() - t0) * 1000, 1))
     return pid
+
+
+# ------------------------------------------------------------ checkpoints that move
+# A checkpoint restored as another sandbox (a fork's copy, a restore on
+# another node) gets that sandbox's own user-namespace id block: CRIU
+# restores the uid/gid maps it dumped, so they are rewritten, and the
+# writable layer's owners are shifted by the same amount.
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if not b & 0x80:
+            return value, i
+        shift += 7
+
+
+def _put_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        out.append(b | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _fields(msg: bytes) -> list[tuple[int, int, int | bytes]]:
+    """(field, wire type, value) of a protobuf message (varint and
+    length-delimited fields: all an id map has)."""
+    out: list[tuple[int, int, int | bytes]] = []
+    i = 0
+    while i < len(msg):
+        key, i = _varint(msg, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _varint(msg, i)
+            out.append((field, wire, v))
+        elif wire == 2:
+            n, i = _varint(msg, i)
+            out.append((field, wire, msg[i : i + n]))
+            i += n
+        else:
+            raise SandboxFailed(f"checkpoint: an id map field of wire type {wire}")
+    return out
+
+
+def _encode(fields: list[tuple[int, int, int | bytes]]) -> bytes:
+    out = bytearray()
+    for field, wire, v in fields:
+        out += _put_varint(field << 3 | wire)
+        if isinstance(v, int):
+            out += _put_varint(v)
+        else:
+            out += _put_varint(len(v)) + v
+    return bytes(out)
+
+
+def remap_userns(images: Path, old: int, new: int) -> None:
+    """Rewrite the user namespace's uid and gid maps (UsernsEntry: repeated
+    extents of first, lower_first, count) from host block `old` to `new`.
+    An image is 8 bytes of magic, then entries of u32 size + message."""
+    for img in images.glob("userns-*.img"):
+        raw = img.read_bytes()
+        out, i = bytearray(raw[:8]), 8
+        while i < len(raw):
+            size = int.from_bytes(raw[i : i + 4], "little")
+            entry = raw[i + 4 : i + 4 + size]
+            i += 4 + size
+            maps = []
+            for field, wire, v in _fields(entry):
+                if wire == 2 and isinstance(v, bytes):
+                    ext = [(f, w, (x - old + new) if f == 2 and isinstance(x, int) else x)
+                           for f, w, x in _fields(v)]  # fmt: skip
+                    if not any(f == 2 and x == new for f, _w, x in ext):
+                        raise SandboxFailed("checkpoint: its id map is not the sandbox's block")
+                    v = _encode(ext)
+                maps.append((field, wire, v))
+            body = _encode(maps)
+            out += len(body).to_bytes(4, "little") + body
+        img.write_bytes(bytes(out))
+
+
+def shift_owners(root: Path, old: int, new: int) -> None:
+    """Give every file under `root` (a writable layer) the same owner in
+    the new id block as it had in the old one."""
+    delta = new - old
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            os.lchown(p, st.st_uid + delta, st.st_gid + delta)
+    st = os.lstat(root)
+    os.lchown(root, st.st_uid + delta, st.st_gid + delta)
+
+
+async def pack(holder: Path, upper: Path, state: Path, host_id: int | None) -> int:
+    """One file of a checkpoint and its writable layer (a tar keeping
+    owners, modes, xattrs and the overlay's whiteouts). Returns bytes."""
+    st = os.lstat(upper)
+    meta = {"host_id": host_id, "upper": [st.st_uid, st.st_gid, st.st_mode & 0o7777]}
+    (holder / "img" / "moved.json").write_text(json.dumps(meta))
+    code, err = await _run(["tar", "--create", "--file", str(state), "--numeric-owner",
+                            "--xattrs", "--xattrs-include=*", "--acls", "--sparse",
+                            "-C", str(holder), "img", "-C", str(upper.parent),
+                            f"--transform=s,^{upper.name},upper,", upper.name])  # fmt: skip
+    if code != 0:
+        raise SandboxFailed(f"packing the checkpoint failed: {err.strip()}")
+    return state.stat().st_size
+
+
+async def unpack(state: Path, holder: Path, upper: Path, host_id: int | None) -> None:
+    """A packed checkpoint made this sandbox's: images in `holder`, the
+    writable layer in `upper`, both moved to this sandbox's id block."""
+    holder.mkdir(mode=0o700, exist_ok=True)
+    common = ["tar", "--extract", "--file", str(state), "--numeric-owner", "--same-permissions",
+              "--xattrs", "--xattrs-include=*", "--acls"]  # fmt: skip
+    # Straight into place: the writable layer is on the scratch pool, the
+    # images beside the sandbox (a rename cannot cross).
+    for argv in ([*common, "-C", str(holder), "img"],
+                 [*common, "-C", str(upper), "--strip-components=1", "upper"]):  # fmt: skip
+        code, err = await _run(argv)
+        if code != 0:
+            raise SandboxFailed(f"unpacking the checkpoint failed: {err.strip()}")
+    moved = json.loads((holder / "img" / "moved.json").read_text())
+    uid, gid, mode = moved["upper"]
+    os.chown(upper, uid, gid)
+    os.chmod(upper, mode)
+    old = moved["host_id"]
+    if (old is None) != (host_id is None):
+        raise SandboxFailed("checkpoint: saved with and restored without a user namespace")
+    if old is not None and host_id is not None and old != host_id:
+        await asyncio.to_thread(remap_userns, holder / "img", old, host_id)
+        await asyncio.to_thread(shift_owners, upper, old, host_id)

@@ -17,6 +17,7 @@ from typing import Any
 
 from corral.errors import Conflict, SandboxFailed
 from corral.execd.client import ExecdClient
+from corral.execd.protocol import VERSION as PROTO_VERSION
 from corral.guard import seccomp
 from corral.host.cgroups import Cgroups, Mode
 from corral.host.platform import Platform
@@ -48,6 +49,7 @@ class ContainerRuntime:
         self.sandboxes_dir = sandboxes_dir
         if sandboxes_dir is not None and criu.available() is None:
             self.suspend_modes = ("freeze", "disk")
+            self.can_snapshot = True
         self.io = io
         # /proc/sys/user limits set in each sandbox's user namespace.
         self.ns_limits = ns_limits or {}
@@ -73,8 +75,10 @@ class ContainerRuntime:
         return [("socket", str(prep.control)), ("container", sandbox_id), ("cgroup", sandbox_id)]
 
     async def start(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started:
-        if boot.state is not None or boot.net is not None:
-            raise ValueError("a container boots fresh, with its network attached after start")
+        if boot.net is not None:
+            raise ValueError("a container's network is attached after start")
+        if boot.state is not None:
+            return await self._start_from(spec, prep, boot.state)
         rootfs = prep.sandbox_dir / "rootfs"
         rootfs.mkdir(exist_ok=True)
         profile = (
@@ -169,6 +173,7 @@ class ContainerRuntime:
     # ------------------------------------------------------------ suspend
 
     suspend_modes: tuple[str, ...] = ("freeze",)
+    can_snapshot = False  # fork, save, restore: with CRIU
     # A command's connection to the agent cannot be checkpointed (criu.py).
     disk_needs_idle = True
 
@@ -192,8 +197,15 @@ class ContainerRuntime:
         assert self.sandboxes_dir is not None
         return self.sandboxes_dir / sandbox_id
 
-    async def _dump(self, sandbox_id: str) -> Suspension:
+    async def _dump(
+        self, sandbox_id: str, *, holder: Path | None = None, state: Path | None = None
+    ) -> Suspension:
+        """Checkpoint into `holder` (<sandbox>/checkpoint: the processes
+        end); with `state`, a snapshot: packed there with the writable
+        layer while the sandbox is frozen, and the processes run on."""
         d = self._sdir(sandbox_id)
+        snapshot = state is not None
+        holder = holder or d / "checkpoint"
         layout = criu.Layout.load(d / "layout.json")
         pid = int((d / "init.pid").read_text().strip())
         nonce = secrets.token_hex(8)
@@ -212,20 +224,85 @@ class ContainerRuntime:
                     sandbox=sandbox_id,
                 )
             await self.cgroups.freeze(sandbox_id)
-            size = await criu.dump(pid, d / "checkpoint", layout, nonce,
-                                   self.cgroups.freezer_dir(sandbox_id))  # fmt: skip
+            size = await criu.dump(pid, holder, layout, nonce,
+                                   self.cgroups.freezer_dir(sandbox_id),
+                                   leave_running=snapshot)  # fmt: skip
+            if state is not None:
+                await criu.pack(holder, Path(layout.upper), state, layout.host_id)
         except BaseException:
             # CRIU left the tree as it found it: frozen, init parked.
-            await self.cgroups.thaw(sandbox_id)
-            listener = criu.listen(Path(layout.control))
-            try:
-                await asyncio.to_thread(criu.unpark, pid, nonce, listener)
-            finally:
-                listener.close()
+            await self._wake(sandbox_id, pid, nonce, layout)
             raise
+        if snapshot:  # the source runs on: thawed, unparked with a new listener
+            await self._wake(sandbox_id, pid, nonce, layout)
+            return Suspension(state_bytes=size)
         with contextlib.suppress(OSError, TimeoutError):  # its tasks are gone
             await self.cgroups.thaw(sandbox_id)
         return Suspension(state_bytes=size)
+
+    async def _wake(self, sandbox_id: str, pid: int, nonce: str, layout: criu.Layout) -> None:
+        await self.cgroups.thaw(sandbox_id)
+        listener = criu.listen(Path(layout.control))
+        try:
+            await asyncio.to_thread(criu.unpark, pid, nonce, listener)
+        finally:
+            listener.close()
+
+    # ------------------------------------------------------------ snapshots
+
+    async def state_version(self) -> str:
+        """A checkpoint loads where CRIU and corral-init speak as here."""
+        code = await asyncio.create_subprocess_exec(
+            criu.CRIU, "--version", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await code.communicate()
+        version = out.decode().split("\n")[0].removeprefix("Version: ").strip()
+        return f"criu-{version}+init-{PROTO_VERSION}"
+
+    async def snapshot(self, sandbox_id: str, state: Path) -> int:
+        """A checkpoint of a running container, and its writable layer, in
+        one file; the sandbox pauses for the dump and the copy, then runs
+        on (a fork's source)."""
+        d = self._sdir(sandbox_id)
+        holder = d / f"snap-{secrets.token_hex(4)}"
+        try:
+            await self._dump(sandbox_id, holder=holder, state=state)
+        finally:
+            shutil.rmtree(holder, ignore_errors=True)
+        return state.stat().st_size
+
+    async def saved_state(self, sandbox_id: str) -> Path:
+        d = self._sdir(sandbox_id)
+        layout = criu.Layout.load(d / "layout.json")
+        state = d / "container.state"
+        await criu.pack(d / "checkpoint", Path(layout.upper), state, layout.host_id)
+        return state
+
+    async def _start_from(self, spec: RuntimeSpec, prep: Prepared, state: Path) -> Started:
+        """A new sandbox from a packed checkpoint (a fork's copy, a
+        restore): its writable layer and processes, in this sandbox's own
+        id block and cgroups."""
+        layout = criu.Layout(
+            lower=[str(p) for p in prep.lower], upper=str(prep.upper), work=str(prep.work),
+            rootfs=str(prep.sandbox_dir / "rootfs"), control=str(prep.control),
+            platform_dir=str(self.platform.layer_dir), host_id=prep.host_id,
+        )  # fmt: skip
+        Path(layout.rootfs).mkdir(exist_ok=True)
+        holder = prep.sandbox_dir / "checkpoint"
+        await criu.unpack(state, holder, prep.upper, prep.host_id)
+        self.cgroups.create(spec.id, cpu=spec.cpu, memory=spec.memory, pids=spec.pids,
+                            period=bundle.CPU_PERIOD)  # fmt: skip
+        layout.save(prep.sandbox_dir / "layout.json")
+        pid = await criu.restore(holder, layout, self.oci.nsexec, self.oci.hybrid,
+                                 cgroup_root=self.cgroups.oci_path(spec.id))  # fmt: skip
+        (prep.sandbox_dir / "init.pid").write_text(str(pid))
+        shutil.rmtree(holder, ignore_errors=True)
+        started = process_start_time(pid)
+        if started is None:
+            raise SandboxFailed(f"sandbox {spec.id}: its restored init exited", sandbox=spec.id)
+        if prep.host_id is not None and self.ns_limits:
+            await self._limit_namespace(spec.id, pid)
+        return Started(pid=pid, pid_start=started)
 
     async def _restore(self, sandbox_id: str) -> Started:
         d = self._sdir(sandbox_id)

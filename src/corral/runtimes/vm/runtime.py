@@ -252,6 +252,9 @@ class MicroVMRuntime:
         finally:
             qmp.close()
 
+    async def saved_state(self, sandbox_id: str) -> Path:
+        return self._dir(sandbox_id) / "vm.state"
+
     async def snapshot(self, sandbox_id: str, state: Path) -> int:
         """Save a running guest to `state` for copies to start from; the
         guest pauses while its memory is written (~0.1 s per 256 MiB)."""

@@ -1,0 +1,140 @@
+"""Container checkpoints that move (CRIU): fork a running container into
+copies, save one to a store and restore it on another node; the copies
+live in their own id blocks and cgroups; a tampered checkpoint is refused
+and its source is untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral.runtimes.container import criu
+
+from ..framework import IMAGE, Node
+
+SECRET = (
+    'nohup python3 -c "\nimport os,time\nsecret=os.urandom(8).hex()\nn=0\n'
+    "while True:\n  n+=1\n  open('/tmp/ticks','w').write(str(n))\n"
+    "  if os.path.exists('/tmp/ask'):\n"
+    "    open('/tmp/answer','w').write(secret); os.remove('/tmp/ask')\n"
+    '  time.sleep(0.05)\n" >/dev/null 2>&1 &'
+)
+
+
+@pytest.fixture(autouse=True)
+def _criu() -> None:
+    if criu.available() is not None:
+        pytest.fail(f"container checkpoints need CRIU: {criu.available()} (make install builds it)")
+
+
+async def _secret(sbx: corral.AsyncSandbox) -> str:
+    await sbx.commands.run("rm -f /tmp/answer; touch /tmp/ask; sleep 0.3")
+    return await sbx.files.read_text("/tmp/answer")
+
+
+async def _ticking(sbx: corral.AsyncSandbox) -> bool:
+    a = int(await sbx.files.read_text("/tmp/ticks"))
+    await asyncio.sleep(0.25)
+    return int(await sbx.files.read_text("/tmp/ticks")) > a
+
+
+async def test_a_container_forks_into_copies_of_its_memory_and_files(node: Node) -> None:
+    async with node.client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="128MiB")
+        copies: list[corral.AsyncSandbox] = []
+        try:
+            await src.files.write("/work/note", "before the fork")
+            await src.commands.run("chown 1000:1000 /work/note")
+            await src.commands.run(SECRET)
+            await asyncio.sleep(0.5)
+            secret = await _secret(src)
+            copies = await c.sandboxes.fork(src, 2, idempotency_key="fk")
+            assert len({x.id for x in copies} | {src.id}) == 3
+            for x in copies:
+                assert x.info.labels["corral.forked_from"] == src.id
+                assert x.info.state.value == "running"
+                # The same process, with the same memory, running on.
+                assert await _secret(x) == secret
+                assert await _ticking(x)
+                # Its files, owned as they were, in its own id block.
+                r = await x.commands.run("stat -c %u /work/note; cat /work/note")
+                assert r.stdout == "1000\nbefore the fork"
+            assert await _ticking(src)
+            again = await c.sandboxes.fork(src, 2, idempotency_key="fk")  # a retry
+            assert [x.id for x in again] == [x.id for x in copies]
+            slots = {node.idmap_slot(x.id) for x in [src, *copies]}
+            assert len(slots) == 3  # each its own user-namespace block
+            await copies[0].files.write("/work/note", "copy 0")
+            assert await src.files.read_text("/work/note") == "before the fork"
+            assert await copies[1].files.read_text("/work/note") == "before the fork"
+            await copies[0].close()
+            assert node.resources(copies[0].id) == []
+            assert (await copies[1].commands.run("echo ok")).stdout == "ok\n"
+        finally:
+            await asyncio.gather(*(x.close() for x in [*copies, src]), return_exceptions=True)
+        # Nothing of the copies stays: their cgroups (nested ones too) are gone.
+        cg = node.agent.parts.cgroups
+        for x in [src, *copies]:
+            assert not [h for h in cg.all if (h / cg.parent / x.id).exists()]
+
+
+async def test_a_fork_is_refused_while_a_command_runs(node: Node) -> None:
+    async with node.with_config(checkpoint_wait=0.5).client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        try:
+            bg = await src.commands.start("sleep 30")
+            with pytest.raises(corral.Conflict, match="command"):
+                await c.sandboxes.fork(src, 1)
+            await bg.kill()
+            assert (await src.refresh()).state.value == "running"
+        finally:
+            await src.close()
+
+
+async def test_a_saved_container_is_restored_on_another_node(node: Node, fresh_node: Node) -> None:
+    store = Path(fresh_node.config.object_stores["local"])
+    async with node.client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="128MiB")
+        try:
+            await src.files.write("/work/note", "saved here")
+            await src.commands.run(SECRET)
+            await asyncio.sleep(0.5)
+            secret = await _secret(src)
+            saved = await src.save()
+            assert saved.kind == "container" and saved.size > 0
+            assert saved.guest.startswith("criu-")
+            assert (await src.refresh()).state.value == "suspended"
+            async with fresh_node.client() as other:
+                moved = await other.sandboxes.restore(saved)
+                try:
+                    assert moved.id.split("-")[0] == fresh_node.name
+                    assert moved.info.labels["corral.restored_from"] == src.id
+                    assert await moved.files.read_text("/work/note") == "saved here"
+                    assert await _secret(moved) == secret
+                    assert await _ticking(moved)
+                finally:
+                    await moved.close()
+                assert fresh_node.resources(moved.id) == []
+                # Another project's checkpoint looks like none.
+                with pytest.raises(corral.InvalidArgument) as e:
+                    await other.sandboxes.restore({**saved.model_dump(), "project": "other"})
+                assert e.value.field == "key"
+                # A truncated checkpoint never reaches CRIU; nothing is made.
+                obj = store / saved.key / "state"
+                whole = obj.read_bytes()
+                obj.write_bytes(whole[: len(whole) // 2])
+                with pytest.raises(corral.InvalidArgument, match="does not match") as e:
+                    await other.sandboxes.restore(saved)
+                assert e.value.field == "key"
+                record = json.loads((store / saved.key / "saved.json").read_bytes())
+                assert record["kind"] == "container"
+                assert [x.id for x in await other.sandboxes.list()] == []
+            # The source is untouched: suspended, and it resumes.
+            assert (await src.resume()).state.value == "running"
+            assert await _secret(src) == secret
+        finally:
+            await src.close()
