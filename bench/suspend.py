@@ -184,6 +184,44 @@ async def disk_latency(c: corral.AsyncClient, n: int) -> list[str]:
     ]
 
 
+async def moving(c: corral.AsyncClient, n: int) -> list[str]:
+    """A container with 50 MiB resident: forked into 2 copies, saved to the
+    shared store, restored on a second node of this machine."""
+    if criu.available():
+        return [f"## Checkpoints that move\n\nnot measured: {criu.available()}"]
+    other = replace(_config(swap=False), data_dir=DATA.with_name(DATA.name + "-b"), node="susb")
+    forks, saves, restores = [], [], []
+    size = 0
+    async with corral.AsyncClient(config=other) as b:
+        for _ in range(n):
+            sbx = await c.sandboxes.create(image=IMAGE, memory="256MiB")
+            await sbx.commands.run(f"nohup {HOLD} >/dev/null 2>&1 &")
+            await asyncio.sleep(2)
+            t0 = time.perf_counter()
+            copies = await c.sandboxes.fork(sbx, 2)
+            forks.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            saved = await sbx.save()
+            saves.append(time.perf_counter() - t0)
+            size = saved.size
+            t0 = time.perf_counter()
+            moved = await b.sandboxes.restore(saved)
+            restores.append(time.perf_counter() - t0)
+            await asyncio.gather(*(x.close() for x in [moved, *copies, sbx]))
+    return [
+        f"## Checkpoints that move: a container holding 50 MiB, {n} times each\n",
+        table(
+            ["what", "p50 ms", "p99 ms"],
+            [
+                ["fork into 2 copies (the source pauses, both copies running)", *_ms(forks)],
+                ["save to the store (suspend to disk + pack + upload)", *_ms(saves)],
+                ["restore on another node (download, check, create, CRIU)", *_ms(restores)],
+            ],
+        ),
+        f"\nThe saved checkpoint: {size / 2**20:.1f} MiB (images and writable layer).",
+    ]
+
+
 async def vm_latency(c: corral.AsyncClient, n: int) -> list[str]:
     try:
         sbx = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
@@ -322,6 +360,7 @@ async def main(quick: bool) -> None:
         sections += await freeze_latency(c, n)
         sections += await log_overhead(c, n)
         sections += await disk_latency(c, 5 if quick else 20)
+        sections += await moving(c, 3 if quick else 10)
         sections += await vm_latency(c, 3 if quick else 10)
     async with corral.AsyncClient(config=_config(swap=True)) as c:
         sections += await memory(c, count, hold=False)
