@@ -228,9 +228,10 @@ class AsyncSandboxes:
     async def fork(
         self, sandbox: AsyncSandbox | str, n: int, *, idempotency_key: str | None = None
     ) -> builtins.list[AsyncSandbox]:
-        """`n` new sandboxes, each a copy of a running VM sandbox as it is
-        now (memory, processes, files), on its node; the source pauses for
-        the save (~0.1 s per 256 MiB) and runs on. All or nothing. With
+        """`n` new sandboxes, each a copy of a running sandbox as it is now
+        (memory, processes, files), on its node: a VM, or a container (with
+        CRIU; no command may be running in it). The source pauses for the
+        save (~0.1 s per 256 MiB) and runs on. All or nothing. With
         `idempotency_key`, a retried fork returns the copies the first made.
         Copies are labelled corral.forked_from=<source id>."""
         sandbox_id = sandbox if isinstance(sandbox, str) else sandbox.id

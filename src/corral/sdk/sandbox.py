@@ -63,7 +63,8 @@ class AsyncSandbox:
         return self.info
 
     async def save(self, store: str = "local") -> SavedState:
-        """Suspend this VM (if it runs) and copy its state to one of the
+        """Suspend this sandbox to disk (a VM, or a container with CRIU) and
+        copy its state to one of the
         node's named object stores (its operator names them; "local" is
         shared by the nodes that share the image store), from which
         client.sandboxes.restore() starts it on any node that has the same

@@ -342,10 +342,11 @@ class Sandbox:
         return self._portal.call(self._inner.resume)
 
     def save(self, store: str = 'local') -> SavedState:
-        """Suspend this VM (if it runs) and copy its state to one of the node's named object stores
-        (its operator names them; "local" is shared by the nodes that share the image store),
-        from which client.sandboxes.restore() starts it on any node that has the same store. It
-        stays here, suspended: resume it, or close it once the copy runs elsewhere."""
+        """Suspend this sandbox to disk (a VM, or a container with CRIU) and copy its state to one
+        of the node's named object stores (its operator names them; "local" is shared by the
+        nodes that share the image store), from which client.sandboxes.restore() starts it on
+        any node that has the same store. It stays here, suspended: resume it, or close it once
+        the copy runs elsewhere."""
         return self._portal.call(self._inner.save, store)
 
     def suspend(self, mode: str | None = None, *, key: str | None = None) -> SandboxInfo:
@@ -446,10 +447,11 @@ class Sandboxes:
         *,
         idempotency_key: str | None = None,
     ) -> builtins.list[Sandbox]:
-        """`n` new sandboxes, each a copy of a running VM sandbox as it is now (memory, processes,
-        files), on its node; the source pauses for the save (~0.1 s per 256 MiB) and runs on.
-        All or nothing. With `idempotency_key`, a retried fork returns the copies the first
-        made. Copies are labelled corral.forked_from=<source id>."""
+        """`n` new sandboxes, each a copy of a running sandbox as it is now (memory, processes,
+        files), on its node: a VM, or a container (with CRIU; no command may be running in it).
+        The source pauses for the save (~0.1 s per 256 MiB) and runs on. All or nothing. With
+        `idempotency_key`, a retried fork returns the copies the first made. Copies are labelled
+        corral.forked_from=<source id>."""
         result = self._portal.call(self._inner.fork, sandbox, n, idempotency_key=idempotency_key)
         return [Sandbox(self._portal, x) for x in result]
 
