@@ -167,23 +167,27 @@ async def test_a_fork_through_the_gateway_is_charged_and_routed(cluster: Cluster
     assert cluster.used("forks") == (0, 0.0, 0)
 
 
-@pytest.mark.requires_qemu
-async def test_a_saved_vm_is_restored_through_the_gateway(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "kind", ["container", pytest.param("microvm", marks=pytest.mark.requires_qemu)]
+)
+async def test_a_saved_sandbox_is_restored_through_the_gateway(
+    cluster: Cluster, tmp_path: Path, kind: str
+) -> None:
     """Placed and charged like a create; the copy has the saved files."""
-    key = cluster.project("saves", max_sandboxes=2)
+    key = cluster.project(f"saves-{kind}", max_sandboxes=2)
     async with cluster.client(key) as c:
-        src = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+        src = await c.sandboxes.create(kind=kind, image=IMAGE, memory="256MiB")
         await src.files.write("/work/x", b"saved")
         saved = await src.save()
-        assert saved.project == "saves"
+        assert saved.project == f"saves-{kind}"
         moved = await c.sandboxes.restore(saved, idempotency_key="r1")
-        assert cluster.used("saves")[0] == 2
+        assert cluster.used(f"saves-{kind}")[0] == 2
         assert (await c.sandboxes.restore(saved, idempotency_key="r1")).id == moved.id
         assert await moved.files.read("/work/x") == b"saved"
         with pytest.raises(ResourceExhausted):
             await c.sandboxes.restore(saved)  # a third sandbox: over the quota
         await asyncio.gather(src.close(), moved.close())
-    assert cluster.used("saves") == (0, 0.0, 0)
+    assert cluster.used(f"saves-{kind}") == (0, 0.0, 0)
 
 
 BAD_IDS = [
