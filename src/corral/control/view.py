@@ -386,8 +386,11 @@ class GatewayView(Forwarding):
         """Placed and charged like a create (by the size save() returned,
         which the node checks against the signed record), then the node
         loads the state from the named store."""
-        if req.kind not in VM_KINDS:
-            raise InvalidArgument("kind", "must be a VM kind a state was saved from", req.kind)
+        if req.kind not in (*VM_KINDS, "container"):
+            raise InvalidArgument(
+                "kind", "must be a kind a state is saved from (container, microvm, fullvm)",
+                req.kind,
+            )  # fmt: skip
         if req.project != self.project:
             # A saved state is restored only by the project that saved it;
             # the gateway never opens a store itself (the node does, one the
