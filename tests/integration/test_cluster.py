@@ -406,3 +406,31 @@ async def test_rollouts_and_suspends_through_the_gateway_belong_to_the_project(
         await c.rollouts.delete("shared-name")
         await asyncio.gather(*(s.close() for s in made if isinstance(s, corral.AsyncSandbox)))
         await theirs.close()
+
+
+async def test_a_rollout_follows_its_sandbox_to_another_node(cluster: Cluster) -> None:
+    """A preempted job moved: its sandbox saved and restored elsewhere (a
+    new id), the original closed. The trainer run again replays its log
+    onto the restored copy, and the step that was in flight (ran, never
+    logged) is answered from the record that moved with it, not run twice."""
+    key = cluster.project("moves", max_sandboxes=3)
+    bump = "n=$(cat /tmp/n 2>/dev/null || echo 0); echo $((n+1)) > /tmp/n; cat /tmp/n"
+    async with cluster.client(key) as c:
+        r = await c.rollouts.open("moving")
+        sbx = await r.create(image=IMAGE, memory="128MiB")
+        assert (await sbx.commands.run(bump)).stdout == "1\n"
+        # Step 2 ran on the node, and the trainer died before logging it.
+        assert (await sbx.sandbox.commands.run(bump, key="moving.2")).stdout == "2\n"
+        saved = await sbx.sandbox.save()
+        moved = await c.sandboxes.restore(saved)
+        await sbx.sandbox.close()
+        again = await c.rollouts.open("moving")
+        rs = await again.create(image=IMAGE, memory="128MiB")
+        assert rs.id == moved.id != sbx.id
+        assert (await rs.commands.run(bump)).stdout == "1\n"  # from the log
+        assert (await rs.commands.run(bump)).stdout == "2\n"  # from the moved record
+        assert (await rs.commands.run(bump)).stdout == "3\n"  # live, once
+        assert (await moved.files.read_text("/tmp/n")) == "3\n"
+        await moved.close()
+        await c.rollouts.delete("moving")
+    assert cluster.used("moves") == (0, 0.0, 0)

@@ -371,6 +371,8 @@ class Snapshots:
             "spec": rec.spec,
             "layers": rec.layers,
             "labels": rec.labels,
+            # Its keyed commands' records (a rollout's steps) go along.
+            "exec_keys": self.store.exec_keys(sandbox_id),
             "guest": version,
             "state_sha256": await asyncio.to_thread(signing.file_sha256, state),
         }
@@ -453,6 +455,7 @@ class Snapshots:
                 )
             t0 = time.monotonic()
             info = await self.lifecycle.create(CreateSandbox.model_validate(spec), state=local)
+            self.store.import_exec_keys(info.id, [tuple(r) for r in doc.get("exec_keys", [])])
             metrics.VM_OPS.labels("restore").observe(time.monotonic() - t0)
             return info
         finally:

@@ -355,6 +355,26 @@ class Store:
             (result, sandbox_id, f"exec:{key}"),
         )
 
+    def exec_keys(self, sandbox_id: str) -> builtins.list[tuple[str, str, float, str | None]]:
+        """Every keyed command's record of a sandbox (key, digest, started,
+        result): what a saved sandbox takes along, so that a step replayed
+        on its restored copy is still answered, not run again."""
+        rows = self.db.execute(
+            "SELECT key, digest, started, result FROM op_keys "
+            "WHERE sandbox_id=? AND key LIKE 'exec:%'",
+            (sandbox_id,),
+        ).fetchall()
+        return [(r[0].removeprefix("exec:"), r[1], r[2], r[3]) for r in rows]
+
+    def import_exec_keys(
+        self, sandbox_id: str, rows: Iterable[tuple[str, str, float, str | None]]
+    ) -> None:
+        self.db.executemany(
+            "INSERT OR IGNORE INTO op_keys (sandbox_id, key, digest, started, result) "
+            "VALUES (?,?,?,?,?)",
+            [(sandbox_id, f"exec:{k}", d, t, r) for k, d, t, r in rows],
+        )
+
     def count(self, sandbox_id: str, key: str, n: int = 1) -> None:
         """Add n to one of a sandbox's audit counters."""
         self.db.execute(

@@ -36,14 +36,23 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from corral.api.models import ROLLOUT_NAME, ROLLOUT_NAME_RULE, RolloutStep, SavedState
+from corral import labels
+from corral.api.models import (
+    ROLLOUT_NAME,
+    ROLLOUT_NAME_RULE,
+    RolloutStep,
+    SandboxInfo,
+    SavedState,
+)
 from corral.api.service import SandboxService
 from corral.errors import (
     Ambiguous,
     CorralError,
     InternalError,
     InvalidArgument,
+    SandboxClosed,
     SandboxLost,
+    SandboxNotFound,
     Unavailable,
     error_from_wire,
 )
@@ -199,10 +208,32 @@ class AsyncRollout:
         return await self._attach(sandbox_id)
 
     async def _attach(self, sandbox_id: str) -> AsyncRolloutSandbox:
-        if sandbox_id not in self.sandboxes:
-            self.sandboxes.append(sandbox_id)
-        sbx = AsyncSandbox(self._service, await self._service.get(sandbox_id))
-        return AsyncRolloutSandbox(self, sbx)
+        info = await self._moved(sandbox_id)
+        if info.id not in self.sandboxes:
+            self.sandboxes.append(info.id)
+        return AsyncRolloutSandbox(self, AsyncSandbox(self._service, info), logged_id=sandbox_id)
+
+    async def _moved(self, sandbox_id: str) -> SandboxInfo:
+        """The sandbox a logged id names now: itself, or, once it was saved
+        and restored elsewhere (a preempted job moved to other nodes), the
+        live sandbox restored from it (labelled corral.restored_from), and
+        so on down the chain. Its keyed commands' records moved with it."""
+        seen = {sandbox_id}
+        current = sandbox_id
+        for _ in range(16):
+            try:
+                info = await self._service.get(current)
+                if info.state.value not in ("closed", "failed"):
+                    return info
+            except (SandboxNotFound, SandboxClosed):
+                pass
+            found = await self._service.list({labels.RESTORED_FROM: current})
+            live = [i for i in found if i.id not in seen]
+            if not live:
+                break
+            current = live[0].id
+            seen.add(current)
+        return await self._service.get(sandbox_id)  # raises what the first id is
 
     async def record(self, op: str, fn: Callable[[], Any], *, args: Any = None) -> Any:
         """A step computed by the trainer (the policy's action, a reward):
@@ -230,7 +261,7 @@ class AsyncRollout:
             saved = await self._service.save(sandbox.id, req)
             return saved.model_dump(mode="json")
 
-        doc = await self._step("checkpoint", [sandbox.id, store], live)
+        doc = await self._step("checkpoint", [sandbox.logged_id, store], live)
         self.checkpoints.append(doc)
         return SavedState.model_validate(doc)
 
@@ -238,9 +269,14 @@ class AsyncRollout:
 class AsyncRolloutSandbox:
     """A sandbox whose calls are a rollout's steps."""
 
-    def __init__(self, rollout: AsyncRollout, sandbox: AsyncSandbox) -> None:
+    def __init__(
+        self, rollout: AsyncRollout, sandbox: AsyncSandbox, logged_id: str | None = None
+    ) -> None:
         self.rollout = rollout
         self.sandbox = sandbox
+        # The id the log knows it by (its steps' arguments name it): the
+        # first one, even once it moved to another node under a new id.
+        self.logged_id = logged_id or sandbox.id
         self.commands = AsyncRolloutCommands(self)
         self.files = AsyncRolloutFiles(self)
 
@@ -252,7 +288,7 @@ class AsyncRolloutSandbox:
         async def live(n: int) -> None:
             await self.sandbox.close()
 
-        await self.rollout._step("close", self.id, live)
+        await self.rollout._step("close", self.logged_id, live)
 
 
 class AsyncRolloutCommands:
@@ -271,8 +307,8 @@ class AsyncRolloutCommands:
     ) -> CommandResult:
         """commands.run() as a step, run at most once (its key is the step)."""
         sbx, rollout = self._sbx.sandbox, self._sbx.rollout
-        args = {"sandbox": sbx.id, "cmd": cmd, "timeout": timeout, "cwd": cwd, "env": env,
-                "user": user, "stdin": stdin}  # fmt: skip
+        args = {"sandbox": self._sbx.logged_id, "cmd": cmd, "timeout": timeout, "cwd": cwd,
+                "env": env, "user": user, "stdin": stdin}  # fmt: skip
 
         async def live(n: int) -> CommandResult:
             try:
@@ -299,7 +335,7 @@ class AsyncRolloutFiles:
     async def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> int:
         sbx = self._sbx.sandbox
         raw = data.encode() if isinstance(data, str) else data
-        args = [sbx.id, path, hashlib.sha256(raw).hexdigest(), mode]
+        args = [self._sbx.logged_id, path, hashlib.sha256(raw).hexdigest(), mode]
 
         async def live(n: int) -> int:
             return await sbx.files.write(path, raw, mode=mode)
@@ -315,7 +351,7 @@ class AsyncRolloutFiles:
 
         data: bytes = await self._sbx.rollout._step(
             "files.read",
-            [sbx.id, path],
+            [self._sbx.logged_id, path],
             live,
             lambda b: base64.b64encode(b).decode(),
             base64.b64decode,
