@@ -54,6 +54,8 @@
 #include <sys/wait.h>
 #include <termios.h>
 #include <grp.h>
+#include <linux/random.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -979,6 +981,33 @@ static void drop_sysv(const char *table, int kind, int uid_col) {
  * reach the next. Every process but PID 1 dies (repeatedly: a fork bomb
  * may still be forking), the given directories (the only writable places
  * of a worker) are emptied, and System V IPC objects are removed. */
+/* A copy (a fork, a restore) wakes with its source's kernel random state
+ * when that kernel is its own (a VM's guest): the node sends fresh bytes,
+ * credited to the pool, and the CRNG is re-keyed from it at once, so no two
+ * copies draw the same numbers from the kernel. In a container the ioctls
+ * need CAP_SYS_ADMIN of the host's user namespace and fail with EPERM: its
+ * kernel is the host's, which the node reseeds itself. */
+static int handle_reseed(int conn, struct cursor *c) {
+    if (c->left < 32 || c->left > 512)
+        return send_error(conn, EINVAL, "reseed: 32 to 512 bytes of entropy, not %u", c->left);
+    struct {
+        struct rand_pool_info info;
+        unsigned char buf[512];
+    } pool;
+    pool.info.entropy_count = (int)(c->left * 8);
+    pool.info.buf_size = (int)c->left;
+    memcpy(pool.buf, c->p, c->left);
+    int fd = open("/dev/urandom", O_RDWR | O_CLOEXEC);
+    if (fd < 0) return send_error(conn, errno, "reseed: /dev/urandom: %s", strerror(errno));
+    int r = ioctl(fd, RNDADDENTROPY, &pool.info);
+    if (r == 0) r = ioctl(fd, RNDRESEEDCRNG);
+    int err = errno;
+    close(fd);
+    explicit_bzero(&pool, sizeof pool);
+    if (r < 0) return send_error(conn, err, "reseed: %s", strerror(err));
+    return send_ok(conn, 0);
+}
+
 static int handle_reset(int conn, struct cursor *c) {
     char **dirs = cur_strv(c);
     if (c->bad) return send_error(conn, EINVAL, "malformed reset request");
@@ -1052,6 +1081,10 @@ static void serve_connection(int conn) {
     }
     if (f.type == REQ_RESET) {
         handle_reset(conn, &c);
+        return;
+    }
+    if (f.type == REQ_RESEED) {
+        handle_reseed(conn, &c);
         return;
     }
     if (f.type == REQ_PARK) {

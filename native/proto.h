@@ -39,6 +39,7 @@ enum {
      * to hand it a listener, or none to keep the one a restore put in
      * place of the memfd; it then execs itself again. */
     REQ_PARK = 0x28,
+    REQ_RESEED = 0x29,    /* 32..512 bytes: credit them to the kernel's pool and re-key its CRNG */
     REQ_DATA = 0x30,
     REQ_END = 0x31,
 };

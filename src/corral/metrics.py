@@ -72,6 +72,12 @@ KEYED_EXECS = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+RESEEDS = Counter(
+    "corral_copy_reseeds_total",
+    "Kernel CRNGs re-keyed for a sandbox's copies: the host's (containers), a guest's (VMs)",
+    ["kernel", "outcome"],
+    registry=REGISTRY,
+)
 VM_STATE_BYTES = Counter(
     "corral_vm_state_bytes_total",
     "Bytes of VM state written (suspend, fork, save)",

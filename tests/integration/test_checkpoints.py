@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 import corral
+from corral import metrics
+from corral.execd.client import ExecdClient
+from corral.host.cgroups import Cgroups
+from corral.node.lifecycle import control_path
 from corral.runtimes.container import criu
 
 from ..framework import IMAGE, Node
@@ -29,6 +33,28 @@ SECRET = (
 def _criu() -> None:
     if criu.available() is not None:
         pytest.fail(f"container checkpoints need CRIU: {criu.available()} (make install builds it)")
+
+
+def _host_reseeds() -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "corral_copy_reseeds_total", {"kernel": "host", "outcome": "ok"}
+    )
+    return value or 0.0
+
+
+LIMIT_FILES = ("memory.max", "memory.limit_in_bytes", "pids.max", "cpu.max", "cpu.cfs_quota_us",
+               "io.max", "blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device")  # fmt: skip
+
+
+def _limits(cg: Cgroups, sandbox_id: str) -> dict[str, str]:
+    out = {}
+    for h in cg.all:
+        for name in LIMIT_FILES:
+            f = h / cg.parent / sandbox_id / name
+            if f.exists():
+                out[name] = f.read_text().strip()
+    assert any(k.startswith(("io", "blkio")) and v for k, v in out.items()), out
+    return out
 
 
 async def _secret(sbx: corral.AsyncSandbox) -> str:
@@ -52,8 +78,15 @@ async def test_a_container_forks_into_copies_of_its_memory_and_files(node: Node)
             await src.commands.run(SECRET)
             await asyncio.sleep(0.5)
             secret = await _secret(src)
+            reseeded = _host_reseeds()
             copies = await c.sandboxes.fork(src, 2, idempotency_key="fk")
             assert len({x.id for x in copies} | {src.id}) == 3
+            assert _host_reseeds() == reseeded + 1  # the host CRNG, once for both
+            cg = node.agent.parts.cgroups
+            for x in copies:
+                # The ceilings crun writes for a sandbox it starts, written
+                # for the copies CRIU restores (no limit lifted by a fork).
+                assert _limits(cg, x.id) == _limits(cg, src.id)
             for x in copies:
                 assert x.info.labels["corral.forked_from"] == src.id
                 assert x.info.state.value == "running"
@@ -138,3 +171,24 @@ async def test_a_saved_container_is_restored_on_another_node(node: Node, fresh_n
             assert await _secret(src) == secret
         finally:
             await src.close()
+
+
+@pytest.mark.parametrize(("entropy", "errno_name"), [
+    (b"", "EINVAL"),             # nothing to credit
+    (b"x" * 31, "EINVAL"),       # too little to re-key from
+    (b"x" * 513, "EINVAL"),      # more than the request's bound
+    (b"x" * 64, "EPERM"),        # a container's kernel is the host's: init may not touch it
+])  # fmt: skip
+async def test_a_reseed_request_init_cannot_honour_is_refused(
+    node: Node, entropy: bytes, errno_name: str
+) -> None:
+    async with node.client() as c:
+        s = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        try:
+            client = ExecdClient(str(control_path(node.config.run_dir, s.id)))
+            with pytest.raises(corral.FileError) as e:
+                await client.reseed(entropy)
+            assert e.value.details["strerror"] == errno_name
+            assert (await s.commands.run("echo ok")).stdout == "ok\n"  # init serves on
+        finally:
+            await s.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import corral
+from corral import metrics
 from corral.node import signing as states
 
 from ..framework import IMAGE, Node, Server, png_pixels
@@ -138,6 +139,13 @@ async def test_a_suspended_vm_resumes_where_it_was(
         await s.close()
 
 
+def _reseeds(kernel: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "corral_copy_reseeds_total", {"kernel": kernel, "outcome": "ok"}
+    )
+    return value or 0.0
+
+
 @pytest.mark.requires_qemu
 @pytest.mark.parametrize("kind", VM_KINDS)
 async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str) -> None:
@@ -160,8 +168,15 @@ async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str)
         await asyncio.sleep(1)
         await src.commands.run("touch /tmp/ask; sleep 0.5")
         secret = await src.files.read("/tmp/answer")
+        reseeded = _reseeds("guest")
         copies = await embedded.sandboxes.fork(src, 2 if kind == "fullvm" else 3)
         assert len({c.id for c in copies} | {src.id}) == len(copies) + 1
+        # Each copy's guest kernel was given its own entropy and re-keyed.
+        assert _reseeds("guest") == reseeded + len(copies)
+        draws = [
+            (await c.commands.run("head -c16 /dev/urandom | od -An -x")).stdout for c in copies
+        ]
+        assert len(set(draws)) == len(copies), draws
         for c in copies:
             assert c.info.labels["corral.forked_from"] == src.id
             assert c.info.kind == kind and c.info.state.value == "running"

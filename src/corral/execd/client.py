@@ -245,6 +245,12 @@ class ExecdClient:
             pause = min(pause * 2, 0.1)
         raise SandboxFailed("the sandbox's init did not take the park request")
 
+    async def reseed(self, entropy: bytes) -> None:
+        """Credit `entropy` to the sandbox kernel's pool and re-key its
+        CRNG (a VM's guest; in a container: PermissionDenied, the kernel
+        being the host's)."""
+        await self._ok(p.frame(p.REQ_RESEED, entropy), None)
+
     async def reset(self, dirs: builtins.list[str]) -> None:
         """Kill every process but init, empty `dirs`, drop SysV IPC."""
         await self._ok(p.frame(p.REQ_RESET, p.strings(dirs)), None)

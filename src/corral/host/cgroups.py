@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from corral.host import mounts
 
@@ -35,6 +37,35 @@ def detect() -> Mode:
     if any(fs == "cgroup2" for mp, fs, _ in table if mp.startswith(str(CGROUP_ROOT))):
         return Mode.HYBRID
     return Mode.V1
+
+
+@dataclass(frozen=True)
+class IoLimit:
+    """Block I/O ceilings on one device (the node's scratch pool)."""
+
+    major: int
+    minor: int
+    read_bps: int = 0  # 0: no ceiling
+    write_bps: int = 0
+
+    def oci(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, rate in (("throttleReadBpsDevice", self.read_bps),
+                          ("throttleWriteBpsDevice", self.write_bps)):  # fmt: skip
+            if rate:
+                out[key] = [{"major": self.major, "minor": self.minor, "rate": rate}]
+        return out
+
+    def v1(self) -> list[tuple[str, str]]:
+        """The blkio controller's files, as runc and crun write them."""
+        dev = f"{self.major}:{self.minor}"
+        return [(name, f"{dev} {rate}") for name, rate in
+                (("blkio.throttle.read_bps_device", self.read_bps),
+                 ("blkio.throttle.write_bps_device", self.write_bps)) if rate]  # fmt: skip
+
+    def v2(self) -> list[tuple[str, str]]:
+        rates = [f"{k}={r}" for k, r in (("rbps", self.read_bps), ("wbps", self.write_bps)) if r]
+        return [("io.max", f"{self.major}:{self.minor} {' '.join(rates)}")] if rates else []
 
 
 class Cgroups:
@@ -147,9 +178,20 @@ class Cgroups:
     _DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm",
                 "c 5:0 rwm", "c 5:1 rwm", "c 5:2 rwm", "c 136:* rwm")  # fmt: skip
 
-    def create(self, sandbox_id: str, *, cpu: float, memory: int, pids: int, period: int) -> None:
+    def create(
+        self,
+        sandbox_id: str,
+        *,
+        cpu: float,
+        memory: int,
+        pids: int,
+        period: int,
+        io: IoLimit | None = None,
+    ) -> None:
         """Make a sandbox's cgroups with its limits, as crun would at
-        create: for a restored checkpoint, which crun never started."""
+        create: for a restored checkpoint, which crun never started. Every
+        limit crun writes from the bundle is written here too (a copy that
+        missed one would be a sandbox with a ceiling lifted)."""
         for h in self.hierarchies:
             d = h
             for part in [*self.parent.split("/"), sandbox_id]:
@@ -164,7 +206,7 @@ class Cgroups:
         if self.mode is Mode.V2:
             limits = {"": [("memory.max", str(memory)), ("memory.swap.max", "0"),
                            ("cpu.max", f"{int(cpu * period)} {period}"),
-                           ("pids.max", str(pids))]}  # fmt: skip
+                           ("pids.max", str(pids)), *(io.v2() if io else [])]}  # fmt: skip
         else:
             limits = {
                 "memory": [("memory.limit_in_bytes", str(memory)),
@@ -175,6 +217,7 @@ class Cgroups:
                         ("cpu.shares", str(max(2, int(1024 * cpu))))],
                 "pids": [("pids.max", str(pids))],
                 "devices": [("devices.deny", "a"), *(("devices.allow", r) for r in self._DEVICES)],
+                "blkio": io.v1() if io else [],
             }  # fmt: skip
         for controller, writes in limits.items():
             base = CGROUP_ROOT if self.mode is Mode.V2 else self._controller(controller)

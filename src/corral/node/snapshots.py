@@ -46,6 +46,7 @@ from corral.node.children import Children
 from corral.node.lifecycle import Lifecycle, control_path, wait_ready
 from corral.node.network import SandboxNetworks
 from corral.node.records import Records
+from corral.node.reseed import reseed_copies
 from corral.node.store import SandboxRecord, Store
 from corral.runtimes.base import Runtime, Snapshottable, Suspendable, unsupported
 
@@ -316,6 +317,7 @@ class Snapshots:
             if isinstance(first, CorralError):
                 raise first
             raise SandboxFailed(f"sandbox {sandbox_id}: fork failed: {first}") from first
+        await reseed_copies(self.config.run_dir, made)
         metrics.VM_OPS.labels("fork").observe(time.monotonic() - t0)
         metrics.VM_STATE_BYTES.labels("fork").inc(size)
         log.info("sandbox.forked", sandbox=sandbox_id, copies=req.n, state_bytes=size,
@@ -456,6 +458,8 @@ class Snapshots:
             t0 = time.monotonic()
             info = await self.lifecycle.create(CreateSandbox.model_validate(spec), state=local)
             self.store.import_exec_keys(info.id, [tuple(r) for r in doc.get("exec_keys", [])])
+            # Its source may live on (resumed where it was saved): two copies.
+            await reseed_copies(self.config.run_dir, [info])
             metrics.VM_OPS.labels("restore").observe(time.monotonic() - t0)
             return info
         finally:

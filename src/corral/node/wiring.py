@@ -54,7 +54,6 @@ from corral.node.snapshots import Snapshots
 from corral.node.steplog import StepLog
 from corral.node.store import Store
 from corral.runtimes.base import Reattachable, Releaser, Runtime
-from corral.runtimes.container.bundle import IoLimit
 from corral.runtimes.container.oci import OciRuntime
 from corral.runtimes.container.runtime import ContainerRuntime
 from corral.runtimes.fncall.runtime import FnCallRuntime
@@ -176,7 +175,7 @@ def _runtimes(
     listener = seccompd.socket if cfg.seccomp else None
     device = scratch.device()
     io = (
-        IoLimit(*device, read_bps=cfg.disk_read_bps, write_bps=cfg.disk_write_bps)
+        cg.IoLimit(*device, read_bps=cfg.disk_read_bps, write_bps=cfg.disk_write_bps)
         if device is not None and (cfg.disk_read_bps or cfg.disk_write_bps)
         else None
     )

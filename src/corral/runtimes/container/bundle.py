@@ -9,6 +9,7 @@ from typing import Any
 
 from corral.guard import profile
 from corral.host import platform
+from corral.host.cgroups import IoLimit
 
 CPU_PERIOD = 100_000
 IDS = 65536  # host ids per sandbox user namespace
@@ -36,24 +37,6 @@ class BundleSpec:
     # out of swap (the host may have some for suspended ones); v2 has no
     # such knob (its swap.max is 0 through memory+swap == memory).
     swappiness: int | None = None
-
-
-@dataclass(frozen=True)
-class IoLimit:
-    """Block I/O ceilings on one device (the node's scratch pool)."""
-
-    major: int
-    minor: int
-    read_bps: int = 0  # 0: no ceiling
-    write_bps: int = 0
-
-    def oci(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, rate in (("throttleReadBpsDevice", self.read_bps),
-                          ("throttleWriteBpsDevice", self.write_bps)):  # fmt: skip
-            if rate:
-                out[key] = [{"major": self.major, "minor": self.minor, "rate": rate}]
-        return out
 
 
 def _nofile_limit() -> int:

@@ -19,7 +19,7 @@ from corral.errors import Conflict, SandboxFailed
 from corral.execd.client import ExecdClient
 from corral.execd.protocol import VERSION as PROTO_VERSION
 from corral.guard import seccomp
-from corral.host.cgroups import Cgroups, Mode
+from corral.host.cgroups import Cgroups, IoLimit, Mode
 from corral.host.platform import Platform
 from corral.host.procs import process_start_time
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
@@ -39,7 +39,7 @@ class ContainerRuntime:
         cgroups: Cgroups,
         platform: Platform,
         seccomp_listener: Path | None,
-        io: bundle.IoLimit | None = None,
+        io: IoLimit | None = None,
         ns_limits: dict[str, int] | None = None,
         sandboxes_dir: Path | None = None,
     ) -> None:
@@ -291,7 +291,7 @@ class ContainerRuntime:
         holder = prep.sandbox_dir / "checkpoint"
         await criu.unpack(state, holder, prep.upper, prep.host_id)
         self.cgroups.create(spec.id, cpu=spec.cpu, memory=spec.memory, pids=spec.pids,
-                            period=bundle.CPU_PERIOD)  # fmt: skip
+                            period=bundle.CPU_PERIOD, io=self.io)  # fmt: skip
         layout.save(prep.sandbox_dir / "layout.json")
         pid = await criu.restore(holder, layout, self.oci.nsexec, self.oci.hybrid,
                                  cgroup_root=self.cgroups.oci_path(spec.id))  # fmt: skip

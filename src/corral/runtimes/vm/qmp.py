@@ -1,8 +1,10 @@
 """A minimal QMP client: QEMU's JSON control protocol on a unix socket.
 
-One command at a time; asynchronous events QEMU sends in between are
-skipped. Only what snapshots need: status, stop/cont, migrate to and from a
-file, quit.
+One command at a time, each with its own id: asynchronous events QEMU
+sends in between, and any reply that is not to this command (seen once in
+CI: query-status answered with an earlier command's empty return), are
+skipped. Only what snapshots need: status, stop/cont, migrate to and from
+a file, quit.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ class Qmp:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self._next_id = 0
 
     @classmethod
     async def connect(cls, path: Path, timeout: float = 30.0) -> Qmp:
@@ -45,14 +48,15 @@ class Qmp:
         return doc
 
     async def execute(self, command: str, **arguments: Any) -> Any:
-        msg: dict[str, Any] = {"execute": command}
+        self._next_id += 1
+        msg: dict[str, Any] = {"execute": command, "id": self._next_id}
         if arguments:
             msg["arguments"] = arguments
         self.writer.write(json.dumps(msg).encode() + b"\n")
         await self.writer.drain()
         while True:
             doc = await self._read()
-            if "event" in doc:
+            if "event" in doc or doc.get("id") != msg["id"]:
                 continue
             if "error" in doc:
                 raise SandboxFailed(f"QEMU refused {command}: {doc['error'].get('desc')}")

@@ -1,0 +1,46 @@
+"""Fresh kernel randomness for a sandbox's copies (a fork, a restore).
+
+A copy holds its source's memory to the byte. Where the kernel is the
+sandbox's own (a VM's guest), so is the CRNG state: the node sends each copy
+64 fresh bytes, credited to its pool, and has its CRNG re-keyed
+(corral-init's REQ_RESEED). Where the kernel is the host's (a container),
+the host CRNG is re-keyed once for all of them (host/entropy.py says why
+that matters at all). A reseed that fails is logged and counted but does
+not fail the copy: the guest kernel also reseeds itself, within a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+
+from corral import metrics
+from corral.api.models import SandboxInfo
+from corral.errors import CorralError
+from corral.execd.client import ExecdClient
+from corral.host import entropy
+from corral.log import get_logger
+from corral.node.lifecycle import control_path
+
+log = get_logger("corral.node")
+
+
+async def reseed_copies(run_dir: Path, copies: list[SandboxInfo]) -> None:
+    if any(c.kind == "container" for c in copies):
+        why = entropy.reseed()
+        metrics.RESEEDS.labels("host", "failed" if why else "ok").inc()
+        if why is not None:
+            log.warning("sandbox.reseed_failed", kernel="host", reason=why)
+
+    async def guest(info: SandboxInfo) -> None:
+        client = ExecdClient(str(control_path(run_dir, info.id)))
+        try:
+            await client.reseed(secrets.token_bytes(64))
+        except (CorralError, OSError) as exc:
+            metrics.RESEEDS.labels("guest", "failed").inc()
+            log.warning("sandbox.reseed_failed", sandbox=info.id, kernel="guest", reason=str(exc))
+        else:
+            metrics.RESEEDS.labels("guest", "ok").inc()
+
+    await asyncio.gather(*(guest(c) for c in copies if c.kind != "container"))
