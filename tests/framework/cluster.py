@@ -51,14 +51,17 @@ class Cluster:
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
 
-    def start(self) -> None:
+    def start(self, only: list[str] | None = None) -> None:
+        """PostgreSQL, the nodes (those named in `only`: the rest may join
+        later) and the gateway."""
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)  # PostgreSQL runs as its own user
         self.state = self.pg.start()
         for n in self.nodes:
             n.server.args = ["--state", self.state, "--advertise", n.server.tcp_url]
-            n.server.start()
-        self.wait_alive([n.name for n in self.nodes])
+            if only is None or n.name in only:
+                n.server.start()
+        self.wait_alive([n.name for n in self.nodes if n.server.running])
         self.gateway = GatewayProcess(
             self.state, self.NODE_KEY, self.node_timeout, self.root / "gateway.log"
         )
@@ -112,11 +115,16 @@ class Cluster:
 
         return run_sync(go())
 
-    def wait_alive(self, names: list[str], timeout: float = 30) -> None:
+    def join(self, node: Node) -> None:
+        """Start a node that start() left out (or that was stopped)."""
+        node.server.start()
+        self.wait_alive([node.name])
+
+    def wait_alive(self, names: list[str], timeout: float = 30, state: str = "alive") -> None:
         deadline = time.monotonic() + timeout
         while True:
             states = self.node_states()
-            if all(states.get(n) == "alive" for n in names):
+            if all(states.get(n) == state for n in names):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nodes did not join: {states}")

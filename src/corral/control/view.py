@@ -50,6 +50,7 @@ from corral.errors import (
     InvalidArgument,
     NodeFull,
     ResourceExhausted,
+    SandboxClosed,
     SandboxLost,
     SandboxNotFound,
     Unavailable,
@@ -106,6 +107,10 @@ class GatewayView(Forwarding):
     async def _route(self, sandbox_id: str) -> tuple[SandboxRow, SandboxService]:
         row = await self._row(sandbox_id)
         node = await self.gw.node(row.node)
+        if row.state == "closed" and (node is None or node.state != nodes.ALIVE):
+            # Its node, which would answer with the closed sandbox's info, is
+            # gone (a job moved off preempted hosts closed what it moved).
+            raise SandboxClosed(f"sandbox {sandbox_id} is closed", sandbox=sandbox_id)
         if node is None or node.state != nodes.ALIVE:
             raise SandboxLost(
                 f"sandbox {sandbox_id} is on node {row.node}, which is "

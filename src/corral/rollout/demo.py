@@ -170,8 +170,8 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
         "rollouts": survived.rollouts,
         "steps": survived.steps,
         "killed_after_logged_steps": survived.killed_at,
-        "suspended": survived.suspended,
-        "suspend_many_ms": survived.suspend_s * 1000,
+        "suspended": survived.preempted,
+        "suspend_many_ms": survived.preempt_s * 1000,
         "restart_s": survived.restart_s,
         "problems": survived.problems,
     }
@@ -265,7 +265,7 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
     pre.add_row(
         f"{survived.rollouts} x {survived.steps}",
         f"{survived.killed_at} of {survived.rollouts * preempt.logged_steps(survived.steps)}",
-        f"{survived.suspended} in {survived.suspend_s * 1000:.0f} ms",
+        f"{survived.preempted} in {survived.preempt_s * 1000:.0f} ms",
         f"{survived.restart_s:.1f} s",
         "none" if not survived.problems else str(len(survived.problems)),
     )

@@ -27,13 +27,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from corral.api.models import SavedState
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
-from corral.sdk.client import AsyncClient
+from corral.errors import Conflict, CorralError
+from corral.sdk.client import AsyncClient, BulkOutcome
+from corral.sdk.sandbox import AsyncSandbox
 
 IMAGE = "debian-python:bookworm"
 STEP = (
@@ -61,7 +65,7 @@ async def one(client: AsyncClient, job: str, i: int, steps: int) -> dict[str, An
 
 
 async def train(url: str, job: str, rollouts: int, steps: int) -> list[dict[str, Any]]:
-    async with AsyncClient(url) as client:
+    async with AsyncClient(url, api_key=os.environ.get("CORRAL_API_KEY")) as client:
         return list(await asyncio.gather(*(one(client, job, i, steps) for i in range(rollouts))))
 
 
@@ -91,18 +95,71 @@ class Survival:
     rollouts: int
     steps: int
     killed_at: int  # steps logged (all rollouts) when the trainer was killed
-    suspended: int  # sandboxes suspend_many suspended
-    suspend_s: float
+    preempted: int  # sandboxes the preemption hook handled (suspended, or moved)
+    preempt_s: float
     problems: list[str]  # check()'s findings: [] when every step ran once
-    refused: list[str]  # why sandboxes were not suspended (suspend_many's errors)
+    refused: list[str]  # why sandboxes were not handled (the hook's errors)
     restart_s: float  # the restarted trainer, start to end
     results: list[dict[str, Any]]
 
 
-def _trainer(url: str, job: str, rollouts: int, steps: int, out: Path) -> subprocess.Popen[bytes]:
+# What a job's preemption does to its sandboxes once the trainer is dead:
+# their outcomes, one per sandbox (ok: ready for the trainer to come back).
+Hook = Callable[[AsyncClient, str], Awaitable[list[BulkOutcome]]]
+
+
+def suspend_hook(mode: str | None = None) -> Hook:
+    """DSec's preemption hook: suspend the job in place (at depth `mode`)."""
+
+    async def hook(client: AsyncClient, job: str) -> list[BulkOutcome]:
+        outcomes = await client.sandboxes.suspend_many(
+            {"job": job}, mode=mode, key=f"{job}-preempt"
+        )
+        return [o if o.info is None or o.info.state == "suspended" else
+                BulkOutcome(o.id, o.info, Conflict(f"{o.id} is {o.info.state}, not suspended"))
+                for o in outcomes]  # fmt: skip
+
+    return hook
+
+
+def move_hook(between: Callable[[], Awaitable[None]], store: str = "local") -> Hook:
+    """A preemption that takes the job's hosts too: each sandbox is saved
+    (to disk, then to `store`) and closed; `between()` runs (the hosts go,
+    others come); then each is restored, wherever the gateway places it."""
+
+    async def hook(client: AsyncClient, job: str) -> list[BulkOutcome]:
+        gate = asyncio.Semaphore(8)
+
+        async def save(sbx: AsyncSandbox) -> SavedState:
+            async with gate:
+                saved = await sbx.save(store)
+                await sbx.close()
+                return saved
+
+        async def restore(saved: SavedState) -> BulkOutcome:
+            async with gate:
+                try:
+                    moved = await client.sandboxes.restore(
+                        saved, idempotency_key=f"{job}-{saved.sandbox}"
+                    )
+                except CorralError as exc:
+                    return BulkOutcome(saved.sandbox, None, exc)
+                return BulkOutcome(moved.id, moved.info)
+
+        states = await asyncio.gather(*(save(s) for s in await client.sandboxes.list({"job": job})))
+        await between()
+        return list(await asyncio.gather(*(restore(s) for s in states)))
+
+    return hook
+
+
+def _trainer(
+    url: str, job: str, rollouts: int, steps: int, out: Path, api_key: str | None
+) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "corral.rollout.preempt", url, job, str(rollouts), str(steps)]
+    env = {**os.environ, **({"CORRAL_API_KEY": api_key} if api_key else {})}
     with open(out.with_suffix(".log"), "ab") as log_file:  # the child keeps its copy
-        return subprocess.Popen([*argv, str(out)], stderr=log_file)
+        return subprocess.Popen([*argv, str(out)], stderr=log_file, env=env)
 
 
 async def _logged(service: SandboxService, job: str, rollouts: int) -> list[int]:
@@ -117,18 +174,19 @@ async def survive(
     steps: int,
     out: Path,
     kill_at: int | None = None,
-    mode: str | None = None,
+    hook: Hook | None = None,
+    api_key: str | None = None,
 ) -> Survival:
     """Run the trainer against the Corral at `url`, SIGKILL it once its
     rollouts have logged `kill_at` steps in all (random, after every
-    rollout has its sandbox, if None), suspend the job's sandboxes by label
-    (at depth `mode`) as a preemption hook would, run the trainer again,
-    and check."""
+    rollout has its sandbox, if None), preempt the job's sandboxes with
+    `hook` (suspend_hook() if None), run the trainer again, and check."""
+    hook = hook or suspend_hook()
     total = rollouts * logged_steps(steps)
     if kill_at is None:
         kill_at = random.randint(rollouts * 2, total - rollouts * 4)
-    trainer = _trainer(url, job, rollouts, steps, out)
-    async with AsyncClient(url) as client:
+    trainer = _trainer(url, job, rollouts, steps, out, api_key)
+    async with AsyncClient(url, api_key=api_key) as client:
         service = await client._ready()
         deadline = time.monotonic() + 600
         try:
@@ -146,21 +204,18 @@ async def survive(
             trainer.wait()
         killed_at = sum(await _logged(service, job, rollouts))
         t0 = time.monotonic()
-        outcomes = await client.sandboxes.suspend_many(
-            {"job": job}, mode=mode, key=f"{job}-preempt"
-        )
-        suspend_s = time.monotonic() - t0
-        suspended = sum(o.ok and o.info is not None and o.info.state == "suspended"
-                        for o in outcomes)  # fmt: skip
+        outcomes = await hook(client, job)
+        preempt_s = time.monotonic() - t0
+        preempted = sum(o.ok for o in outcomes)
         t0 = time.monotonic()
-        restarted = _trainer(url, job, rollouts, steps, out)
+        restarted = _trainer(url, job, rollouts, steps, out, api_key)
         code = await asyncio.to_thread(restarted.wait, 600)
         if code != 0:
             tail = out.with_suffix(".log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"the restarted trainer failed (exit {code}): {tail}")
         results = json.loads(out.read_text())
         refused = sorted({o.error.message for o in outcomes if o.error is not None})
-        return Survival(rollouts, steps, killed_at, suspended, suspend_s, check(results, steps),
+        return Survival(rollouts, steps, killed_at, preempted, preempt_s, check(results, steps),
                         refused, time.monotonic() - t0, results)  # fmt: skip
 
 
@@ -194,7 +249,7 @@ async def survive_on_a_server(
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 out = Path(tmp) / "results.json"
-                return await survive(url, job, rollouts, steps, out, mode=mode)
+                return await survive(url, job, rollouts, steps, out, hook=suspend_hook(mode))
             finally:
                 await clean(url, job, rollouts)
     finally:
@@ -202,9 +257,9 @@ async def survive_on_a_server(
         server.wait(30)
 
 
-async def clean(url: str, job: str, rollouts: int) -> None:
+async def clean(url: str, job: str, rollouts: int, api_key: str | None = None) -> None:
     """Close the job's sandboxes and drop its logs."""
-    async with AsyncClient(url) as client:
+    async with AsyncClient(url, api_key=api_key) as client:
         await asyncio.gather(
             *(s.close() for s in await client.sandboxes.list(labels={"job": job})),
             *(client.rollouts.delete(rollout_name(job, i)) for i in range(rollouts)),
