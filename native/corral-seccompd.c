@@ -4,7 +4,9 @@
  * Every container sandbox runs under a seccomp filter whose refusals are
  * user notifications (SECCOMP_RET_USER_NOTIF). crun hands each sandbox's
  * notification fd to this daemon over a unix socket (the OCI
- * `listenerPath`), with the sandbox id as metadata. For every notification
+ * `listenerPath`), with the sandbox id as metadata (after a CRIU restore,
+ * corral-relisten hands one per restored task the same way: they share
+ * the sandbox's counters and AIO budget). For every notification
  * the daemon answers with the errno the policy file gives for the syscall
  * (EPERM for privileged ones, ENOSYS otherwise) and adds one to the
  * sandbox's counter for that syscall in <audit-dir>/<id>.seccomp: 1024
@@ -157,6 +159,15 @@ static void count(struct sandbox *sb, int slot) {
     if (pwrite(sb->audit_fd, &v, 8, off) != 8) {}
 }
 
+/* AIO events granted to the sandbox: a restored one has a listener per
+ * task (corral-relisten), all drawing on one budget. */
+static unsigned long long aio_granted(const struct sandbox *sb) {
+    unsigned long long sum = 0;
+    for (int i = 0; i < nboxes; i++)
+        if (!strcmp(boxes[i].id, sb->id)) sum += boxes[i].aio_events;
+    return sum;
+}
+
 /* Handle one notification; 0 if the fd is still good. */
 static int answer(struct sandbox *sb) {
     struct seccomp_notif req;
@@ -184,7 +195,7 @@ static int answer(struct sandbox *sb) {
          * reserves about twice as many in the pool; the node sizes the
          * pool, fs.aio-max-nr, for that.) */
         unsigned long long want = (uint32_t)req.data.args[0];
-        if (sb->aio_events + want <= aio_budget) {
+        if (aio_granted(sb) + want <= aio_budget) {
             sb->aio_events += want;
             resp.error = 0;
             resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,75 @@ async def test_a_reseed_request_init_cannot_honour_is_refused(
             assert (await s.commands.run("echo ok")).stdout == "ok\n"  # init serves on
         finally:
             await s.close()
+
+
+# Three calls the guard sends to corral-seccompd: two it refuses (EPERM,
+# counted), one it lets through within the sandbox's AIO budget. From a
+# process that was running before the checkpoint, and a new one after.
+PROBE = (
+    "import ctypes, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "def call(*args):\n"
+    "    r = libc.syscall(*args)\n"
+    "    return r if r >= 0 else -ctypes.get_errno()\n"
+    "ctx = ctypes.c_ulong(0)\n"
+    "print(call(165, b'none', b'/tmp', b'tmpfs', 0, None), call(272, 0x20000), "
+    "call(206, 8, ctypes.byref(ctx)))\n"
+)
+PROBED = "-1 -1 0\n"  # mount, unshare: EPERM; io_setup: granted
+LIVE_PROBE = (
+    'nohup python3 -c "\nimport os, time\n'
+    "while True:\n"
+    "  if os.path.exists('/tmp/probe'):\n"
+    "    os.remove('/tmp/probe')\n"
+    "    exec(open('/tmp/probe.py').read().replace('print(', 'res = ('))\n"
+    "    open('/tmp/probed', 'w').write(' '.join(map(str, res)) + chr(10))\n"
+    '  time.sleep(0.05)\n" >/dev/null 2>&1 &'
+)
+
+
+async def _probe(sbx: corral.AsyncSandbox) -> tuple[str, str]:
+    """(what a new process sees, what the process running since before sees)."""
+    fresh = await sbx.commands.run("python3 /tmp/probe.py")
+    await sbx.commands.run("rm -f /tmp/probed; touch /tmp/probe; sleep 0.5")
+    return fresh.stdout, await sbx.files.read_text("/tmp/probed")
+
+
+async def test_the_guard_still_answers_and_counts_after_a_restore(node: Node) -> None:
+    """CRIU gives tasks back their filters but not the listener: without
+    corral-relisten every notified call would be ENOSYS and uncounted."""
+    async with node.client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="128MiB")
+        copies: list[corral.AsyncSandbox] = []
+        try:
+            await src.files.write("/tmp/probe.py", PROBE)
+            await src.commands.run(LIVE_PROBE)
+            await asyncio.sleep(0.3)
+            assert await _probe(src) == (PROBED, PROBED)
+            before = (await src.audit()).syscalls
+            await src.suspend("disk")
+            assert await _probe(src) == (PROBED, PROBED)  # resumed by the request
+            after = (await src.audit()).syscalls
+            for name in ("mount", "unshare"):
+                assert after.get(name, 0) == before.get(name, 0) + 2, (name, before, after)
+            await src.suspend("disk")  # again: the filter stacked last time is restored too
+            assert await _probe(src) == (PROBED, PROBED)
+            copies = await c.sandboxes.fork(src, 2)
+            for x in copies:
+                assert await _probe(x) == (PROBED, PROBED)
+                assert (await x.audit()).syscalls.get("mount") == 2
+        finally:
+            await asyncio.gather(*(x.close() for x in [*copies, src]), return_exceptions=True)
+
+
+@pytest.mark.parametrize("args", [
+    [],                                                  # nothing
+    ["--socket", "/nonexistent"],                        # no id, no tasks
+    ["--socket", "/x", "--id", "a\"b", "/dev/null"],     # an id that would break the metadata
+    ["--socket", "/x", "--id", "a" * 49, "/dev/null"],   # longer than a sandbox id
+    ["--socket", "/x", "--id", "ok"],                    # no tasks file
+])  # fmt: skip
+def test_relisten_refuses_bad_arguments(args: list[str]) -> None:
+    helper = Path(__file__).parents[2] / "build" / "platform" / "bin" / "corral-relisten"
+    done = subprocess.run([str(helper), *args], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 2 and "usage: corral-relisten" in done.stderr

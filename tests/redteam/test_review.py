@@ -397,3 +397,49 @@ async def test_saves_and_restores_reach_only_the_operators_stores(
         assert len([s for s in await rt_client.sandboxes.list() if s.info.kind == "microvm"]) == 1
     finally:
         await vm.close()
+
+
+# Threads that watch their own fd table for a seccomp listener, to answer
+# their own refused calls with CONTINUE: a restore gives each task a new
+# listener, which lands in the task's fd table before the node takes it.
+LISTENER_HUNT = r"""
+import os, threading, time
+def hunt():
+    while True:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if "seccomp" in os.readlink(f"/proc/self/fd/{fd}"):
+                    os.dup(int(fd))
+                    open("/tmp/caught", "a").write(fd + "\n")
+            except OSError:
+                pass
+for _ in range(3):
+    threading.Thread(target=hunt, daemon=True).start()
+open("/tmp/hunting", "w").write("yes")
+while True:
+    time.sleep(1)
+"""
+
+
+UNSHARE = "import ctypes; c = ctypes.CDLL(None, use_errno=True); print(c.unshare(0x20000), ctypes.get_errno())"
+
+
+async def test_a_restored_sandbox_never_sees_its_new_seccomp_listener(
+    rt_client: corral.AsyncClient,
+) -> None:
+    sbx = await rt_client.sandboxes.create(image=IMAGE, memory="128MiB")
+    try:
+        await sbx.files.write("/tmp/hunt.py", LISTENER_HUNT)
+        await sbx.commands.run("nohup python3 /tmp/hunt.py >/dev/null 2>&1 &")
+        for _ in range(50):
+            if await sbx.files.exists("/tmp/hunting"):
+                break
+            await asyncio.sleep(0.1)
+        for _ in range(3):  # each restore hands out a listener per task
+            await sbx.suspend("disk")
+            r = await sbx.commands.run(f"cat /tmp/caught 2>/dev/null; python3 -c '{UNSHARE}'")
+            assert r.stdout == "-1 1\n", r.stdout  # refused by the guard (EPERM), none caught
+        assert not await sbx.files.exists("/tmp/caught")
+        assert (await sbx.audit()).syscalls.get("unshare", 0) >= 3
+    finally:
+        await sbx.close()

@@ -114,6 +114,15 @@ class Cgroups:
         except (OSError, ValueError, IndexError):
             return None
 
+    def thread_files(self, sandbox_id: str) -> list[Path]:
+        """The files listing every thread of the sandbox (host tids): of
+        its cgroup and of each below it."""
+        base = self._controller("pids")
+        if base is None:
+            return []
+        name = "cgroup.threads" if self.mode is Mode.V2 else "tasks"
+        return [Path(d) / name for d, _dirs, _files in os.walk(base / self.parent / sandbox_id)]
+
     def set_memory(self, sandbox_id: str, limit: int) -> None:
         """Change a running sandbox's memory limit (swap stays off).
 

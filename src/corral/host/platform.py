@@ -50,13 +50,14 @@ class Platform:
     layer_dir: Path  # bind-mounted read-only at /.corral
     nsexec: Path  # host-side helper that runs crun in a private mount namespace
     seccompd: Path  # host-side daemon answering and counting refused syscalls
+    relisten: Path  # host-side helper: a restored sandbox's seccomp listeners back
 
 
 def install(src_bin: Path, dest_root: Path) -> Platform:
     """Copy the helpers into a content-addressed platform layer (idempotent)."""
     init, nsexec = src_bin / "corral-init", src_bin / "corral-nsexec"
-    seccompd = src_bin / "corral-seccompd"
-    for helper in (init, nsexec, seccompd):
+    seccompd, relisten = src_bin / "corral-seccompd", src_bin / "corral-relisten"
+    for helper in (init, nsexec, seccompd, relisten):
         if not helper.is_file():
             raise Unavailable(
                 f"{helper} is missing: build the platform helpers with `make -C native` "
@@ -90,4 +91,4 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
             os.rename(tmp, dest)
         except OSError:  # another process installed the same version first
             shutil.rmtree(tmp, ignore_errors=True)
-    return Platform(layer_dir=dest, nsexec=nsexec, seccompd=seccompd)
+    return Platform(layer_dir=dest, nsexec=nsexec, seccompd=seccompd, relisten=relisten)

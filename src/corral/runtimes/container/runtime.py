@@ -25,6 +25,7 @@ from corral.host.procs import process_start_time
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
 from corral.runtimes.container import bundle, criu
 from corral.runtimes.container.oci import OciRuntime, Overlay
+from corral.runtimes.container.relisten import relisten
 
 
 class ContainerRuntime:
@@ -302,7 +303,13 @@ class ContainerRuntime:
             raise SandboxFailed(f"sandbox {spec.id}: its restored init exited", sandbox=spec.id)
         if prep.host_id is not None and self.ns_limits:
             await self._limit_namespace(spec.id, pid)
+        await self._relisten(spec.id)
         return Started(pid=pid, pid_start=started)
+
+    async def _relisten(self, sandbox_id: str) -> None:
+        if self.seccomp_listener is not None:
+            await relisten(self.platform.relisten, self.seccomp_listener, sandbox_id,
+                           self.cgroups.thread_files(sandbox_id))  # fmt: skip
 
     async def _restore(self, sandbox_id: str) -> Started:
         d = self._sdir(sandbox_id)
@@ -316,6 +323,7 @@ class ContainerRuntime:
             )
         if layout.host_id is not None and self.ns_limits:
             await self._limit_namespace(sandbox_id, pid)  # restore resets them
+        await self._relisten(sandbox_id)
         shutil.rmtree(d / "checkpoint", ignore_errors=True)
         return Started(pid=pid, pid_start=started)
 
