@@ -715,16 +715,26 @@ static int open_file(const char *path, int oflags, mode_t mode, uint32_t flags) 
     return (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
 }
 
-static int send_entry(int conn, const char *name, const struct stat *st) {
+/* RSP_ENTRY2: the entry with its owner and, for a link, its target (read
+ * relative to dirfd, the directory the entry is in, or AT_FDCWD). */
+static int send_entry(int conn, int dirfd, const char *name, const struct stat *st) {
     size_t nl = strlen(name);
-    unsigned char *b = malloc(1 + 4 + 8 + 8 + nl);
+    char target[PATH_MAX];
+    ssize_t tl = S_ISLNK(st->st_mode) ? readlinkat(dirfd, name, target, sizeof target - 1) : 0;
+    if (tl < 0) tl = 0;
+    unsigned char *b = malloc(21 + 12 + nl + (size_t)tl);
+    if (!b) return send_error(conn, ENOMEM, "out of memory");
     uint8_t t = S_ISREG(st->st_mode) ? 'f' : S_ISDIR(st->st_mode) ? 'd' : S_ISLNK(st->st_mode) ? 'l' : 'o';
     b[0] = t;
     put_u32(b + 1, (uint32_t)st->st_mode);
     put_u64(b + 5, (uint64_t)st->st_size);
     put_u64(b + 13, (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec);
-    memcpy(b + 21, name, nl);
-    int r = send_frame(conn, RSP_ENTRY, b, (uint32_t)(21 + nl));
+    put_u32(b + 21, (uint32_t)st->st_uid);
+    put_u32(b + 25, (uint32_t)st->st_gid);
+    put_u32(b + 29, (uint32_t)nl);
+    memcpy(b + 33, name, nl);
+    memcpy(b + 33 + nl, target, (size_t)tl);
+    int r = send_frame(conn, RSP_ENTRY2, b, (uint32_t)(33 + nl + (size_t)tl));
     free(b);
     return r;
 }
@@ -845,7 +855,7 @@ static int handle_list(int conn, const char *path) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         struct stat st;
         if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
-        if (send_entry(conn, e->d_name, &st) < 0) break;
+        if (send_entry(conn, dfd, e->d_name, &st) < 0) break;
         count++;
     }
     closedir(d);
@@ -1131,7 +1141,7 @@ static void serve_connection(int conn) {
         if (lstat(path, &st) < 0)
             send_error(conn, errno, "%s: %s", path, strerror(errno));
         else
-            send_entry(conn, path, &st);
+            send_entry(conn, AT_FDCWD, path, &st);
         break;
     }
     case REQ_MKDIR: {

@@ -54,7 +54,8 @@ enum {
     RSP_DATA = 0x86,
     RSP_OK = 0x87,
     RSP_ERROR = 0x88,     /* i32 errno, u32 stage (ERR_*), then a message */
-    RSP_ENTRY = 0x89,     /* u8 type, u32 mode, u64 size, i64 mtime_ns, name */
+    RSP_ENTRY = 0x89,     /* u8 type, u32 mode, u64 size, i64 mtime_ns, name (older inits) */
+    RSP_ENTRY2 = 0x8A,    /* as RSP_ENTRY, then u32 uid, u32 gid, u32 name length, name, link target */
 };
 
 /* On a VM's serial channel only (stream id != 0): either side ends its

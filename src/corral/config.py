@@ -121,6 +121,12 @@ class NodeConfig:
     # s3://bucket/prefix. A store's bearer key goes to that store only.
     stores: dict[str, str] = field(default_factory=dict)
     store_keys: dict[str, str] = field(default_factory=dict)
+    # E2B templates (api/compat/e2b): a template id to what a sandbox of it
+    # starts from, "IMAGE [workspace=REF] [toolkit=REF,REF]". A template id
+    # that is not here but names an image of the store is that image.
+    e2b_templates: dict[str, str] = field(
+        default_factory=lambda: {"base": "debian-python:bookworm workspace=e2b-user:bookworm"}
+    )
     # Sandbox networking (only for sandboxes given a policy).
     network_pool: str = "10.200.0.0/16"
     dns_port: int = 10053
@@ -194,7 +200,14 @@ class NodeConfig:
                 "fncall_max_memory",
             ):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
-            elif f.name in ("ecosystems", "dns_hosts", "network_deny", "stores", "store_keys"):
+            elif f.name in (
+                "ecosystems",
+                "dns_hosts",
+                "network_deny",
+                "stores",
+                "store_keys",
+                "e2b_templates",
+            ):
                 values[f.name] = json.loads(raw)
             elif f.name in (
                 "max_sandboxes",

@@ -112,7 +112,7 @@ async def serve(
     agent = NodeAgent(config, reap_children=True)
     await agent.start()
     warming = asyncio.create_task(_warm(agent)) if config.fncall_warm else None
-    app = create_app(agent, api_key=key)
+    app = create_app(agent, api_key=key, e2b_templates=config.e2b_templates)
     # The node's layer store, readable by other nodes (image pull, lazy loading).
     create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs")
     beat = None

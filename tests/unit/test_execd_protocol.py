@@ -14,7 +14,8 @@ PROTO_H = Path(__file__).resolve().parents[2] / "native" / "proto.h"
 def _c_constants() -> dict[str, int]:
     text = PROTO_H.read_text()
     found = {
-        m[0]: int(m[1], 0) for m in re.findall(r"\b([A-Z_]+)\s*=\s*(0x[0-9a-fA-F]+|\d+)", text)
+        m[0]: int(m[1], 0)
+        for m in re.findall(r"\b([A-Z_][A-Z0-9_]*)\s*=\s*(0x[0-9a-fA-F]+|\d+)", text)
     }
     found.update(
         {

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral import metrics
 from corral.api.compat import sandboxfusion
+from corral.api.compat.e2b import add_e2b
 from corral.api.endpoints import add_routes
 from corral.api.service import SandboxService
 from corral.api.serving import Svc
@@ -46,6 +47,8 @@ def create_app(
     api_key: str | None = None,
     *,
     for_token: Callable[[str], Awaitable[SandboxService]] | None = None,
+    for_sandbox: Callable[[str], Awaitable[SandboxService]] | None = None,
+    e2b_templates: dict[str, str] | None = None,
 ) -> FastAPI:
     """The API over `service`, behind `api_key` if given; or, for a gateway,
     over whatever `for_token(key)` returns for the caller's key (its
@@ -86,7 +89,8 @@ def create_app(
 
     async def resolve(request: Request) -> SandboxService:
         header = request.headers.get("authorization", "")
-        given = header.removeprefix("Bearer ").strip()
+        # E2B's SDK sends its key as X-API-KEY (api/compat/e2b).
+        given = header.removeprefix("Bearer ").strip() or request.headers.get("x-api-key", "")
         if for_token is not None:
             return await for_token(given)
         if api_key is not None and not hmac.compare_digest(given.encode(), api_key.encode()):
@@ -108,6 +112,16 @@ def create_app(
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     add_routes(app)
+
+    async def sandbox_service(sandbox_id: str) -> SandboxService:
+        # envd calls carry a sandbox's token, not a key: the service that
+        # holds the sandbox (a gateway finds its project's view).
+        if for_sandbox is not None:
+            return await for_sandbox(sandbox_id)
+        assert service is not None
+        return service
+
+    app.state.e2b = add_e2b(app, resolve, sandbox_service, e2b_templates or {})
 
     @app.post("/run_code")
     @app.post("/v1/run_code")

@@ -68,6 +68,18 @@ def add_routes(app: FastAPI) -> None:
         await svc.kill(sandbox_id, pid, signal)
         return Response(status_code=204)
 
+    @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/stdin", status_code=204)
+    async def send_stdin(
+        svc: Svc,
+        request: Request,
+        sandbox_id: str,
+        pid: int,
+        eof: bool = False,
+    ) -> Response:
+        data = await read_body(request, 16777216)
+        await svc.send_stdin(sandbox_id, pid, data, eof)
+        return Response(status_code=204)
+
     @app.get("/v1/sandboxes/{sandbox_id}/files", status_code=200)
     async def read_file(
         svc: Svc,
@@ -149,6 +161,10 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/sandboxes/{sandbox_id}/resume", status_code=200)
     async def resume(svc: Svc, sandbox_id: str) -> SandboxInfo:
         return await svc.resume(sandbox_id)
+
+    @app.put("/v1/sandboxes/{sandbox_id}/ttl", status_code=200)
+    async def set_ttl(svc: Svc, sandbox_id: str, ttl: int) -> SandboxInfo:
+        return await svc.set_ttl(sandbox_id, ttl)
 
     @app.put("/v1/sandboxes/{sandbox_id}/network", status_code=200)
     async def update_network(svc: Svc, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:

@@ -67,6 +67,14 @@ class HttpService(HttpTransport):
             params=[("signal", signal)],
         )
 
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False) -> None:
+        await self._send(
+            "POST",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/commands/{pid}/stdin",
+            params=[("eof", eof)],
+            raw_body=data,
+        )
+
     async def read_file(
         self,
         sandbox_id: str,
@@ -182,6 +190,14 @@ class HttpService(HttpTransport):
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._send("POST", f"/v1/sandboxes/{ids.segment(sandbox_id)}/resume")
+        return SandboxInfo.model_validate_json(resp.content)
+
+    async def set_ttl(self, sandbox_id: str, ttl: int) -> SandboxInfo:
+        resp = await self._send(
+            "PUT",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/ttl",
+            params=[("ttl", ttl)],
+        )
         return SandboxInfo.model_validate_json(resp.content)
 
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:

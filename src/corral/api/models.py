@@ -334,3 +334,6 @@ class FileEntry(BaseModel):
     size: int
     mode: int
     mtime: float
+    uid: int | None = None  # the owner, as the sandbox numbers it
+    gid: int | None = None
+    target: str | None = None  # where a symbolic link points

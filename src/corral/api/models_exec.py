@@ -29,6 +29,9 @@ class ExecRequest(StrictModel):
     stdout_limit: int = 1 * MiB
     stderr_limit: int = 1 * MiB
     background: bool = False
+    # Keep the command's stdin open after `stdin` (if any): more comes with
+    # send_stdin(), and EOF with send_stdin(eof=True).
+    stdin_open: bool = False
     # At most once per key in a sandbox: the same key again returns the
     # first run's output (node/keyed.py); a rollout's step.
     key: str | None = None

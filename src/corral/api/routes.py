@@ -149,6 +149,15 @@ ROUTES: tuple[Route, ...] = (
         forward=True,
     ),
     Route(
+        "send_stdin",
+        "POST",
+        f"{_SBX}/commands/{{pid}}/stdin",
+        NoContent(),
+        {"data": Raw(limit=16 << 20), "eof": _Q},
+        status=204,
+        forward=True,
+    ),
+    Route(
         "read_file",
         "GET",
         f"{_SBX}/files",
@@ -207,6 +216,7 @@ ROUTES: tuple[Route, ...] = (
     Route("audit", "GET", f"{_SBX}/audit", Json(), forward=True),
     Route("suspend", "POST", f"{_SBX}/suspend", Json(), {"mode": _Q, "key": _Q}, forward=True),
     Route("resume", "POST", f"{_SBX}/resume", Json(), forward=True),
+    Route("set_ttl", "PUT", f"{_SBX}/ttl", Json(), {"ttl": _Q}, forward=True),
     Route("update_network", "PUT", f"{_SBX}/network", Json(), {"policy": Body()}, forward=True),
     Route("fork", "POST", f"{_SBX}/fork", Json(), {"req": Body(exclude_none=True)}),
     Route("save", "POST", f"{_SBX}/save", Json(), {"req": Body()}, forward=True),

@@ -53,6 +53,11 @@ class SandboxService(Protocol):
 
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None: ...
 
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False) -> None:
+        """More input for a running command started with stdin_open; with
+        `eof`, its stdin is closed after it."""
+        ...
+
     async def read_file(
         self, sandbox_id: str, path: str, user: str = "", follow_symlinks: bool = True
     ) -> bytes: ...
@@ -90,6 +95,11 @@ class SandboxService(Protocol):
     async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo: ...
 
     async def resume(self, sandbox_id: str) -> SandboxInfo: ...
+
+    async def set_ttl(self, sandbox_id: str, ttl: int) -> SandboxInfo:
+        """Close the sandbox `ttl` seconds from now (instead of when its
+        create said)."""
+        ...
 
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo: ...
 

@@ -43,6 +43,9 @@ class Forwarding(ABC):
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None:
         await self._forward(sandbox_id, lambda node: node.kill(sandbox_id, pid, signal))
 
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False) -> None:
+        await self._forward(sandbox_id, lambda node: node.send_stdin(sandbox_id, pid, data, eof))
+
     async def read_file(
         self,
         sandbox_id: str,
@@ -112,6 +115,9 @@ class Forwarding(ABC):
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         return await self._forward(sandbox_id, lambda node: node.resume(sandbox_id))
+
+    async def set_ttl(self, sandbox_id: str, ttl: int) -> SandboxInfo:
+        return await self._forward(sandbox_id, lambda node: node.set_ttl(sandbox_id, ttl))
 
     async def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> SandboxInfo:
         return await self._forward(sandbox_id, lambda node: node.update_network(sandbox_id, policy))

@@ -182,7 +182,7 @@ class ExecdClient:
         async for f in self._until_ok(request, path):
             if len(entries) >= MAX_ENTRIES:
                 raise reply_refused(path, f"more than {MAX_ENTRIES} directory entries")
-            entries.append(p.parse_entry(f.payload))
+            entries.append(p.parse_entry(f.payload, f.kind))
         return entries
 
     async def stat(self, user: str, path: str) -> p.Entry:
@@ -192,7 +192,7 @@ class ExecdClient:
             f = await conn.recv()
             if f.kind == p.RSP_ERROR:
                 raise_remote(p.parse_error(f.payload), path)
-            return p.parse_entry(f.payload)
+            return p.parse_entry(f.payload, f.kind)
         finally:
             conn.close()
 
@@ -266,8 +266,10 @@ class ExecdClient:
         stdout_cap: int,
         stderr_cap: int,
         stdin: bytes | None,
+        stdin_open: bool = False,
     ) -> ExecSession:
-        """Start a command; the session yields its output and exit."""
+        """Start a command; the session yields its output and exit. With
+        `stdin_open` its stdin stays open for ExecSession.send_stdin."""
         conn = await self.connect()
         try:
             await conn.send(
@@ -279,15 +281,16 @@ class ExecdClient:
                     timeout_ms=int(timeout * 1000) if timeout else 0,
                     stdout_cap=stdout_cap,
                     stderr_cap=stderr_cap,
-                    stdin_stream=stdin is not None,
+                    stdin_stream=stdin is not None or stdin_open,
                 )
             )
-            if stdin is not None:
-                view = memoryview(stdin)
+            if stdin is not None or stdin_open:
+                view = memoryview(stdin or b"")
                 try:
                     for off in range(0, len(view), CHUNK):
                         conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
-                    conn.writer.write(p.frame(p.REQ_STDIN_EOF))
+                    if not stdin_open:
+                        conn.writer.write(p.frame(p.REQ_STDIN_EOF))
                     await conn.writer.drain()
                 except (ConnectionResetError, BrokenPipeError):
                     # The command exited without reading all its input (tar
@@ -329,6 +332,15 @@ class ExecSession:
 
     async def signal(self, signo: int) -> None:
         await self.conn.send(p.frame(p.REQ_SIGNAL, p.u32(signo)))
+
+    async def send_stdin(self, data: bytes, eof: bool = False) -> None:
+        """More input for a command started with stdin_open (then EOF)."""
+        view = memoryview(data)
+        for off in range(0, len(view), CHUNK):
+            self.conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
+        if eof:
+            self.conn.writer.write(p.frame(p.REQ_STDIN_EOF))
+        await self.conn.writer.drain()
 
     def close(self) -> None:
         self.conn.close()

@@ -41,6 +41,7 @@ RSP_DATA = 0x86
 RSP_OK = 0x87
 RSP_ERROR = 0x88
 RSP_ENTRY = 0x89
+RSP_ENTRY2 = 0x8A
 
 # A VM's serial channel only (stream id != 0): one side ends its direction.
 FRAME_CLOSE = 0x7F
@@ -148,9 +149,21 @@ class Entry:
     size: int
     mtime_ns: int
     name: str
+    uid: int | None = None  # None: an init older than RSP_ENTRY2
+    gid: int | None = None
+    target: str | None = None  # a symbolic link's
 
 
-def parse_entry(payload: bytes) -> Entry:
+ENTRY2_TAIL = struct.Struct("<III")
+
+
+def parse_entry(payload: bytes, kind_of_frame: int = RSP_ENTRY) -> Entry:
     kind, mode, size, mtime = ENTRY_HEAD.unpack_from(payload)
-    name = payload[ENTRY_HEAD.size :].decode(errors="surrogateescape")
-    return Entry(chr(kind), mode, size, mtime, name)
+    if kind_of_frame != RSP_ENTRY2:
+        name = payload[ENTRY_HEAD.size :].decode(errors="surrogateescape")
+        return Entry(chr(kind), mode, size, mtime, name)
+    uid, gid, nl = ENTRY2_TAIL.unpack_from(payload, ENTRY_HEAD.size)
+    start = ENTRY_HEAD.size + ENTRY2_TAIL.size
+    name = payload[start : start + nl].decode(errors="surrogateescape")
+    target = payload[start + nl :].decode(errors="surrogateescape") if chr(kind) == "l" else None
+    return Entry(chr(kind), mode, size, mtime, name, uid, gid, target)

@@ -177,6 +177,9 @@ class NodeAgent:
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         return await self.parts.snapshots.resume(sandbox_id)
 
+    async def set_ttl(self, sandbox_id: str, ttl: int) -> SandboxInfo:
+        return await self.parts.lifecycle.set_ttl(sandbox_id, ttl)
+
     async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:
         return await self.parts.snapshots.fork(sandbox_id, req)
 
@@ -212,6 +215,10 @@ class NodeAgent:
     async def kill(self, sandbox_id: str, pid: int, signal: int = signals.SIGKILL) -> None:
         p = self.parts
         await p.sessions.kill(await p.snapshots.awake(sandbox_id), pid, signal)
+
+    async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False) -> None:
+        p = self.parts
+        await p.sessions.send_stdin(p.records.running(sandbox_id), pid, data, eof)
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         return await self.parts.fncall.run(req)

@@ -38,6 +38,9 @@ def _entry(e: proto.Entry, path: str) -> FileEntry:
         size=e.size,
         mode=e.mode & 0o7777,
         mtime=e.mtime_ns / 1e9,
+        uid=e.uid,
+        gid=e.gid,
+        target=e.target,
     )
 
 

@@ -11,6 +11,7 @@ recovery.py). The states and the changes between them are node/states.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -51,6 +52,8 @@ from corral.runtimes.base import (
     RuntimeSpec,
     diagnose,
 )
+
+MAX_TTL = 30 * 86400  # as CreateSandbox allows
 
 log = get_logger("corral.node")
 
@@ -322,6 +325,21 @@ class Lifecycle:
             sandbox_id, froms, final_state, closed_at=time.time(), error=error
         ):
             log.warning("sandbox.release_raced", sandbox=sandbox_id, state=final_state)
+
+    async def set_ttl(self, sandbox_id: str, ttl: int) -> SandboxInfo:
+        """The sandbox closes `ttl` seconds from now (the housekeeping tick
+        retires it then), running or suspended."""
+        if not 0 < ttl <= MAX_TTL:
+            raise InvalidArgument(
+                "ttl", "must be a number of seconds above 0 and at most 30 days", ttl
+            )
+        rec = self.records.get(sandbox_id)
+        self.records.not_a_worker(rec)
+        if rec.state not in ("running", "suspended", "suspending", "resuming"):
+            raise SandboxClosed(f"sandbox {sandbox_id} is {rec.state}", sandbox=sandbox_id)
+        spec = {**rec.spec, "ttl": float(ttl)}
+        self.store.update(sandbox_id, expires_at=time.time() + ttl, spec=json.dumps(spec))
+        return self.records.info(self.records.get(sandbox_id))
 
     async def close(self, sandbox_id: str, reason: str = "closed by caller") -> None:
         """Close a caller's sandbox (the node's own workers are not theirs)."""

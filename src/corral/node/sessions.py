@@ -81,6 +81,7 @@ class Sessions:
                 stdout_cap=req.stdout_limit,
                 stderr_cap=req.stderr_limit,
                 stdin=req.stdin,
+                stdin_open=req.stdin_open,
             )
         except Unavailable:
             raise self.records.gone(sandbox_id) from None
@@ -180,6 +181,21 @@ class Sessions:
         except FileError as exc:
             raise CommandNotFound(
                 f"no command with pid {pid} in sandbox {rec.id}", sandbox=rec.id, pid=pid
+            ) from exc
+
+    async def send_stdin(self, rec: SandboxRecord, pid: int, data: bytes, eof: bool) -> None:
+        """Input for a running command started with stdin_open."""
+        session = self._sessions.get((rec.id, pid))
+        if session is None:
+            raise CommandNotFound(
+                f"no command with pid {pid} in sandbox {rec.id} started here", sandbox=rec.id,
+                pid=pid,
+            )  # fmt: skip
+        try:
+            await session.send_stdin(data, eof)
+        except (ConnectionError, OSError) as exc:
+            raise CommandNotFound(
+                f"command {pid} in sandbox {rec.id} has ended", sandbox=rec.id, pid=pid
             ) from exc
 
     async def run_platform(

@@ -79,6 +79,12 @@ class AsyncSandbox:
         self.info = await self._service.resume(self.id)
         return self.info
 
+    async def set_ttl(self, seconds: int) -> SandboxInfo:
+        """Close the sandbox `seconds` from now, however long its create
+        gave it (E2B's set_timeout)."""
+        self.info = await self._service.set_ttl(self.id, seconds)
+        return self.info
+
     async def close(self) -> None:
         """Stop the sandbox and release everything it holds (idempotent)."""
         await self._service.close(self.id)

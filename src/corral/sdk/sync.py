@@ -349,6 +349,11 @@ class Sandbox:
         the copy runs elsewhere."""
         return self._portal.call(self._inner.save, store)
 
+    def set_ttl(self, seconds: int) -> SandboxInfo:
+        """Close the sandbox `seconds` from now, however long its create gave it (E2B's
+        set_timeout)."""
+        return self._portal.call(self._inner.set_ttl, seconds)
+
     def suspend(self, mode: str | None = None, *, key: str | None = None) -> SandboxInfo:
         """Stop the sandbox, its processes kept; resume() or the next request brings it back where
         it was. `mode` is the depth: "freeze" stops its processes in place and gives its memory

@@ -1,0 +1,327 @@
+"""E2B's control API (api.e2b.dev's routes) over a SandboxService.
+
+A template id names what a sandbox starts from (NodeConfig.e2b_templates,
+or an image of the store by its own name); `timeout` is the sandbox's TTL
+from now; `metadata` and `envVars` are its labels and environment; `pause`
+suspends it, `connect` and `resume` bring it back. The E2B-only parts of a
+sandbox live in labels under `corral.e2b_`: the template id and the envd
+access token (api/compat/e2b/envd.py checks it), which metadata never shows.
+Errors are E2B's shape, `{"code": <HTTP status>, "message": ...}`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from corral.api.models import CreateSandbox, SandboxInfo
+from corral.api.service import SandboxService
+from corral.errors import (
+    Conflict,
+    CorralError,
+    ImageNotFound,
+    InvalidArgument,
+    NotFound,
+    SandboxClosed,
+)
+
+ENVD_VERSION = "0.5.7"  # what Corral's envd implements (envd.py says which gates)
+TEMPLATE = "corral.e2b_template"
+TOKEN = "corral.e2b_token"
+DEFAULT_TIMEOUT = 300  # the SDK's own default
+MAX_LIST = 1000
+
+Resolve = Callable[[Request], Awaitable[SandboxService]]
+
+
+class E2bError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    if isinstance(exc, E2bError):
+        status, message = exc.status, exc.message
+    elif isinstance(exc, CorralError):
+        status, message = exc.http_status, exc.message
+        if isinstance(exc, SandboxClosed):
+            status = 404  # E2B: a killed sandbox is not found
+    else:
+        status, message = 500, f"internal error: {type(exc).__name__}: {exc}"
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def _ts(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def metadata_of(info: SandboxInfo) -> dict[str, str]:
+    return {k: v for k, v in info.labels.items() if not k.startswith("corral.")}
+
+
+def _state(info: SandboxInfo) -> str:
+    return "paused" if info.state.value in ("suspended", "suspending") else "running"
+
+
+def detail(info: SandboxInfo, *, token: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "templateID": info.labels.get(TEMPLATE, info.image),
+        "sandboxID": info.id,
+        "clientID": info.node,
+        "startedAt": _ts(info.created_at),
+        "endAt": _ts(info.expires_at) or _ts(info.created_at + 30 * 86400),
+        "cpuCount": max(1, round(info.cpu)),
+        "memoryMB": info.memory >> 20,
+        "diskSizeMB": info.disk >> 20,
+        "state": _state(info),
+        "envdVersion": ENVD_VERSION,
+        "metadata": metadata_of(info),
+        "alias": info.labels.get(TEMPLATE),
+    }
+    if token:
+        out["envdAccessToken"] = info.labels.get(TOKEN)
+        out["domain"] = None
+    return out
+
+
+def created(info: SandboxInfo) -> dict[str, Any]:
+    """The body of a create, connect or resume: what the SDK connects with."""
+    return {
+        "templateID": info.labels.get(TEMPLATE, info.image),
+        "sandboxID": info.id,
+        "clientID": info.node,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": info.labels.get(TOKEN),
+        "trafficAccessToken": None,
+        "domain": None,
+        "alias": info.labels.get(TEMPLATE),
+    }
+
+
+def template_spec(templates: dict[str, str], template: str) -> dict[str, Any]:
+    """CreateSandbox fields for a template id: NodeConfig.e2b_templates'
+    "IMAGE [workspace=REF] [toolkit=REF,REF]", or the id as an image."""
+    spec = templates.get(template)
+    if spec is None:
+        return {"image": template}
+    image, *rest = spec.split()
+    out: dict[str, Any] = {"image": image}
+    for part in rest:
+        key, _, value = part.partition("=")
+        if key == "workspace":
+            out["workspace"] = value
+        elif key == "toolkit":
+            out["toolkit"] = [v for v in value.split(",") if v]
+    return out
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise E2bError(400, f"the request body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise E2bError(400, "the request body must be a JSON object")
+    return doc
+
+
+def _timeout(doc: dict[str, Any], default: int | None = DEFAULT_TIMEOUT) -> int | None:
+    t = doc.get("timeout", default)
+    if t is None:
+        return None
+    if not isinstance(t, int) or isinstance(t, bool) or not 0 < t <= 30 * 86400:
+        raise E2bError(400, f"timeout must be whole seconds above 0, at most 30 days: {t!r}")
+    return t
+
+
+def _strings(doc: dict[str, Any], field: str) -> dict[str, str]:
+    v = doc.get(field) or {}
+    if not isinstance(v, dict) or not all(
+        isinstance(k, str) and isinstance(x, str) for k, x in v.items()
+    ):
+        raise E2bError(400, f"{field} must be an object of strings")
+    return v
+
+
+def router(resolve: Resolve, templates: dict[str, str]) -> APIRouter:
+    r = APIRouter()
+
+    def guarded(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """An endpoint whose errors are E2B's shape (FastAPI reads the
+        signature through functools.wraps: request, then path parameters)."""
+
+        @functools.wraps(fn)
+        async def call(request: Request, **kw: Any) -> Any:
+            try:
+                return await fn(request, **kw)
+            except Exception as exc:
+                return error_response(exc)
+
+        return call
+
+    async def _get(svc: SandboxService, sandbox_id: str) -> SandboxInfo:
+        info = await svc.get(sandbox_id)
+        if info.state.value in ("closed", "failed", "closing") or TOKEN not in info.labels:
+            # Not a live E2B sandbox of this caller: E2B says not found.
+            raise E2bError(404, f"sandbox {sandbox_id!r} not found")
+        return info
+
+    @guarded
+    async def create(request: Request) -> Any:
+        svc = await resolve(request)
+        doc = await _body(request)
+        template = doc.get("templateID")
+        if not isinstance(template, str) or not template:
+            raise E2bError(400, "templateID is required")
+        metadata = _strings(doc, "metadata")
+        if any(k.startswith("corral.") for k in metadata):
+            raise E2bError(400, "metadata keys starting with 'corral.' are the platform's")
+        spec = template_spec(templates, template)
+        try:
+            req = CreateSandbox.model_validate({
+                **spec,
+                "ttl": _timeout(doc),
+                "idle_timeout": None,
+                "env": _strings(doc, "envVars"),
+                "labels": {**metadata, TEMPLATE: template, TOKEN: secrets.token_urlsafe(24)},
+            })  # fmt: skip
+        except ValueError as exc:
+            raise E2bError(400, f"bad sandbox request: {exc}") from None
+        try:
+            info = await svc.create(req)
+        except ImageNotFound:
+            raise E2bError(404, f"template '{template}' not found") from None
+        except InvalidArgument as exc:
+            raise E2bError(400, exc.message) from None
+        return JSONResponse(created(info), status_code=201)
+
+    @guarded
+    async def list_v2(request: Request) -> Any:
+        svc = await resolve(request)
+        q = request.query_params
+        wanted = {s for s in (q.get("state") or "running,paused").split(",") if s}
+        if not wanted <= {"running", "paused"}:
+            raise E2bError(400, f"state must be running and/or paused: {q.get('state')!r}")
+        try:
+            limit = int(q.get("limit") or 100)
+        except ValueError:
+            raise E2bError(400, f"limit must be a number: {q.get('limit')!r}") from None
+        if not 1 <= limit <= MAX_LIST:
+            raise E2bError(400, f"limit must be between 1 and {MAX_LIST}: {limit}")
+        labels = dict(parse_qsl(q.get("metadata") or "", keep_blank_values=True))
+        found = [
+            i for i in await svc.list(labels or None)
+            if TOKEN in i.labels and i.state.value not in ("closed", "failed", "closing")
+            and _state(i) in wanted
+        ]  # fmt: skip
+        found.sort(key=lambda i: (i.created_at, i.id))
+        after = _cursor(q.get("nextToken"))
+        if after is not None:
+            found = [i for i in found if (i.created_at, i.id) > after]
+        page, more = found[:limit], len(found) > limit
+        headers = {}
+        if more:
+            last = page[-1]
+            headers["x-next-token"] = base64.urlsafe_b64encode(
+                json.dumps([last.created_at, last.id]).encode()
+            ).decode()
+        return JSONResponse([detail(i) for i in page], headers=headers)
+
+    @guarded
+    async def get(request: Request, sandbox_id: str) -> Any:
+        svc = await resolve(request)
+        return detail(await _get(svc, sandbox_id), token=True)
+
+    @guarded
+    async def kill(request: Request, sandbox_id: str) -> Any:
+        svc = await resolve(request)
+        await _get(svc, sandbox_id)
+        await svc.close(sandbox_id)
+        return Response(status_code=204)
+
+    @guarded
+    async def set_timeout(request: Request, sandbox_id: str) -> Any:
+        svc = await resolve(request)
+        t = _timeout(await _body(request), None)
+        if t is None:
+            raise E2bError(400, "timeout is required")
+        await _get(svc, sandbox_id)
+        await svc.set_ttl(sandbox_id, t)
+        return Response(status_code=204)
+
+    @guarded
+    async def pause(request: Request, sandbox_id: str) -> Any:
+        svc = await resolve(request)
+        info = await _get(svc, sandbox_id)
+        if _state(info) == "paused":
+            raise E2bError(409, f"sandbox {sandbox_id!r} is already paused")
+        try:
+            await svc.suspend(sandbox_id)
+        except Conflict as exc:
+            raise E2bError(409, exc.message) from None
+        return Response(status_code=204)
+
+    async def _wake(svc: SandboxService, sandbox_id: str, doc: dict[str, Any]) -> SandboxInfo:
+        info = await _get(svc, sandbox_id)
+        if _state(info) == "paused":
+            info = await svc.resume(sandbox_id)
+        t = _timeout(doc, None)
+        left = None if info.expires_at is None else info.expires_at - time.time()
+        if t is not None and (left is None or t > left):
+            info = await svc.set_ttl(sandbox_id, t)  # connect extends, never shortens
+        return info
+
+    @guarded
+    async def connect(request: Request, sandbox_id: str) -> Any:
+        svc = await resolve(request)
+        return JSONResponse(created(await _wake(svc, sandbox_id, await _body(request))))
+
+    @guarded
+    async def resume(request: Request, sandbox_id: str) -> Any:
+        svc = await resolve(request)
+        info = await _get(svc, sandbox_id)
+        if _state(info) != "paused":
+            raise E2bError(409, f"sandbox {sandbox_id!r} is not paused")
+        woken = await _wake(svc, sandbox_id, await _body(request))
+        return JSONResponse(created(woken), status_code=201)
+
+    r.add_api_route("/sandboxes", create, methods=["POST"])
+    r.add_api_route("/v2/sandboxes", list_v2, methods=["GET"])
+    r.add_api_route("/sandboxes/{sandbox_id}", get, methods=["GET"])
+    r.add_api_route("/sandboxes/{sandbox_id}", kill, methods=["DELETE"])
+    r.add_api_route("/sandboxes/{sandbox_id}/timeout", set_timeout, methods=["POST"])
+    r.add_api_route("/sandboxes/{sandbox_id}/pause", pause, methods=["POST"])
+    r.add_api_route("/sandboxes/{sandbox_id}/connect", connect, methods=["POST"])
+    r.add_api_route("/sandboxes/{sandbox_id}/resume", resume, methods=["POST"])
+    return r
+
+
+def _cursor(token: str | None) -> tuple[float, str] | None:
+    if not token:
+        return None
+    try:
+        created_at, sandbox_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return float(created_at), str(sandbox_id)
+    except (ValueError, TypeError, binascii.Error):
+        raise E2bError(400, f"nextToken is not one this server gave: {token!r}") from None
+
+
+__all__ = ["ENVD_VERSION", "TOKEN", "E2bError", "NotFound", "error_response", "router"]

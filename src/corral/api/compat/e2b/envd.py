@@ -1,0 +1,283 @@
+"""E2B's in-sandbox API (envd), served by Corral for every sandbox behind
+one endpoint (point E2B_SANDBOX_URL at it).
+
+A request names its sandbox in `E2b-Sandbox-Id` and carries the envd
+access token the create returned (`X-Access-Token`); the token is the
+sandbox's own (a label only its project sees), so holding one sandbox's
+token reaches no other. `E2b-Sandbox-Port` 49983 is envd itself; other
+ports would be the sandbox's own servers, which this envd does not forward
+yet (502).
+
+envdVersion is 0.5.7 (control.py): the gates the SDK opens at that version
+are the ones implemented here: stdin that can be closed, octet-stream and
+gzip uploads. Not yet: file metadata (0.6.2), watch include_entry (0.6.3),
+PTYs.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from corral.api.compat.e2b import connect as c
+from corral.api.compat.e2b.control import TOKEN
+from corral.api.compat.e2b.filesystem import Filesystem, resolve
+from corral.api.compat.e2b.process import Processes, decode_input, signal_of
+from corral.api.service import SandboxService
+from corral.errors import CorralError, FileNotFound, InvalidArgument, NotFound, SandboxClosed
+
+ENVD_PORT = 49983
+DEFAULT_USER = "user"
+MAX_UPLOAD = 256 << 20
+
+ForSandbox = Callable[[str], Awaitable[SandboxService]]
+
+
+def _home(user: str) -> str:
+    return "/root" if user == "root" else f"/home/{user}"
+
+
+def _user(request: Request) -> str:
+    """The user a call runs as: Basic auth's name, or envd's default."""
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("basic "):
+        try:
+            name = base64.b64decode(header[6:].strip()).decode().split(":", 1)[0]
+        except (binascii.Error, UnicodeDecodeError):
+            raise c.ConnectError("invalid_argument", "Authorization: malformed Basic") from None
+        if name:
+            return name
+    return request.query_params.get("username") or DEFAULT_USER
+
+
+class Envd:
+    def __init__(self, for_sandbox: ForSandbox) -> None:
+        self.for_sandbox = for_sandbox
+        self.processes = Processes()
+        self.fs = Filesystem()
+
+    async def sandbox(self, request: Request) -> tuple[SandboxService, str]:
+        """The caller's sandbox, once its token checks out."""
+        sandbox_id = request.headers.get("e2b-sandbox-id", "")
+        if not sandbox_id:
+            raise c.ConnectError("invalid_argument", "E2b-Sandbox-Id header is required")
+        port = request.headers.get("e2b-sandbox-port", str(ENVD_PORT))
+        if port != str(ENVD_PORT):
+            raise c.ConnectError(
+                "unavailable", f"port {port} of a sandbox is not forwarded by Corral yet"
+            )
+        svc = await self.for_sandbox(sandbox_id)
+        try:
+            info = await svc.get(sandbox_id)
+        except (NotFound, InvalidArgument):
+            raise c.ConnectError("not_found", f"sandbox {sandbox_id} not found") from None
+        token = info.labels.get(TOKEN)
+        given = request.headers.get("x-access-token", "")
+        if token is None or not hmac.compare_digest(given.encode(), token.encode()):
+            raise c.ConnectError("unauthenticated", "X-Access-Token is not this sandbox's")
+        if info.state.value in ("closed", "failed", "closing"):
+            raise SandboxClosed(f"sandbox {sandbox_id} is {info.state.value}", sandbox=sandbox_id)
+        return svc, sandbox_id
+
+    def router(self) -> APIRouter:
+        r = APIRouter()
+        r.add_api_route("/health", self.health, methods=["GET"])
+        r.add_api_route("/files", self.download, methods=["GET"])
+        r.add_api_route("/files", self.upload, methods=["POST"])
+        r.add_api_route("/process.Process/{method}", self.process, methods=["POST"])
+        r.add_api_route("/filesystem.Filesystem/{method}", self.filesystem, methods=["POST"])
+        return r
+
+    # ------------------------------------------------------------ HTTP
+
+    async def health(self, request: Request) -> Response:
+        try:
+            svc, sid = await self.sandbox(request)
+            info = await svc.get(sid)
+        except Exception:
+            return Response(status_code=502)  # the SDK's is_running() reads 502 as gone
+        return Response(status_code=204 if info.state.value == "running" else 502)
+
+    @staticmethod
+    def _http_error(exc: Exception) -> JSONResponse:
+        err = c.from_corral(exc)
+        status = c.HTTP_STATUS.get(err.code, 500)
+        if isinstance(exc, SandboxClosed):
+            status = 502
+        return JSONResponse({"code": status, "message": err.message}, status_code=status)
+
+    async def download(self, request: Request) -> Response:
+        try:
+            svc, sid = await self.sandbox(request)
+            user = _user(request)
+            path = resolve(request.query_params.get("path"), _home(user))
+            data = await svc.read_file(sid, path, user)
+        except Exception as exc:
+            return self._http_error(exc)
+        if "gzip" in request.headers.get("accept-encoding", "") and len(data) > 256:
+            return Response(
+                gzip.compress(data, 1),
+                media_type="application/octet-stream",
+                headers={"Content-Encoding": "gzip"},
+            )
+        return Response(data, media_type="application/octet-stream")
+
+    async def upload(self, request: Request) -> Response:
+        try:
+            svc, sid = await self.sandbox(request)
+            user = _user(request)
+            home = _home(user)
+            files = await self._uploaded(request, home)
+            written = []
+            for path, data in files:
+                await svc.write_file(sid, path, data, user)
+                written.append({"name": path.rsplit("/", 1)[-1], "type": "file", "path": path})
+        except Exception as exc:
+            return self._http_error(exc)
+        return JSONResponse(written)
+
+    async def _uploaded(self, request: Request, home: str) -> list[tuple[str, bytes]]:
+        declared = request.headers.get("content-length")
+        if declared and int(declared) > MAX_UPLOAD:
+            raise c.ConnectError("resource_exhausted", f"uploads are at most {MAX_UPLOAD} bytes")
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        param = request.query_params.get("path")
+        if ctype == "multipart/form-data":
+            form = await request.form(max_part_size=MAX_UPLOAD)
+            out = []
+            for item in form.getlist("file"):
+                if isinstance(item, str):
+                    raise c.ConnectError("invalid_argument", "field 'file' must be a file part")
+                name = param if param and len(form.getlist("file")) == 1 else item.filename
+                out.append((resolve(name, home), await item.read()))
+            if not out:
+                raise c.ConnectError("invalid_argument", "multipart upload without a 'file' part")
+            return out
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_UPLOAD:
+                raise c.ConnectError(
+                    "resource_exhausted", f"uploads are at most {MAX_UPLOAD} bytes"
+                )
+        if request.headers.get("content-encoding", "").lower() == "gzip":
+            try:
+                body = gzip.decompress(body)
+            except (OSError, EOFError) as exc:
+                raise c.ConnectError("invalid_argument", f"body is not gzip: {exc}") from None
+        return [(resolve(param, home), body)]
+
+    # ------------------------------------------------------------ Connect RPC
+
+    async def process(self, request: Request, method: str) -> Response:
+        streaming = method in ("Start", "Connect")
+        try:
+            svc, sid = await self.sandbox(request)
+            msg = await c.read_request(request)
+            user = _user(request)
+            procs = self.processes
+            keepalive = _keepalive(request)
+            if method == "Start":
+                proc, queue = await procs.start(
+                    svc, sid, msg, user=user, home=_home(user), deadline=c.timeout_s(request)
+                )
+                return c.stream_response(procs.stream(proc, queue, keepalive))
+            if method == "Connect":
+                proc = procs.find(sid, msg.get("process") or {})
+                return c.stream_response(procs.stream(proc, procs.attach(proc), keepalive))
+            if method == "List":
+                return JSONResponse({"processes": procs.listed(sid)})
+            if method == "SendSignal":
+                proc = procs.find(sid, msg.get("process") or {})
+                await svc.kill(sid, proc.pid, signal_of(msg.get("signal")))
+                return JSONResponse({})
+            if method == "SendInput":
+                proc = procs.find(sid, msg.get("process") or {})
+                await svc.send_stdin(sid, proc.pid, decode_input(msg))
+                return JSONResponse({})
+            if method == "CloseStdin":
+                proc = procs.find(sid, msg.get("process") or {})
+                await svc.send_stdin(sid, proc.pid, b"", eof=True)
+                return JSONResponse({})
+            raise c.ConnectError("unimplemented", f"process.Process/{method} is not implemented")
+        except Exception as exc:
+            return c.stream_error(exc) if streaming else c.unary_error(exc)
+
+    async def filesystem(self, request: Request, method: str) -> Response:
+        streaming = method == "WatchDir"
+        try:
+            svc, sid = await self.sandbox(request)
+            msg = await c.read_request(request)
+            user = _user(request)
+            home = _home(user)
+            fs = self.fs
+            if method == "Stat":
+                return JSONResponse(
+                    {"entry": await fs.stat(svc, sid, resolve(msg.get("path"), home), user)}
+                )
+            if method == "ListDir":
+                depth = int(msg.get("depth") or 1)
+                path = resolve(msg.get("path"), home)
+                return JSONResponse({"entries": await fs.list_dir(svc, sid, path, depth, user)})
+            if method == "MakeDir":
+                entry = await fs.make_dir(svc, sid, resolve(msg.get("path"), home), user)
+                return JSONResponse({"entry": entry})
+            if method == "Move":
+                src, dst = resolve(msg.get("source"), home), resolve(msg.get("destination"), home)
+                return JSONResponse({"entry": await fs.move(svc, sid, src, dst, user)})
+            if method == "Remove":
+                path = resolve(msg.get("path"), home)
+                await svc.stat_file(sid, path, user)  # a missing path: not_found, as envd
+                await svc.remove_file(sid, path, user)
+                return JSONResponse({})
+            if method in ("CreateWatcher", "WatchDir"):
+                w = fs.create_watcher(svc, sid, resolve(msg.get("path"), home),
+                                      bool(msg.get("recursive")), user)  # fmt: skip
+                try:
+                    await w.start()
+                except BaseException:
+                    fs.watchers.pop(w.id, None)
+                    raise
+                if method == "CreateWatcher":
+                    return JSONResponse({"watcherId": w.id})
+
+                async def watched() -> Any:
+                    try:
+                        async for m in w.stream(_keepalive(request)):
+                            yield m
+                    finally:
+                        fs.watchers.pop(w.id, None)
+
+                return c.stream_response(watched())
+            if method == "GetWatcherEvents":
+                return JSONResponse({"events": await fs.watcher(msg.get("watcherId")).events()})
+            if method == "RemoveWatcher":
+                fs.remove_watcher(msg.get("watcherId"))
+                return JSONResponse({})
+            raise c.ConnectError(
+                "unimplemented", f"filesystem.Filesystem/{method} is not implemented"
+            )
+        except FileNotFound as exc:
+            err = c.ConnectError("not_found", exc.message)
+            return c.stream_error(err) if streaming else c.unary_error(err)
+        except (CorralError, c.ConnectError, ValueError) as exc:
+            return c.stream_error(exc) if streaming else c.unary_error(exc)
+
+
+def _keepalive(request: Request) -> float | None:
+    raw = request.headers.get("keepalive-ping-interval")
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+__all__ = ["Envd", "json"]

@@ -1,0 +1,195 @@
+"""envd's `process.Process` service over Corral commands.
+
+A started process is a Corral command whose events one task reads (a pump)
+and hands to every stream attached to it: the Start stream, and any
+Connect stream after it. The command outlives its streams, as envd's
+processes outlive their clients; it ends with its own exit, its timeout
+(the Start call's deadline), or a signal. The table of processes is this
+server's: List shows the commands started through it, and SendInput,
+CloseStdin and Connect reach those (a command's stdin is held by the node
+that runs it, whichever server asks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import signal as signals
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.api.compat.e2b.connect import ConnectError
+from corral.api.models import ExecExit, ExecOutput, ExecRequest, ExecStarted
+from corral.api.models_base import MiB
+from corral.api.service import SandboxService
+
+OUTPUT_LIMIT = 256 * MiB  # per stream: E2B has no cap, Corral's largest
+SIGNALS = {"SIGNAL_SIGKILL": signals.SIGKILL, "SIGNAL_SIGTERM": signals.SIGTERM}
+
+
+@dataclass
+class Proc:
+    sandbox: str
+    pid: int
+    config: dict[str, Any]
+    tag: str | None
+    subscribers: set[asyncio.Queue[dict[str, Any] | None]] = field(default_factory=set)
+    task: asyncio.Task[None] | None = None
+    done: bool = False
+
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"config": self.config, "pid": self.pid}
+        if self.tag is not None:
+            out["tag"] = self.tag
+        return out
+
+
+def _event(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {"event": {kind: body}}
+
+
+def _end(x: ExecExit) -> dict[str, Any]:
+    if x.signal:
+        name = signals.Signals(x.signal).name.removeprefix("SIG").lower()
+        body: dict[str, Any] = {"exitCode": -1, "exited": False, "status": f"signal: {name}"}
+        if name == "kill":
+            body["status"] = "signal: killed"
+    else:
+        body = {"exitCode": x.exit_code, "exited": True, "status": f"exit status {x.exit_code}"}
+    if x.timed_out:
+        body["error"] = "deadline exceeded"
+    return _event("end", body)
+
+
+class Processes:
+    def __init__(self) -> None:
+        self.table: dict[tuple[str, int], Proc] = {}
+
+    def find(self, sandbox_id: str, selector: dict[str, Any]) -> Proc:
+        pid, tag = selector.get("pid"), selector.get("tag")
+        for p in self.table.values():
+            if (
+                p.sandbox == sandbox_id
+                and not p.done
+                and ((pid is not None and p.pid == int(pid)) or (tag is not None and p.tag == tag))
+            ):
+                return p
+        raise ConnectError("not_found", f"process with {selector} not found")
+
+    async def start(
+        self,
+        svc: SandboxService,
+        sandbox_id: str,
+        msg: dict[str, Any],
+        *,
+        user: str,
+        home: str,
+        deadline: float | None,
+    ) -> tuple[Proc, asyncio.Queue[dict[str, Any] | None]]:
+        """Start the command; the process and a queue of its events for the
+        caller (the start event first)."""
+        if msg.get("pty"):
+            raise ConnectError("unimplemented", "PTYs are not supported by Corral's envd yet")
+        config = msg.get("process") or {}
+        cmd = config.get("cmd")
+        if not isinstance(cmd, str) or not cmd:
+            raise ConnectError("invalid_argument", "process.cmd is required")
+        args = config.get("args") or []
+        envs = config.get("envs") or {}
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ConnectError("invalid_argument", "process.args must be strings")
+        if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
+            raise ConnectError("invalid_argument", "process.envs must map strings to strings")
+        try:
+            req = ExecRequest(
+                cmd=[cmd, *args], env=envs, cwd=config.get("cwd") or home, user=user,
+                timeout=deadline, stdout_limit=OUTPUT_LIMIT, stderr_limit=OUTPUT_LIMIT,
+                stdin_open=bool(msg.get("stdin", False)),
+            )  # fmt: skip
+        except ValueError as exc:
+            raise ConnectError("invalid_argument", str(exc)) from None
+        events = aiter(svc.exec(sandbox_id, req))
+        first = await anext(events)
+        if not isinstance(first, ExecStarted):
+            raise ConnectError("internal", f"the command did not start: {first}")
+        shown = {"cmd": cmd, "args": args, "envs": envs}
+        if config.get("cwd"):
+            shown["cwd"] = config["cwd"]
+        proc = Proc(sandbox_id, first.pid, shown, msg.get("tag"))
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        proc.subscribers.add(queue)
+        queue.put_nowait(_event("start", {"pid": proc.pid}))
+        self.table[(sandbox_id, proc.pid)] = proc
+        proc.task = asyncio.create_task(self._pump(proc, events))
+        return proc, queue
+
+    async def _pump(self, proc: Proc, events: AsyncIterator[Any]) -> None:
+        def publish(m: dict[str, Any] | None) -> None:
+            for q in list(proc.subscribers):
+                q.put_nowait(m)
+
+        try:
+            async for ev in events:
+                if isinstance(ev, ExecOutput):
+                    data = base64.b64encode(ev.data).decode()
+                    publish(_event("data", {ev.type: data}))
+                elif isinstance(ev, ExecExit):
+                    publish(_end(ev))
+        except Exception as exc:  # the sandbox went away under it
+            publish(_event("end", {"exitCode": -1, "exited": False, "status": "error",
+                                   "error": str(exc)}))  # fmt: skip
+        finally:
+            proc.done = True
+            publish(None)
+            self.table.pop((proc.sandbox, proc.pid), None)
+
+    def attach(self, proc: Proc) -> asyncio.Queue[dict[str, Any] | None]:
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        queue.put_nowait(_event("start", {"pid": proc.pid}))
+        proc.subscribers.add(queue)
+        return queue
+
+    async def stream(
+        self, proc: Proc, queue: asyncio.Queue[dict[str, Any] | None], keepalive: float | None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events a stream shows, with keepalives when it is quiet."""
+        try:
+            while True:
+                try:
+                    m = await asyncio.wait_for(queue.get(), keepalive)
+                except TimeoutError:
+                    yield _event("keepalive", {})
+                    continue
+                if m is None:
+                    return
+                yield m
+        finally:
+            proc.subscribers.discard(queue)
+
+    def listed(self, sandbox_id: str) -> list[dict[str, Any]]:
+        return [p.info() for p in self.table.values() if p.sandbox == sandbox_id and not p.done]
+
+    async def close(self) -> None:
+        tasks = [p.task for p in self.table.values() if p.task is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+
+def signal_of(name: object) -> int:
+    if name not in SIGNALS:
+        raise ConnectError("invalid_argument", f"signal must be one of {sorted(SIGNALS)}: {name!r}")
+    return SIGNALS[str(name)]
+
+
+def decode_input(msg: dict[str, Any]) -> bytes:
+    data = msg.get("input") or {}
+    raw = data.get("stdin", data.get("pty", ""))
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (ValueError, TypeError):
+        raise ConnectError("invalid_argument", "input must be base64") from None
