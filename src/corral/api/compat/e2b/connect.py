@@ -63,6 +63,11 @@ class ConnectError(Exception):
         return {"code": self.code, "message": self.message}
 
 
+class Abort(Exception):
+    """Drop the stream's connection instead of ending it: what an envd
+    client sees when its sandbox is killed under it (no end event)."""
+
+
 def from_corral(exc: Exception) -> ConnectError:
     """The Connect code a Corral error is to an envd client."""
     if isinstance(exc, ConnectError):
@@ -163,6 +168,8 @@ def stream_response(messages: AsyncIterator[dict[str, Any]]) -> StreamingRespons
         try:
             async for m in messages:
                 yield envelope(m)
+        except Abort:
+            raise  # the server closes the connection mid-body
         except Exception as exc:
             yield end_stream(exc)
             return

@@ -18,7 +18,7 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -64,10 +64,17 @@ def error_response(exc: Exception) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
+def _moment(t: float) -> datetime:
+    """To the microsecond, truncated: a time given back (startedAfter) must
+    compare equal to the one it was read as."""
+    whole = int(t)
+    return datetime.fromtimestamp(whole, UTC) + timedelta(microseconds=int((t - whole) * 1e6))
+
+
 def _ts(t: float | None) -> str | None:
     if t is None:
         return None
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+    return _moment(t).isoformat().replace("+00:00", "Z")
 
 
 def metadata_of(info: SandboxInfo) -> dict[str, str]:
@@ -161,7 +168,9 @@ def _strings(doc: dict[str, Any], field: str) -> dict[str, str]:
     return v
 
 
-def router(resolve: Resolve, templates: dict[str, str]) -> APIRouter:
+def router(
+    resolve: Resolve, templates: dict[str, str], on_kill: Callable[[str], None]
+) -> APIRouter:
     r = APIRouter()
 
     def guarded(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -226,16 +235,25 @@ def router(resolve: Resolve, templates: dict[str, str]) -> APIRouter:
             raise E2bError(400, f"limit must be a number: {q.get('limit')!r}") from None
         if not 1 <= limit <= MAX_LIST:
             raise E2bError(400, f"limit must be between 1 and {MAX_LIST}: {limit}")
+        order = q.get("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise E2bError(400, f"order must be asc or desc: {order!r}")
+        since = _since(q.get("startedAfter"))
+        template = q.get("template")
         labels = dict(parse_qsl(q.get("metadata") or "", keep_blank_values=True))
         found = [
             i for i in await svc.list(labels or None)
             if TOKEN in i.labels and i.state.value not in ("closed", "failed", "closing")
             and _state(i) in wanted
+            and (since is None or _moment(i.created_at) >= since)
+            and (template is None or i.labels.get(TEMPLATE) == template)
         ]  # fmt: skip
-        found.sort(key=lambda i: (i.created_at, i.id))
+        desc = order == "desc"
+        found.sort(key=lambda i: (i.created_at, i.id), reverse=desc)
         after = _cursor(q.get("nextToken"))
         if after is not None:
-            found = [i for i in found if (i.created_at, i.id) > after]
+            found = [i for i in found if ((i.created_at, i.id) < after) == desc
+                     and (i.created_at, i.id) != after]  # fmt: skip
         page, more = found[:limit], len(found) > limit
         headers = {}
         if more:
@@ -254,6 +272,7 @@ def router(resolve: Resolve, templates: dict[str, str]) -> APIRouter:
     async def kill(request: Request, sandbox_id: str) -> Any:
         svc = await resolve(request)
         await _get(svc, sandbox_id)
+        on_kill(sandbox_id)  # its envd streams drop now, as E2B's do
         await svc.close(sandbox_id)
         return Response(status_code=204)
 
@@ -312,6 +331,16 @@ def router(resolve: Resolve, templates: dict[str, str]) -> APIRouter:
     r.add_api_route("/sandboxes/{sandbox_id}/connect", connect, methods=["POST"])
     r.add_api_route("/sandboxes/{sandbox_id}/resume", resume, methods=["POST"])
     return r
+
+
+def _since(raw: str | None) -> datetime | None:
+    if not raw:
+        return None
+    try:
+        t = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise E2bError(400, f"startedAfter must be an RFC 3339 time: {raw!r}") from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def _cursor(token: str | None) -> tuple[float, str] | None:

@@ -235,8 +235,10 @@ class Envd:
                 return JSONResponse({"entry": await fs.move(svc, sid, src, dst, user)})
             if method == "Remove":
                 path = resolve(msg.get("path"), home)
-                await svc.stat_file(sid, path, user)  # a missing path: not_found, as envd
-                await svc.remove_file(sid, path, user)
+                try:
+                    await svc.remove_file(sid, path, user)
+                except FileNotFound:
+                    pass  # envd: removing what is not there succeeds
                 return JSONResponse({})
             if method in ("CreateWatcher", "WatchDir"):
                 w = fs.create_watcher(svc, sid, resolve(msg.get("path"), home),

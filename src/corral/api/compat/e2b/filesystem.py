@@ -90,8 +90,8 @@ def entry_info(e: FileEntry, users: dict[int, str], groups: dict[int, str]) -> d
         "group": groups.get(e.gid, str(e.gid)) if e.gid is not None else "",
         "modifiedTime": _rfc3339(e.mtime),
     }
-    if e.target is not None:
-        out["symlinkTarget"] = e.target
+    if e.type == "dir" and e.size == 0:
+        out["size"] = "4096"  # btrfs and tmpfs say 0; envd's clients expect a block
     return out
 
 
@@ -102,7 +102,21 @@ class Filesystem:
 
     async def _entry(self, svc: SandboxService, sandbox_id: str, e: FileEntry) -> dict[str, Any]:
         users, groups = await self.names.of(svc, sandbox_id)
-        return entry_info(e, users, groups)
+        target = None
+        if e.type == "symlink":
+            # envd: a link shows its target's type and mode, and the target's
+            # absolute path; a broken one has no type.
+            try:
+                link = e.target or ""
+                target = posixpath.normpath(posixpath.join(posixpath.dirname(e.path), link))
+                t = await svc.stat_file(sandbox_id, target, "root")
+                e = e.model_copy(update={"type": t.type, "mode": t.mode})
+            except Exception:
+                e = e.model_copy(update={"type": "other"})
+        info = entry_info(e, users, groups)
+        if target is not None:
+            info["symlinkTarget"] = target
+        return info
 
     async def stat(self, svc: SandboxService, sid: str, path: str, user: str) -> dict[str, Any]:
         return await self._entry(svc, sid, await svc.stat_file(sid, path, user))
@@ -110,21 +124,21 @@ class Filesystem:
     async def list_dir(
         self, svc: SandboxService, sid: str, path: str, depth: int, user: str
     ) -> list[dict[str, Any]]:
+        depth = depth or 1  # the SDK sends 0 for "not given"
         if not 1 <= depth <= MAX_DEPTH:
             raise ConnectError("invalid_argument", f"depth must be 1 to {MAX_DEPTH}: {depth}")
         top = await svc.stat_file(sid, path, user)
         if top.type != "dir":
             raise ConnectError("invalid_argument", f"path {path} is not a directory")
         out: list[dict[str, Any]] = []
-        level = [path]
-        for _ in range(depth):
-            below: list[str] = []
-            for d in level:
-                for e in await svc.list_files(sid, d, user):
-                    out.append(await self._entry(svc, sid, e))
-                    if e.type == "dir":
-                        below.append(e.path)
-            level = below
+
+        async def walk(d: str, left: int) -> None:  # pre-order, by name: as envd's WalkDir
+            for e in sorted(await svc.list_files(sid, d, user), key=lambda e: e.name):
+                out.append(await self._entry(svc, sid, e))
+                if e.type == "dir" and left > 1:
+                    await walk(e.path, left - 1)
+
+        await walk(path, depth)
         return out
 
     async def make_dir(self, svc: SandboxService, sid: str, path: str, user: str) -> dict[str, Any]:
@@ -139,7 +153,12 @@ class Filesystem:
         self, svc: SandboxService, sid: str, source: str, dest: str, user: str
     ) -> dict[str, Any]:
         await svc.stat_file(sid, source, user)  # not found: not_found
-        req = ExecRequest(cmd=[plat.BUSYBOX, "mv", "-f", source, dest], user=user, timeout=60)
+        parent = posixpath.dirname(dest)
+        script = 'mkdir -p "$1" && mv -f "$2" "$3"'
+        req = ExecRequest(
+            cmd=[plat.BUSYBOX, "sh", "-c", script, "mv", parent, source, dest],
+            user=user, cwd="/", timeout=60,
+        )  # fmt: skip
         err, code = b"", -1
         async for ev in svc.exec(sid, req):
             if isinstance(ev, ExecOutput) and ev.type == "stderr":
@@ -231,14 +250,15 @@ class Watcher:
         return out
 
     async def stream(self, keepalive: float | None) -> AsyncIterator[dict[str, Any]]:
-        yield {"event": {"start": {}}}
+        # WatchDirResponse's oneof is the message itself (no "event" field).
+        yield {"start": {}}
         quiet = 0.0
         while True:
             await asyncio.sleep(POLL)
             found = await self.events()
             for e in found:
-                yield {"event": {"filesystem": e}}
+                yield {"filesystem": e}
             quiet = 0.0 if found else quiet + POLL
             if keepalive and quiet >= keepalive:
                 quiet = 0.0
-                yield {"event": {"keepalive": {}}}
+                yield {"keepalive": {}}

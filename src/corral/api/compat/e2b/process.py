@@ -15,15 +15,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import posixpath
 import signal as signals
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.api.compat.e2b.connect import ConnectError
+from corral.api.compat.e2b.connect import Abort, ConnectError
 from corral.api.models import ExecExit, ExecOutput, ExecRequest, ExecStarted
 from corral.api.models_base import MiB
 from corral.api.service import SandboxService
+
+ABORT: dict[str, Any] = {}  # the sandbox went away: streams drop, with no end event
+# An event, ABORT, an error to end the stream with, or None: it is over.
+Item = dict[str, Any] | ConnectError | None
+# The client enforces its deadline itself; the command is stopped a little
+# later, so that the client's own timeout is what it sees (as with envd).
+DEADLINE_GRACE = 1.0
 
 OUTPUT_LIMIT = 256 * MiB  # per stream: E2B has no cap, Corral's largest
 SIGNALS = {"SIGNAL_SIGKILL": signals.SIGKILL, "SIGNAL_SIGTERM": signals.SIGTERM}
@@ -35,7 +43,7 @@ class Proc:
     pid: int
     config: dict[str, Any]
     tag: str | None
-    subscribers: set[asyncio.Queue[dict[str, Any] | None]] = field(default_factory=set)
+    subscribers: set[asyncio.Queue[Item]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
     done: bool = False
 
@@ -87,7 +95,7 @@ class Processes:
         user: str,
         home: str,
         deadline: float | None,
-    ) -> tuple[Proc, asyncio.Queue[dict[str, Any] | None]]:
+    ) -> tuple[Proc, asyncio.Queue[Item]]:
         """Start the command; the process and a queue of its events for the
         caller (the start event first)."""
         if msg.get("pty"):
@@ -104,8 +112,10 @@ class Processes:
             raise ConnectError("invalid_argument", "process.envs must map strings to strings")
         try:
             req = ExecRequest(
-                cmd=[cmd, *args], env=envs, cwd=config.get("cwd") or home, user=user,
-                timeout=deadline, stdout_limit=OUTPUT_LIMIT, stderr_limit=OUTPUT_LIMIT,
+                cmd=[cmd, *args], env=envs, user=user,
+                cwd=posixpath.normpath(posixpath.join(home, config.get("cwd") or home)),
+                timeout=deadline + DEADLINE_GRACE if deadline else None,
+                stdout_limit=OUTPUT_LIMIT, stderr_limit=OUTPUT_LIMIT,
                 stdin_open=bool(msg.get("stdin", False)),
             )  # fmt: skip
         except ValueError as exc:
@@ -118,7 +128,7 @@ class Processes:
         if config.get("cwd"):
             shown["cwd"] = config["cwd"]
         proc = Proc(sandbox_id, first.pid, shown, msg.get("tag"))
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        queue: asyncio.Queue[Item] = asyncio.Queue()
         proc.subscribers.add(queue)
         queue.put_nowait(_event("start", {"pid": proc.pid}))
         self.table[(sandbox_id, proc.pid)] = proc
@@ -126,7 +136,7 @@ class Processes:
         return proc, queue
 
     async def _pump(self, proc: Proc, events: AsyncIterator[Any]) -> None:
-        def publish(m: dict[str, Any] | None) -> None:
+        def publish(m: Item) -> None:
             for q in list(proc.subscribers):
                 q.put_nowait(m)
 
@@ -135,24 +145,25 @@ class Processes:
                 if isinstance(ev, ExecOutput):
                     data = base64.b64encode(ev.data).decode()
                     publish(_event("data", {ev.type: data}))
+                elif isinstance(ev, ExecExit) and ev.timed_out:
+                    publish(ConnectError("deadline_exceeded", "the call's deadline passed"))
                 elif isinstance(ev, ExecExit):
                     publish(_end(ev))
-        except Exception as exc:  # the sandbox went away under it
-            publish(_event("end", {"exitCode": -1, "exited": False, "status": "error",
-                                   "error": str(exc)}))  # fmt: skip
+        except Exception:  # the sandbox went away under it (killed, lost)
+            publish(ABORT)
         finally:
             proc.done = True
             publish(None)
             self.table.pop((proc.sandbox, proc.pid), None)
 
-    def attach(self, proc: Proc) -> asyncio.Queue[dict[str, Any] | None]:
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    def attach(self, proc: Proc) -> asyncio.Queue[Item]:
+        queue: asyncio.Queue[Item] = asyncio.Queue()
         queue.put_nowait(_event("start", {"pid": proc.pid}))
         proc.subscribers.add(queue)
         return queue
 
     async def stream(
-        self, proc: Proc, queue: asyncio.Queue[dict[str, Any] | None], keepalive: float | None
+        self, proc: Proc, queue: asyncio.Queue[Item], keepalive: float | None
     ) -> AsyncIterator[dict[str, Any]]:
         """The events a stream shows, with keepalives when it is quiet."""
         try:
@@ -164,9 +175,21 @@ class Processes:
                     continue
                 if m is None:
                     return
+                if m is ABORT:
+                    raise Abort(f"sandbox {proc.sandbox} is gone")
+                if isinstance(m, ConnectError):
+                    raise m
                 yield m
         finally:
             proc.subscribers.discard(queue)
+
+    def abort(self, sandbox_id: str) -> None:
+        """Its sandbox is being killed: drop every stream of its processes."""
+        for p in [p for p in self.table.values() if p.sandbox == sandbox_id]:
+            for q in list(p.subscribers):
+                q.put_nowait(ABORT)
+            if p.task is not None:
+                p.task.cancel()
 
     def listed(self, sandbox_id: str) -> list[dict[str, Any]]:
         return [p.info() for p in self.table.values() if p.sandbox == sandbox_id and not p.done]

@@ -1,0 +1,221 @@
+"""The stock `e2b` SDK from PyPI, unmodified, against `corral serve`: the
+control API and envd through every call docs/e2b.md maps, and the bad
+input E2B's clients can send. (E2B's own test suite: `make e2b-conformance`.)"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import json
+import struct
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from ..framework import Node, Server
+from ..framework.images import require_image
+
+e2b = pytest.importorskip("e2b", reason="the e2b package (a dev dependency) is not installed")
+
+KEY = "e2b_" + "0" * 40
+
+
+@pytest.fixture
+def e2b_env(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    require_image("e2b-user:bookworm")
+    url = server.tcp_url
+    for k, v in {
+        "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": KEY,
+        "E2B_DOMAIN": "corral.local",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    yield url
+
+
+async def test_a_sandbox_lives_and_dies_through_e2bs_control_api(e2b_env: str) -> None:
+    s = await e2b.AsyncSandbox.create("base", timeout=120, metadata={"job": "e2b-life"},
+                                      envs={"FROM_CREATE": "yes"})  # fmt: skip
+    try:
+        info = await s.get_info()
+        assert info.sandbox_id == s.sandbox_id and info.template_id == "base"
+        assert info.metadata == {"job": "e2b-life"}
+        assert await s.is_running()
+        listed = e2b.AsyncSandbox.list(query=e2b.SandboxQuery(metadata={"job": "e2b-life"}))
+        assert [x.sandbox_id for x in await listed.next_items()] == [s.sandbox_id]
+        await s.set_timeout(60)
+        assert (await s.get_info()).end_at.timestamp() < info.end_at.timestamp()
+        assert (await s.commands.run("echo $FROM_CREATE")).stdout == "yes\n"
+        # Paused, it is not running; connect brings it back where it was.
+        await s.files.write("/tmp/kept", "across the pause")
+        assert await s.pause()
+        assert not await s.is_running()
+        assert (await s.get_info()).state.value == "paused"
+        back = await e2b.AsyncSandbox.connect(s.sandbox_id)
+        assert await back.is_running()
+        assert await back.files.read("/tmp/kept") == "across the pause"
+    finally:
+        assert await s.kill()
+    assert not await s.is_running()
+    assert not await e2b.AsyncSandbox.kill(s.sandbox_id)  # already gone: False, as E2B
+    with pytest.raises(e2b.NotFoundException):
+        await e2b.AsyncSandbox.connect(s.sandbox_id)
+
+
+async def test_commands_run_as_e2bs_user_in_its_home(e2b_env: str) -> None:
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        r = await s.commands.run("whoami; pwd; echo $FOO", envs={"FOO": "bar"})
+        assert r.stdout == "user\n/home/user\nbar\n" and r.exit_code == 0
+        assert (await s.commands.run("whoami", user="root")).stdout == "root\n"
+        with pytest.raises(e2b.CommandExitException) as e:
+            await s.commands.run("echo out; echo err >&2; exit 3")
+        assert (e.value.exit_code, e.value.stdout, e.value.stderr) == (3, "out\n", "err\n")
+        seen: list[str] = []
+        await s.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=seen.append)
+        assert "".join(seen) == "1\n2\n3\n"
+        with pytest.raises(e2b.TimeoutException):
+            await s.commands.run("sleep 10", timeout=1)
+        # Background: listed, reachable again by pid, killed.
+        bg = await s.commands.run("sleep 60", background=True)
+        assert bg.pid in [p.pid for p in await s.commands.list()]
+        again = await s.commands.connect(bg.pid)
+        assert again.pid == bg.pid
+        assert await s.commands.kill(bg.pid)
+        assert not await s.commands.kill(999999)
+        with pytest.raises(e2b.CommandExitException):
+            await s.commands.run(f"kill -0 {bg.pid}")
+        # stdin, sent while it runs, then closed.
+        cat = await s.commands.run("cat", background=True, stdin=True)
+        await s.commands.send_stdin(cat.pid, "hello over stdin")
+        await s.commands.close_stdin(cat.pid)
+        assert (await cat.wait()).stdout == "hello over stdin"
+    finally:
+        await s.kill()
+
+
+async def test_files_through_envd(e2b_env: str) -> None:
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        info = await s.files.write("notes/a.txt", "first")
+        assert info.path == "/home/user/notes/a.txt"
+        assert await s.files.read("notes/a.txt") == "first"
+        assert await s.files.read("/home/user/notes/a.txt", format="bytes") == b"first"
+        entry = await s.files.get_info("notes/a.txt")
+        assert (entry.size, entry.mode, entry.permissions) == (5, 0o644, "-rw-r--r--")
+        assert (entry.owner, entry.group) == ("user", "user")
+        await s.files.write_files([{"path": "notes/b.txt", "data": b"\x00\x01"},
+                                   {"path": "notes/c.txt", "data": "c"}])  # fmt: skip
+        names = [x.name for x in await s.files.list("notes")]
+        assert names == ["a.txt", "b.txt", "c.txt"]
+        assert await s.files.make_dir("notes/sub")
+        assert not await s.files.make_dir("notes/sub")  # exists: False, as E2B
+        moved = await s.files.rename("notes/c.txt", "notes/sub/c.txt")
+        assert moved.path == "/home/user/notes/sub/c.txt"
+        assert [x.path for x in await s.files.list("notes", depth=2)][-1] == moved.path
+        assert await s.files.exists("notes/sub/c.txt")
+        await s.files.remove("notes/sub")
+        assert not await s.files.exists("notes/sub/c.txt")
+        await s.files.remove("notes/never-was")  # as envd: no error
+        with pytest.raises(e2b.FileNotFoundException):
+            await s.files.read("notes/missing")
+        await s.commands.run("ln -s a.txt notes/link")
+        link = await s.files.get_info("notes/link")
+        assert link.symlink_target == "/home/user/notes/a.txt"
+        # A watcher sees what is written after it starts.
+        w = await s.files.watch_dir("notes", on_event=lambda ev: None)
+        await w.stop()
+    finally:
+        await s.kill()
+
+
+def _envelope(doc: object) -> bytes:
+    data = json.dumps(doc).encode()
+    return struct.pack(">BI", 0, len(data)) + data
+
+
+async def test_envd_refuses_bad_requests_with_connects_own_errors(e2b_env: str) -> None:
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    other = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        token = s._envd_access_token
+        head = {"E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": "49983",
+                "X-Access-Token": token}  # fmt: skip
+        rpc = "/filesystem.Filesystem/Stat"
+        async with httpx.AsyncClient(base_url=e2b_env, timeout=30) as h:
+            ok = await h.post(rpc, json={"path": "/"}, headers=head)
+            assert ok.status_code == 200 and ok.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+            cases = [
+                # (headers, path, body, content type, status, connect code)
+                ({**head, "X-Access-Token": "forged"}, rpc, b'{"path":"/"}', "application/json",
+                 401, "unauthenticated"),
+                ({**head, "X-Access-Token": other._envd_access_token}, rpc, b'{"path":"/"}',
+                 "application/json", 401, "unauthenticated"),  # another sandbox's token
+                ({**head, "E2b-Sandbox-Id": "nosuch-0000000000000000"}, rpc, b"{}",
+                 "application/json", 404, "not_found"),
+                (head, rpc, b"{not json", "application/json", 400, "invalid_argument"),
+                (head, rpc, b'{"path":"/"}', "text/plain", 501, "unimplemented"),
+                (head, "/filesystem.Filesystem/Chmod", b"{}", "application/json", 501,
+                 "unimplemented"),
+                (head, rpc, b'{"path":"/nope"}', "application/json", 404, "not_found"),
+            ]  # fmt: skip
+            for headers, path, body, ctype, status, code in cases:
+                r = await h.post(path, content=body, headers={**headers, "Content-Type": ctype})
+                assert (r.status_code, r.json()["code"]) == (status, code), (path, body, r.text)
+            # A stream with a malformed envelope: HTTP 200, the error in the end message.
+            stream_head = {**head, "Content-Type": "application/connect+json"}
+            for body in (b"\x00\x00\x00", struct.pack(">BI", 0, 99) + b"{}",
+                         struct.pack(">BI", 1, 2) + b"{}"):  # fmt: skip
+                r = await h.post("/process.Process/Start", content=body, headers=stream_head)
+                assert r.status_code == 200 and r.content[0] == 0x02, r.content
+                assert json.loads(r.content[5:])["error"]["code"] in (
+                    "invalid_argument",
+                    "unimplemented",
+                )
+            r = await h.post("/process.Process/Start", headers=stream_head,
+                             content=_envelope({"process": {"cmd": ""}}))  # fmt: skip
+            assert json.loads(r.content[5:])["error"]["code"] == "invalid_argument"
+            # Uploads: gzip, octet-stream, and a corrupt gzip.
+            up = {**head, "Content-Type": "application/octet-stream"}
+            r = await h.post("/files", params={"path": "z.txt"}, content=gzip.compress(b"zz"),
+                             headers={**up, "Content-Encoding": "gzip"})  # fmt: skip
+            assert r.status_code == 200 and r.json()[0]["path"] == "/home/user/z.txt"
+            r = await h.post("/files", params={"path": "y.txt"}, content=b"not gzip",
+                             headers={**up, "Content-Encoding": "gzip"})  # fmt: skip
+            assert r.status_code == 400
+            assert (await s.files.read("z.txt")) == "zz"
+            assert not await s.files.exists("y.txt")
+            r = await h.get("/health", headers={**head, "E2b-Sandbox-Id": "nosuch"})
+            assert r.status_code == 502
+        # The control API: a template that does not exist, a key that is wrong.
+        with pytest.raises(e2b.SandboxException, match="not found"):
+            await e2b.AsyncSandbox.create("no-such-template", timeout=30)
+        async with httpx.AsyncClient(base_url=e2b_env, timeout=30) as h:
+            bad = await h.post("/sandboxes", json={"templateID": "base", "timeout": -1},
+                               headers={"X-API-KEY": KEY})  # fmt: skip
+            assert bad.status_code == 400 and bad.json()["code"] == 400
+            bad = await h.post(
+                "/sandboxes",
+                json={"templateID": "base", "metadata": {"corral.project": "x"}},
+                headers={"X-API-KEY": KEY},
+            )
+            assert bad.status_code == 400
+            page = await h.get("/v2/sandboxes", params={"nextToken": "garbage"},
+                               headers={"X-API-KEY": KEY})  # fmt: skip
+            assert page.status_code == 400
+    finally:
+        await asyncio.gather(s.kill(), other.kill())
+
+
+async def test_a_killed_sandboxs_streams_are_dropped(e2b_env: str, node: Node) -> None:
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    bg = await s.commands.run("sleep 60", background=True)
+    await s.kill()
+    with pytest.raises(Exception):  # noqa: B017 (the SDK's transport error, whichever)
+        await asyncio.wait_for(bg.wait(), 20)
+    assert node.resources(s.sandbox_id) == []
+
+
+__all__ = ["base64"]
