@@ -52,6 +52,7 @@
 #include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <termios.h>
 #include <grp.h>
 #include <linux/random.h>
@@ -715,14 +716,45 @@ static int open_file(const char *path, int oflags, mode_t mode, uint32_t flags) 
     return (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
 }
 
-/* RSP_ENTRY2: the entry with its owner and, for a link, its target (read
- * relative to dirfd, the directory the entry is in, or AT_FDCWD). */
-static int send_entry(int conn, int dirfd, const char *name, const struct stat *st) {
+/* The user.* extended attributes of `path` (not of a link: Linux keeps
+ * none there), at most XATTR_MAX of them, each value at most XATTR_VALUE
+ * bytes: appended to b as u32 count, then (string key, string value). */
+#define XATTR_MAX 32
+#define XATTR_VALUE 4096
+static size_t put_xattrs(unsigned char *b, const char *path, const struct stat *st) {
+    uint32_t count = 0;
+    size_t off = 4;
+    char names[8192];
+    ssize_t n = S_ISLNK(st->st_mode) ? 0 : llistxattr(path, names, sizeof names);
+    for (ssize_t i = 0; i < n && count < XATTR_MAX; i += (ssize_t)strlen(names + i) + 1) {
+        const char *k = names + i;
+        if (strncmp(k, "user.", 5)) continue;
+        char value[XATTR_VALUE];
+        ssize_t vl = lgetxattr(path, k, value, sizeof value);
+        if (vl < 0) continue;
+        size_t kl = strlen(k);
+        put_u32(b + off, (uint32_t)kl);
+        memcpy(b + off + 4, k, kl);
+        off += 4 + kl;
+        put_u32(b + off, (uint32_t)vl);
+        memcpy(b + off + 4, value, (size_t)vl);
+        off += 4 + (size_t)vl;
+        count++;
+    }
+    put_u32(b, count);
+    return off;
+}
+
+/* RSP_ENTRY2: the entry with its owner, a link's target (read relative to
+ * dirfd, the directory the entry is in, or AT_FDCWD) and its user.*
+ * extended attributes (read at `full`, the entry's path). */
+static int send_entry(int conn, int dirfd, const char *name, const char *full, const struct stat *st) {
     size_t nl = strlen(name);
     char target[PATH_MAX];
     ssize_t tl = S_ISLNK(st->st_mode) ? readlinkat(dirfd, name, target, sizeof target - 1) : 0;
     if (tl < 0) tl = 0;
-    unsigned char *b = malloc(21 + 12 + nl + (size_t)tl);
+    size_t room = 21 + 12 + nl + 4 + (size_t)tl + 4 + XATTR_MAX * (8 + 256 + XATTR_VALUE);
+    unsigned char *b = malloc(room);
     if (!b) return send_error(conn, ENOMEM, "out of memory");
     uint8_t t = S_ISREG(st->st_mode) ? 'f' : S_ISDIR(st->st_mode) ? 'd' : S_ISLNK(st->st_mode) ? 'l' : 'o';
     b[0] = t;
@@ -733,10 +765,41 @@ static int send_entry(int conn, int dirfd, const char *name, const struct stat *
     put_u32(b + 25, (uint32_t)st->st_gid);
     put_u32(b + 29, (uint32_t)nl);
     memcpy(b + 33, name, nl);
-    memcpy(b + 33 + nl, target, (size_t)tl);
-    int r = send_frame(conn, RSP_ENTRY2, b, (uint32_t)(33 + nl + (size_t)tl));
+    size_t off = 33 + nl;
+    put_u32(b + off, (uint32_t)tl);
+    memcpy(b + off + 4, target, (size_t)tl);
+    off += 4 + (size_t)tl;
+    off += put_xattrs(b + off, full, st);
+    int r = send_frame(conn, RSP_ENTRY2, b, (uint32_t)off);
     free(b);
     return r;
+}
+
+static int send_ok(int conn, uint64_t n);
+
+/* REQ_XATTR: remove every user.* attribute of `path` whose name starts
+ * with `clear` (none if empty), then set the pairs given (user.* only). */
+static int handle_xattr(int conn, const char *path, struct cursor *c) {
+    char *clear = cur_str(c);
+    uint32_t n = cur_u32(c);
+    if (c->bad || n > XATTR_MAX) return send_error(conn, EINVAL, "malformed xattr request");
+    size_t cl = strlen(clear);
+    if (cl) {
+        char names[8192];
+        ssize_t got = llistxattr(path, names, sizeof names);
+        if (got < 0) return send_error(conn, errno, "%s: %s", path, strerror(errno));
+        for (ssize_t i = 0; i < got; i += (ssize_t)strlen(names + i) + 1)
+            if (!strncmp(names + i, "user.", 5) && !strncmp(names + i, clear, cl))
+                lremovexattr(path, names + i);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        char *k = cur_str(c), *v = cur_str(c);
+        if (c->bad || strncmp(k, "user.", 5) || strlen(v) > XATTR_VALUE)
+            return send_error(conn, EINVAL, "xattr %u: a user.* name and at most %d bytes", i, XATTR_VALUE);
+        if (lsetxattr(path, k, v, strlen(v), 0) < 0)
+            return send_error(conn, errno, "%s: %s: %s", path, k, strerror(errno));
+    }
+    return send_ok(conn, n);
 }
 
 static int send_ok(int conn, uint64_t n) {
@@ -855,7 +918,9 @@ static int handle_list(int conn, const char *path) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         struct stat st;
         if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
-        if (send_entry(conn, dfd, e->d_name, &st) < 0) break;
+        char full[PATH_MAX];
+        snprintf(full, sizeof full, "%s/%s", path, e->d_name);
+        if (send_entry(conn, dfd, e->d_name, full, &st) < 0) break;
         count++;
     }
     closedir(d);
@@ -1136,12 +1201,15 @@ static void serve_connection(int conn) {
     case REQ_LIST:
         handle_list(conn, path);
         break;
+    case REQ_XATTR:
+        handle_xattr(conn, path, &c);
+        break;
     case REQ_STAT: {
         struct stat st;
         if (lstat(path, &st) < 0)
             send_error(conn, errno, "%s: %s", path, strerror(errno));
         else
-            send_entry(conn, AT_FDCWD, path, &st);
+            send_entry(conn, AT_FDCWD, path, path, &st);
         break;
     }
     case REQ_MKDIR: {

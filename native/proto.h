@@ -39,6 +39,7 @@ enum {
      * to hand it a listener, or none to keep the one a restore put in
      * place of the memfd; it then execs itself again. */
     REQ_PARK = 0x28,
+    REQ_XATTR = 0x2A,     /* user, path, string prefix to clear, u32 n, n x (name, value) */
     REQ_RESEED = 0x29,    /* 32..512 bytes: credit them to the kernel's pool and re-key its CRNG */
     REQ_DATA = 0x30,
     REQ_END = 0x31,
@@ -55,7 +56,8 @@ enum {
     RSP_OK = 0x87,
     RSP_ERROR = 0x88,     /* i32 errno, u32 stage (ERR_*), then a message */
     RSP_ENTRY = 0x89,     /* u8 type, u32 mode, u64 size, i64 mtime_ns, name (older inits) */
-    RSP_ENTRY2 = 0x8A,    /* as RSP_ENTRY, then u32 uid, u32 gid, u32 name length, name, link target */
+    RSP_ENTRY2 = 0x8A,    /* as RSP_ENTRY, then u32 uid, u32 gid, string name, string link target,
+                           * u32 n, n x (string name, string value): its user.* xattrs */
 };
 
 /* On a VM's serial channel only (stream id != 0): either side ends its

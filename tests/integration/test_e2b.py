@@ -124,6 +124,15 @@ async def test_files_through_envd(e2b_env: str) -> None:
         await s.commands.run("ln -s a.txt notes/link")
         link = await s.files.get_info("notes/link")
         assert link.symlink_target == "/home/user/notes/a.txt"
+        # Metadata: the file's user.e2b.* extended attributes, as envd keeps them.
+        tagged = await s.files.write("notes/m.txt", "m", metadata={"author": "corral"})
+        assert tagged.metadata == {"author": "corral"}
+        assert (await s.files.get_info("notes/m.txt")).metadata == {"author": "corral"}
+        await s.files.write("notes/m.txt", "again")  # a rewrite without: none left
+        assert (await s.files.get_info("notes/m.txt")).metadata is None
+        await s.commands.run("python3 -c \"import os; os.setxattr('notes/m.txt', "
+                             "'user.e2b.set', b'inside')\"")  # fmt: skip
+        assert (await s.files.get_info("notes/m.txt")).metadata == {"set": "inside"}
         # A watcher sees what is written after it starts.
         w = await s.files.watch_dir("notes", on_event=lambda ev: None)
         await w.stop()

@@ -29,6 +29,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    XattrRequest,
 )
 from corral.api.routes import MAX_BODY
 from corral.api.serving import Svc, event_stream, read_body
@@ -122,6 +123,11 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/sandboxes/{sandbox_id}/files/mkdir", status_code=204)
     async def make_dir(svc: Svc, sandbox_id: str, path: str, user: str = "") -> Response:
         await svc.make_dir(sandbox_id, path, user)
+        return Response(status_code=204)
+
+    @app.post("/v1/sandboxes/{sandbox_id}/files/xattrs", status_code=204)
+    async def set_xattrs(svc: Svc, sandbox_id: str, req: XattrRequest) -> Response:
+        await svc.set_xattrs(sandbox_id, req)
         return Response(status_code=204)
 
     @app.delete("/v1/sandboxes/{sandbox_id}/files", status_code=204)

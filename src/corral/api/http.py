@@ -28,6 +28,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    XattrRequest,
 )
 from corral.api.transport import HttpTransport
 from corral.api.wire import label_pairs
@@ -137,6 +138,13 @@ class HttpService(HttpTransport):
             "POST",
             f"/v1/sandboxes/{ids.segment(sandbox_id)}/files/mkdir",
             params=[("path", path), ("user", user)],
+        )
+
+    async def set_xattrs(self, sandbox_id: str, req: XattrRequest) -> None:
+        await self._send(
+            "POST",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/files/xattrs",
+            json_body=req.model_dump_json(),
         )
 
     async def remove_file(

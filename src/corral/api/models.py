@@ -78,6 +78,7 @@ __all__ = [
     "SandboxState",
     "SaveRequest",
     "SavedState",
+    "XattrRequest",
     "check_call_file_name",
     "check_path",
     "check_ref",
@@ -337,3 +338,32 @@ class FileEntry(BaseModel):
     uid: int | None = None  # the owner, as the sandbox numbers it
     gid: int | None = None
     target: str | None = None  # where a symbolic link points
+    xattrs: dict[str, str] = Field(default_factory=dict)  # its user.* extended attributes
+
+
+class XattrRequest(StrictModel):
+    """Set a file's user.* extended attributes (E2B's file metadata)."""
+
+    path: str
+    user: str = ""
+    clear: str = ""  # first remove the user.* attributes whose names start so
+    values: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("values")
+    @classmethod
+    def _values(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > 32:
+            raise ValueError("at most 32 attributes")
+        for k, val in v.items():
+            if not re.fullmatch(r"user\.[A-Za-z0-9._-]{1,200}", k):
+                raise ValueError(f"name {k!r} must be user.<letters, digits . _ ->")
+            if len(val.encode()) > 4096 or "\x00" in val:
+                raise ValueError(f"value of {k!r} must be at most 4096 bytes, without NUL")
+        return v
+
+    @field_validator("clear")
+    @classmethod
+    def _clear(cls, v: str) -> str:
+        if v and not v.startswith("user."):
+            raise ValueError("must be empty or start with 'user.'")
+        return v

@@ -192,6 +192,15 @@ ROUTES: tuple[Route, ...] = (
         forward=True,
     ),
     Route(
+        "set_xattrs",
+        "POST",
+        f"{_SBX}/files/xattrs",
+        NoContent(),
+        {"req": Body()},
+        status=204,
+        forward=True,
+    ),
+    Route(
         "remove_file",
         "DELETE",
         f"{_SBX}/files",

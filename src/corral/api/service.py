@@ -32,6 +32,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    XattrRequest,
 )
 
 
@@ -79,6 +80,11 @@ class SandboxService(Protocol):
     async def stat_file(self, sandbox_id: str, path: str, user: str = "") -> FileEntry: ...
 
     async def make_dir(self, sandbox_id: str, path: str, user: str = "") -> None: ...
+
+    async def set_xattrs(self, sandbox_id: str, req: XattrRequest) -> None:
+        """Set a file's user.* extended attributes (after clearing those
+        starting with req.clear)."""
+        ...
 
     async def remove_file(
         self, sandbox_id: str, path: str, user: str = "", recursive: bool = True

@@ -22,6 +22,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    XattrRequest,
 )
 from corral.api.service import SandboxService
 
@@ -85,6 +86,9 @@ class Forwarding(ABC):
 
     async def make_dir(self, sandbox_id: str, path: str, user: str = "") -> None:
         await self._forward(sandbox_id, lambda node: node.make_dir(sandbox_id, path, user))
+
+    async def set_xattrs(self, sandbox_id: str, req: XattrRequest) -> None:
+        await self._forward(sandbox_id, lambda node: node.set_xattrs(sandbox_id, req))
 
     async def remove_file(
         self,

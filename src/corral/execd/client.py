@@ -245,6 +245,13 @@ class ExecdClient:
             pause = min(pause * 2, 0.1)
         raise SandboxFailed("the sandbox's init did not take the park request")
 
+    async def set_xattrs(self, user: str, path: str, clear: str, values: dict[str, str]) -> None:
+        """Remove the user.* attributes named `clear`..., then set `values`."""
+        tail = p.string(clear) + p.u32(len(values))
+        for k, v in values.items():
+            tail += p.string(k) + p.string(v)
+        await self._ok(p.file_request(p.REQ_XATTR, user, path, tail), path)
+
     async def reseed(self, entropy: bytes) -> None:
         """Credit `entropy` to the sandbox kernel's pool and re-key its
         CRNG (a VM's guest; in a container: PermissionDenied, the kernel

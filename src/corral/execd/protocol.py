@@ -29,6 +29,7 @@ REQ_KILL = 0x26
 REQ_RESET = 0x27
 REQ_PARK = 0x28
 REQ_RESEED = 0x29
+REQ_XATTR = 0x2A
 REQ_DATA = 0x30
 REQ_END = 0x31
 
@@ -152,9 +153,15 @@ class Entry:
     uid: int | None = None  # None: an init older than RSP_ENTRY2
     gid: int | None = None
     target: str | None = None  # a symbolic link's
+    xattrs: dict[str, str] | None = None  # its user.* extended attributes
 
 
 ENTRY2_TAIL = struct.Struct("<III")
+
+
+def _string_at(payload: bytes, off: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<I", payload, off)
+    return payload[off + 4 : off + 4 + n].decode(errors="surrogateescape"), off + 4 + n
 
 
 def parse_entry(payload: bytes, kind_of_frame: int = RSP_ENTRY) -> Entry:
@@ -162,8 +169,15 @@ def parse_entry(payload: bytes, kind_of_frame: int = RSP_ENTRY) -> Entry:
     if kind_of_frame != RSP_ENTRY2:
         name = payload[ENTRY_HEAD.size :].decode(errors="surrogateescape")
         return Entry(chr(kind), mode, size, mtime, name)
-    uid, gid, nl = ENTRY2_TAIL.unpack_from(payload, ENTRY_HEAD.size)
-    start = ENTRY_HEAD.size + ENTRY2_TAIL.size
-    name = payload[start : start + nl].decode(errors="surrogateescape")
-    target = payload[start + nl :].decode(errors="surrogateescape") if chr(kind) == "l" else None
-    return Entry(chr(kind), mode, size, mtime, name, uid, gid, target)
+    uid, gid, _ = ENTRY2_TAIL.unpack_from(payload, ENTRY_HEAD.size)
+    name, off = _string_at(payload, ENTRY_HEAD.size + 8)
+    target, off = _string_at(payload, off)
+    (count,) = struct.unpack_from("<I", payload, off)
+    off += 4
+    xattrs: dict[str, str] = {}
+    for _ in range(min(count, 64)):
+        key, off = _string_at(payload, off)
+        value, off = _string_at(payload, off)
+        xattrs[key] = value
+    link = target if chr(kind) == "l" else None
+    return Entry(chr(kind), mode, size, mtime, name, uid, gid, link, xattrs)

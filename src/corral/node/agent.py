@@ -32,6 +32,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    XattrRequest,
 )
 from corral.capacity import NodeCapacity
 from corral.config import NodeConfig
@@ -263,6 +264,9 @@ class NodeAgent:
 
     async def make_dir(self, sandbox_id: str, path: str, user: str = "") -> None:
         await self.parts.files.make_dir(sandbox_id, path, user)
+
+    async def set_xattrs(self, sandbox_id: str, req: XattrRequest) -> None:
+        await self.parts.files.set_xattrs(sandbox_id, req)
 
     async def remove_file(
         self, sandbox_id: str, path: str, user: str = "", recursive: bool = True

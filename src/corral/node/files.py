@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 from corral import metrics
-from corral.api.models import FileEntry, check_path
+from corral.api.models import FileEntry, XattrRequest, check_path
 from corral.config import NodeConfig
 from corral.errors import FileError, InvalidArgument
 from corral.execd import protocol as proto
@@ -41,6 +41,7 @@ def _entry(e: proto.Entry, path: str) -> FileEntry:
         uid=e.uid,
         gid=e.gid,
         target=e.target,
+        xattrs=e.xattrs or {},
     )
 
 
@@ -115,6 +116,14 @@ class Files:
         path = check_path(path)
         rec = await self._awake(sandbox_id)
         await self._execd(sandbox_id).mkdir(as_user(rec, user), path)
+
+    async def set_xattrs(self, sandbox_id: str, req: XattrRequest) -> None:
+        path = check_path(req.path)
+        rec = await self._awake(sandbox_id)
+        metrics.FILE_OPS.labels("xattr").inc()
+        await self._execd(sandbox_id).set_xattrs(
+            as_user(rec, req.user), path, req.clear, req.values
+        )
 
     async def remove(self, sandbox_id: str, path: str, user: str, recursive: bool) -> None:
         path = check_path(path)

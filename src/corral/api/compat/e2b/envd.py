@@ -8,10 +8,11 @@ token reaches no other. `E2b-Sandbox-Port` 49983 is envd itself; other
 ports would be the sandbox's own servers, which this envd does not forward
 yet (502).
 
-envdVersion is 0.5.7 (control.py): the gates the SDK opens at that version
+envdVersion is 0.6.2 (control.py): the gates the SDK opens at that version
 are the ones implemented here: stdin that can be closed, octet-stream and
-gzip uploads. Not yet: file metadata (0.6.2), watch include_entry (0.6.3),
-PTYs.
+gzip uploads, file metadata (the file's user.e2b.* extended attributes, as
+envd keeps them). Not yet: watch include_entry (0.6.3), network mounts in
+watches (0.6.4), PTYs.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from fastapi.responses import JSONResponse
 
 from corral.api.compat.e2b import connect as c
 from corral.api.compat.e2b.control import TOKEN
-from corral.api.compat.e2b.filesystem import Filesystem, resolve
+from corral.api.compat.e2b.filesystem import METADATA, Filesystem, resolve
 from corral.api.compat.e2b.process import Processes, decode_input, signal_of
+from corral.api.models import XattrRequest
 from corral.api.service import SandboxService
 from corral.errors import CorralError, FileNotFound, InvalidArgument, NotFound, SandboxClosed
 
@@ -136,10 +138,20 @@ class Envd:
             user = _user(request)
             home = _home(user)
             files = await self._uploaded(request, home)
+            meta = {
+                k.lower().removeprefix("x-metadata-"): v
+                for k, v in request.headers.items() if k.lower().startswith("x-metadata-")
+            }  # fmt: skip
             written = []
             for path, data in files:
                 await svc.write_file(sid, path, data, user)
-                written.append({"name": path.rsplit("/", 1)[-1], "type": "file", "path": path})
+                # envd: a write sets the file's metadata, and drops any it had.
+                values = {f"{METADATA}{k}": v for k, v in meta.items()}
+                await svc.set_xattrs(
+                    sid, XattrRequest(path=path, user=user, clear=METADATA, values=values)
+                )
+                item = {"name": path.rsplit("/", 1)[-1], "type": "file", "path": path}
+                written.append({**item, "metadata": meta} if meta else item)
         except Exception as exc:
             return self._http_error(exc)
         return JSONResponse(written)

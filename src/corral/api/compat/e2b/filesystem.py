@@ -26,6 +26,7 @@ from corral.errors import FileNotFound
 from corral.host import platform as plat
 
 POLL = 0.2
+METADATA = "user.e2b."  # E2B's file metadata: these extended attributes
 MAX_DEPTH = 32
 MAX_WATCHERS = 64  # per sandbox
 TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
@@ -90,6 +91,9 @@ def entry_info(e: FileEntry, users: dict[int, str], groups: dict[int, str]) -> d
         "group": groups.get(e.gid, str(e.gid)) if e.gid is not None else "",
         "modifiedTime": _rfc3339(e.mtime),
     }
+    meta = {k.removeprefix(METADATA): v for k, v in e.xattrs.items() if k.startswith(METADATA)}
+    if meta:
+        out["metadata"] = meta
     if e.type == "dir" and e.size == 0:
         out["size"] = "4096"  # btrfs and tmpfs say 0; envd's clients expect a block
     return out
