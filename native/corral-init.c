@@ -855,7 +855,12 @@ static int handle_write(int conn, const char *path, uint32_t mode, uint32_t flag
     int fd = -1;
     if (!err) {
         int of = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | ((flags & FILE_APPEND) ? O_APPEND : 0);
+        struct stat before;
+        int created = lstat(path, &before) < 0 && errno == ENOENT;
         fd = open_file(path, of, (mode_t)(mode & 07777), flags);
+        /* A new file has the mode asked for, whatever the umask; it is
+         * empty, so there is nothing to truncate. */
+        if (fd >= 0 && created) fchmod(fd, (mode_t)(mode & 07777));
         struct stat st;
         if (fd < 0) {
             err = errno;
@@ -865,7 +870,7 @@ static int handle_write(int conn, const char *path, uint32_t mode, uint32_t flag
             snprintf(errmsg, sizeof errmsg, "%s: not a regular file", path);
         } else {
             fcntl(fd, F_SETFL, (flags & FILE_APPEND) ? O_APPEND : 0);
-            if (!(flags & FILE_APPEND) && ftruncate(fd, 0) < 0) {
+            if (!(flags & FILE_APPEND) && !created && ftruncate(fd, 0) < 0) {
                 err = errno;
                 snprintf(errmsg, sizeof errmsg, "%s: %s", path, strerror(err));
             }

@@ -133,9 +133,19 @@ async def test_files_through_envd(e2b_env: str) -> None:
         await s.commands.run("python3 -c \"import os; os.setxattr('notes/m.txt', "
                              "'user.e2b.set', b'inside')\"")  # fmt: skip
         assert (await s.files.get_info("notes/m.txt")).metadata == {"set": "inside"}
-        # A watcher sees what is written after it starts.
-        w = await s.files.watch_dir("notes", on_event=lambda ev: None)
+        # A watcher sees what changes after it starts (inotify in the sandbox).
+        seen: list[tuple[str, str]] = []
+        w = await s.files.watch_dir("notes", on_event=lambda ev: seen.append((ev.type.value, ev.name)),
+                                    recursive=True)  # fmt: skip
+        await s.files.write("notes/deep/w.txt", "watched")
+        await s.files.remove("notes/a.txt")
+        for _ in range(50):
+            if ("remove", "a.txt") in seen:
+                break
+            await asyncio.sleep(0.1)
         await w.stop()
+        assert ("create", "deep") in seen and ("write", "deep/w.txt") in seen, seen
+        assert ("remove", "a.txt") in seen, seen
     finally:
         await s.kill()
 

@@ -27,6 +27,7 @@ MOUNT_POINT = "/.corral"
 SHELL = f"{MOUNT_POINT}/bin/bash"
 BUSYBOX = f"{MOUNT_POINT}/bin/busybox"
 INIT = f"{MOUNT_POINT}/bin/corral-init"
+WATCH = f"{MOUNT_POINT}/bin/corral-watch"
 BUSYBOX_CANDIDATES = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
 BASH_CANDIDATES = (Path("/bin/bash-static"), Path("/usr/bin/bash-static"))
 PT_INTERP = 3
@@ -57,7 +58,8 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
     """Copy the helpers into a content-addressed platform layer (idempotent)."""
     init, nsexec = src_bin / "corral-init", src_bin / "corral-nsexec"
     seccompd, relisten = src_bin / "corral-seccompd", src_bin / "corral-relisten"
-    for helper in (init, nsexec, seccompd, relisten):
+    watch = src_bin / "corral-watch"
+    for helper in (init, nsexec, seccompd, relisten, watch):
         if not helper.is_file():
             raise Unavailable(
                 f"{helper} is missing: build the platform helpers with `make -C native` "
@@ -73,7 +75,7 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
         raise Unavailable(
             "a static bash is needed for the platform shell: apt-get install bash-static"
         )
-    files = {"corral-init": init, "busybox": busybox, "bash": bash}
+    files = {"corral-init": init, "corral-watch": watch, "busybox": busybox, "bash": bash}
     h = hashlib.sha256()
     for name, path in sorted(files.items()):
         h.update(name.encode() + b"\0" + path.read_bytes())

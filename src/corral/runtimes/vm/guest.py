@@ -244,12 +244,14 @@ def _decompressed(path: Path) -> bytes:
 def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
     """Build (or find) the guest artefacts for the current inputs."""
     agent = agent or REPO / "build" / "platform" / "bin" / "corral-init"
+    watch = agent.parent / "corral-watch"
     from corral.host.platform import BASH_CANDIDATES
 
     busybox = Path("/bin/busybox")
     bash = next((b for b in BASH_CANDIDATES if b.is_file()), Path("/bin/bash-static"))
     for need, how in (
         (agent, "make -C native"),
+        (watch, "make -C native"),
         (busybox, "apt install busybox-static"),
         (bash, "apt install bash-static"),
     ):
@@ -263,6 +265,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
     h.update(hashlib.sha256(agent.read_bytes()).digest())
     h.update(hashlib.sha256(busybox.read_bytes()).digest())
     h.update(hashlib.sha256(bash.read_bytes()).digest())
+    h.update(hashlib.sha256(watch.read_bytes()).digest())
     version = h.hexdigest()[:16]
     target = out / version
     done = GuestArtefacts(version, target / "vmlinux", target / "initrd.cpio", _release_of(target))
@@ -300,6 +303,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             ("platform/bin/corral-init", 0o100555, agent.read_bytes()),
             ("platform/bin/busybox", 0o100555, busybox.read_bytes()),
             ("platform/bin/bash", 0o100555, bash.read_bytes()),
+            ("platform/bin/corral-watch", 0o100555, watch.read_bytes()),
             ("platform/bin/sh", 0o120777, b"busybox"),
             ("etc/passwd", 0o100644, b"root:x:0:0:root:/root:/bin/sh\n"),
             ("etc/group", 0o100644, b"root:x:0:\n"),

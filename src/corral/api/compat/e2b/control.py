@@ -36,7 +36,7 @@ from corral.errors import (
     SandboxClosed,
 )
 
-ENVD_VERSION = "0.6.2"  # what Corral's envd implements (envd.py says which gates)
+ENVD_VERSION = "0.6.4"  # what Corral's envd implements (envd.py says which gates)
 TEMPLATE = "corral.e2b_template"
 TOKEN = "corral.e2b_token"
 DEFAULT_TIMEOUT = 300  # the SDK's own default

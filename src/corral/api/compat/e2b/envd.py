@@ -8,11 +8,11 @@ token reaches no other. `E2b-Sandbox-Port` 49983 is envd itself; other
 ports would be the sandbox's own servers, which this envd does not forward
 yet (502).
 
-envdVersion is 0.6.2 (control.py): the gates the SDK opens at that version
-are the ones implemented here: stdin that can be closed, octet-stream and
-gzip uploads, file metadata (the file's user.e2b.* extended attributes, as
-envd keeps them). Not yet: watch include_entry (0.6.3), network mounts in
-watches (0.6.4), PTYs.
+envdVersion is 0.6.4 (control.py): the gates the SDK opens up to it are
+implemented here: stdin that can be closed, octet-stream and gzip uploads,
+file metadata (the file's user.e2b.* extended attributes, as envd keeps
+them), entries in watch events, and `allowNetworkMounts` (a sandbox has
+no network mount to refuse). Not yet: PTYs.
 """
 
 from __future__ import annotations
@@ -254,7 +254,8 @@ class Envd:
                 return JSONResponse({})
             if method in ("CreateWatcher", "WatchDir"):
                 w = fs.create_watcher(svc, sid, resolve(msg.get("path"), home),
-                                      bool(msg.get("recursive")), user)  # fmt: skip
+                                      bool(msg.get("recursive")), user,
+                                      bool(msg.get("includeEntry")))  # fmt: skip
                 try:
                     await w.start()
                 except BaseException:
@@ -269,12 +270,13 @@ class Envd:
                             yield m
                     finally:
                         fs.watchers.pop(w.id, None)
+                        await w.close()
 
                 return c.stream_response(watched())
             if method == "GetWatcherEvents":
                 return JSONResponse({"events": await fs.watcher(msg.get("watcherId")).events()})
             if method == "RemoveWatcher":
-                fs.remove_watcher(msg.get("watcherId"))
+                await fs.remove_watcher(msg.get("watcherId"))
                 return JSONResponse({})
             raise c.ConnectError(
                 "unimplemented", f"filesystem.Filesystem/{method} is not implemented"

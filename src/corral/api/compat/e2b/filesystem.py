@@ -2,16 +2,14 @@
 
 Entries carry owner and group names, read from the sandbox's /etc/passwd
 and /etc/group (as root, cached per sandbox). A move runs the platform's
-busybox `mv` in the sandbox as the caller's user. Watching is polling: the
-watched tree is listed every POLL seconds and the difference reported as
-envd's events (a new file: CREATE, then WRITE if it has content; a changed
-size or time: WRITE; a changed mode: CHMOD; gone: REMOVE). Changes undone
-between two polls are not seen.
+busybox `mv` in the sandbox as the caller's user. Watching reports
+envd's events, from inotify inside the sandbox (Watcher).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import secrets
 import stat as st
@@ -25,7 +23,6 @@ from corral.api.service import SandboxService
 from corral.errors import FileNotFound
 from corral.host import platform as plat
 
-POLL = 0.2
 METADATA = "user.e2b."  # E2B's file metadata: these extended attributes
 MAX_DEPTH = 32
 MAX_WATCHERS = 64  # per sandbox
@@ -176,11 +173,12 @@ class Filesystem:
     # ------------------------------------------------------------ watching
 
     def create_watcher(
-        self, svc: SandboxService, sid: str, path: str, recursive: bool, user: str
-    ) -> Watcher:
+        self, svc: SandboxService, sid: str, path: str, recursive: bool, user: str,
+        include_entry: bool = False,
+    ) -> Watcher:  # fmt: skip
         if sum(w.sandbox == sid for w in self.watchers.values()) >= MAX_WATCHERS:
             raise ConnectError("resource_exhausted", f"at most {MAX_WATCHERS} watchers a sandbox")
-        w = Watcher(svc, sid, path, recursive, user)
+        w = Watcher(svc, sid, path, recursive, user, self.names, include_entry)
         self.watchers[w.id] = w
         return w
 
@@ -190,79 +188,142 @@ class Filesystem:
             raise ConnectError("not_found", f"watcher {watcher_id!r} not found")
         return w
 
-    def remove_watcher(self, watcher_id: object) -> None:
-        self.watchers.pop(str(self.watcher(watcher_id).id), None)
+    async def remove_watcher(self, watcher_id: object) -> None:
+        w = self.watchers.pop(str(self.watcher(watcher_id).id))
+        await w.close()
+
+
+# inotify's bits, as envd names them, in the order envd reports one event's.
+_OPS = (
+    (0x100 | 0x80, "CREATE"),  # IN_CREATE, IN_MOVED_TO
+    (0x40 | 0x800, "RENAME"),  # IN_MOVED_FROM, IN_MOVE_SELF
+    (0x4, "CHMOD"),  # IN_ATTRIB
+    (0x2, "WRITE"),  # IN_MODIFY
+    (0x200 | 0x400, "REMOVE"),  # IN_DELETE, IN_DELETE_SELF
+)
+_WATCH_EXIT = {3: "not_found", 4: "invalid_argument"}  # corral-watch's exit codes
 
 
 class Watcher:
+    """inotify in the sandbox: the platform's corral-watch, run as the
+    watching user, reports each change as it happens; a poll asks it to
+    read what the kernel has queued so far (a line on its stdin) and takes
+    every event before its answer, so a change made before the poll is
+    always in it."""
+
     def __init__(
-        self, svc: SandboxService, sid: str, path: str, recursive: bool, user: str
-    ) -> None:
+        self, svc: SandboxService, sid: str, path: str, recursive: bool, user: str,
+        names: Names, include_entry: bool = False,
+    ) -> None:  # fmt: skip
         self.id = secrets.token_hex(8)
         self.svc, self.sandbox, self.path = svc, sid, path
-        self.recursive, self.user = recursive, user
-        self.seen: dict[str, tuple[str, int, float, int]] | None = None
-
-    async def _snapshot(self) -> dict[str, tuple[str, int, float, int]]:
-        out: dict[str, tuple[str, int, float, int]] = {}
-        level = [self.path]
-        for _ in range(MAX_DEPTH if self.recursive else 1):
-            below: list[str] = []
-            for d in level:
-                try:
-                    entries = await self.svc.list_files(self.sandbox, d, self.user)
-                except FileNotFound:
-                    continue
-                for e in entries:
-                    out[e.path] = (e.type, e.size, e.mtime, e.mode)
-                    if e.type == "dir":
-                        below.append(e.path)
-            if not below:
-                break
-            level = below
-        return out
+        self.recursive, self.user, self.names = recursive, user, names
+        self.include_entry = include_entry
+        self.pid = 0
+        self.pending: list[dict[str, Any]] = []  # events not yet taken by a poll
+        self.live: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._synced = asyncio.Condition()
+        self._syncs = 0
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        top = await self.svc.stat_file(self.sandbox, self.path, self.user)
-        if top.type != "dir":
-            raise ConnectError("invalid_argument", f"path {self.path} is not a directory")
-        self.seen = await self._snapshot()
+        argv = [plat.WATCH, *(["--recursive"] if self.recursive else []), self.path]
+        req = ExecRequest(cmd=argv, user=self.user, cwd="/", timeout=None, stdin_open=True,
+                          stdout_limit=256 << 20)  # fmt: skip
+        events = aiter(self.svc.exec(self.sandbox, req))
+        armed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._pump(events, armed))
+        await armed
+
+    async def _pump(self, events: AsyncIterator[Any], armed: asyncio.Future[None]) -> None:
+        buf, err = b"", b""
+        try:
+            async for ev in events:
+                if isinstance(ev, ExecOutput) and ev.type == "stderr":
+                    err += ev.data[:4096]
+                elif isinstance(ev, ExecOutput):
+                    buf += ev.data
+                    *records, buf = buf.split(b"\0")
+                    for r in records:
+                        await self._record(r.decode(errors="surrogateescape"), armed)
+                elif isinstance(ev, ExecExit) and not armed.done():
+                    code = _WATCH_EXIT.get(ev.exit_code, "internal")
+                    message = err.decode(errors="replace").strip() or f"exit {ev.exit_code}"
+                    armed.set_exception(ConnectError(code, message))
+                elif hasattr(ev, "pid"):
+                    self.pid = ev.pid
+        except Exception as exc:
+            if not armed.done():
+                armed.set_exception(exc)
+        finally:
+            if not armed.done():
+                armed.set_exception(ConnectError("internal", "the watcher ended"))
+            await self.live.put(None)
+            async with self._synced:
+                self._syncs = -1  # no answer will come
+                self._synced.notify_all()
+
+    async def _record(self, r: str, armed: asyncio.Future[None]) -> None:
+        if r == "R" and not armed.done():
+            armed.set_result(None)
+        elif r == "S":
+            async with self._synced:
+                self._syncs += 1
+                self._synced.notify_all()
+        elif r.startswith("E"):
+            mask_hex, _, rel = r[1:].partition(":")
+            mask = int(mask_hex, 16)
+            for bits, name in _OPS:
+                if mask & bits:
+                    ev: dict[str, Any] = {"name": rel, "type": f"EVENT_TYPE_{name}"}
+                    if self.include_entry and name in ("CREATE", "WRITE", "CHMOD"):
+                        entry = await self._entry(posixpath.join(self.path, rel))
+                        if entry is not None:
+                            ev["entry"] = entry
+                    self.pending.append(ev)
+                    await self.live.put(ev)
+
+    async def _entry(self, path: str) -> dict[str, Any] | None:
+        try:
+            e = await self.svc.stat_file(self.sandbox, path, self.user)
+        except Exception:
+            return None  # gone again
+        users, groups = await self.names.of(self.svc, self.sandbox)
+        return entry_info(e, users, groups)
 
     async def events(self) -> list[dict[str, Any]]:
-        """What changed since the last call (or the start)."""
-        now = await self._snapshot()
-        before = self.seen or {}
-        self.seen = now
-        out: list[dict[str, Any]] = []
-
-        def ev(path: str, kind: str) -> None:
-            out.append({"name": posixpath.relpath(path, self.path), "type": f"EVENT_TYPE_{kind}"})
-
-        for path, (kind, size, mtime, mode) in now.items():
-            old = before.get(path)
-            if old is None:
-                ev(path, "CREATE")
-                if kind == "file" and size > 0:
-                    ev(path, "WRITE")
-            elif old[1:3] != (size, mtime):
-                ev(path, "WRITE")
-            elif old[3] != mode:
-                ev(path, "CHMOD")
-        for path in before:
-            if path not in now:
-                ev(path, "REMOVE")
-        return out
+        """Every change since the last poll (or the start)."""
+        async with self._synced:
+            want = self._syncs + 1
+            if self._syncs < 0:
+                raise ConnectError("not_found", f"watcher {self.id} has ended")
+            await self.svc.send_stdin(self.sandbox, self.pid, b"\n")
+            await asyncio.wait_for(
+                self._synced.wait_for(lambda: self._syncs >= want or self._syncs < 0), 10
+            )
+        taken, self.pending = self.pending, []
+        return taken
 
     async def stream(self, keepalive: float | None) -> AsyncIterator[dict[str, Any]]:
         # WatchDirResponse's oneof is the message itself (no "event" field).
         yield {"start": {}}
-        quiet = 0.0
         while True:
-            await asyncio.sleep(POLL)
-            found = await self.events()
-            for e in found:
-                yield {"filesystem": e}
-            quiet = 0.0 if found else quiet + POLL
-            if keepalive and quiet >= keepalive:
-                quiet = 0.0
+            try:
+                ev = await asyncio.wait_for(self.live.get(), keepalive)
+            except TimeoutError:
                 yield {"keepalive": {}}
+                continue
+            if ev is None:
+                return
+            self.pending.clear()  # a stream takes them as they come
+            yield {"filesystem": ev}
+
+    async def close(self) -> None:
+        if self.pid:
+            with contextlib.suppress(Exception):
+                await self.svc.send_stdin(self.sandbox, self.pid, b"", eof=True)
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 5)
+            except Exception:
+                self._task.cancel()
