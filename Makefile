@@ -1,7 +1,7 @@
 # The two commands a newcomer runs (as root, on Debian 12):
 #   make demo   install everything, then run the main job
 #   make test   install everything, then run the test suite
-.PHONY: install demo test lint unit integration bench clean
+.PHONY: install demo test lint unit integration bench e2b-conformance clean
 
 install:
 	./scripts/install.sh
@@ -27,6 +27,10 @@ integration:
 
 bench: install
 	.venv/bin/corral bench
+
+# E2B's own SDK tests against this checkout (docs/e2b.md): E2B_MIRROR=<git dir>.
+e2b-conformance:
+	./scripts/e2b-conformance.sh
 
 clean:
 	rm -rf build .stamps

@@ -39,6 +39,10 @@ def _repo_platform_dir() -> Path:
 MAX_OVERCOMMIT = 1000.0
 
 
+# E2B's "base": Corral's Python image with E2B's user (install.sh builds it).
+DEFAULT_E2B_TEMPLATES = {"base": "debian-python:bookworm workspace=e2b-user:bookworm"}
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     data_dir: Path = Path("/var/lib/corral")
@@ -124,9 +128,7 @@ class NodeConfig:
     # E2B templates (api/compat/e2b): a template id to what a sandbox of it
     # starts from, "IMAGE [workspace=REF] [toolkit=REF,REF]". A template id
     # that is not here but names an image of the store is that image.
-    e2b_templates: dict[str, str] = field(
-        default_factory=lambda: {"base": "debian-python:bookworm workspace=e2b-user:bookworm"}
-    )
+    e2b_templates: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_E2B_TEMPLATES))
     # Sandbox networking (only for sandboxes given a policy).
     network_pool: str = "10.200.0.0/16"
     dns_port: int = 10053
@@ -297,3 +299,15 @@ class NodeConfig:
     @property
     def cgroup_parent(self) -> str:
         return f"corral/{self.node}"
+
+
+def e2b_templates() -> dict[str, str]:
+    """E2B's templates for a process without a node's config (a gateway):
+    CORRAL_E2B_TEMPLATES (JSON), else a node's default."""
+    raw = os.environ.get("CORRAL_E2B_TEMPLATES")
+    if raw:
+        found = json.loads(raw)
+        if not isinstance(found, dict):
+            raise ValueError("CORRAL_E2B_TEMPLATES must be a JSON object of strings")
+        return {str(k): str(v) for k, v in found.items()}
+    return dict(DEFAULT_E2B_TEMPLATES)

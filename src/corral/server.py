@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from corral.api.app import create_app
-from corral.config import NodeConfig
+from corral.config import NodeConfig, e2b_templates
 from corral.errors import InvalidArgument
 from corral.images.blobd import create_blob_app
 from corral.log import configure, get_logger
@@ -183,7 +183,10 @@ async def serve_gateway(
     )
     try:
         await gateway.start()
-        app = create_app(None, for_token=gateway.for_token)
+        app = create_app(
+            None, for_token=gateway.for_token, for_sandbox=gateway.for_sandbox,
+            e2b_templates=e2b_templates(),
+        )  # fmt: skip
         log.info("gateway.listening", host=host, port=port)
         await _run(app, host=host, port=port, signals=signals)
     finally:

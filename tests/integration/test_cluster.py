@@ -434,3 +434,38 @@ async def test_a_rollout_follows_its_sandbox_to_another_node(cluster: Cluster) -
         await moved.close()
         await c.rollouts.delete("moving")
     assert cluster.used("moves") == (0, 0.0, 0)
+
+
+async def test_e2bs_sdk_works_through_the_gateway_within_its_project(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stock e2b SDK with a project's key against the gateway: E2B's
+    control API is the project's, envd calls reach the sandbox's node with
+    the sandbox's own token, and another project sees none of it."""
+    e2b = pytest.importorskip("e2b", reason="the e2b package (a dev dependency) is missing")
+    assert cluster.gateway is not None
+    url = cluster.gateway.url
+    key, other = cluster.project("e2b-a", max_sandboxes=2), cluster.project("e2b-b")
+    for k, v in {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": key,
+                 "E2B_VALIDATE_API_KEY": "false", "E2B_DOMAIN": "corral.local"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    s = await e2b.AsyncSandbox.create("base", timeout=120, metadata={"who": "a"})
+    try:
+        assert _node_of(s.sandbox_id) in {n.name for n in cluster.nodes}
+        assert (await s.commands.run("whoami")).stdout == "user\n"
+        cat = await s.commands.run("cat", background=True, stdin=True)
+        await s.commands.send_stdin(cat.pid, "through the gateway")
+        await s.commands.close_stdin(cat.pid)
+        assert (await cat.wait()).stdout == "through the gateway"
+        await s.files.write("a.txt", "on its node")
+        assert await s.files.read("a.txt") == "on its node"
+        await s.set_timeout(60)
+        theirs = e2b.AsyncSandbox.list(api_key=other)
+        assert await theirs.next_items() == []
+        with pytest.raises(e2b.NotFoundException):
+            await e2b.AsyncSandbox.get_info(s.sandbox_id, api_key=other)
+        assert not await e2b.AsyncSandbox.kill(s.sandbox_id, api_key=other)
+        assert cluster.used("e2b-a")[0] == 1
+    finally:
+        assert await s.kill()
+    assert cluster.used("e2b-a") == (0, 0.0, 0)

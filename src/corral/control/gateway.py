@@ -27,7 +27,7 @@ from corral.control.nodes import NodeRow
 from corral.control.schema import migrate
 from corral.control.view import GatewayView
 from corral.db import Database
-from corral.errors import CorralError, Unauthenticated, Unavailable
+from corral.errors import CorralError, SandboxNotFound, Unauthenticated, Unavailable
 from corral.log import get_logger
 
 log = get_logger("corral.gateway")
@@ -86,6 +86,15 @@ class Gateway(GatewayCore):
         project = await quotas.project_of_key(self.db, token)
         self._keys[token] = (now, project)
         return GatewayView(self, project)
+
+    async def for_sandbox(self, sandbox_id: str) -> SandboxService:
+        """The API as seen by the project that owns `sandbox_id`: for E2B's
+        envd calls, which carry the sandbox's own token (checked against its
+        labels by api/compat/e2b/envd.py), not a key."""
+        row = await sandboxes.by_id(self.db, sandbox_id)
+        if row is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id}", sandbox=sandbox_id)
+        return GatewayView(self, row.project)
 
     # ------------------------------------------------------------ sweep
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# E2B's own Python SDK test suite against a `corral serve` of this checkout,
+# and the table of every test and its result (docs/e2b-conformance.md).
+#
+#   E2B_MIRROR=<git dir of e2b-dev/E2B> make e2b-conformance
+#
+# The runner is the workplace's (../shared/peers/e2b/run_e2b_tests.sh, or
+# PEERS=...): it takes the tests from the tag of the SDK version it installs.
+# TIER=core (default) is the lifecycle, list, commands and files tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${E2B_MIRROR:?set E2B_MIRROR to a git dir of github.com/e2b-dev/E2B (with its tags)}"
+PEERS="${PEERS:-../shared/peers}"
+RUNNER="$PEERS/e2b/run_e2b_tests.sh"
+[ -x "$RUNNER" ] || [ -f "$RUNNER" ] || { echo "no E2B runner at $RUNNER (set PEERS)" >&2; exit 2; }
+PORT="${PORT:-7179}"
+OUT="$(mktemp -d /tmp/e2b-conformance.XXXX)"
+
+.venv/bin/corral serve --port "$PORT" --log-level warning >"$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
+  sleep 0.1
+done
+
+URL="http://127.0.0.1:$PORT"
+EXTRA_PYTEST_ARGS="--junitxml=$OUT/e2b.xml ${EXTRA_PYTEST_ARGS:-}" \
+  TIER="${TIER:-core}" E2B_MIRROR="$E2B_MIRROR" bash "$RUNNER" "$URL" e2b_00 "$URL" \
+  | tee "$OUT/run.log" || true
+.venv/bin/python scripts/junit_table.py "$OUT/e2b.xml" \
+  "E2B Python SDK ${E2B_VERSION:-2.45.1}, its own tests (TIER=${TIER:-core}), against corral serve" \
+  > docs/e2b-conformance.md
+echo "wrote docs/e2b-conformance.md ($OUT has the logs)"
