@@ -5,7 +5,6 @@ input E2B's clients can send. (E2B's own test suite: `make e2b-conformance`.)"""
 from __future__ import annotations
 
 import asyncio
-import base64
 import gzip
 import json
 import struct
@@ -235,6 +234,3 @@ async def test_a_killed_sandboxs_streams_are_dropped(e2b_env: str, node: Node) -
     with pytest.raises(Exception):  # noqa: B017 (the SDK's transport error, whichever)
         await asyncio.wait_for(bg.wait(), 20)
     assert node.resources(s.sandbox_id) == []
-
-
-__all__ = ["base64"]

@@ -32,7 +32,6 @@ from corral.errors import (
     CorralError,
     ImageNotFound,
     InvalidArgument,
-    NotFound,
     SandboxClosed,
 )
 
@@ -351,6 +350,3 @@ def _cursor(token: str | None) -> tuple[float, str] | None:
         return float(created_at), str(sandbox_id)
     except (ValueError, TypeError, binascii.Error):
         raise E2bError(400, f"nextToken is not one this server gave: {token!r}") from None
-
-
-__all__ = ["ENVD_VERSION", "TOKEN", "E2bError", "NotFound", "error_response", "router"]

@@ -21,7 +21,6 @@ import base64
 import binascii
 import gzip
 import hmac
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -294,6 +293,3 @@ def _keepalive(request: Request) -> float | None:
         return float(raw) if raw else None
     except ValueError:
         return None
-
-
-__all__ = ["Envd", "json"]

@@ -26,6 +26,10 @@ from corral.host import platform as plat
 METADATA = "user.e2b."  # E2B's file metadata: these extended attributes
 MAX_DEPTH = 32
 MAX_WATCHERS = 64  # per sandbox
+# Events a watcher keeps for its next poll, and for a stream that lags:
+# beyond them the oldest are dropped (as inotify drops past its queue).
+MAX_PENDING = 65536
+MAX_LIVE = 1024
 TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 _TYPE_BITS = {"file": st.S_IFREG, "dir": st.S_IFDIR, "symlink": st.S_IFLNK}
 
@@ -221,7 +225,8 @@ class Watcher:
         self.include_entry = include_entry
         self.pid = 0
         self.pending: list[dict[str, Any]] = []  # events not yet taken by a poll
-        self.live: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.live: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(MAX_LIVE)
+        self.dropped = 0
         self._synced = asyncio.Condition()
         self._syncs = 0
         self._task: asyncio.Task[None] | None = None
@@ -258,7 +263,9 @@ class Watcher:
         finally:
             if not armed.done():
                 armed.set_exception(ConnectError("internal", "the watcher ended"))
-            await self.live.put(None)
+            if self.live.full():
+                self.live.get_nowait()
+            self.live.put_nowait(None)
             async with self._synced:
                 self._syncs = -1  # no answer will come
                 self._synced.notify_all()
@@ -281,7 +288,13 @@ class Watcher:
                         if entry is not None:
                             ev["entry"] = entry
                     self.pending.append(ev)
-                    await self.live.put(ev)
+                    if len(self.pending) > MAX_PENDING:
+                        del self.pending[0]
+                        self.dropped += 1
+                    if self.live.full():
+                        self.live.get_nowait()
+                        self.dropped += 1
+                    self.live.put_nowait(ev)
 
     async def _entry(self, path: str) -> dict[str, Any] | None:
         try:

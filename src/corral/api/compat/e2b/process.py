@@ -33,7 +33,11 @@ Item = dict[str, Any] | ConnectError | None
 # later, so that the client's own timeout is what it sees (as with envd).
 DEADLINE_GRACE = 1.0
 
-OUTPUT_LIMIT = 256 * MiB  # per stream: E2B has no cap, Corral's largest
+OUTPUT_LIMIT = 256 * MiB
+# Events a stream may have waiting: past it the command's output waits
+# (the pump, then the node, then the command's pipe), so a sandbox that
+# floods output never grows this server's memory.
+QUEUE = 256  # per stream: E2B has no cap, Corral's largest
 SIGNALS = {"SIGNAL_SIGKILL": signals.SIGKILL, "SIGNAL_SIGTERM": signals.SIGTERM}
 
 
@@ -128,7 +132,7 @@ class Processes:
         if config.get("cwd"):
             shown["cwd"] = config["cwd"]
         proc = Proc(sandbox_id, first.pid, shown, msg.get("tag"))
-        queue: asyncio.Queue[Item] = asyncio.Queue()
+        queue: asyncio.Queue[Item] = asyncio.Queue(QUEUE)
         proc.subscribers.add(queue)
         queue.put_nowait(_event("start", {"pid": proc.pid}))
         self.table[(sandbox_id, proc.pid)] = proc
@@ -136,28 +140,28 @@ class Processes:
         return proc, queue
 
     async def _pump(self, proc: Proc, events: AsyncIterator[Any]) -> None:
-        def publish(m: Item) -> None:
+        async def publish(m: Item) -> None:
             for q in list(proc.subscribers):
-                q.put_nowait(m)
+                await q.put(m)
 
         try:
             async for ev in events:
                 if isinstance(ev, ExecOutput):
                     data = base64.b64encode(ev.data).decode()
-                    publish(_event("data", {ev.type: data}))
+                    await publish(_event("data", {ev.type: data}))
                 elif isinstance(ev, ExecExit) and ev.timed_out:
-                    publish(ConnectError("deadline_exceeded", "the call's deadline passed"))
+                    await publish(ConnectError("deadline_exceeded", "the call's deadline passed"))
                 elif isinstance(ev, ExecExit):
-                    publish(_end(ev))
+                    await publish(_end(ev))
         except Exception:  # the sandbox went away under it (killed, lost)
-            publish(ABORT)
+            _offer(proc, ABORT)
         finally:
             proc.done = True
-            publish(None)
+            _offer(proc, None)
             self.table.pop((proc.sandbox, proc.pid), None)
 
     def attach(self, proc: Proc) -> asyncio.Queue[Item]:
-        queue: asyncio.Queue[Item] = asyncio.Queue()
+        queue: asyncio.Queue[Item] = asyncio.Queue(QUEUE)
         queue.put_nowait(_event("start", {"pid": proc.pid}))
         proc.subscribers.add(queue)
         return queue
@@ -182,12 +186,13 @@ class Processes:
                 yield m
         finally:
             proc.subscribers.discard(queue)
+            while not queue.empty():  # a pump waiting to put here goes on
+                queue.get_nowait()
 
     def abort(self, sandbox_id: str) -> None:
         """Its sandbox is being killed: drop every stream of its processes."""
         for p in [p for p in self.table.values() if p.sandbox == sandbox_id]:
-            for q in list(p.subscribers):
-                q.put_nowait(ABORT)
+            _offer(p, ABORT)
             if p.task is not None:
                 p.task.cancel()
 
@@ -201,6 +206,15 @@ class Processes:
         for t in tasks:
             with contextlib.suppress(BaseException):
                 await t
+
+
+def _offer(proc: Proc, m: Item) -> None:
+    """The last word to every stream, whatever they have waiting: it
+    replaces what they have not read (they are over anyway)."""
+    for q in list(proc.subscribers):
+        while q.full():
+            q.get_nowait()
+        q.put_nowait(m)
 
 
 def signal_of(name: object) -> int:
