@@ -32,6 +32,7 @@ from corral.errors import (
     CorralError,
     ImageNotFound,
     InvalidArgument,
+    NotFound,
     SandboxClosed,
 )
 
@@ -186,7 +187,10 @@ def router(
         return call
 
     async def _get(svc: SandboxService, sandbox_id: str) -> SandboxInfo:
-        info = await svc.get(sandbox_id)
+        try:
+            info = await svc.get(sandbox_id)
+        except (NotFound, InvalidArgument):  # a malformed id names no sandbox either
+            raise E2bError(404, f"sandbox {sandbox_id!r} not found") from None
         if info.state.value in ("closed", "failed", "closing") or TOKEN not in info.labels:
             # Not a live E2B sandbox of this caller: E2B says not found.
             raise E2bError(404, f"sandbox {sandbox_id!r} not found")
