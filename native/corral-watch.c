@@ -43,7 +43,7 @@ static void out(const char *rec) {
     fputc(0, stdout);
 }
 
-static void add_tree(const char *rel);
+static void add_tree(const char *rel, int late);
 
 static void add(const char *rel) {
     char path[PATH_MAX];
@@ -55,10 +55,14 @@ static void add(const char *rel) {
     rel_of[wd] = strdup(rel);
 }
 
-/* The directory and, when recursive, every directory below it. */
-static void add_tree(const char *rel) {
+/* The directory and, when recursive, every directory below it. A `late`
+ * one (created under a watched directory, watched only once its creation
+ * was read) may already hold what was made in it meanwhile: each entry is
+ * reported as created (and written, if it has content), so nothing made
+ * after the watch began goes unseen. */
+static void add_tree(const char *rel, int late) {
     add(rel);
-    if (!recursive) return;
+    if (!recursive && !late) return;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s%s%s", root, *rel ? "/" : "", rel);
     DIR *d = opendir(path);
@@ -67,11 +71,19 @@ static void add_tree(const char *rel) {
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         struct stat st;
-        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
-            continue;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
         char sub[PATH_MAX];
         snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", e->d_name);
-        add_tree(sub);
+        if (late) {
+            char rec[PATH_MAX + 32];
+            snprintf(rec, sizeof rec, "E%x:%s", IN_CREATE, sub);
+            out(rec);
+            if (S_ISREG(st.st_mode) && st.st_size > 0) {
+                snprintf(rec, sizeof rec, "E%x:%s", IN_MODIFY, sub);
+                out(rec);
+            }
+        }
+        if (S_ISDIR(st.st_mode) && recursive) add_tree(sub, late);
     }
     closedir(d);
 }
@@ -107,7 +119,7 @@ static int drain(void) {
             snprintf(rec, sizeof rec, "E%x:%s", ev->mask & ~IN_ISDIR, rel);
             out(rec);
             if (recursive && (ev->mask & IN_ISDIR) && (ev->mask & (IN_CREATE | IN_MOVED_TO)))
-                add_tree(rel);
+                add_tree(rel, 1);
         }
     }
 }
@@ -137,7 +149,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "corral-watch: inotify: %s\n", strerror(errno));
         return 1;
     }
-    add_tree("");
+    add_tree("", 0);
     if (root_wd < 0) {
         fprintf(stderr, "corral-watch: %s: cannot watch it\n", root);
         return 1;

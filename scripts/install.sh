@@ -74,7 +74,7 @@ say "images: fncall:bookworm (function calls: python, bash, c, c++; cached)"
 .venv/bin/corral image build fncall:bookworm --debootstrap bookworm --packages python3,gcc,g++,libc6-dev
 
 say "images: e2b-user:bookworm (E2B's 'base' template: the user 'user', home /home/user)"
-.venv/bin/corral image build e2b-user:bookworm --run debian-python:bookworm --kind workspace -- \
+.venv/bin/corral image build e2b-user:bookworm --run debian-python:bookworm --kind toolkit -- \
   bash -c "id user >/dev/null 2>&1 || useradd -m -s /bin/bash -u 1000 user"
 
 say "images: debian-desktop:bookworm + corral-desktop (the full-VM desktop: X, twm, xterm; cached)"

@@ -39,8 +39,9 @@ def _repo_platform_dir() -> Path:
 MAX_OVERCOMMIT = 1000.0
 
 
-# E2B's "base": Corral's Python image with E2B's user (install.sh builds it).
-DEFAULT_E2B_TEMPLATES = {"base": "debian-python:bookworm workspace=e2b-user:bookworm"}
+# E2B's "base": Corral's Python image with E2B's user (install.sh builds
+# it), sized as E2B's own base template (512 MiB).
+DEFAULT_E2B_TEMPLATES = {"base": "debian-python:bookworm toolkit=e2b-user:bookworm memory=512MiB"}
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ class NodeConfig:
     stores: dict[str, str] = field(default_factory=dict)
     store_keys: dict[str, str] = field(default_factory=dict)
     # E2B templates (api/compat/e2b): a template id to what a sandbox of it
-    # starts from, "IMAGE [workspace=REF] [toolkit=REF,REF]". A template id
+    # starts from, "IMAGE [workspace=REF] [toolkit=REF,REF] [memory=SIZE]
+    # [cpu=N] [disk=SIZE]". A template id
     # that is not here but names an image of the store is that image.
     e2b_templates: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_E2B_TEMPLATES))
     # Sandbox networking (only for sandboxes given a policy).

@@ -16,6 +16,6 @@ def add_e2b(
     """Serve E2B's routes on `app`: the control API for callers `resolve`
     lets in, envd for the sandbox `for_sandbox` finds (its token checked)."""
     envd = Envd(for_sandbox)
-    app.include_router(control.router(resolve, templates, envd.processes.abort))
+    app.include_router(control.router(resolve, templates, envd.forget))
     app.include_router(envd.router())
     return envd

@@ -122,7 +122,8 @@ def created(info: SandboxInfo) -> dict[str, Any]:
 
 def template_spec(templates: dict[str, str], template: str) -> dict[str, Any]:
     """CreateSandbox fields for a template id: NodeConfig.e2b_templates'
-    "IMAGE [workspace=REF] [toolkit=REF,REF]", or the id as an image."""
+    "IMAGE [workspace=REF] [toolkit=REF,REF] [memory=SIZE] [cpu=N] [disk=SIZE]",
+    or the id as an image."""
     spec = templates.get(template)
     if spec is None:
         return {"image": template}
@@ -134,6 +135,8 @@ def template_spec(templates: dict[str, str], template: str) -> dict[str, Any]:
             out["workspace"] = value
         elif key == "toolkit":
             out["toolkit"] = [v for v in value.split(",") if v]
+        elif key in ("memory", "cpu", "disk"):
+            out[key] = value
     return out
 
 

@@ -21,6 +21,7 @@ import base64
 import binascii
 import gzip
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -59,11 +60,22 @@ def _user(request: Request) -> str:
     return request.query_params.get("username") or DEFAULT_USER
 
 
+# How long a checked token is trusted without asking again: a command's
+# round trip would otherwise pay a record read. A closed sandbox still fails
+# at once (the call itself finds it closed); `forget` drops it on a kill.
+TOKEN_TTL = 2.0
+
+
 class Envd:
     def __init__(self, for_sandbox: ForSandbox) -> None:
         self.for_sandbox = for_sandbox
         self.processes = Processes()
         self.fs = Filesystem()
+        self._checked: dict[tuple[str, str], float] = {}
+
+    def forget(self, sandbox_id: str) -> None:
+        self._checked = {k: t for k, t in self._checked.items() if k[0] != sandbox_id}
+        self.processes.abort(sandbox_id)
 
     async def sandbox(self, request: Request) -> tuple[SandboxService, str]:
         """The caller's sandbox, once its token checks out."""
@@ -76,16 +88,22 @@ class Envd:
                 "unavailable", f"port {port} of a sandbox is not forwarded by Corral yet"
             )
         svc = await self.for_sandbox(sandbox_id)
+        given = request.headers.get("x-access-token", "")
+        now = time.monotonic()
+        if now - self._checked.get((sandbox_id, given), -TOKEN_TTL) < TOKEN_TTL:
+            return svc, sandbox_id
         try:
             info = await svc.get(sandbox_id)
         except (NotFound, InvalidArgument):
             raise c.ConnectError("not_found", f"sandbox {sandbox_id} not found") from None
         token = info.labels.get(TOKEN)
-        given = request.headers.get("x-access-token", "")
         if token is None or not hmac.compare_digest(given.encode(), token.encode()):
             raise c.ConnectError("unauthenticated", "X-Access-Token is not this sandbox's")
         if info.state.value in ("closed", "failed", "closing"):
             raise SandboxClosed(f"sandbox {sandbox_id} is {info.state.value}", sandbox=sandbox_id)
+        if len(self._checked) > 65536:
+            self._checked.clear()
+        self._checked[(sandbox_id, given)] = now
         return svc, sandbox_id
 
     def router(self) -> APIRouter:
