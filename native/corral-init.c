@@ -438,6 +438,13 @@ static int handle_exec(int conn, struct cursor *c) {
     char *cwd = cur_str(c);
     char **argv = cur_strv(c);
     char **env = cur_strv(c);
+    struct winsize ws = {0};
+    if (flags & EXEC_PTY) {
+        ws.ws_row = (unsigned short)cur_u32(c);
+        ws.ws_col = (unsigned short)cur_u32(c);
+        flags |= EXEC_STDIN_STREAM; /* a terminal's input is its master side */
+        input_open = 1;
+    }
     if (c->bad || !argv || !argv[0]) return send_error(conn, EINVAL, "malformed exec request");
 
     struct ident id;
@@ -451,9 +458,26 @@ static int handle_exec(int conn, struct cursor *c) {
         env[n + 1] = NULL;
     }
 
-    int in[2] = {-1, -1}, out[2], err[2], report[2];
-    if ((flags & EXEC_STDIN_STREAM) && pipe2(in, O_CLOEXEC) < 0) return send_error(conn, errno, "pipe: %m");
-    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(report, O_CLOEXEC) < 0)
+    int in[2] = {-1, -1}, out[2], err[2], report[2], master = -1, slave = -1;
+    if (flags & EXEC_PTY) {
+        /* The command's stdio is a terminal's slave; the master side is the
+         * stream both ways (output has no separate stderr, as with a TTY). */
+        master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if (master < 0 || grantpt(master) < 0 || unlockpt(master) < 0)
+            return send_error(conn, errno, "a terminal: %m");
+        slave = open(ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if (slave < 0) return send_error(conn, errno, "a terminal's slave: %m");
+        ioctl(master, TIOCSWINSZ, &ws);
+        in[0] = slave;
+        in[1] = fcntl(master, F_DUPFD_CLOEXEC, 0);
+        out[0] = master;
+        out[1] = slave;
+        if (pipe2(err, O_CLOEXEC) < 0) return send_error(conn, errno, "pipe: %m");
+    } else if ((flags & EXEC_STDIN_STREAM) && pipe2(in, O_CLOEXEC) < 0) {
+        return send_error(conn, errno, "pipe: %m");
+    }
+    if ((!(flags & EXEC_PTY) && (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)) ||
+        pipe2(report, O_CLOEXEC) < 0)
         return send_error(conn, errno, "pipe: %m");
 
     pid_t pid = fork();
@@ -464,7 +488,8 @@ static int handle_exec(int conn, struct cursor *c) {
         int devnull = (flags & EXEC_STDIN_STREAM) ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
         dup2((flags & EXEC_STDIN_STREAM) ? in[0] : devnull, 0);
         dup2(out[1], 1);
-        dup2(err[1], 2);
+        dup2((flags & EXEC_PTY) ? slave : err[1], 2);
+        if (flags & EXEC_PTY) ioctl(0, TIOCSCTTY, 0); /* its controlling terminal */
         sigset_t none;
         sigemptyset(&none);
         for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
@@ -503,7 +528,7 @@ static int handle_exec(int conn, struct cursor *c) {
         _exit(127);
     }
 
-    close(out[1]);
+    if (!(flags & EXEC_PTY)) close(out[1]); /* a PTY's slave is in[0], closed below */
     close(err[1]);
     close(report[1]);
     if (in[0] >= 0) close(in[0]);
@@ -594,6 +619,10 @@ static int handle_exec(int conn, struct cursor *c) {
                 } else if (f.type == REQ_STDIN_EOF) {
                     in_eof = 1;
                     input_open = 0;
+                } else if (f.type == REQ_RESIZE && f.len == 8 && master >= 0) {
+                    struct winsize w = {.ws_row = (unsigned short)get_u32le(f.data),
+                                        .ws_col = (unsigned short)get_u32le(f.data + 4)};
+                    ioctl(master, TIOCSWINSZ, &w);
                 } else if (f.type == REQ_SIGNAL && f.len == 4) {
                     int sig = (int)get_u32le(f.data);
                     if (sig > 0 && sig < NSIG) {

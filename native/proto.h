@@ -24,6 +24,7 @@ enum {
     REQ_STDIN = 0x11,     /* on an exec connection: bytes for the child's stdin */
     REQ_STDIN_EOF = 0x12, /* on an exec connection: close the child's stdin */
     REQ_SIGNAL = 0x13,    /* on an exec connection: u32 signal for the command */
+    REQ_RESIZE = 0x14,    /* on a PTY exec connection: u32 rows, u32 cols */
     REQ_READ = 0x20,
     REQ_WRITE = 0x21,     /* followed by REQ_DATA frames and REQ_END */
     REQ_LIST = 0x22,
@@ -72,6 +73,8 @@ enum {
 
 /* REQ_EXEC flags */
 #define EXEC_STDIN_STREAM 0x1u  /* REQ_STDIN frames follow; otherwise stdin is /dev/null */
+#define EXEC_PTY 0x2u           /* a terminal: u32 rows, u32 cols follow env; stdio is its slave,
+                                 * output comes as RSP_STDOUT, input as REQ_STDIN */
 
 /* REQ_WRITE / REQ_MKDIR / REQ_REMOVE flags */
 #define FILE_MKDIRS 0x1u

@@ -6,7 +6,8 @@
 #
 # The runner is the workplace's (../shared/peers/e2b/run_e2b_tests.sh, or
 # PEERS=...): it takes the tests from the tag of the SDK version it installs.
-# TIER=core (default) is the lifecycle, list, commands and files tests.
+# TIER=core (default) is the lifecycle, list, commands and files tests; the
+# PTY tests are added (EXTRA_PYTEST_ARGS replaces them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${E2B_MIRROR:?set E2B_MIRROR to a git dir of github.com/e2b-dev/E2B (with its tags)}"
@@ -25,7 +26,7 @@ for _ in $(seq 100); do
 done
 
 URL="http://127.0.0.1:$PORT"
-EXTRA_PYTEST_ARGS="--junitxml=$OUT/e2b.xml ${EXTRA_PYTEST_ARGS:-}" \
+EXTRA_PYTEST_ARGS="--junitxml=$OUT/e2b.xml ${EXTRA_PYTEST_ARGS:-tests/sync/sandbox_sync/pty}" \
   TIER="${TIER:-core}" E2B_MIRROR="$E2B_MIRROR" bash "$RUNNER" "$URL" e2b_00 "$URL" \
   | tee "$OUT/run.log" || true
 .venv/bin/python scripts/junit_table.py "$OUT/e2b.xml" \

@@ -95,6 +95,31 @@ async def test_commands_run_as_e2bs_user_in_its_home(e2b_env: str) -> None:
         await s.kill()
 
 
+async def test_a_terminal_through_envd(e2b_env: str) -> None:
+    """A PTY: a shell on a terminal of the asked size, fed keystrokes,
+    resized, killed."""
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        out = bytearray()
+        term = await s.pty.create(e2b.PtySize(rows=24, cols=80), on_data=out.extend)
+        await s.pty.send_stdin(term.pid, b"stty size; tty; echo marker-$((6*7))\n")
+        for _ in range(100):
+            if b"marker-42" in out:
+                break
+            await asyncio.sleep(0.05)
+        assert b"24 80" in out and b"/dev/pts/" in out and b"marker-42" in out, bytes(out)
+        await s.pty.resize(term.pid, e2b.PtySize(rows=40, cols=120))
+        await s.pty.send_stdin(term.pid, b"stty size\n")
+        for _ in range(100):
+            if b"40 120" in out:
+                break
+            await asyncio.sleep(0.05)
+        assert b"40 120" in out, bytes(out)
+        assert await s.pty.kill(term.pid)
+    finally:
+        await s.kill()
+
+
 async def test_files_through_envd(e2b_env: str) -> None:
     s = await e2b.AsyncSandbox.create("base", timeout=120)
     try:

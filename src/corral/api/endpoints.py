@@ -69,6 +69,11 @@ def add_routes(app: FastAPI) -> None:
         await svc.kill(sandbox_id, pid, signal)
         return Response(status_code=204)
 
+    @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/pty", status_code=204)
+    async def resize_pty(svc: Svc, sandbox_id: str, pid: int, rows: int, cols: int) -> Response:
+        await svc.resize_pty(sandbox_id, pid, rows, cols)
+        return Response(status_code=204)
+
     @app.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/stdin", status_code=204)
     async def send_stdin(
         svc: Svc,

@@ -68,6 +68,13 @@ class HttpService(HttpTransport):
             params=[("signal", signal)],
         )
 
+    async def resize_pty(self, sandbox_id: str, pid: int, rows: int, cols: int) -> None:
+        await self._send(
+            "POST",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/commands/{pid}/pty",
+            params=[("rows", rows), ("cols", cols)],
+        )
+
     async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False) -> None:
         await self._send(
             "POST",

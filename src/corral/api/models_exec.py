@@ -32,6 +32,10 @@ class ExecRequest(StrictModel):
     # Keep the command's stdin open after `stdin` (if any): more comes with
     # send_stdin(), and EOF with send_stdin(eof=True).
     stdin_open: bool = False
+    # Run it on a terminal of (rows, cols): its stdio is the terminal, its
+    # output (one stream) comes as stdout, its input through send_stdin,
+    # and resize_pty() changes the size. Implies stdin_open.
+    pty: tuple[int, int] | None = None
     # At most once per key in a sandbox: the same key again returns the
     # first run's output (node/keyed.py); a rollout's step.
     key: str | None = None
@@ -46,6 +50,13 @@ class ExecRequest(StrictModel):
             raise ValueError("must not contain NUL")
         if sum(len(p) for p in parts) > 1 * MiB:
             raise ValueError("must be at most 1 MiB in total")
+        return v
+
+    @field_validator("pty")
+    @classmethod
+    def _pty(cls, v: tuple[int, int] | None) -> tuple[int, int] | None:
+        if v is not None and not all(1 <= n <= 1000 for n in v):
+            raise ValueError("must be (rows, cols), each between 1 and 1000")
         return v
 
     @field_validator("key")

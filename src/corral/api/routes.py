@@ -149,6 +149,15 @@ ROUTES: tuple[Route, ...] = (
         forward=True,
     ),
     Route(
+        "resize_pty",
+        "POST",
+        f"{_SBX}/commands/{{pid}}/pty",
+        NoContent(),
+        {"rows": _Q, "cols": _Q},
+        status=204,
+        forward=True,
+    ),
+    Route(
         "send_stdin",
         "POST",
         f"{_SBX}/commands/{{pid}}/stdin",

@@ -54,6 +54,10 @@ class SandboxService(Protocol):
 
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None: ...
 
+    async def resize_pty(self, sandbox_id: str, pid: int, rows: int, cols: int) -> None:
+        """A terminal command's new size (ExecRequest.pty)."""
+        ...
+
     async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False) -> None:
         """More input for a running command started with stdin_open; with
         `eof`, its stdin is closed after it."""

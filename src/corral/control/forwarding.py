@@ -44,6 +44,9 @@ class Forwarding(ABC):
     async def kill(self, sandbox_id: str, pid: int, signal: int = 9) -> None:
         await self._forward(sandbox_id, lambda node: node.kill(sandbox_id, pid, signal))
 
+    async def resize_pty(self, sandbox_id: str, pid: int, rows: int, cols: int) -> None:
+        await self._forward(sandbox_id, lambda node: node.resize_pty(sandbox_id, pid, rows, cols))
+
     async def send_stdin(self, sandbox_id: str, pid: int, data: bytes, eof: bool = False) -> None:
         await self._forward(sandbox_id, lambda node: node.send_stdin(sandbox_id, pid, data, eof))
 

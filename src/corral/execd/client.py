@@ -274,6 +274,7 @@ class ExecdClient:
         stderr_cap: int,
         stdin: bytes | None,
         stdin_open: bool = False,
+        pty: tuple[int, int] | None = None,
     ) -> ExecSession:
         """Start a command; the session yields its output and exit. With
         `stdin_open` its stdin stays open for ExecSession.send_stdin."""
@@ -289,6 +290,7 @@ class ExecdClient:
                     stdout_cap=stdout_cap,
                     stderr_cap=stderr_cap,
                     stdin_stream=stdin is not None or stdin_open,
+                    pty=pty,
                 )
             )
             if stdin is not None or stdin_open:
@@ -339,6 +341,10 @@ class ExecSession:
 
     async def signal(self, signo: int) -> None:
         await self.conn.send(p.frame(p.REQ_SIGNAL, p.u32(signo)))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """A terminal command's new size (its programs get SIGWINCH)."""
+        await self.conn.send(p.frame(p.REQ_RESIZE, p.u32(rows) + p.u32(cols)))
 
     async def send_stdin(self, data: bytes, eof: bool = False) -> None:
         """More input for a command started with stdin_open (then EOF)."""

@@ -19,6 +19,7 @@ REQ_EXEC = 0x10
 REQ_STDIN = 0x11
 REQ_STDIN_EOF = 0x12
 REQ_SIGNAL = 0x13
+REQ_RESIZE = 0x14
 REQ_READ = 0x20
 REQ_WRITE = 0x21
 REQ_LIST = 0x22
@@ -53,6 +54,7 @@ ERR_CWD = 2
 ERR_EXEC = 3
 
 EXEC_STDIN_STREAM = 0x1
+EXEC_PTY = 0x2
 FILE_MKDIRS = 0x1
 FILE_APPEND = 0x2
 FILE_NOFOLLOW = 0x4  # no symbolic link in any component of the path
@@ -95,8 +97,9 @@ def exec_request(
     stdout_cap: int,
     stderr_cap: int,
     stdin_stream: bool,
+    pty: tuple[int, int] | None = None,
 ) -> bytes:
-    flags = EXEC_STDIN_STREAM if stdin_stream else 0
+    flags = (EXEC_STDIN_STREAM if stdin_stream else 0) | (EXEC_PTY if pty else 0)
     body = (
         u32(flags)
         + struct.pack("<q", timeout_ms)
@@ -106,6 +109,7 @@ def exec_request(
         + string(cwd)
         + strings(argv)
         + strings(env)
+        + (u32(pty[0]) + u32(pty[1]) if pty else b"")
     )
     return frame(REQ_EXEC, body)
 

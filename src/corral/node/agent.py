@@ -221,6 +221,10 @@ class NodeAgent:
         p = self.parts
         await p.sessions.send_stdin(p.records.running(sandbox_id), pid, data, eof)
 
+    async def resize_pty(self, sandbox_id: str, pid: int, rows: int, cols: int) -> None:
+        p = self.parts
+        await p.sessions.resize_pty(p.records.running(sandbox_id), pid, rows, cols)
+
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         return await self.parts.fncall.run(req)
 

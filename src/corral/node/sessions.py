@@ -81,7 +81,8 @@ class Sessions:
                 stdout_cap=req.stdout_limit,
                 stderr_cap=req.stderr_limit,
                 stdin=req.stdin,
-                stdin_open=req.stdin_open,
+                stdin_open=req.stdin_open or req.pty is not None,
+                pty=req.pty,
             )
         except Unavailable:
             raise self.records.gone(sandbox_id) from None
@@ -182,6 +183,19 @@ class Sessions:
             raise CommandNotFound(
                 f"no command with pid {pid} in sandbox {rec.id}", sandbox=rec.id, pid=pid
             ) from exc
+
+    async def resize_pty(self, rec: SandboxRecord, pid: int, rows: int, cols: int) -> None:
+        if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
+            raise InvalidArgument(
+                "rows", "rows and cols must each be between 1 and 1000", (rows, cols)
+            )
+        session = self._sessions.get((rec.id, pid))
+        if session is None:
+            raise CommandNotFound(
+                f"no command with pid {pid} in sandbox {rec.id} started here", sandbox=rec.id,
+                pid=pid,
+            )  # fmt: skip
+        await session.resize(rows, cols)
 
     async def send_stdin(self, rec: SandboxRecord, pid: int, data: bytes, eof: bool) -> None:
         """Input for a running command started with stdin_open."""

@@ -12,7 +12,8 @@ envdVersion is 0.6.4 (control.py): the gates the SDK opens up to it are
 implemented here: stdin that can be closed, octet-stream and gzip uploads,
 file metadata (the file's user.e2b.* extended attributes, as envd keeps
 them), entries in watch events, and `allowNetworkMounts` (a sandbox has
-no network mount to refuse). Not yet: PTYs.
+no network mount to refuse). PTYs are terminals corral-init opens
+(ExecRequest.pty); Update resizes them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from fastapi.responses import JSONResponse
 from corral.api.compat.e2b import connect as c
 from corral.api.compat.e2b.control import TOKEN
 from corral.api.compat.e2b.filesystem import METADATA, Filesystem, resolve
-from corral.api.compat.e2b.process import Processes, decode_input, signal_of
+from corral.api.compat.e2b.process import Processes, decode_input, pty_size, signal_of
 from corral.api.models import XattrRequest
 from corral.api.service import SandboxService
 from corral.errors import CorralError, FileNotFound, InvalidArgument, NotFound, SandboxClosed
@@ -231,6 +232,11 @@ class Envd:
             if method == "SendInput":
                 proc = procs.find(sid, msg.get("process") or {})
                 await svc.send_stdin(sid, proc.pid, decode_input(msg))
+                return JSONResponse({})
+            if method == "Update":
+                proc = procs.find(sid, msg.get("process") or {})
+                rows, cols = pty_size(msg)
+                await svc.resize_pty(sid, proc.pid, rows, cols)
                 return JSONResponse({})
             if method == "CloseStdin":
                 proc = procs.find(sid, msg.get("process") or {})

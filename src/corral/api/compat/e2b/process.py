@@ -47,6 +47,7 @@ class Proc:
     pid: int
     config: dict[str, Any]
     tag: str | None
+    pty: bool = False  # a terminal: its one output stream is envd's "pty"
     subscribers: set[asyncio.Queue[Item]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
     done: bool = False
@@ -102,8 +103,7 @@ class Processes:
     ) -> tuple[Proc, asyncio.Queue[Item]]:
         """Start the command; the process and a queue of its events for the
         caller (the start event first)."""
-        if msg.get("pty"):
-            raise ConnectError("unimplemented", "PTYs are not supported by Corral's envd yet")
+        pty = _pty_size(msg.get("pty"))
         config = msg.get("process") or {}
         cmd = config.get("cmd")
         if not isinstance(cmd, str) or not cmd:
@@ -120,7 +120,7 @@ class Processes:
                 cwd=posixpath.normpath(posixpath.join(home, config.get("cwd") or home)),
                 timeout=deadline + DEADLINE_GRACE if deadline else None,
                 stdout_limit=OUTPUT_LIMIT, stderr_limit=OUTPUT_LIMIT,
-                stdin_open=bool(msg.get("stdin", False)),
+                stdin_open=bool(msg.get("stdin", False)) or pty is not None, pty=pty,
             )  # fmt: skip
         except ValueError as exc:
             raise ConnectError("invalid_argument", str(exc)) from None
@@ -131,7 +131,7 @@ class Processes:
         shown = {"cmd": cmd, "args": args, "envs": envs}
         if config.get("cwd"):
             shown["cwd"] = config["cwd"]
-        proc = Proc(sandbox_id, first.pid, shown, msg.get("tag"))
+        proc = Proc(sandbox_id, first.pid, shown, msg.get("tag"), pty=pty is not None)
         queue: asyncio.Queue[Item] = asyncio.Queue(QUEUE)
         proc.subscribers.add(queue)
         queue.put_nowait(_event("start", {"pid": proc.pid}))
@@ -148,7 +148,7 @@ class Processes:
             async for ev in events:
                 if isinstance(ev, ExecOutput):
                     data = base64.b64encode(ev.data).decode()
-                    await publish(_event("data", {ev.type: data}))
+                    await publish(_event("data", {"pty" if proc.pty else ev.type: data}))
                 elif isinstance(ev, ExecExit) and ev.timed_out:
                     await publish(ConnectError("deadline_exceeded", "the call's deadline passed"))
                 elif isinstance(ev, ExecExit):
@@ -215,6 +215,27 @@ def _offer(proc: Proc, m: Item) -> None:
         while q.full():
             q.get_nowait()
         q.put_nowait(m)
+
+
+def _pty_size(pty: object) -> tuple[int, int] | None:
+    """(rows, cols) of envd's PTY message, or None for no terminal."""
+    if not pty:
+        return None
+    size = pty.get("size") if isinstance(pty, dict) else None
+    try:
+        rows, cols = int((size or {}).get("rows", 24)), int((size or {}).get("cols", 80))
+    except (TypeError, ValueError):
+        raise ConnectError("invalid_argument", f"pty.size must be rows and cols: {pty!r}") from None
+    if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
+        raise ConnectError("invalid_argument", f"pty size must be 1-1000 each: {rows}x{cols}")
+    return rows, cols
+
+
+def pty_size(msg: dict[str, Any]) -> tuple[int, int]:
+    size = _pty_size(msg.get("pty"))
+    if size is None:
+        raise ConnectError("invalid_argument", "Update needs pty.size")
+    return size
 
 
 def signal_of(name: object) -> int:
