@@ -4,6 +4,10 @@
 #
 #   E2B_MIRROR=<git dir of e2b-dev/E2B> make e2b-conformance
 #
+# Through a cluster's gateway: URL=<gateway> KEY=<a project's key>
+# WHERE="a gateway" TABLE=docs/e2b-conformance-gateway.md; the older client:
+# E2B_VERSION=2.31.0 TABLE=docs/e2b-conformance-2.31.md.
+#
 # The runner is the workplace's (../shared/peers/e2b/run_e2b_tests.sh, or
 # PEERS=...): it takes the tests from the tag of the SDK version it installs.
 # TIER=core (default) is the lifecycle, list, commands and files tests; the
@@ -15,21 +19,26 @@ PEERS="${PEERS:-../shared/peers}"
 RUNNER="$PEERS/e2b/run_e2b_tests.sh"
 [ -x "$RUNNER" ] || [ -f "$RUNNER" ] || { echo "no E2B runner at $RUNNER (set PEERS)" >&2; exit 2; }
 PORT="${PORT:-7179}"
+TABLE="${TABLE:-docs/e2b-conformance.md}"
+URL="${URL:-}"  # an E2B API already running (a gateway): not started here
+KEY="${KEY:-e2b_00}"
 OUT="$(mktemp -d /tmp/e2b-conformance.XXXX)"
 
-.venv/bin/corral serve --port "$PORT" --log-level warning >"$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
-  sleep 0.1
-done
-
-URL="http://127.0.0.1:$PORT"
+WHERE="${WHERE:-corral serve}"
+if [ -z "$URL" ]; then
+  .venv/bin/corral serve --port "$PORT" --log-level warning >"$OUT/serve.log" 2>&1 &
+  SERVER=$!
+  trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do
+    curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
+    sleep 0.1
+  done
+  URL="http://127.0.0.1:$PORT"
+fi
 EXTRA_PYTEST_ARGS="--junitxml=$OUT/e2b.xml ${EXTRA_PYTEST_ARGS:-tests/sync/sandbox_sync/pty}" \
-  TIER="${TIER:-core}" E2B_MIRROR="$E2B_MIRROR" bash "$RUNNER" "$URL" e2b_00 "$URL" \
+  TIER="${TIER:-core}" E2B_MIRROR="$E2B_MIRROR" bash "$RUNNER" "$URL" "$KEY" "$URL" \
   | tee "$OUT/run.log" || true
 .venv/bin/python scripts/junit_table.py "$OUT/e2b.xml" \
-  "E2B Python SDK ${E2B_VERSION:-2.45.1}, its own tests (TIER=${TIER:-core}), against corral serve" \
-  > docs/e2b-conformance.md
-echo "wrote docs/e2b-conformance.md ($OUT has the logs)"
+  "E2B Python SDK ${E2B_VERSION:-2.45.1}, its own tests (TIER=${TIER:-core} + PTY), against $WHERE" \
+  > "$TABLE"
+echo "wrote $TABLE ($OUT has the logs)"
