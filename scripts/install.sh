@@ -59,6 +59,19 @@ else
   say "venv: up to date"
 fi
 
+# The OpenAI Agents SDK's E2B client, for its test (tests/integration/
+# test_openai_agents.py): a venv of its own, since it pins e2b 2.31.
+AGENTS="openai-agents[e2b]==0.24.0"
+if [ ! -x .venv-agents/bin/python ] || [ "$(cat "$STAMPS/venv-agents" 2>/dev/null)" != "$AGENTS" ]; then
+  say "venv: creating .venv-agents with $AGENTS"
+  "$PY" -m venv .venv-agents
+  .venv-agents/bin/pip install -q --upgrade pip
+  .venv-agents/bin/pip install -q "$AGENTS"
+  echo "$AGENTS" > "$STAMPS/venv-agents"
+else
+  say "venv: .venv-agents up to date"
+fi
+
 # --- CRIU (containers suspended to disk) -----------------------------------------
 say "criu: 4.1 from Debian trixie's source (bookworm's 3.17 fails on this kernel; cached)"
 ./scripts/build-criu.sh

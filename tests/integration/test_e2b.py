@@ -134,6 +134,14 @@ async def test_files_through_envd(e2b_env: str) -> None:
                                    {"path": "notes/c.txt", "data": "c"}])  # fmt: skip
         names = [x.name for x in await s.files.list("notes")]
         assert names == ["a.txt", "b.txt", "c.txt"]
+        # As envd (root): directories the user could not make are made for it.
+        assert await s.files.make_dir("/workspace/deep")
+        assert (await s.files.get_info("/workspace")).owner == "user"
+        up = await s.files.write("/outside/made/f.txt", "f")
+        assert (await s.files.get_info("/outside/made")).owner == "user" and up.path
+        # A client's "unbounded" deadline (24 h: openai-agents' default) is its own.
+        long = await s.commands.run("echo long", timeout=86400)
+        assert long.stdout == "long\n"
         assert await s.files.make_dir("notes/sub")
         assert not await s.files.make_dir("notes/sub")  # exists: False, as E2B
         moved = await s.files.rename("notes/c.txt", "notes/sub/c.txt")

@@ -22,6 +22,7 @@ import base64
 import binascii
 import gzip
 import hmac
+import posixpath
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,7 +32,7 @@ from fastapi.responses import JSONResponse
 
 from corral.api.compat.e2b import connect as c
 from corral.api.compat.e2b.control import TOKEN
-from corral.api.compat.e2b.filesystem import METADATA, Filesystem, resolve
+from corral.api.compat.e2b.filesystem import METADATA, Filesystem, ensure_dirs, resolve
 from corral.api.compat.e2b.process import Processes, decode_input, pty_size, signal_of
 from corral.api.models import XattrRequest
 from corral.api.service import SandboxService
@@ -162,6 +163,7 @@ class Envd:
             }  # fmt: skip
             written = []
             for path, data in files:
+                await ensure_dirs(svc, sid, posixpath.dirname(path), user)
                 await svc.write_file(sid, path, data, user)
                 # envd: a write sets the file's metadata, and drops any it had.
                 values = {f"{METADATA}{k}": v for k, v in meta.items()}

@@ -44,6 +44,34 @@ def _rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
+async def ensure_dirs(svc: SandboxService, sid: str, path: str, user: str) -> None:
+    """envd's EnsureDirs: each missing directory of `path` is made by root
+    and given to `user`, so a caller's user can have /workspace made for it
+    (envd runs as root; the caller holds the sandbox's token, not its code)."""
+    missing: list[str] = []
+    d = path
+    while d not in ("/", ""):
+        try:
+            await svc.stat_file(sid, d, "root")
+            break
+        except FileNotFound:
+            missing.insert(0, d)
+            d = posixpath.dirname(d)
+    if not missing:
+        return
+    script = 'for d; do mkdir "$d" && chown "$U": "$d" || exit 1; done'
+    req = ExecRequest(cmd=[plat.BUSYBOX, "sh", "-c", script, "sh", *missing],
+                      env={"U": user}, user="root", cwd="/", timeout=60)  # fmt: skip
+    err, code = b"", -1
+    async for ev in svc.exec(sid, req):
+        if isinstance(ev, ExecOutput) and ev.type == "stderr":
+            err += ev.data
+        elif isinstance(ev, ExecExit):
+            code = ev.exit_code
+    if code != 0:
+        raise ConnectError("permission_denied", f"making {path}: {err.decode(errors='replace')}")
+
+
 class Names:
     """uid and gid to names, per sandbox, from its own files."""
 
@@ -150,7 +178,7 @@ class Filesystem:
         try:
             await svc.stat_file(sid, path, user)
         except FileNotFound:
-            await svc.make_dir(sid, path, user)
+            await ensure_dirs(svc, sid, path, user)
             return await self.stat(svc, sid, path, user)
         raise ConnectError("already_exists", f"directory {path} already exists")
 

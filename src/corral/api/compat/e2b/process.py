@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from corral.api.compat.e2b.connect import Abort, ConnectError
 from corral.api.models import ExecExit, ExecOutput, ExecRequest, ExecStarted
 from corral.api.models_base import MiB
@@ -34,6 +36,7 @@ Item = dict[str, Any] | ConnectError | None
 DEADLINE_GRACE = 1.0
 
 OUTPUT_LIMIT = 256 * MiB
+MAX_TIMEOUT = 86400.0  # ExecRequest's longest timeout
 # Events a stream may have waiting: past it the command's output waits
 # (the pump, then the node, then the command's pipe), so a sandbox that
 # floods output never grows this server's memory.
@@ -118,12 +121,17 @@ class Processes:
             req = ExecRequest(
                 cmd=[cmd, *args], env=envs, user=user,
                 cwd=posixpath.normpath(posixpath.join(home, config.get("cwd") or home)),
-                timeout=deadline + DEADLINE_GRACE if deadline else None,
+                # A deadline past Corral's longest command timeout (a client's
+                # "unbounded", 24 h) is the client's alone to keep.
+                timeout=deadline + DEADLINE_GRACE
+                if deadline and deadline + DEADLINE_GRACE <= MAX_TIMEOUT else None,
                 stdout_limit=OUTPUT_LIMIT, stderr_limit=OUTPUT_LIMIT,
                 stdin_open=bool(msg.get("stdin", False)) or pty is not None, pty=pty,
             )  # fmt: skip
-        except ValueError as exc:
-            raise ConnectError("invalid_argument", str(exc)) from None
+        except ValidationError as exc:
+            bad = exc.errors()[0]
+            where = ".".join(str(x) for x in bad["loc"])
+            raise ConnectError("invalid_argument", f"{where}: {bad['msg']}") from None
         events = aiter(svc.exec(sandbox_id, req))
         first = await anext(events)
         if not isinstance(first, ExecStarted):
