@@ -8,6 +8,7 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -113,3 +114,13 @@ def fresh_dir(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+async def timed(n: int, fn: Callable[[], Awaitable[object]]) -> list[float]:
+    """Seconds each of n awaited calls of fn took, one after another."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - t0)
+    return out

@@ -21,13 +21,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corral
-from _common import IMAGES, pct, table, write_result
+from _common import IMAGES, pct, table, timed, write_result
 
 DATA = Path("/var/lib/corral-e2b-bench")
 SPEC = {"image": "debian-python:bookworm", "toolkit": "e2b-user:bookworm", "memory": "512MiB"}
@@ -38,15 +37,6 @@ SAME = ["/bin/bash", "-l", "-c", "true"]
 
 def _ms(xs: list[float]) -> tuple[str, str]:
     return f"{pct(xs, 50) * 1000:.1f}", f"{pct(xs, 99) * 1000:.1f}"
-
-
-async def _timed(n: int, fn: Callable[[], Awaitable[object]]) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def _serve() -> tuple[subprocess.Popen[bytes], str]:
@@ -98,14 +88,14 @@ async def run(quick: bool) -> list[str]:
                 await s.close()
 
             for _ in range(rounds):
-                made["e2b"] += await _timed(per, e2b_first)
-                made["corral"] += await _timed(per, corral_first)
+                made["e2b"] += await timed(per, e2b_first)
+                made["corral"] += await timed(per, corral_first)
             es = await e2b.AsyncSandbox.create("base", timeout=300)
             cs = await c.sandboxes.create(**SPEC)
             trip: dict[str, list[float]] = {"e2b": [], "corral": []}
             for _ in range(rounds):
-                trip["e2b"] += await _timed(trips // rounds, lambda: es.commands.run("true"))
-                trip["corral"] += await _timed(trips // rounds, lambda: cs.commands.run(SAME))
+                trip["e2b"] += await timed(trips // rounds, lambda: es.commands.run("true"))
+                trip["corral"] += await timed(trips // rounds, lambda: cs.commands.run(SAME))
             await es.kill()
             await cs.close()
 

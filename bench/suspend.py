@@ -22,14 +22,13 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corral
-from _common import IMAGE, IMAGES, mem_used, pct, table, write_result
+from _common import IMAGE, IMAGES, mem_used, pct, table, timed, write_result
 from corral.config import NodeConfig
 from corral.runtimes.container import criu
 
@@ -42,15 +41,6 @@ HOLD = (
 
 def _ms(xs: list[float]) -> tuple[str, str]:
     return f"{pct(xs, 50) * 1000:.2f}", f"{pct(xs, 99) * 1000:.2f}"
-
-
-async def _timed(n: int, fn: Callable[[], Awaitable[object]]) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def _config(swap: bool) -> NodeConfig:
@@ -87,7 +77,7 @@ async def freeze_latency(c: corral.AsyncClient, n: int) -> list[str]:
         t0 = time.perf_counter()
         await sbx.commands.run("true")
         wake.append(time.perf_counter() - t0)
-    plain = await _timed(n, lambda: sbx.commands.run("true"))
+    plain = await timed(n, lambda: sbx.commands.run("true"))
     await sbx.close()
     rows = [
         ["Corral suspend(freeze)", *_ms(sus), f"{pct(sus, 50) / pct(bare_f, 50):.1f}x"],
@@ -321,11 +311,11 @@ async def memory(c: corral.AsyncClient, n: int, hold: bool) -> list[str]:
 async def log_overhead(c: corral.AsyncClient, n: int) -> list[str]:
     r = await c.rollouts.open()
     sbx = await r.create(image=IMAGE, memory="64MiB")
-    plain = await _timed(n, lambda: sbx.sandbox.commands.run("true"))
-    logged = await _timed(n, lambda: sbx.commands.run("true"))
+    plain = await timed(n, lambda: sbx.sandbox.commands.run("true"))
+    logged = await timed(n, lambda: sbx.commands.run("true"))
     keyed_i = iter(range(10**9))
-    keyed = await _timed(n, lambda: sbx.sandbox.commands.run("true", key=f"k{next(keyed_i)}"))
-    rec = await _timed(n, lambda: r.record("policy", lambda: 1))
+    keyed = await timed(n, lambda: sbx.sandbox.commands.run("true", key=f"k{next(keyed_i)}"))
+    rec = await timed(n, lambda: r.record("policy", lambda: 1))
     name = r.name
     t0 = time.perf_counter()
     replay = await c.rollouts.open(name)

@@ -184,29 +184,27 @@ class Sessions:
                 f"no command with pid {pid} in sandbox {rec.id}", sandbox=rec.id, pid=pid
             ) from exc
 
+    def _running(self, rec: SandboxRecord, pid: int) -> ExecSession:
+        """The session of a command this node runs (started here)."""
+        session = self._sessions.get((rec.id, pid))
+        if session is None:
+            raise CommandNotFound(
+                f"no command with pid {pid} in sandbox {rec.id} started here", sandbox=rec.id,
+                pid=pid,
+            )  # fmt: skip
+        return session
+
     async def resize_pty(self, rec: SandboxRecord, pid: int, rows: int, cols: int) -> None:
         if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
             raise InvalidArgument(
                 "rows", "rows and cols must each be between 1 and 1000", (rows, cols)
             )
-        session = self._sessions.get((rec.id, pid))
-        if session is None:
-            raise CommandNotFound(
-                f"no command with pid {pid} in sandbox {rec.id} started here", sandbox=rec.id,
-                pid=pid,
-            )  # fmt: skip
-        await session.resize(rows, cols)
+        await self._running(rec, pid).resize(rows, cols)
 
     async def send_stdin(self, rec: SandboxRecord, pid: int, data: bytes, eof: bool) -> None:
         """Input for a running command started with stdin_open."""
-        session = self._sessions.get((rec.id, pid))
-        if session is None:
-            raise CommandNotFound(
-                f"no command with pid {pid} in sandbox {rec.id} started here", sandbox=rec.id,
-                pid=pid,
-            )  # fmt: skip
         try:
-            await session.send_stdin(data, eof)
+            await self._running(rec, pid).send_stdin(data, eof)
         except (ConnectionError, OSError) as exc:
             raise CommandNotFound(
                 f"command {pid} in sandbox {rec.id} has ended", sandbox=rec.id, pid=pid

@@ -60,16 +60,26 @@ async def ensure_dirs(svc: SandboxService, sid: str, path: str, user: str) -> No
     if not missing:
         return
     script = 'for d; do mkdir "$d" && chown "$U": "$d" || exit 1; done'
-    req = ExecRequest(cmd=[plat.BUSYBOX, "sh", "-c", script, "sh", *missing],
-                      env={"U": user}, user="root", cwd="/", timeout=60)  # fmt: skip
+    code, err = await busybox_sh(svc, sid, script, missing, user="root", env={"U": user})
+    if code != 0:
+        raise ConnectError("permission_denied", f"making {path}: {err}")
+
+
+async def busybox_sh(
+    svc: SandboxService, sid: str, script: str, args: list[str], *, user: str,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:  # fmt: skip
+    """Run `script` with the platform's busybox sh in the sandbox (never
+    the image's tools): its exit code and what it said on stderr."""
+    req = ExecRequest(cmd=[plat.BUSYBOX, "sh", "-c", script, "sh", *args],
+                      env=env or {}, user=user, cwd="/", timeout=60)  # fmt: skip
     err, code = b"", -1
     async for ev in svc.exec(sid, req):
         if isinstance(ev, ExecOutput) and ev.type == "stderr":
-            err += ev.data
+            err += ev.data[: 4096 - len(err)]
         elif isinstance(ev, ExecExit):
             code = ev.exit_code
-    if code != 0:
-        raise ConnectError("permission_denied", f"making {path}: {err.decode(errors='replace')}")
+    return code, err.decode(errors="replace")
 
 
 class Names:
@@ -186,20 +196,10 @@ class Filesystem:
         self, svc: SandboxService, sid: str, source: str, dest: str, user: str
     ) -> dict[str, Any]:
         await svc.stat_file(sid, source, user)  # not found: not_found
-        parent = posixpath.dirname(dest)
-        script = 'mkdir -p "$1" && mv -f "$2" "$3"'
-        req = ExecRequest(
-            cmd=[plat.BUSYBOX, "sh", "-c", script, "mv", parent, source, dest],
-            user=user, cwd="/", timeout=60,
-        )  # fmt: skip
-        err, code = b"", -1
-        async for ev in svc.exec(sid, req):
-            if isinstance(ev, ExecOutput) and ev.type == "stderr":
-                err += ev.data
-            elif isinstance(ev, ExecExit):
-                code = ev.exit_code
+        await ensure_dirs(svc, sid, posixpath.dirname(dest), user)
+        code, err = await busybox_sh(svc, sid, 'mv -f "$1" "$2"', [source, dest], user=user)
         if code != 0:
-            raise ConnectError("invalid_argument", f"move failed: {err.decode(errors='replace')}")
+            raise ConnectError("invalid_argument", f"move failed: {err}")
         return await self.stat(svc, sid, dest, user)
 
     # ------------------------------------------------------------ watching
