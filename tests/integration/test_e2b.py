@@ -182,6 +182,36 @@ async def test_files_through_envd(e2b_env: str) -> None:
         await s.kill()
 
 
+async def test_a_sandboxs_own_server_is_reached_through_corral(e2b_env: str) -> None:
+    """Another E2b-Sandbox-Port, or the host Sandbox.get_host() names, is a
+    server inside the sandbox (which has no network of its own)."""
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        await s.files.write("/tmp/site/hello.txt", "served from inside")
+        await s.commands.run("python3 -m http.server 8000 --directory /tmp/site", background=True)
+        await s.commands.run("for i in $(seq 50); do (echo > /dev/tcp/127.0.0.1/8000) 2>/dev/null "
+                             "&& break; sleep 0.1; done")  # fmt: skip
+        token = s._envd_access_token
+        by_port = {"E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": "8000",
+                   "X-Access-Token": token}  # fmt: skip
+        host = s.get_host(8000)
+        async with httpx.AsyncClient(base_url=e2b_env, timeout=30) as h:
+            r = await h.get("/hello.txt", headers=by_port)
+            assert (r.status_code, r.text) == (200, "served from inside")
+            r = await h.get("/hello.txt", headers={"Host": host, "X-Access-Token": token})
+            assert (r.status_code, r.text) == (200, "served from inside")
+            r = await h.get("/missing", headers=by_port)
+            assert r.status_code == 404  # the sandbox's server said so
+            r = await h.get("/hello.txt", headers={**by_port, "X-Access-Token": "forged"})
+            assert r.status_code == 401
+            r = await h.get("/", headers={**by_port, "E2b-Sandbox-Port": "8001"})
+            assert r.status_code == 502  # nothing listens there
+            r = await h.get("/", headers={**by_port, "E2b-Sandbox-Port": "99999"})
+            assert r.status_code == 400
+    finally:
+        await s.kill()
+
+
 def _envelope(doc: object) -> bytes:
     data = json.dumps(doc).encode()
     return struct.pack(">BI", 0, len(data)) + data

@@ -4,9 +4,12 @@ both over a SandboxService."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from typing import Any
 
-from corral.api.compat.e2b import control
+from fastapi import FastAPI, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from corral.api.compat.e2b import control, ports
 from corral.api.compat.e2b.envd import Envd, ForSandbox
 
 
@@ -18,4 +21,44 @@ def add_e2b(
     envd = Envd(for_sandbox)
     app.include_router(control.router(resolve, templates, envd.forget))
     app.include_router(envd.router())
+
+    app.add_middleware(SandboxPorts, envd=envd)
     return envd
+
+
+class SandboxPorts:
+    """A request for a sandbox's own server (by E2b-Sandbox-Port or by host)
+    goes there, whatever its path, before routing; any other passes through
+    untouched (plain ASGI: nothing added to Corral's own calls)."""
+
+    def __init__(self, app: ASGIApp, envd: Envd) -> None:
+        self.app = app
+        self.envd = envd
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _maybe_port(scope):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        found = ports.target(request)
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        sandbox_id, port = found
+        response: Any
+        try:
+            svc = await self.envd.checked(sandbox_id, ports.token_of(request))
+        except Exception as exc:
+            response = Envd.http_error(exc)
+        else:
+            response = await ports.forward(svc, sandbox_id, port, request)
+        await response(scope, receive, send)
+
+
+def _maybe_port(scope: Scope) -> bool:
+    for k, v in scope.get("headers", ()):
+        if k == b"e2b-sandbox-port" and v != b"49983":
+            return True
+        if k == b"host" and v[:1].isdigit() and b"-" in v:
+            return True
+    return False

@@ -5,8 +5,7 @@ A request names its sandbox in `E2b-Sandbox-Id` and carries the envd
 access token the create returned (`X-Access-Token`); the token is the
 sandbox's own (a label only its project sees), so holding one sandbox's
 token reaches no other. `E2b-Sandbox-Port` 49983 is envd itself; other
-ports would be the sandbox's own servers, which this envd does not forward
-yet (502).
+ports are the sandbox's own servers (ports.py).
 
 envdVersion is 0.6.4 (control.py): the gates the SDK opens up to it are
 implemented here: stdin that can be closed, octet-stream and gzip uploads,
@@ -38,7 +37,6 @@ from corral.api.models import XattrRequest
 from corral.api.service import SandboxService
 from corral.errors import CorralError, FileNotFound, InvalidArgument, NotFound, SandboxClosed
 
-ENVD_PORT = 49983
 DEFAULT_USER = "user"
 MAX_UPLOAD = 256 << 20
 
@@ -84,16 +82,15 @@ class Envd:
         sandbox_id = request.headers.get("e2b-sandbox-id", "")
         if not sandbox_id:
             raise c.ConnectError("invalid_argument", "E2b-Sandbox-Id header is required")
-        port = request.headers.get("e2b-sandbox-port", str(ENVD_PORT))
-        if port != str(ENVD_PORT):
-            raise c.ConnectError(
-                "unavailable", f"port {port} of a sandbox is not forwarded by Corral yet"
-            )
-        svc = await self.for_sandbox(sandbox_id)
         given = request.headers.get("x-access-token", "")
+        return await self.checked(sandbox_id, given), sandbox_id
+
+    async def checked(self, sandbox_id: str, given: str) -> SandboxService:
+        """The service of `sandbox_id`, if `given` is its token."""
+        svc = await self.for_sandbox(sandbox_id)
         now = time.monotonic()
         if now - self._checked.get((sandbox_id, given), -TOKEN_TTL) < TOKEN_TTL:
-            return svc, sandbox_id
+            return svc
         try:
             info = await svc.get(sandbox_id)
         except (NotFound, InvalidArgument):
@@ -106,7 +103,7 @@ class Envd:
         if len(self._checked) > 65536:
             self._checked.clear()
         self._checked[(sandbox_id, given)] = now
-        return svc, sandbox_id
+        return svc
 
     def router(self) -> APIRouter:
         r = APIRouter()
@@ -128,7 +125,7 @@ class Envd:
         return Response(status_code=204 if info.state.value == "running" else 502)
 
     @staticmethod
-    def _http_error(exc: Exception) -> JSONResponse:
+    def http_error(exc: Exception) -> JSONResponse:
         err = c.from_corral(exc)
         status = c.HTTP_STATUS.get(err.code, 500)
         if isinstance(exc, SandboxClosed):
@@ -142,7 +139,7 @@ class Envd:
             path = resolve(request.query_params.get("path"), _home(user))
             data = await svc.read_file(sid, path, user)
         except Exception as exc:
-            return self._http_error(exc)
+            return self.http_error(exc)
         if "gzip" in request.headers.get("accept-encoding", "") and len(data) > 256:
             return Response(
                 gzip.compress(data, 1),
@@ -173,7 +170,7 @@ class Envd:
                 item = {"name": path.rsplit("/", 1)[-1], "type": "file", "path": path}
                 written.append({**item, "metadata": meta} if meta else item)
         except Exception as exc:
-            return self._http_error(exc)
+            return self.http_error(exc)
         return JSONResponse(written)
 
     async def _uploaded(self, request: Request, home: str) -> list[tuple[str, bytes]]:

@@ -1,0 +1,148 @@
+"""A sandbox's own servers, reached through Corral's envd endpoint.
+
+E2B names a port of a sandbox by the header `E2b-Sandbox-Port` (what the
+SDK sends with E2B_SANDBOX_URL; code-interpreter's 49999) or by the host
+`<port>-<sandbox id>.<domain>` (Sandbox.get_host). A sandbox has no
+network by default, so the request goes in through the sandbox itself: the
+platform's busybox `nc` connects to 127.0.0.1:<port> inside it, the request
+is written as HTTP/1.1 (Connection: close) on its stdin, and the response
+read from its stdout is parsed (h11) and streamed back. One command per
+request.
+
+A port is reached with the sandbox's token (X-Access-Token, or E2B's
+E2B-Traffic-Access-Token), never without: E2B's ports are public by
+default, Corral's are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import h11
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from corral.api.models import ExecOutput, ExecRequest, ExecStarted
+from corral.api.service import SandboxService
+from corral.host import platform as plat
+
+ENVD_PORT = 49983
+MAX_BODY = 64 << 20  # a request forwarded in one piece
+REQUEST_TIMEOUT = 3600.0  # a forwarded request (a long stream) lasts at most this
+_HOST = re.compile(r"^(\d{1,5})-([a-z0-9]{1,16}-[0-9a-f]{16})\.")
+# Hop-by-hop, or E2B's routing: not for the sandbox's server.
+_DROP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
+         "upgrade", "host", "content-length", "x-access-token", "e2b-traffic-access-token",
+         "e2b-sandbox-id", "e2b-sandbox-port"}  # fmt: skip
+
+
+def target(request: Request) -> tuple[str, int] | None:
+    """(sandbox id, port) when the request is for a sandbox's own server."""
+    port = request.headers.get("e2b-sandbox-port")
+    sid = request.headers.get("e2b-sandbox-id")
+    if port and sid and port != str(ENVD_PORT):
+        return sid, _port(port)
+    m = _HOST.match(request.headers.get("host", ""))
+    if m and int(m.group(1)) != ENVD_PORT:
+        return m.group(2), _port(m.group(1))
+    return None
+
+
+def _port(raw: str) -> int:
+    p = int(raw) if raw.isdigit() else 0
+    return p if 1 <= p <= 65535 else 0
+
+
+def token_of(request: Request) -> str:
+    return request.headers.get("x-access-token") or request.headers.get(
+        "e2b-traffic-access-token", ""
+    )
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+async def forward(svc: SandboxService, sid: str, port: int, request: Request) -> Response:
+    if not port:
+        return _error(400, "E2b-Sandbox-Port must be a port number, 1-65535")
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        return _error(413, f"a forwarded request is at most {MAX_BODY} bytes")
+    conn = h11.Connection(h11.CLIENT)
+    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP]
+    headers += [("host", f"127.0.0.1:{port}"), ("connection", "close"),
+                ("content-length", str(len(body)))]  # fmt: skip
+    raw = conn.send(h11.Request(method=request.method, target=path, headers=headers))
+    raw = (
+        (raw or b"")
+        + (conn.send(h11.Data(data=body)) or b"")
+        + (conn.send(h11.EndOfMessage()) or b"")
+    )
+    req = ExecRequest(
+        cmd=[plat.BUSYBOX, "nc", "127.0.0.1", str(port)], user="root", cwd="/",
+        timeout=REQUEST_TIMEOUT, stdin=raw, stdin_open=True, stdout_limit=256 << 20,
+    )  # fmt: skip
+    events = aiter(svc.exec(sid, req))
+    head: h11.Response | None = None
+    early: list[bytes] = []
+    pid = 0
+
+    async def done() -> None:
+        await events.aclose()  # type: ignore[attr-defined]
+        if pid:  # a server that keeps the connection open: nc would wait on
+            with contextlib.suppress(Exception):
+                await svc.kill(sid, pid)
+
+    async for ev in events:
+        if isinstance(ev, ExecStarted):
+            pid = ev.pid
+        if isinstance(ev, ExecOutput) and ev.type == "stdout":
+            conn.receive_data(ev.data)
+            while True:
+                got = conn.next_event()
+                if got is h11.NEED_DATA or isinstance(got, h11.PAUSED):
+                    break
+                if isinstance(got, h11.Response):
+                    head = got
+                elif isinstance(got, h11.Data):
+                    early.append(bytes(got.data))
+                elif isinstance(got, h11.EndOfMessage | h11.ConnectionClosed):
+                    break
+            if head is not None:
+                break
+    if head is None:
+        await done()
+        return _error(502, f"nothing answered on port {port} of sandbox {sid}")
+
+    async def rest() -> AsyncIterator[bytes]:
+        try:
+            for chunk in early:
+                yield chunk
+            if conn.their_state is h11.DONE:
+                return
+            async for ev in events:
+                if not (isinstance(ev, ExecOutput) and ev.type == "stdout"):
+                    continue
+                conn.receive_data(ev.data)
+                while True:
+                    got = conn.next_event()
+                    if isinstance(got, h11.Data):
+                        yield bytes(got.data)
+                    elif got is h11.NEED_DATA or isinstance(got, h11.PAUSED):
+                        break
+                    else:  # the end of the body: the server closes
+                        return
+        finally:
+            await done()
+
+    out: dict[str, Any] = {}
+    for k, v in head.headers:
+        name = k.decode().lower()
+        if name not in _DROP:
+            out[name] = v.decode(errors="replace")
+    return StreamingResponse(rest(), status_code=head.status_code, headers=out)
