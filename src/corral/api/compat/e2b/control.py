@@ -278,8 +278,10 @@ def router(
     async def kill(request: Request, sandbox_id: str) -> Any:
         svc = await resolve(request)
         await _get(svc, sandbox_id)
-        on_kill(sandbox_id)  # its envd streams drop now, as E2B's do
         await svc.close(sandbox_id)
+        # Its envd streams drop now, as E2B's do; after the close, so that a
+        # client asking /health on the dropped stream hears it is gone.
+        on_kill(sandbox_id)
         return Response(status_code=204)
 
     @guarded
