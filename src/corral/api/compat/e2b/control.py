@@ -356,6 +356,8 @@ def _cursor(token: str | None) -> tuple[float, str] | None:
         return None
     try:
         created_at, sandbox_id = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return float(created_at), str(sandbox_id)
     except (ValueError, TypeError, binascii.Error):
-        raise E2bError(400, f"nextToken is not one this server gave: {token!r}") from None
+        created_at = sandbox_id = None
+    if not isinstance(created_at, int | float) or not isinstance(sandbox_id, str):
+        raise E2bError(400, f"nextToken is not one this server gave: {token!r}")
+    return float(created_at), sandbox_id
