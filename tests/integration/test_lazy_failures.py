@@ -17,6 +17,8 @@ import pytest
 import corral
 from corral.config import NodeConfig
 from corral.images import registry
+from corral.images.lazy.loader import LazyLoader
+from corral.images.mounter import LayerMounts
 from corral.images.objects import HttpObjects, open_store
 from corral.images.store import ImageStore
 
@@ -130,6 +132,36 @@ async def test_a_killed_loader_fails_its_sandboxes_and_is_replaced(
     fresh = await lazy_client.sandboxes.create(image=IMAGE)
     assert (await fresh.commands.run("python3 -c 'print(3)'")).stdout == "3\n"
     await fresh.close()
+
+
+def test_mounts_left_by_a_killed_loader_are_replaced_at_next_use(pulled_node: Node) -> None:
+    """An agent and its loader both killed (a crashed `corral serve`, a
+    killed CI run) leave the FUSE mount and the layer mounts reading through
+    it: the next process to use the layer must not be handed them (every
+    exec from them fails with EIO)."""
+    cfg = pulled_node.config
+    store = ImageStore(cfg.images_dir)
+    layer = store.resolve(IMAGE)
+
+    def loader() -> LazyLoader:
+        return LazyLoader(cfg.data_dir, cfg.images_dir, cache_size=cfg.chunk_cache_size)
+
+    first = LayerMounts(store, cfg.mounts_dir, loader())
+    path = first.ensure(layer)
+    assert (path / "usr/bin/python3").stat().st_size > 0
+    pid = int((cfg.data_dir / "lazy.lock").read_text())
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if loader().running_pid() is None:
+            break
+        time.sleep(0.05)
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+    with pytest.raises(OSError):
+        (path / BIG.lstrip("/")).read_bytes()  # what the next sandbox would get
+    again = LayerMounts(store, cfg.mounts_dir, loader())
+    path = again.ensure(layer)
+    assert len((path / BIG.lstrip("/")).read_bytes()) > 100_000
+    again.release_all()
 
 
 async def test_the_chunk_cache_survives_an_agent_restart(pulled_node: Node) -> None:

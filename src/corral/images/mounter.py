@@ -48,10 +48,16 @@ class LayerMounts:
     def ensure(self, layer: Layer) -> Path:
         """Mount the layer if no process of this node has; return its path."""
         target = self.path(layer.digest)
-        if layer.digest in self._mounted:
+        if layer.digest in self._mounted and not self._loader_dead():
             return target
         fd = self._locked()
         try:
+            if self._loader_dead():
+                # A killed loader leaves its FUSE mount and every layer
+                # mount reading through it answering EIO: reusing them would
+                # hand the new sandbox a root it cannot exec from.
+                log.warning("lazy.dead_mounts_cleared", root=str(self.root))
+                self._unmount_all()
             if not mounts.is_mounted(target):
                 target.mkdir(exist_ok=True)
                 self._mount(layer, target)
@@ -102,18 +108,27 @@ class LayerMounts:
         flags = mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV
         mounts.mount(str(meta), str(target), "erofs", flags, opts)
 
+    def _loader_dead(self) -> bool:
+        """True when the loader's FUSE mount is there but no loader holds
+        its lock (it was killed: its mount outlives it)."""
+        return self.lazy is not None and self.lazy.running_pid() is None and self.lazy.mounted()
+
+    def _unmount_all(self) -> None:
+        """Caller holds the layer lock."""
+        for mount_point, _fs, _src in mounts.mounts_under(self.root):
+            mounts.umount(mount_point)
+        if self.lazy is not None:
+            self.lazy.stop()
+        self._mounted.clear()
+
     def release_all(self) -> None:
         """Unmount every layer mount (lazily: sandboxes still holding one
         keep their copy) and the loader: after the loader died."""
         fd = self._locked()
         try:
-            for mount_point, _fs, _src in mounts.mounts_under(self.root):
-                mounts.umount(mount_point)
-            if self.lazy is not None:
-                self.lazy.stop()
+            self._unmount_all()
         finally:
             os.close(fd)
-        self._mounted.clear()
 
     def release_unused(self, in_use: Iterable[str]) -> list[str]:
         """Unmount every layer mount of this node that no sandbox references."""
