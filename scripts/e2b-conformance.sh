@@ -6,7 +6,9 @@
 #
 # Through a cluster's gateway: URL=<gateway> KEY=<a project's key>
 # WHERE="a gateway" TABLE=docs/e2b-conformance-gateway.md; the older client:
-# E2B_VERSION=2.31.0 TABLE=docs/e2b-conformance-2.31.md.
+# E2B_VERSION=2.31.0 TABLE=docs/e2b-conformance-2.31.md; e2b-code-interpreter's
+# own tests: SUITE=interpreter CI_MIRROR=<git dir of e2b-dev/code-interpreter>
+# TABLE=docs/e2b-conformance-interpreter.md.
 #
 # The runner is the workplace's (../shared/peers/e2b/run_e2b_tests.sh, or
 # PEERS=...): it takes the tests from the tag of the SDK version it installs.
@@ -14,7 +16,9 @@
 # PTY tests are added (EXTRA_PYTEST_ARGS replaces them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${E2B_MIRROR:?set E2B_MIRROR to a git dir of github.com/e2b-dev/E2B (with its tags)}"
+: "${E2B_MIRROR:=}"
+[ "${SUITE:-sdk}" = interpreter ] || [ -n "$E2B_MIRROR" ] \
+  || { echo "set E2B_MIRROR to a git dir of github.com/e2b-dev/E2B (with its tags)" >&2; exit 2; }
 PEERS="${PEERS:-../shared/peers}"
 RUNNER="$PEERS/e2b/run_e2b_tests.sh"
 [ -x "$RUNNER" ] || [ -f "$RUNNER" ] || { echo "no E2B runner at $RUNNER (set PEERS)" >&2; exit 2; }
@@ -34,6 +38,15 @@ if [ -z "$URL" ]; then
     sleep 0.1
   done
   URL="http://127.0.0.1:$PORT"
+fi
+if [ "${SUITE:-sdk}" = interpreter ]; then
+  # e2b-code-interpreter's own tests (CI_MIRROR: its git dir), every one.
+  bash scripts/e2b-interpreter-tests.sh "$URL" "$KEY" --junitxml="$OUT/e2b.xml" tests \
+    | tee "$OUT/run.log" || true
+  .venv/bin/python scripts/junit_table.py "$OUT/e2b.xml" \
+    "e2b-code-interpreter ${CI_VERSION:-2.9.1}, its own tests, against $WHERE" > "$TABLE"
+  echo "wrote $TABLE ($OUT has the logs)"
+  exit 0
 fi
 EXTRA_PYTEST_ARGS="--junitxml=$OUT/e2b.xml ${EXTRA_PYTEST_ARGS:-tests/sync/sandbox_sync/pty}" \
   TIER="${TIER:-core}" E2B_MIRROR="$E2B_MIRROR" bash "$RUNNER" "$URL" "$KEY" "$URL" \

@@ -45,6 +45,15 @@ else
   say "apt: all ${#APT_PACKAGES[@]} packages present"
 fi
 
+# npm fetches Deno (the code-interpreter template's JavaScript kernel). Some
+# machines carry it in their nodejs package; Debian's own is `npm`.
+if ! command -v npm >/dev/null; then
+  say "apt: installing npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends npm
+fi
+
 # --- Python virtual environment -------------------------------------------------
 PY=python3
 if ! "$PY" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then PY=/usr/bin/python3; fi
@@ -89,6 +98,9 @@ say "images: fncall:bookworm (function calls: python, bash, c, c++; cached)"
 say "images: e2b-user:bookworm (E2B's 'base' template: the user 'user', home /home/user)"
 .venv/bin/corral image build e2b-user:bookworm --run debian-python:bookworm --kind toolkit -- \
   bash -c "id user >/dev/null 2>&1 || useradd -m -s /bin/bash -u 1000 user"
+
+say "images: e2b-code-interpreter:bookworm (E2B's code-interpreter template: Jupyter, Deno, port 49999; cached)"
+.venv/bin/python -m corral.images.interpreter
 
 say "images: debian-desktop:bookworm + corral-desktop (the full-VM desktop: X, twm, xterm; cached)"
 .venv/bin/corral image build debian-desktop:bookworm --desktop

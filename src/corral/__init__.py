@@ -22,6 +22,7 @@ from corral.api.models import (
     SandboxInfo,
     SandboxState,
     SavedState,
+    Usage,
 )
 from corral.errors import (
     Ambiguous,
@@ -156,5 +157,6 @@ __all__ = [
     "SavedState",
     "Unauthenticated",
     "Unavailable",
+    "Usage",
     "__version__",
 ]

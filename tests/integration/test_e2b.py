@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+import corral
+
 from ..framework import Node, Server
 from ..framework.images import require_image
 
@@ -297,3 +299,36 @@ async def test_a_killed_sandboxs_streams_are_dropped(e2b_env: str, node: Node) -
     with pytest.raises(Exception):  # noqa: B017 (the SDK's transport error, whichever)
         await asyncio.wait_for(bg.wait(), 20)
     assert node.resources(s.sandbox_id) == []
+
+
+async def test_network_rules_and_metrics_map_to_corrals(e2b_env: str, server: Server) -> None:
+    """allowOut is the sandbox's whole policy (no network without one);
+    PUT /network replaces it; metrics are read from the sandbox's cgroup."""
+    s = await e2b.AsyncSandbox.create(
+        "base", timeout=120, network={"allow_out": ["10.9.8.7", "pypi.org"], "deny_out": []}
+    )
+    closed = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        async with corral.AsyncClient(server.url) as c:
+            info = await c.sandboxes.get(s.sandbox_id)
+            assert info.info.network is not None
+            assert info.info.network.cidrs == ["10.9.8.7/32"]
+            assert info.info.network.domains == ["pypi.org"] and info.info.network.ports == []
+            assert (await c.sandboxes.get(closed.sandbox_id)).info.network is None
+            await s.update_network({"allow_out": ["10.1.0.0/16"]})
+            after = (await c.sandboxes.get(s.sandbox_id)).info.network
+            assert after is not None and after.cidrs == ["10.1.0.0/16"] and after.domains == []
+        await s.commands.run("python3 -c 'x = bytearray(30 << 20); sum(range(3000000))'")
+        (m,) = await s.get_metrics()
+        assert m.cpu_count == 1 and 0 < m.cpu_used_pct <= 100
+        assert 0 < m.mem_used < m.mem_total == 512 << 20
+        assert m.disk_total > 0
+        async with httpx.AsyncClient(base_url=e2b_env, headers={"X-API-KEY": KEY}) as h:
+            bad = await h.post("/sandboxes", json={
+                "templateID": "base", "network": {"rules": {"x.example": {}}}})  # fmt: skip
+            assert bad.status_code == 400 and "network.rules" in bad.json()["message"]
+            bad = await h.get(f"/sandboxes/{s.sandbox_id}/metrics", params={"start": "soon"})
+            assert bad.status_code == 400 and "start" in bad.json()["message"]
+    finally:
+        await s.kill()
+        await closed.kill()

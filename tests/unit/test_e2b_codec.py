@@ -95,17 +95,32 @@ def test_a_stream_ends_with_an_end_envelope() -> None:
     assert json.loads(connect.end_stream()[5:]) == {}
 
 
-@pytest.mark.parametrize(("spec", "want"), [
-    ("img:1", {"image": "img:1"}),
-    ("img:1 workspace=ws:2 toolkit=a:1,b:2 memory=512MiB cpu=0.5",
+@pytest.mark.parametrize(("spec", "want", "start"), [
+    ("img:1", {"image": "img:1"}, None),
+    ("img:1 workspace=ws:2 toolkit=a:1,b:2 memory=512MiB cpu=0.5 start=/opt/start",
      {"image": "img:1", "workspace": "ws:2", "toolkit": ["a:1", "b:2"], "memory": "512MiB",
-      "cpu": "0.5"}),
+      "cpu": "0.5"}, "/opt/start"),
 ])  # fmt: skip
-def test_template_specs(spec: str, want: dict[str, Any]) -> None:
-    assert control.template_spec({"t": spec}, "t") == want
-    assert control.template_spec({}, "debian-python:bookworm") == {
-        "image": "debian-python:bookworm"
-    }
+def test_template_specs(spec: str, want: dict[str, Any], start: str | None) -> None:
+    assert control.template_spec({"t": spec}, "t") == (want, start)
+    assert control.template_spec({}, "debian-python:bookworm") == (
+        {"image": "debian-python:bookworm"},
+        None,
+    )
+
+
+@pytest.mark.parametrize("spec", ["img:1 gpu=1", "img:1 start=relative/path", "img:1 toolkit"])
+def test_a_template_spec_with_an_unknown_part_names_it(spec: str) -> None:
+    with pytest.raises(control.E2bError) as e:
+        control.template_spec({"t": spec}, "t")
+    assert spec.split()[1] in e.value.message
+
+
+def test_the_default_templates_parse() -> None:
+    from corral.config import DEFAULT_E2B_TEMPLATES
+
+    for name in DEFAULT_E2B_TEMPLATES:
+        control.template_spec(DEFAULT_E2B_TEMPLATES, name)
 
 
 @pytest.mark.parametrize("token", ["garbage", "e30=", "WzEsIDJd"])  # not base64 JSON, not a pair
@@ -159,3 +174,32 @@ def test_process_inputs() -> None:
     ):
         with pytest.raises(connect.ConnectError):
             _pty_size(bad)
+
+
+def test_allow_out_becomes_corrals_policy_on_any_port() -> None:
+    policy = control.network_of(
+        {"network": {"allowOut": ["10.1.2.3", "192.168.0.0/16", "pypi.org", "*.example.com"],
+                     "denyOut": ["0.0.0.0/0"], "allowPublicTraffic": False}}
+    )  # fmt: skip
+    assert policy is not None
+    assert policy.cidrs == ["10.1.2.3/32", "192.168.0.0/16"]
+    assert policy.domains == ["pypi.org", "*.example.com"] and policy.ports == []
+    # Nothing named: no network, whatever allow_internet_access says.
+    assert control.network_of({"allow_internet_access": True}) is None
+    assert control.network_of({"network": {"denyOut": ["8.8.8.8"]}}) is None
+
+
+@pytest.mark.parametrize(("network", "field"), [
+    ("everything", "network"),
+    ({"allowOut": "pypi.org"}, "allowOut"),
+    ({"allowOut": [1]}, "allowOut"),
+    ({"denyOut": {"a": 1}}, "denyOut"),
+    ({"allowOut": ["not a host!"]}, "allowOut"),
+    ({"rules": {"api.example.com": {}}}, "rules"),
+    ({"egressProxy": {"address": "socks5://x"}}, "egressProxy"),
+    ({"maskRequestHost": "x.example"}, "maskRequestHost"),
+])  # fmt: skip
+def test_bad_network_fields_are_named(network: Any, field: str) -> None:
+    with pytest.raises(control.E2bError) as e:
+        control.network_of({"network": network})
+    assert e.value.status == 400 and field in e.value.message

@@ -29,6 +29,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    Usage,
     XattrRequest,
 )
 from corral.api.routes import MAX_BODY
@@ -164,6 +165,10 @@ def add_routes(app: FastAPI) -> None:
     @app.get("/v1/sandboxes/{sandbox_id}/audit", status_code=200)
     async def audit(svc: Svc, sandbox_id: str) -> AuditReport:
         return await svc.audit(sandbox_id)
+
+    @app.get("/v1/sandboxes/{sandbox_id}/usage", status_code=200)
+    async def usage(svc: Svc, sandbox_id: str) -> Usage:
+        return await svc.usage(sandbox_id)
 
     @app.post("/v1/sandboxes/{sandbox_id}/suspend", status_code=200)
     async def suspend(svc: Svc, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:

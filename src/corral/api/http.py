@@ -28,6 +28,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    Usage,
     XattrRequest,
 )
 from corral.api.transport import HttpTransport
@@ -194,6 +195,10 @@ class HttpService(HttpTransport):
     async def audit(self, sandbox_id: str) -> AuditReport:
         resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/audit")
         return AuditReport.model_validate_json(resp.content)
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/usage")
+        return Usage.model_validate_json(resp.content)
 
     async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
         resp = await self._send(

@@ -78,6 +78,7 @@ __all__ = [
     "SandboxState",
     "SaveRequest",
     "SavedState",
+    "Usage",
     "XattrRequest",
     "check_call_file_name",
     "check_path",
@@ -326,6 +327,22 @@ class AuditReport(BaseModel):
     replies_refused: int = 0  # exec server answers over what was asked (a VM guest's)
     disk_used: int | None = None
     disk_limit: int | None = None
+
+
+class Usage(BaseModel):
+    """What a sandbox uses now, read by the platform from its cgroup and its
+    writable layer (never from inside the sandbox). A suspended sandbox uses
+    no CPU; its memory is what the freeze kept (0 on disk)."""
+
+    sandbox: str
+    at: float  # when it was read (Unix seconds)
+    cpu: float  # CPUs it may use
+    cpu_seconds: float  # user + system, since it started
+    memory_used: int
+    memory_limit: int
+    disk_used: int | None = None
+    disk_limit: int | None = None
+    pids: int = 0
 
 
 class FileEntry(BaseModel):

@@ -32,6 +32,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    Usage,
     XattrRequest,
 )
 
@@ -101,6 +102,8 @@ class SandboxService(Protocol):
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo: ...
 
     async def audit(self, sandbox_id: str) -> AuditReport: ...
+
+    async def usage(self, sandbox_id: str) -> Usage: ...
 
     async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo: ...
 

@@ -22,6 +22,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    Usage,
     XattrRequest,
 )
 from corral.api.service import SandboxService
@@ -116,6 +117,9 @@ class Forwarding(ABC):
 
     async def audit(self, sandbox_id: str) -> AuditReport:
         return await self._forward(sandbox_id, lambda node: node.audit(sandbox_id))
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        return await self._forward(sandbox_id, lambda node: node.usage(sandbox_id))
 
     async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
         return await self._forward(sandbox_id, lambda node: node.suspend(sandbox_id, mode, key))

@@ -147,6 +147,21 @@ class Cgroups:
     def memory_usage(self, sandbox_id: str) -> int | None:
         return self._read_int("memory", sandbox_id, "memory.usage_in_bytes", "memory.current")
 
+    def cpu_seconds(self, sandbox_id: str) -> float | None:
+        """CPU time (user + system) its processes used, all of them."""
+        if self.mode is Mode.V2:
+            try:
+                text = (CGROUP_ROOT / self.parent / sandbox_id / "cpu.stat").read_text()
+            except OSError:
+                return None
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+            return None
+        ns = self._read_int("cpuacct", sandbox_id, "cpuacct.usage", "")
+        return None if ns is None else ns / 1e9
+
     def memory_peak(self, sandbox_id: str) -> int | None:
         return self._read_int("memory", sandbox_id, "memory.max_usage_in_bytes", "memory.peak")
 

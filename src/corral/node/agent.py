@@ -32,6 +32,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    Usage,
     XattrRequest,
 )
 from corral.capacity import NodeCapacity
@@ -203,6 +204,10 @@ class NodeAgent:
     async def audit(self, sandbox_id: str) -> AuditReport:
         p = self.parts
         return await p.audit.report(p.records.get(sandbox_id))
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        p = self.parts
+        return await p.audit.usage(p.records.get(sandbox_id))
 
     # ---------------------------------------------------------------- commands
 

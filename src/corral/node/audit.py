@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from corral.api.models import AuditReport, ExecExit, ExecRequest
+from corral.api.models import AuditReport, ExecExit, ExecRequest, Usage
 from corral.config import NodeConfig
 from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon, syscall_class
@@ -137,6 +137,22 @@ class Audit:
         log_path = self.config.sandboxes_dir / sandbox_id / "commands.log"
         report.log_bytes = log_path.stat().st_size if log_path.exists() else 0
         return report
+
+    async def usage(self, rec: SandboxRecord) -> Usage:
+        """Read now from the sandbox's cgroup and writable layer."""
+        spec = rec.spec
+        out = Usage(
+            sandbox=rec.id, at=time.time(), cpu=float(spec.get("cpu", 0)),
+            cpu_seconds=0.0, memory_used=0, memory_limit=int(spec.get("memory", 0)),
+        )  # fmt: skip
+        if rec.state in ("running", "suspended", "suspending"):
+            out.cpu_seconds = self.cgroups.cpu_seconds(rec.id) or 0.0
+            out.memory_used = self.cgroups.memory_usage(rec.id) or 0
+            out.pids = self.cgroups.pids(rec.id) or 0
+            disk = await asyncio.to_thread(self.scratch.usage, rec.id)
+            if disk is not None:
+                out.disk_used, out.disk_limit = disk
+        return out
 
 
 def _append(path: Path, data: bytes) -> None:

@@ -277,6 +277,7 @@ from corral.api.models import (
     NetworkPolicy,
     SandboxInfo,
     SavedState,
+    Usage,
 )
 from corral.api.service import SandboxService
 from corral.config import NodeConfig

@@ -9,6 +9,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     SaveRequest,
+    Usage,
     validated,
 )
 from corral.api.service import SandboxService
@@ -49,6 +50,11 @@ class AsyncSandbox:
         closed): denied syscalls by class and name, OOM kills, pids-limit
         hits, timed-out and killed commands, dropped output, log quota."""
         return await self._service.audit(self.id)
+
+    async def usage(self) -> Usage:
+        """What this sandbox uses now: CPU seconds, memory and disk, with
+        their limits, read by the platform."""
+        return await self._service.usage(self.id)
 
     async def suspend(self, mode: str | None = None, *, key: str | None = None) -> SandboxInfo:
         """Stop the sandbox, its processes kept; resume() or the next

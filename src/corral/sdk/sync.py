@@ -22,6 +22,7 @@ from corral.api.models import (
     NetworkPolicy,
     SandboxInfo,
     SavedState,
+    Usage,
 )
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
@@ -362,6 +363,11 @@ class Sandbox:
         With `key`, only the first call with that key acts (a retried preemption hook leaves a
         sandbox resumed since running)."""
         return self._portal.call(self._inner.suspend, mode, key=key)
+
+    def usage(self) -> Usage:
+        """What this sandbox uses now: CPU seconds, memory and disk, with their limits, read by the
+        platform."""
+        return self._portal.call(self._inner.usage)
 
     def __enter__(self) -> Sandbox:
         return self

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import ipaddress
 import json
 import secrets
 import time
@@ -25,7 +26,14 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from corral.api.models import CreateSandbox, SandboxInfo
+from corral.api.models import (
+    CreateSandbox,
+    ExecExit,
+    ExecOutput,
+    ExecRequest,
+    SandboxInfo,
+    Usage,
+)
 from corral.api.service import SandboxService
 from corral.errors import (
     Conflict,
@@ -35,6 +43,7 @@ from corral.errors import (
     NotFound,
     SandboxClosed,
 )
+from corral.guard.policy import NetworkPolicy
 
 ENVD_VERSION = "0.6.4"  # what Corral's envd implements (envd.py says which gates)
 TEMPLATE = "corral.e2b_template"
@@ -114,30 +123,77 @@ def created(info: SandboxInfo) -> dict[str, Any]:
         "clientID": info.node,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": info.labels.get(TOKEN),
-        "trafficAccessToken": None,
+        # Sent back by the clients on requests to the sandbox's own ports
+        # (code-interpreter's 49999): ports.py lets nothing in without it.
+        "trafficAccessToken": info.labels.get(TOKEN),
         "domain": None,
         "alias": info.labels.get(TEMPLATE),
     }
 
 
-def template_spec(templates: dict[str, str], template: str) -> dict[str, Any]:
-    """CreateSandbox fields for a template id: NodeConfig.e2b_templates'
-    "IMAGE [workspace=REF] [toolkit=REF,REF] [memory=SIZE] [cpu=N] [disk=SIZE]",
-    or the id as an image."""
+START_TIMEOUT = 120.0  # a template's start command, until it says ready
+
+
+def metric(info: SandboxInfo, u: Usage) -> dict[str, Any]:
+    """One E2B metrics sample: now. Corral keeps no history, so the CPU
+    share is the average since the sandbox started."""
+    cpus = max(u.cpu, 1e-9)
+    alive = max(u.at - info.created_at, 1e-3)
+    return {
+        "timestamp": _ts(u.at), "timestampUnix": int(u.at),
+        "cpuCount": max(1, round(u.cpu)),
+        "cpuUsedPct": round(min(100.0, 100 * u.cpu_seconds / alive / cpus), 2),
+        "memUsed": u.memory_used, "memTotal": u.memory_limit, "memCache": 0,
+        "diskUsed": u.disk_used or 0, "diskTotal": u.disk_limit or info.disk,
+    }  # fmt: skip
+
+
+def template_spec(templates: dict[str, str], template: str) -> tuple[dict[str, Any], str | None]:
+    """CreateSandbox fields for a template id, and its start command:
+    NodeConfig.e2b_templates' "IMAGE [workspace=REF] [toolkit=REF,REF]
+    [memory=SIZE] [cpu=N] [disk=SIZE] [start=PATH]", or the id as an image.
+    A start command runs as root once the sandbox is up; the create answers
+    when it exits 0 (E2B's start command and ready check in one)."""
     spec = templates.get(template)
     if spec is None:
-        return {"image": template}
+        return {"image": template}, None
     image, *rest = spec.split()
     out: dict[str, Any] = {"image": image}
+    start = None
     for part in rest:
-        key, _, value = part.partition("=")
+        key, eq, value = part.partition("=")
+        if not eq or not value:
+            key = ""  # not KEY=VALUE: refused below
         if key == "workspace":
             out["workspace"] = value
         elif key == "toolkit":
             out["toolkit"] = [v for v in value.split(",") if v]
         elif key in ("memory", "cpu", "disk"):
             out[key] = value
-    return out
+        elif key == "start" and value.startswith("/"):
+            start = value
+        else:
+            raise E2bError(
+                500,
+                f"template {template!r}: {part!r} is not workspace=, toolkit=, memory=, "
+                "cpu=, disk= or start=/ABSOLUTE/PATH",
+            )
+    return out, start
+
+
+async def _start(svc: SandboxService, sandbox_id: str, cmd: str) -> None:
+    """Run the template's start command; E2bError with its output if it fails."""
+    req = ExecRequest(cmd=[cmd], user="root", cwd="/", timeout=START_TIMEOUT)
+    err = bytearray()
+    code: int | None = None
+    async for ev in svc.exec(sandbox_id, req):
+        if isinstance(ev, ExecOutput):
+            err += ev.data
+        elif isinstance(ev, ExecExit):
+            code = -1 if ev.timed_out else ev.exit_code
+    if code != 0:
+        tail = err[-1500:].decode(errors="replace")
+        raise E2bError(500, f"the template's start command {cmd} failed ({code}): {tail}")
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -169,6 +225,53 @@ def _strings(doc: dict[str, Any], field: str) -> dict[str, str]:
     ):
         raise E2bError(400, f"{field} must be an object of strings")
     return v
+
+
+# E2B network fields Corral has no twin for: refused by name, never ignored.
+_NO_TWIN = ("egressProxy", "rules", "maskRequestHost")
+
+
+def network_of(doc: dict[str, Any]) -> NetworkPolicy | None:
+    """E2B's egress rules as Corral's policy. Corral's sandboxes reach only
+    what they are given (no network by default), so `allowOut` is the whole
+    policy: its CIDRs and IPs, and its domains, on any port.
+    `allow_internet_access` alone opens nothing (docs/e2b.md), and `denyOut`
+    narrows nothing that is not already closed (E2B's allow entries win over
+    its deny entries)."""
+    net = doc.get("network")
+    if net is None:
+        net = {}
+    if not isinstance(net, dict):
+        raise E2bError(400, "network must be an object")
+    for name in _NO_TWIN:
+        if net.get(name):
+            raise E2bError(400, f"network.{name} is not supported by Corral: {net[name]!r}")
+    for name in ("allowOut", "denyOut"):
+        if not isinstance(net.get(name) or [], list) or not all(
+            isinstance(x, str) for x in net.get(name) or []
+        ):
+            raise E2bError(400, f"network.{name} must be a list of strings")
+    allow: list[str] = net.get("allowOut") or []
+    if not allow:
+        return None
+    cidrs, domains = [], []
+    for entry in allow:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+            cidrs.append(entry)
+        except ValueError:
+            domains.append(entry)
+    try:
+        return NetworkPolicy(domains=domains, cidrs=cidrs, ports=[])
+    except ValueError as exc:
+        raise E2bError(400, f"network.allowOut: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return str(errors()[0]["msg"])
+    return str(exc)
 
 
 def router(
@@ -209,13 +312,14 @@ def router(
         metadata = _strings(doc, "metadata")
         if any(k.startswith("corral.") for k in metadata):
             raise E2bError(400, "metadata keys starting with 'corral.' are the platform's")
-        spec = template_spec(templates, template)
+        spec, start = template_spec(templates, template)
         try:
             req = CreateSandbox.model_validate({
                 **spec,
                 "ttl": _timeout(doc),
                 "idle_timeout": None,
                 "env": _strings(doc, "envVars"),
+                "network": network_of(doc),
                 "labels": {**metadata, TEMPLATE: template, TOKEN: secrets.token_urlsafe(24)},
             })  # fmt: skip
         except ValueError as exc:
@@ -226,6 +330,12 @@ def router(
             raise E2bError(404, f"template '{template}' not found") from None
         except InvalidArgument as exc:
             raise E2bError(400, exc.message) from None
+        if start is not None:
+            try:
+                await _start(svc, info.id, start)
+            except BaseException:
+                await svc.close(info.id)  # no half-started sandbox stays behind
+                raise
         return JSONResponse(created(info), status_code=201)
 
     @guarded
@@ -295,6 +405,33 @@ def router(
         return Response(status_code=204)
 
     @guarded
+    async def set_network(request: Request, sandbox_id: str) -> Any:
+        svc = await resolve(request)
+        doc = await _body(request)
+        policy = network_of({"network": doc})
+        await _get(svc, sandbox_id)
+        try:
+            await svc.update_network(sandbox_id, policy or NetworkPolicy(ports=[]))
+        except Conflict as exc:
+            raise E2bError(409, exc.message) from None
+        return Response(status_code=204)
+
+    @guarded
+    async def metrics(request: Request, sandbox_id: str) -> Any:
+        svc = await resolve(request)
+        info = await _get(svc, sandbox_id)
+        for name in ("start", "end"):
+            raw = request.query_params.get(name)
+            if raw is not None and not raw.isdigit():
+                raise E2bError(400, f"{name} must be Unix seconds: {raw!r}")
+        u = await svc.usage(sandbox_id)
+        end = request.query_params.get("end")
+        start = request.query_params.get("start")
+        if (end is not None and int(end) < u.at - 1) or (start is not None and int(start) > u.at):
+            return JSONResponse([])  # only "now" is kept, and it is outside the window
+        return JSONResponse([metric(info, u)])
+
+    @guarded
     async def pause(request: Request, sandbox_id: str) -> Any:
         svc = await resolve(request)
         info = await _get(svc, sandbox_id)
@@ -335,6 +472,8 @@ def router(
     r.add_api_route("/sandboxes/{sandbox_id}", get, methods=["GET"])
     r.add_api_route("/sandboxes/{sandbox_id}", kill, methods=["DELETE"])
     r.add_api_route("/sandboxes/{sandbox_id}/timeout", set_timeout, methods=["POST"])
+    r.add_api_route("/sandboxes/{sandbox_id}/network", set_network, methods=["PUT"])
+    r.add_api_route("/sandboxes/{sandbox_id}/metrics", metrics, methods=["GET"])
     r.add_api_route("/sandboxes/{sandbox_id}/pause", pause, methods=["POST"])
     r.add_api_route("/sandboxes/{sandbox_id}/connect", connect, methods=["POST"])
     r.add_api_route("/sandboxes/{sandbox_id}/resume", resume, methods=["POST"])

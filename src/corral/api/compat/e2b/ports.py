@@ -16,6 +16,7 @@ default, Corral's are not.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -36,7 +37,12 @@ _HOST = re.compile(r"^(\d{1,5})-([a-z0-9]{1,16}-[0-9a-f]{16})\.")
 # Hop-by-hop, or E2B's routing: not for the sandbox's server.
 _DROP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
          "upgrade", "host", "content-length", "x-access-token", "e2b-traffic-access-token",
-         "e2b-sandbox-id", "e2b-sandbox-port"}  # fmt: skip
+         "e2b-sandbox-id", "e2b-sandbox-port", "server", "date"}  # fmt: skip
+
+
+_CLEANUPS: set[asyncio.Future[None]] = set()  # running past their request's cancel
+# The server's states once its answer is whole (we asked it to close after).
+_ENDED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
 
 
 def target(request: Request) -> tuple[str, int] | None:
@@ -92,11 +98,20 @@ async def forward(svc: SandboxService, sid: str, port: int, request: Request) ->
     early: list[bytes] = []
     pid = 0
 
-    async def done() -> None:
+    async def cleanup() -> None:
         await events.aclose()  # type: ignore[attr-defined]
         if pid:  # a server that keeps the connection open: nc would wait on
             with contextlib.suppress(Exception):
                 await svc.kill(sid, pid)
+
+    async def done() -> None:
+        # Also when the client went away and this task is being cancelled:
+        # nc must die, so that the sandbox's server sees its client go (the
+        # code interpreter then interrupts the abandoned execution).
+        task = asyncio.ensure_future(cleanup())
+        _CLEANUPS.add(task)
+        task.add_done_callback(_CLEANUPS.discard)
+        await asyncio.shield(task)
 
     async for ev in events:
         if isinstance(ev, ExecStarted):
@@ -123,7 +138,7 @@ async def forward(svc: SandboxService, sid: str, port: int, request: Request) ->
         try:
             for chunk in early:
                 yield chunk
-            if conn.their_state is h11.DONE:
+            if conn.their_state in _ENDED:
                 return
             async for ev in events:
                 if not (isinstance(ev, ExecOutput) and ev.type == "stdout"):
@@ -137,6 +152,17 @@ async def forward(svc: SandboxService, sid: str, port: int, request: Request) ->
                         break
                     else:  # the end of the body: the server closes
                         return
+            # nc is done: the server closed. A body read to the close ends
+            # here; any other end is the sandbox (or its server) going away
+            # mid-answer, which the client must see as a cut connection, not
+            # as an answer that looks whole.
+            with contextlib.suppress(h11.RemoteProtocolError):
+                conn.receive_data(b"")
+                while isinstance(got := conn.next_event(), h11.Data):
+                    yield bytes(got.data)
+                if conn.their_state in _ENDED:
+                    return
+            raise ConnectionError(f"port {port} of sandbox {sid} stopped mid-answer")
         finally:
             await done()
 

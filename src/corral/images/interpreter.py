@@ -1,0 +1,169 @@
+"""E2B's code-interpreter template as a Corral toolkit layer.
+
+What it holds (on debian-python:bookworm + e2b-user:bookworm):
+  - a Jupyter server, IPython's kernel, bash_kernel, and the libraries E2B's
+    clients expect to display (pandas, matplotlib, numpy, orjson,
+    e2b_charts): PyPI wheels for CPython 3.11 on glibc x86_64, pinned;
+  - Deno (npm's @deno/linux-x64-glibc) as the JavaScript and TypeScript
+    kernel;
+  - Corral's code-interpreter server and its start script
+    (images/interpreter-files/, run inside the sandbox; docs/e2b.md).
+
+Built once, found again by its label (the pins are the key).
+`python -m corral.images.interpreter` builds it (the install script does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from corral.errors import Unavailable
+from corral.images.build import build_from_dir
+from corral.images.layer import Layer
+from corral.images.store import ImageStore, ProgressFn
+
+TAG = "e2b-code-interpreter:bookworm"
+FILES = Path(__file__).with_name("interpreter-files")
+SITE = "usr/local/lib/python3.11/dist-packages"
+HOME = "opt/corral/interpreter"
+DENO = "@deno/linux-x64-glibc@2.9.6"
+# The top of what the template's kernels import; pip resolves the rest
+# (for the image's Python, whatever runs the build).
+PYPI = [
+    "jupyter-server==2.20.0",
+    "ipykernel==6.31.0",
+    "ipython==9.10.0",
+    "bash_kernel==0.10.0",
+    "orjson==3.11.9",
+    "numpy==2.3.5",
+    "pandas==2.2.3",
+    "matplotlib==3.10.9",
+    "e2b-charts==1.0.0",
+]
+WHEELS = [
+    "--only-binary=:all:",
+    "--implementation", "cp",
+    "--python-version", "3.11",
+    "--abi", "cp311",
+    # pip does not widen one manylinux tag to the older ones: each is named.
+    *(f"--platform=manylinux_2_{v}_x86_64" for v in (36, 35, 34, 31, 28, 27, 24, 17)),
+    "--platform=manylinux2014_x86_64",
+    "--platform=manylinux1_x86_64",
+]  # fmt: skip
+# Entry points the template runs by name (pip --target writes none that
+# would run in the image): the Jupyter server and IPython.
+LAUNCHERS = {
+    "jupyter": "jupyter_core.command:main",
+    "jupyter-server": "jupyter_server.serverapp:main",
+    "ipython": "IPython:start_ipython",
+}
+KERNELS = {
+    "javascript": {
+        "argv": ["/usr/local/bin/deno", "jupyter", "--kernel", "--conn", "{connection_file}"],
+        "display_name": "Deno (JavaScript, TypeScript)",
+        "language": "typescript",
+        # Deno's cache: writable, and the same for every context.
+        "env": {"DENO_DIR": "/root/.cache/deno", "NO_COLOR": "1"},
+    },
+    "bash": {
+        "argv": ["/usr/bin/python3", "-m", "bash_kernel", "-f", "{connection_file}"],
+        "display_name": "Bash",
+        "language": "bash",
+    },
+}
+
+
+def key() -> str:
+    files = sorted(FILES.iterdir())
+    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files))
+    return "e2b-ci:" + ",".join([*PYPI, DENO]) + ":" + digest.hexdigest()[:16]
+
+
+def _run(what: str, argv: list[str], cwd: Path | None = None) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+    if proc.returncode != 0:
+        raise Unavailable(f"{what} failed: {(proc.stderr or proc.stdout)[-1500:]}")
+
+
+def _deno(stage: Path, cache: Path, progress: ProgressFn) -> None:
+    progress("npm pack deno", 0, 1)
+    cache.mkdir(parents=True, exist_ok=True)
+    if shutil.which("npm") is None:
+        raise Unavailable("npm is needed to fetch Deno (apt-get install npm)")
+    tgz = cache / "deno-linux-x64-glibc-2.9.6.tgz"
+    if not tgz.exists():
+        _run("npm pack " + DENO, ["npm", "pack", "--silent", DENO], cwd=cache)
+    with tarfile.open(tgz) as tar:
+        member = tar.getmember("package/deno")
+        src = tar.extractfile(member)
+        assert src is not None
+        out = stage / "usr/local/bin/deno"
+        out.write_bytes(src.read())
+        out.chmod(0o755)
+    progress("npm pack deno", 1, 1)
+
+
+def _python(stage: Path, progress: ProgressFn) -> None:
+    progress("pip install jupyter", 0, 1)
+    _run(
+        "pip install (the code-interpreter's packages)",
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
+         "--target", str(stage / SITE), *WHEELS, *PYPI],
+    )  # fmt: skip
+    progress("pip install jupyter", 1, 1)
+    for name, entry in LAUNCHERS.items():
+        module, func = entry.split(":")
+        script = stage / "usr/local/bin" / name
+        script.write_text(
+            f"#!/usr/bin/python3\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n"
+        )
+        script.chmod(0o755)
+
+
+def build(store: ImageStore, cache: Path, progress: ProgressFn) -> Layer:
+    source = key()
+    layer = store.find_by_label("corral.source", source)
+    if layer is not None:
+        store.tag(layer.digest, TAG)
+        return layer
+    stage = store.tmpdir("interpreter")
+    try:
+        (stage / "usr/local/bin").mkdir(parents=True)
+        _python(stage, progress)
+        _deno(stage, cache, progress)
+        for name, spec in KERNELS.items():
+            d = stage / "usr/local/share/jupyter/kernels" / name
+            d.mkdir(parents=True)
+            (d / "kernel.json").write_text(json.dumps(spec, indent=1))
+        home = stage / HOME
+        home.mkdir(parents=True)
+        for f in FILES.iterdir():
+            shutil.copy2(f, home / f.name)
+        profile = stage / "root/.ipython/profile_default"
+        (profile / "startup").mkdir(parents=True)
+        shutil.copy2(FILES / "ipython_kernel_config.py", profile / "ipython_kernel_config.py")
+        shutil.copy2(FILES / "formatters.py", profile / "startup/00-corral-formatters.py")
+        os.chmod(stage / "root", 0o700)
+        return build_from_dir(
+            store, stage, tag=TAG, kind="toolkit",
+            labels={"corral.source": source}, progress=progress,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    from corral.config import NodeConfig
+    from corral.progress import progress_bar
+
+    cfg = NodeConfig.from_env()
+    with progress_bar() as bar:
+        built = build(ImageStore(cfg.images_dir), cfg.data_dir / "cache" / "npm", bar)
+    print(f"{TAG} {built.digest} ({built.content_size / 2**20:.1f} MiB)")

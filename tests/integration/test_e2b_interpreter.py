@@ -1,0 +1,123 @@
+"""The stock `e2b-code-interpreter` package from PyPI, unmodified, against
+`corral serve`: its "code-interpreter-v1" template (Jupyter and Corral's
+code-interpreter server on port 49999, reached through E2b-Sandbox-Port),
+through every call it makes. (Its own test suite: `make e2b-conformance`.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from ..framework import Server
+from ..framework.images import require_image
+
+ci = pytest.importorskip(
+    "e2b_code_interpreter", reason="e2b-code-interpreter (a dev dependency) is not installed"
+)
+
+KEY = "e2b_" + "0" * 40
+
+
+@pytest.fixture
+def e2b_env(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    require_image("e2b-code-interpreter:bookworm")
+    for k, v in {
+        "E2B_API_URL": server.tcp_url, "E2B_SANDBOX_URL": server.tcp_url, "E2B_API_KEY": KEY,
+        "E2B_DOMAIN": "corral.local",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    yield server.tcp_url
+
+
+@pytest.fixture
+async def sbx(e2b_env: str) -> AsyncIterator[ci.AsyncSandbox]:
+    s = await ci.AsyncSandbox.create(timeout=300, envs={"FROM_CREATE": "yes"})
+    try:
+        yield s
+    finally:
+        await s.kill()
+
+
+async def test_python_runs_with_state_results_and_errors(sbx: ci.AsyncSandbox) -> None:
+    seen: list[str] = []
+    r = await sbx.run_code("x = 41\nprint('hi')\nx + 1", on_stdout=lambda m: seen.append(m.line))
+    assert (r.text, r.logs.stdout, seen) == ("42", ["hi\n"], ["hi\n"])
+    assert r.execution_count and r.error is None
+    assert (await sbx.run_code("x")).text == "41"  # the default context keeps state
+    r = await sbx.run_code("1 / 0")
+    assert r.error is not None and r.error.name == "ZeroDivisionError"
+    assert "ZeroDivisionError" in r.error.traceback
+    # The sandbox's environment, and one of the call only.
+    assert (await sbx.run_code("import os; os.environ['FROM_CREATE']")).text == "yes"
+    r = await sbx.run_code("os.environ.get('ONCE')", envs={"ONCE": "1"})
+    assert r.text == "1"
+    assert (await sbx.run_code("os.environ.get('ONCE', 'gone')")).text == "gone"
+    r = await sbx.run_code("import pathlib; str(pathlib.Path.cwd())")
+    assert r.text == "/home/user"
+
+
+async def test_rich_results_dataframes_and_charts(sbx: ci.AsyncSandbox) -> None:
+    r = await sbx.run_code("import pandas as pd; pd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+    (res,) = r.results
+    assert res.is_main_result and res.data == {"a": [1, 2], "b": [3, 4]} and res.html
+    r = await sbx.run_code(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('sq')\n"
+        "plt.show()"
+    )
+    (fig,) = r.results
+    assert fig.png and fig.chart is not None and fig.chart.title == "sq"
+    assert (await sbx.run_code("{'k': [1, 2]}")).results[0].json == {"k": [1, 2]}
+
+
+async def test_javascript_typescript_and_bash_kernels(sbx: ci.AsyncSandbox) -> None:
+    r = await sbx.run_code("console.log('from js'); 6 * 7", language="js")
+    assert r.logs.stdout == ["from js\n"] and r.text == "42"
+    r = await sbx.run_code("const n: number = 2; n * 21", language="ts")
+    assert r.text == "42"
+    assert (await sbx.run_code("process.cwd()", language="js")).text == "/home/user"
+    r = await sbx.run_code("echo $((6 * 7)); pwd", language="bash")
+    assert "".join(r.logs.stdout) == "42\n/home/user\n"
+
+
+async def test_contexts_are_separate_kernels(sbx: ci.AsyncSandbox) -> None:
+    ctx = await sbx.create_code_context(cwd="/tmp")
+    await sbx.run_code("y = 1")
+    r = await sbx.run_code("y", context=ctx)
+    assert r.error is not None and r.error.value == "name 'y' is not defined"
+    assert (await sbx.run_code("import os; os.getcwd()", context=ctx)).text == "/tmp"
+    assert ctx.id in {c.id for c in await sbx.list_code_contexts()}
+    await sbx.run_code("z = 5", context=ctx)
+    await sbx.restart_code_context(ctx)
+    assert (await sbx.run_code("z", context=ctx)).error is not None  # restarted: state gone
+    await sbx.remove_code_context(ctx)
+    assert ctx.id not in {c.id for c in await sbx.list_code_contexts()}
+    with pytest.raises(ci.NotFoundException):
+        await sbx.run_code("1", context=ctx)
+    with pytest.raises(ci.InvalidArgumentException):
+        await sbx.run_code("1", context=ctx, language="python")
+
+
+async def test_an_abandoned_execution_is_interrupted(sbx: ci.AsyncSandbox) -> None:
+    with pytest.raises(ci.TimeoutException):
+        await sbx.run_code("import time; time.sleep(120)", timeout=2)
+    # The kernel was interrupted when the client went away: the next call
+    # is not queued behind the sleep.
+    assert (await sbx.run_code("1 + 1", timeout=30)).text == "2"
+
+
+async def test_the_port_is_closed_without_the_sandboxs_token(
+    sbx: ci.AsyncSandbox, e2b_env: str
+) -> None:
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"}
+    async with httpx.AsyncClient(base_url=e2b_env) as c:
+        assert (await c.get("/health", headers=headers)).status_code == 401
+        ok = await c.get(
+            "/health", headers={**headers, "E2B-Traffic-Access-Token": sbx.traffic_access_token}
+        )
+        assert ok.status_code == 200 and ok.json() == "OK"
+        bad = await c.post("/execute", headers={**headers, "X-Access-Token":
+                           sbx.traffic_access_token}, json={"code": 1})  # fmt: skip
+        assert bad.status_code == 400 and "code" in bad.text
