@@ -7,6 +7,8 @@
 #
 #   CI_MIRROR   required: the git dir of github.com/e2b-dev/code-interpreter
 #   CI_VERSION  the e2b-code-interpreter version and tag (default 2.9.1)
+#   E2B_VERSION the e2b it runs on (default 2.45.1: 2.9.1 breaks on e2b 2.63,
+#               whose get_transport() lost an argument it passes)
 #   WORK        scratch (default /tmp/e2b-ci-tests): the tests and a venv
 #   JOBS        pytest-xdist workers (default 2)
 set -euo pipefail
@@ -19,7 +21,8 @@ WORK="${WORK:-/tmp/e2b-ci-tests}"
 JOBS="${JOBS:-2}"
 TAG="@e2b/code-interpreter-python@$CI_VERSION"
 SRC="$WORK/src-$CI_VERSION"
-VENV="$WORK/venv-$CI_VERSION"
+E2B_VERSION="${E2B_VERSION:-2.45.1}"
+VENV="$WORK/venv-$CI_VERSION-e2b-$E2B_VERSION"
 
 if [ ! -d "$SRC/python/tests" ]; then
   git --git-dir="$CI_MIRROR" rev-parse -q --verify "refs/tags/$TAG" >/dev/null \
@@ -31,7 +34,7 @@ if [ ! -x "$VENV/bin/pytest" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
   # The package from PyPI, and its pyproject's dev group.
-  "$VENV/bin/pip" install -q "e2b-code-interpreter==$CI_VERSION" "pytest>=9.0.3,<10" \
+  "$VENV/bin/pip" install -q "e2b-code-interpreter==$CI_VERSION" "e2b==$E2B_VERSION" "pytest>=9.0.3,<10" \
     "pytest-asyncio>=1.3.0,<2" "pytest-xdist>=3.6.1,<4" "pytest-dotenv>=0.5.2,<0.6" \
     "python-dotenv>=1.0.0,<2" "pytest-timeout>=2.4.0,<3"
 fi

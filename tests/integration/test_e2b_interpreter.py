@@ -121,3 +121,29 @@ async def test_the_port_is_closed_without_the_sandboxs_token(
         bad = await c.post("/execute", headers={**headers, "X-Access-Token":
                            sbx.traffic_access_token}, json={"code": 1})  # fmt: skip
         assert bad.status_code == 400 and "code" in bad.text
+
+
+async def test_the_servers_come_back_after_being_killed(sbx: ci.AsyncSandbox) -> None:
+    """The template's supervisor restarts what dies, as E2B's systemd units
+    do: the code-interpreter server alone, or both with Jupyter."""
+    health = (
+        "python3 -c 'import urllib.request as u, time\n"
+        "for _ in range(300):\n"
+        "    try:\n"
+        '        u.urlopen("http://127.0.0.1:49999/health", timeout=1); break\n'
+        "    except OSError: time.sleep(0.1)\n"
+        "else: raise SystemExit(1)'"
+    )
+    # The image has no pkill: match the argv (@ for its NULs), sparing the
+    # killer and its shell, whose argv name the victim too.
+    kill = (
+        "python3 -c 'import os, sys\nn = 0\n"
+        'for p in set(filter(str.isdigit, os.listdir("/proc"))) - {str(os.getpid()), str(os.getppid())}:\n'
+        '    if sys.argv[1].encode().replace(b"@", bytes(1)) in open(f"/proc/{p}/cmdline", "rb").read():\n'
+        "        os.kill(int(p), 9); n += 1\nprint(n)' "
+    )
+    for victim in ("interpreter/server.py", "bin/jupyter-server@"):
+        killed = await sbx.commands.run(kill + victim, user="root")
+        assert int(killed.stdout) >= 1
+        await sbx.commands.run(health, timeout=60)
+        assert (await sbx.run_code("6 * 7")).text == "42"

@@ -6,6 +6,9 @@ display formats E2B's clients read.
                     through the e2b_charts package
   application/json  lists and dicts as JSON (numpy values included)
 
+and a PIL image saved to a file is displayed too (a PNG in the results),
+since there is no screen to show it on.
+
 Each formatter looks for its library in sys.modules first: displaying `1 + 1`
 must not import pandas or matplotlib.
 """
@@ -66,6 +69,23 @@ class _Json(JSONFormatter):
         return super().__call__(obj)
 
 
+def _show_saved_images() -> None:
+    try:
+        from IPython.display import display
+        from PIL import Image
+    except ImportError:
+        return
+    save = Image.Image.save
+
+    def save_and_show(self, fp, format=None, **params):
+        if isinstance(fp, str):
+            display(self)
+        return save(self, fp, format, **params)
+
+    Image.Image.save = save_and_show
+
+
+_show_saved_images()
 _shell = get_ipython()
 _fmt = _shell.display_formatter
 _fmt.formatters["e2b/data"] = _DataFrames(parent=_fmt)

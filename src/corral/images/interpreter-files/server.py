@@ -151,6 +151,11 @@ class Context:
         self.waiting: dict[str, asyncio.Queue[dict[str, Any] | None]] = {}
         self.ws: websocket.WebSocketClientConnection | None = None
         self.reader: asyncio.Task[None] | None = None
+        # Its kernel's channel closed under it (Jupyter died): it can run
+        # nothing more, and /health says so until the supervisor has
+        # restarted both servers.
+        self.lost = False
+        self.closing = False
 
     def describe(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -158,13 +163,18 @@ class Context:
     async def connect(self) -> None:
         url = f"ws://{JUPYTER}/api/kernels/{self.id}/channels?session_id={self.session}"
         self.ws = await websocket.websocket_connect(url, max_message_size=MAX_MESSAGE)
+        self.lost = self.closing = False
         self.reader = asyncio.create_task(self._read())
 
     async def close(self) -> None:
+        self.closing = True  # a close asked for is no loss
         if self.ws is not None:
             self.ws.close()
         if self.reader is not None:
             self.reader.cancel()
+            # Done before a reconnect resets the flags: a late finish of
+            # this reader must not mark the new channel lost.
+            await asyncio.gather(self.reader, return_exceptions=True)
 
     async def _read(self) -> None:
         assert self.ws is not None
@@ -180,19 +190,20 @@ class Context:
                 if q is not None:
                     q.put_nowait(msg)
         finally:
+            self.lost = not self.closing
             for q in self.waiting.values():
                 q.put_nowait(None)  # the kernel's channel closed under the call
 
     async def run(self, code: str, *, silent: bool = False) -> AsyncGenerator[dict[str, Any], None]:
         """The kernel's messages for one execution, until it is idle and has
         replied; and ours, {"corral": "keepalive" | "lost"}."""
-        if self.ws is None:
-            raise Failure(500, f"context {self.id} is not connected")
+        if self.ws is None or self.lost:
+            raise Failure(502, f"the kernel of context {self.id} is gone")
         msg_id = uuid.uuid4().hex
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.waiting[msg_id] = queue
         try:
-            await self.ws.write_message(json.dumps({
+            await self._send(json.dumps({
                 "header": {"msg_id": msg_id, "username": "corral", "session": self.session,
                            "msg_type": "execute_request", "version": "5.3", "date": _now()},
                 "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
@@ -218,6 +229,14 @@ class Context:
                 yield msg
         finally:
             self.waiting.pop(msg_id, None)
+
+    async def _send(self, text: str) -> None:
+        assert self.ws is not None
+        try:
+            await self.ws.write_message(text)
+        except websocket.WebSocketClosedError:
+            self.lost = True
+            raise Failure(502, f"the kernel of context {self.id} is gone") from None
 
     async def quietly(self, code: str) -> None:
         """Run platform code (cd, env): its errors are the server's."""
@@ -369,6 +388,11 @@ class Handler(web.RequestHandler):
 class Health(Handler):
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
+        lost = [c for c in CONTEXTS.by_id.values() if c.lost and c.id in CONTEXTS.default.values()]
+        if lost:
+            self.set_status(503)
+            self.finish(json.dumps(f"the kernels of {len(lost)} default contexts are gone"))
+            return
         self.finish('"OK"')
 
 
@@ -470,7 +494,9 @@ class ContextRestart(Handler):
 
 async def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    await CONTEXTS.for_language("python")  # /health answers once code can run
+    # /health answers once code can run in both default contexts (listed
+    # from the start, as clients expect).
+    await asyncio.gather(CONTEXTS.for_language("python"), CONTEXTS.for_language("javascript"))
     app = web.Application([
         (r"/health", Health), (r"/execute", Execute), (r"/contexts", ContextList),
         (r"/contexts/([^/]+)", ContextOne), (r"/contexts/([^/]+)/restart", ContextRestart),

@@ -468,6 +468,7 @@ def router(
         return JSONResponse(created(woken), status_code=201)
 
     r.add_api_route("/sandboxes", create, methods=["POST"])
+    r.add_api_route("/v2/sandboxes", create, methods=["POST"])  # e2b >= 2.5x creates here
     r.add_api_route("/v2/sandboxes", list_v2, methods=["GET"])
     r.add_api_route("/sandboxes/{sandbox_id}", get, methods=["GET"])
     r.add_api_route("/sandboxes/{sandbox_id}", kill, methods=["DELETE"])
