@@ -40,6 +40,7 @@ PORT = int(os.environ.get("CORRAL_INTERPRETER_PORT", "49999"))
 HOME = "/home/user"
 KEEPALIVE = 1.0
 DRAIN = 10.0  # seconds an interrupted execution may take to stop
+LATE_OUTPUT = 0.05  # quiet that ends a Deno execution after its idle status
 MAX_MESSAGE = 512 << 20
 # Language as asked -> Jupyter kernel name. TypeScript runs in the same
 # (Deno) kernel as JavaScript.
@@ -227,6 +228,18 @@ class Context:
                 elif kind == "execute_reply":
                     replied = True
                 yield msg
+            if self.language in ("javascript", "typescript"):
+                # Deno forwards console output from a pipe of its own: a
+                # line can reach iopub after the idle status. Wait for the
+                # stream to go quiet before the execution ends.
+                while True:
+                    try:
+                        late = await asyncio.wait_for(queue.get(), LATE_OUTPUT)
+                    except TimeoutError:
+                        break
+                    if late is None:
+                        break
+                    yield late
         finally:
             self.waiting.pop(msg_id, None)
 
