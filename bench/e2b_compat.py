@@ -199,9 +199,45 @@ async def interpreter(quick: bool) -> str:
          "through / inside (p50)"], rows) + "\n\n" + note  # fmt: skip
 
 
+async def http2(quick: bool) -> str:
+    """The same calls over HTTP/2 cleartext (prior knowledge) and HTTP/1.1,
+    one connection each, on one `corral serve`."""
+    import httpx
+
+    n = 100 if quick else 400
+    proc, url = _serve()
+    try:
+        await _wait_up(url)
+        async with (
+            corral.AsyncClient(url) as c,
+            httpx.AsyncClient(base_url=url) as h1,
+            httpx.AsyncClient(base_url=url, http1=False, http2=True) as h2,
+        ):
+            s = await c.sandboxes.create(**SPEC)
+            path = f"/v1/sandboxes/{s.id}"
+            got: dict[str, list[float]] = {"HTTP/1.1": [], "HTTP/2": []}
+            for _ in range(4):
+                for name, h in (("HTTP/1.1", h1), ("HTTP/2", h2)):
+                    got[name] += await timed(n // 4, lambda h=h: h.get(path))  # type: ignore[misc]
+            assert (await h2.get(path)).http_version == "HTTP/2"
+            await s.close()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    rows = []
+    for name, xs in got.items():
+        p50, p99 = _ms(xs)
+        rows.append([name, p50, p99, f"{pct(xs, 50) / pct(got['HTTP/1.1'], 50):.2f}x"])
+    return "## HTTP/2 cleartext beside HTTP/1.1\n\n" + table(
+        ["GET /v1/sandboxes/{id}", "p50 ms", "p99 ms", "vs HTTP/1.1 (p50)"], rows
+    ) + (f"\n\n{n} calls each, alternated; httpx, one connection each. HTTP/1.1 is "
+         "uvicorn's httptools parser, HTTP/2 uvicorn's zttp (api/h2c.py).")  # fmt: skip
+
+
 async def main(quick: bool) -> None:
     sections = await run(quick)
     sections.append(await interpreter(quick))
+    sections.append(await http2(quick))
     path = write_result("e2b", "E2B compatibility: the E2B SDK against Corral", sections)
     print(path.read_text())
 

@@ -14,6 +14,7 @@ from typing import Any
 import uvicorn
 
 from corral.api.app import create_app
+from corral.api.h2c import H2cOrHttp11
 from corral.config import NodeConfig, e2b_templates
 from corral.errors import InvalidArgument
 from corral.images.blobd import create_blob_app
@@ -55,6 +56,7 @@ async def _run(
                 log_level="warning",
                 access_log=False,
                 lifespan="off",
+                http=H2cOrHttp11,
                 **cfg,  # type: ignore[arg-type]
             )
         )

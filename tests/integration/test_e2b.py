@@ -332,3 +332,30 @@ async def test_network_rules_and_metrics_map_to_corrals(e2b_env: str, server: Se
     finally:
         await s.kill()
         await closed.kill()
+
+
+async def test_http2_cleartext_beside_http11(e2b_env: str) -> None:
+    """A client with HTTP/2 prior knowledge (Connect's and gRPC's over plain
+    TCP) gets HTTP/2 on the same port: the control API, a streamed Connect
+    call and Corral's own API; an HTTP/1.1 client still gets HTTP/1.1."""
+    async with httpx.AsyncClient(http1=False, http2=True, base_url=e2b_env) as h2:
+        made = await h2.post("/sandboxes", headers={"X-API-KEY": KEY}, json={"templateID": "base"})
+        assert (made.http_version, made.status_code) == ("HTTP/2", 201)
+        sid, token = made.json()["sandboxID"], made.json()["envdAccessToken"]
+        body = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-c", "echo over-h2"]}})
+        frame = struct.pack(">BI", 0, len(body)) + body.encode()
+        async with h2.stream(
+            "POST", "/process.Process/Start", content=frame,
+            headers={"E2b-Sandbox-Id": sid, "X-Access-Token": token,
+                     "Content-Type": "application/connect+json"},
+        ) as r:  # fmt: skip
+            assert (r.http_version, r.status_code) == ("HTTP/2", 200)
+            raw = b"".join([x async for x in r.aiter_bytes()])
+        assert b'"stdout":"b3Zlci1oMgo="' in raw  # "over-h2\n"
+        assert b'"end":{"exitCode":0' in raw
+        own = await h2.get(f"/v1/sandboxes/{sid}")
+        assert own.http_version == "HTTP/2" and own.json()["id"] == sid
+        gone = await h2.delete(f"/sandboxes/{sid}", headers={"X-API-KEY": KEY})
+        assert gone.status_code == 204
+    async with httpx.AsyncClient(base_url=e2b_env) as h1:
+        assert (await h1.get("/healthz")).http_version == "HTTP/1.1"
