@@ -164,6 +164,9 @@ class Context:
     async def connect(self) -> None:
         url = f"ws://{JUPYTER}/api/kernels/{self.id}/channels?session_id={self.session}"
         self.ws = await websocket.websocket_connect(url, max_message_size=MAX_MESSAGE)
+        # Small frames both ways: Nagle would hold each for the peer's
+        # delayed ACK (40 ms a call).
+        self.ws.protocol.stream.set_nodelay(True)  # type: ignore[union-attr]
         self.lost = self.closing = False
         self.reader = asyncio.create_task(self._read())
 
@@ -436,6 +439,7 @@ class Execute(Handler):
         except Failure as exc:
             return self.fail(exc)
         self.set_header("Content-Type", "application/x-ndjson")
+        self.request.connection.stream.set_nodelay(True)  # a line at a time, not held for an ACK
         lines = ctx.execute(code, env)
         try:
             async for line in lines:
