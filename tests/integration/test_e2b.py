@@ -359,3 +359,46 @@ async def test_http2_cleartext_beside_http11(e2b_env: str) -> None:
         assert gone.status_code == 204
     async with httpx.AsyncClient(base_url=e2b_env) as h1:
         assert (await h1.get("/healthz")).http_version == "HTTP/1.1"
+
+
+async def test_a_snapshot_is_a_template_of_the_sandboxs_files(e2b_env: str, node: Node) -> None:
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        await s.files.write("/home/user/state.txt", "kept in the snapshot")
+        snap = await s.create_snapshot(name="e2b-snap-test")
+        assert snap.snapshot_id == "e2b-snap-test:latest"
+        await s.files.write("/home/user/state.txt", "after the snapshot")  # not in it
+        listed = s.list_snapshots()
+        assert [x.snapshot_id for x in await listed.next_items()] == [snap.snapshot_id]
+    finally:
+        await s.kill()
+    again = await e2b.AsyncSandbox.create(snap.snapshot_id, timeout=120)
+    try:
+        assert await again.files.read("/home/user/state.txt") == "kept in the snapshot"
+        assert (await again.commands.run("whoami")).stdout == "user\n"
+        with pytest.raises(e2b.SandboxException):  # in use: not deleted under it
+            await e2b.AsyncSandbox.delete_snapshot(snap.snapshot_id)
+    finally:
+        await again.kill()
+    assert await e2b.AsyncSandbox.delete_snapshot(snap.snapshot_id)
+    assert not await e2b.AsyncSandbox.delete_snapshot(snap.snapshot_id)  # gone: False
+    with pytest.raises(e2b.SandboxException, match="not found"):
+        await e2b.AsyncSandbox.create(snap.snapshot_id, timeout=60)
+    async with httpx.AsyncClient(base_url=e2b_env, headers={"X-API-KEY": KEY}) as h:
+        bad = await h.post(f"/sandboxes/{again.sandbox_id}/snapshots", json={"name": "x"})
+        assert bad.status_code == 404  # killed: no snapshot of it
+        other = await e2b.AsyncSandbox.create("base", timeout=60)
+        try:
+            bad = await h.post(
+                f"/sandboxes/{other.sandbox_id}/snapshots", json={"name": "Bad Name"}
+            )
+            assert bad.status_code == 400 and "name" in bad.json()["message"]
+            # corral-desktop:latest is an image (the install script's), not
+            # a snapshot: a snapshot may not take its name.
+            bad = await h.post(f"/sandboxes/{other.sandbox_id}/snapshots",
+                               json={"name": "corral-desktop"})  # fmt: skip
+            assert bad.status_code == 409 and "not a snapshot" in bad.json()["message"]
+        finally:
+            await other.kill()
+        bad = await h.get("/snapshots", params={"nextToken": "forged"})
+        assert bad.status_code == 400

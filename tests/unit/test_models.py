@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from corral.api.models import CreateSandbox, ExecRequest, check_path, validated
+from corral.api.models import CommitRequest, CreateSandbox, ExecRequest, check_path, validated
 from corral.errors import InvalidArgument
 
 GOOD_SANDBOX = {"image": "debian-python:bookworm"}
@@ -98,3 +98,18 @@ def test_paths_outside_the_sandbox_are_refused(bad: object) -> None:
 )
 def test_paths_are_normalised(path: str, normal: str) -> None:
     assert check_path(path) == normal
+
+
+@pytest.mark.parametrize(
+    ("labels", "rule_part"),
+    [
+        ({"corral.source": "pip:pytest"}, "not start with 'corral.'"),  # the build cache's key
+        ({"bad key!": "x"}, "must match"),
+        ({"k": "x" * 4097}, "at most 4096"),
+        ({f"k{i}": "x" for i in range(17)}, "at most 16"),
+    ],
+)
+def test_commit_labels_are_checked(labels: dict[str, str], rule_part: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        validated(CommitRequest, {"tag": "snap:1", "labels": labels})
+    assert e.value.field.startswith("labels") and rule_part in e.value.message

@@ -170,6 +170,19 @@ def add_routes(app: FastAPI) -> None:
     async def usage(svc: Svc, sandbox_id: str) -> Usage:
         return await svc.usage(sandbox_id)
 
+    @app.get("/v1/layers", status_code=200)
+    async def list_layers(
+        svc: Svc,
+        label: Annotated[builtins.list[str], Query()] = [],  # noqa: B006 (FastAPI idiom)
+    ) -> dict[str, builtins.list[LayerInfo]]:
+        result = await svc.list_layers(parse_labels(label) or None)
+        return {"layers": result}
+
+    @app.delete("/v1/layers", status_code=204)
+    async def delete_layer(svc: Svc, ref: str) -> Response:
+        await svc.delete_layer(ref)
+        return Response(status_code=204)
+
     @app.post("/v1/sandboxes/{sandbox_id}/suspend", status_code=200)
     async def suspend(svc: Svc, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
         return await svc.suspend(sandbox_id, mode, key)

@@ -200,6 +200,13 @@ class HttpService(HttpTransport):
         resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/usage")
         return Usage.model_validate_json(resp.content)
 
+    async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
+        resp = await self._send("GET", "/v1/layers", params=[*label_pairs("label", labels)])
+        return [LayerInfo.model_validate(x) for x in resp.json()["layers"]]
+
+    async def delete_layer(self, ref: str) -> None:
+        await self._send("DELETE", "/v1/layers", params=[("ref", ref)])
+
     async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
         resp = await self._send(
             "POST",

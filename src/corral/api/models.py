@@ -278,16 +278,34 @@ class SandboxInfo(BaseModel):
 
 
 class CommitRequest(StrictModel):
-    """Turn a sandbox's writable layer into a new image layer."""
+    """Turn a sandbox's writable layer into a new image layer. `labels`
+    go on the layer (list_layers finds it by them); keys starting with
+    `corral.` are the platform's (its build cache is keyed by them)."""
 
     tag: str
     kind: Literal["base", "workspace", "toolkit", "layer"] = "layer"
+    labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("tag")
     @classmethod
     def _tag(cls, v: str) -> str:
         if not REF.match(v) or v.startswith("sha256:"):
             raise ValueError("must be a tag like 'name:tag'")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > 16:
+            raise ValueError("at most 16 labels")
+        for k, val in v.items():
+            if not _LABEL_KEY.match(k) or k.startswith("corral."):
+                raise ValueError(
+                    f"key {k!r} must match [A-Za-z0-9][A-Za-z0-9._/-]{{0,62}} and not start "
+                    "with 'corral.'"
+                )
+            if len(val) > 4096:
+                raise ValueError(f"value of {k!r} must be at most 4096 characters")
         return v
 
 
@@ -301,6 +319,7 @@ class LayerInfo(BaseModel):
     blob_size: int
     chunk_size: int
     created: float
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class AuditReport(BaseModel):

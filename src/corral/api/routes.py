@@ -233,6 +233,8 @@ ROUTES: tuple[Route, ...] = (
     Route("commit", "POST", f"{_SBX}/commit", Json(), {"req": Body()}, forward=True),
     Route("audit", "GET", f"{_SBX}/audit", Json(), forward=True),
     Route("usage", "GET", f"{_SBX}/usage", Json(), forward=True),
+    Route("list_layers", "GET", "/v1/layers", Json("layers"), {"labels": Labels()}),
+    Route("delete_layer", "DELETE", "/v1/layers", NoContent(), {"ref": _Q}, status=204),
     Route("suspend", "POST", f"{_SBX}/suspend", Json(), {"mode": _Q, "key": _Q}, forward=True),
     Route("resume", "POST", f"{_SBX}/resume", Json(), forward=True),
     Route("set_ttl", "PUT", f"{_SBX}/ttl", Json(), {"ttl": _Q}, forward=True),

@@ -34,6 +34,7 @@ from corral.api.models import (
     FnCallRequest,
     FnCallResult,
     ForkRequest,
+    LayerInfo,
     RolloutStep,
     SandboxInfo,
     SavedState,
@@ -442,6 +443,18 @@ class GatewayView(Forwarding):
 
     async def rollout_delete(self, rollout: str) -> None:
         await self.gw.steplog.delete(self.project, rollout)
+
+    async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
+        raise self._no_layers()
+
+    async def delete_layer(self, ref: str) -> None:
+        raise self._no_layers()
+
+    def _no_layers(self) -> Unavailable:
+        # A node's store is shared by every project placed on it: listing
+        # or deleting its layers through a gateway would cross projects.
+        # Per-project images in a cluster are issue 23's.
+        return Unavailable("layers are listed and deleted on a node, not through a gateway")
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         """Stateless: any node with function-call workers; full or

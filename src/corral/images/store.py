@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from corral.errors import ImageNotFound, InvalidArgument
+from corral.errors import Conflict, ImageNotFound, InvalidArgument
 from corral.images.layer import LAYER_KINDS, ImageConfig, Layer, Ref
 
 ProgressFn = Callable[[str, float, float | None], None]
@@ -204,6 +204,12 @@ class ImageStore:
             digest = "sha256:" + path.stem
             out.append(Layer.from_json(json.loads(path.read_text()), sorted(tags.get(digest, []))))
         return sorted(out, key=lambda layer: layer.created)
+
+    def remove(self, digest: str) -> None:
+        """Forget an untagged layer (its blobs go at the next gc)."""
+        if self._names_of(digest):
+            raise Conflict(f"layer {digest} still has tags: {', '.join(self._names_of(digest))}")
+        (self.layers / f"{digest.removeprefix('sha256:')}.json").unlink(missing_ok=True)
 
     def find_by_label(self, key: str, value: str) -> Layer | None:
         for layer in self.list():

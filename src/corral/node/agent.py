@@ -11,6 +11,7 @@ needs a running sandbox wakes it first (a suspended one is resumed).
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import signal as signals
 from collections.abc import AsyncIterator, Mapping
@@ -37,7 +38,7 @@ from corral.api.models import (
 )
 from corral.capacity import NodeCapacity
 from corral.config import NodeConfig
-from corral.errors import Unavailable
+from corral.errors import Conflict, Unavailable
 from corral.guard.network import NodeNetwork
 from corral.host.procs import owner_token
 from corral.host.scratch import Scratch
@@ -45,6 +46,7 @@ from corral.images.lazy.loader import LazyLoader
 from corral.images.mounter import LayerMounts
 from corral.images.store import ImageStore
 from corral.log import get_logger
+from corral.node.commit import layer_info
 from corral.node.fncall.service import FnCalls
 from corral.node.recovery import GcReport
 from corral.node.store import Store
@@ -200,6 +202,19 @@ class NodeAgent:
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
         p = self.parts
         return await p.commits.commit(await p.snapshots.awake(sandbox_id), req)
+
+    async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
+        want = labels or {}
+        found = await asyncio.to_thread(self.images.list)
+        return [layer_info(x) for x in found if all(x.labels.get(k) == v for k, v in want.items())]
+
+    async def delete_layer(self, ref: str) -> None:
+        layer = self.images.resolve(ref, "ref")
+        if layer.digest in self.parts.store.referenced_layers():
+            raise Conflict(f"layer {ref!r} is in use by a sandbox of this node", ref=ref)
+        self.images.untag(layer.digest)
+        self.images.remove(layer.digest)
+        log.info("layer.deleted", digest=layer.digest, ref=ref)
 
     async def audit(self, sandbox_id: str) -> AuditReport:
         p = self.parts

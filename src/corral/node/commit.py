@@ -33,6 +33,7 @@ def layer_info(layer: Layer) -> LayerInfo:
         blob_size=layer.blob_size,
         chunk_size=layer.chunk_size,
         created=layer.created,
+        labels=layer.labels,
     )
 
 
@@ -76,7 +77,7 @@ class Commits:
                 tag=req.tag,
                 kind=req.kind,
                 parent=rec.layers[-1],
-                labels={"corral.source": f"commit:{sandbox_id}"},
+                labels={**req.labels, "corral.source": f"commit:{sandbox_id}"},
                 wrap=wrap,
                 measure=path / "upper",
             )

@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from corral.api.compat.e2b import snapshots
 from corral.api.models import (
     CreateSandbox,
     ExecExit,
@@ -132,6 +133,10 @@ def created(info: SandboxInfo) -> dict[str, Any]:
 
 
 START_TIMEOUT = 120.0  # a template's start command, until it says ready
+
+
+def _template_of(info: SandboxInfo) -> str:
+    return info.labels.get(TEMPLATE, info.image)
 
 
 def metric(info: SandboxInfo, u: Usage) -> dict[str, Any]:
@@ -312,7 +317,8 @@ def router(
         metadata = _strings(doc, "metadata")
         if any(k.startswith("corral.") for k in metadata):
             raise E2bError(400, "metadata keys starting with 'corral.' are the platform's")
-        spec, start = template_spec(templates, template)
+        snapshot = None if template in templates else await snapshots.create_fields(svc, template)
+        spec, start = (snapshot, None) if snapshot else template_spec(templates, template)
         try:
             req = CreateSandbox.model_validate({
                 **spec,
@@ -467,6 +473,7 @@ def router(
         woken = await _wake(svc, sandbox_id, await _body(request))
         return JSONResponse(created(woken), status_code=201)
 
+    r.include_router(snapshots.router(resolve, _get, _template_of, error_response))
     r.add_api_route("/sandboxes", create, methods=["POST"])
     r.add_api_route("/v2/sandboxes", create, methods=["POST"])  # e2b >= 2.5x creates here
     r.add_api_route("/v2/sandboxes", list_v2, methods=["GET"])
