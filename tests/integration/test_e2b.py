@@ -402,3 +402,32 @@ async def test_a_snapshot_is_a_template_of_the_sandboxs_files(e2b_env: str, node
             await other.kill()
         bad = await h.get("/snapshots", params={"nextToken": "forged"})
         assert bad.status_code == 400
+
+
+async def test_a_sandboxs_logs_are_its_command_log(e2b_env: str) -> None:
+    """E2B's logs routes read the command log the platform keeps on the
+    host (the sandbox cannot write to it)."""
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        await s.commands.run("echo visible-in-the-log")
+        with pytest.raises(e2b.CommandExitException):
+            await s.commands.run("exit 3")
+        async with httpx.AsyncClient(base_url=e2b_env, headers={"X-API-KEY": KEY}) as h:
+            v1 = (await h.get(f"/sandboxes/{s.sandbox_id}/logs")).json()
+            assert any("visible-in-the-log" in x["line"] for x in v1["logs"])
+            levels = {e["fields"].get("exit_code"): e["level"] for e in v1["logEntries"]}
+            assert levels["0"] == "info" and levels["3"] == "warn"
+            warn = (await h.get(f"/v2/sandboxes/{s.sandbox_id}/logs",
+                                params={"level": "warn"})).json()["logs"]  # fmt: skip
+            assert [e["fields"]["exit_code"] for e in warn] == ["3"]
+            found = await h.get(
+                f"/v2/sandboxes/{s.sandbox_id}/logs",
+                params={"search": "visible-in", "direction": "backward"},
+            )
+            assert len(found.json()["logs"]) == 1
+            for bad in ({"level": "loud"}, {"direction": "sideways"}, {"cursor": "soon"}):
+                r = await h.get(f"/v2/sandboxes/{s.sandbox_id}/logs", params=bad)
+                assert r.status_code == 400 and next(iter(bad)) in r.json()["message"]
+            assert (await h.get("/sandboxes/nosuch-0000000000000000/logs")).status_code == 404
+    finally:
+        await s.kill()

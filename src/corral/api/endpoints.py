@@ -24,6 +24,7 @@ from corral.api.models import (
     FnCallResult,
     ForkRequest,
     LayerInfo,
+    LogLine,
     NetworkPolicy,
     RolloutStep,
     SandboxInfo,
@@ -169,6 +170,16 @@ def add_routes(app: FastAPI) -> None:
     @app.get("/v1/sandboxes/{sandbox_id}/usage", status_code=200)
     async def usage(svc: Svc, sandbox_id: str) -> Usage:
         return await svc.usage(sandbox_id)
+
+    @app.get("/v1/sandboxes/{sandbox_id}/commands/log", status_code=200)
+    async def command_log(
+        svc: Svc,
+        sandbox_id: str,
+        since_ms: int = 0,
+        limit: int = 1000,
+    ) -> dict[str, builtins.list[LogLine]]:
+        result = await svc.command_log(sandbox_id, since_ms, limit)
+        return {"lines": result}
 
     @app.get("/v1/layers", status_code=200)
     async def list_layers(

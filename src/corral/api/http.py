@@ -23,6 +23,7 @@ from corral.api.models import (
     FnCallResult,
     ForkRequest,
     LayerInfo,
+    LogLine,
     NetworkPolicy,
     RolloutStep,
     SandboxInfo,
@@ -199,6 +200,19 @@ class HttpService(HttpTransport):
     async def usage(self, sandbox_id: str) -> Usage:
         resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/usage")
         return Usage.model_validate_json(resp.content)
+
+    async def command_log(
+        self,
+        sandbox_id: str,
+        since_ms: int = 0,
+        limit: int = 1000,
+    ) -> builtins.list[LogLine]:
+        resp = await self._send(
+            "GET",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/commands/log",
+            params=[("since_ms", since_ms), ("limit", limit)],
+        )
+        return [LogLine.model_validate(x) for x in resp.json()["lines"]]
 
     async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
         resp = await self._send("GET", "/v1/layers", params=[*label_pairs("label", labels)])

@@ -71,6 +71,7 @@ __all__ = [
     "ForkRequest",
     "GiB",
     "LayerInfo",
+    "LogLine",
     "MiB",
     "NetworkPolicy",
     "RolloutStep",
@@ -362,6 +363,14 @@ class Usage(BaseModel):
     disk_used: int | None = None
     disk_limit: int | None = None
     pids: int = 0
+
+
+class LogLine(BaseModel):
+    """One line of a sandbox's command log (what the platform saw run:
+    argv, user, outcome, exit, sizes), JSON as written; `ts` is its time."""
+
+    ts: float
+    line: str
 
 
 class FileEntry(BaseModel):

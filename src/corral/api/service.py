@@ -27,6 +27,7 @@ from corral.api.models import (
     FnCallResult,
     ForkRequest,
     LayerInfo,
+    LogLine,
     NetworkPolicy,
     RolloutStep,
     SandboxInfo,
@@ -113,6 +114,13 @@ class SandboxService(Protocol):
         ...
 
     async def usage(self, sandbox_id: str) -> Usage: ...
+
+    async def command_log(
+        self, sandbox_id: str, since_ms: int = 0, limit: int = 1000
+    ) -> builtins.list[LogLine]:
+        """The sandbox's command log from `since_ms` (Unix ms), at most
+        `limit` lines, oldest first; also after it closed."""
+        ...
 
     async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo: ...
 

@@ -18,6 +18,7 @@ from corral.api.models import (
     DisplayInput,
     FileEntry,
     LayerInfo,
+    LogLine,
     NetworkPolicy,
     SandboxInfo,
     SavedState,
@@ -120,6 +121,17 @@ class Forwarding(ABC):
 
     async def usage(self, sandbox_id: str) -> Usage:
         return await self._forward(sandbox_id, lambda node: node.usage(sandbox_id))
+
+    async def command_log(
+        self,
+        sandbox_id: str,
+        since_ms: int = 0,
+        limit: int = 1000,
+    ) -> builtins.list[LogLine]:
+        return await self._forward(
+            sandbox_id,
+            lambda node: node.command_log(sandbox_id, since_ms, limit),
+        )
 
     async def suspend(self, sandbox_id: str, mode: str = "", key: str = "") -> SandboxInfo:
         return await self._forward(sandbox_id, lambda node: node.suspend(sandbox_id, mode, key))

@@ -28,6 +28,7 @@ from corral.api.models import (
     FnCallResult,
     ForkRequest,
     LayerInfo,
+    LogLine,
     NetworkPolicy,
     RolloutStep,
     SandboxInfo,
@@ -38,7 +39,7 @@ from corral.api.models import (
 )
 from corral.capacity import NodeCapacity
 from corral.config import NodeConfig
-from corral.errors import Conflict, Unavailable
+from corral.errors import Conflict, InvalidArgument, Unavailable
 from corral.guard.network import NodeNetwork
 from corral.host.procs import owner_token
 from corral.host.scratch import Scratch
@@ -219,6 +220,15 @@ class NodeAgent:
     async def audit(self, sandbox_id: str) -> AuditReport:
         p = self.parts
         return await p.audit.report(p.records.get(sandbox_id))
+
+    async def command_log(
+        self, sandbox_id: str, since_ms: int = 0, limit: int = 1000
+    ) -> builtins.list[LogLine]:
+        if not 1 <= limit <= 10_000:
+            raise InvalidArgument("limit", "must be between 1 and 10000", limit)
+        p = self.parts
+        p.records.get(sandbox_id)  # NotFound for no such sandbox
+        return await asyncio.to_thread(p.audit.command_log, sandbox_id, since_ms / 1000, limit)
 
     async def usage(self, sandbox_id: str) -> Usage:
         p = self.parts

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from corral.api.models import AuditReport, ExecExit, ExecRequest, Usage
+from corral.api.models import AuditReport, ExecExit, ExecRequest, LogLine, Usage
 from corral.config import NodeConfig
 from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon, syscall_class
@@ -152,6 +152,25 @@ class Audit:
             disk = await asyncio.to_thread(self.scratch.usage, rec.id)
             if disk is not None:
                 out.disk_used, out.disk_limit = disk
+        return out
+
+    def command_log(self, sandbox_id: str, start: float, limit: int) -> list[LogLine]:
+        path = self.config.sandboxes_dir / sandbox_id / "commands.log"
+        try:
+            raw = path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        out: list[LogLine] = []
+        ts = 0.0
+        for text in raw.splitlines():
+            try:
+                ts = float(json.loads(text).get("ts", ts))
+            except (ValueError, AttributeError):
+                pass  # a line cut at 4 KiB, or the quota marker: the time before it
+            if ts >= start:
+                out.append(LogLine(ts=ts, line=text))
+                if len(out) >= limit:
+                    break
         return out
 
 

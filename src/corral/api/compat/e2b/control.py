@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from corral.api.compat.e2b import snapshots
+from corral.api.compat.e2b import logs, snapshots
 from corral.api.models import (
     CreateSandbox,
     ExecExit,
@@ -474,6 +474,7 @@ def router(
         return JSONResponse(created(woken), status_code=201)
 
     r.include_router(snapshots.router(resolve, _get, _template_of, error_response))
+    r.include_router(logs.router(resolve, _get, error_response))
     r.add_api_route("/sandboxes", create, methods=["POST"])
     r.add_api_route("/v2/sandboxes", create, methods=["POST"])  # e2b >= 2.5x creates here
     r.add_api_route("/v2/sandboxes", list_v2, methods=["GET"])
