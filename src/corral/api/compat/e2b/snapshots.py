@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 
 from corral.api.models import CommitRequest, LayerInfo, SandboxInfo
 from corral.api.service import SandboxService
-from corral.errors import Conflict, ImageNotFound
+from corral.errors import Conflict, ImageNotFound, Unavailable
 
 SNAPSHOT = "e2b.snapshot"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
@@ -62,7 +62,10 @@ async def create_fields(svc: SandboxService, template: str) -> dict[str, Any] | 
     """CreateSandbox fields for a snapshot's id; None if it names none."""
     if ":" not in template:
         return None
-    layer = await find(svc, template)
+    try:
+        layer = await find(svc, template)
+    except Unavailable:  # a gateway: it lists no layers, so no snapshots either
+        return None
     if layer is None:
         return None
     spec = json.loads(layer.labels["e2b.spec"])
