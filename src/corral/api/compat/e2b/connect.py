@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from corral.api.h2c import reset_of
 from corral.errors import (
     Ambiguous,
     CommandNotFound,
@@ -160,16 +161,22 @@ def timeout_s(request: Request) -> float | None:
     return ms / 1000 if ms > 0 else None
 
 
-def stream_response(messages: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+def stream_response(
+    messages: AsyncIterator[dict[str, Any]], request: Request | None = None
+) -> StreamingResponse:
     """A server stream: each message as an envelope, then end-of-stream
-    (with the error if the iterator raised one)."""
+    (with the error if the iterator raised one). On Abort the connection
+    is reset where the server can (api/h2c.py), else closed mid-body."""
 
     async def body() -> AsyncIterator[bytes]:
         try:
             async for m in messages:
                 yield envelope(m)
         except Abort:
-            raise  # the server closes the connection mid-body
+            reset = reset_of(request.scope) if request is not None else None
+            if callable(reset):
+                reset()
+            raise
         except Exception as exc:
             yield end_stream(exc)
             return

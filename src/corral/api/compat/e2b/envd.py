@@ -218,10 +218,11 @@ class Envd:
                 proc, queue = await procs.start(
                     svc, sid, msg, user=user, home=_home(user), deadline=c.timeout_s(request)
                 )
-                return c.stream_response(procs.stream(proc, queue, keepalive))
+                return c.stream_response(procs.stream(proc, queue, keepalive), request)
             if method == "Connect":
                 proc = procs.find(sid, msg.get("process") or {})
-                return c.stream_response(procs.stream(proc, procs.attach(proc), keepalive))
+                stream = procs.stream(proc, procs.attach(proc), keepalive)
+                return c.stream_response(stream, request)
             if method == "List":
                 return JSONResponse({"processes": procs.listed(sid)})
             if method == "SendSignal":
