@@ -402,6 +402,9 @@ async def test_a_snapshot_is_a_template_of_the_sandboxs_files(e2b_env: str, node
             await other.kill()
         bad = await h.get("/snapshots", params={"nextToken": "forged"})
         assert bad.status_code == 400
+        # A route E2B has and Corral does not: still E2B's error shape.
+        bad = await h.post(f"/sandboxes/{other.sandbox_id}/refreshes")
+        assert bad.status_code == 404 and bad.json()["code"] == 404
 
 
 async def test_a_sandboxs_logs_are_its_command_log(e2b_env: str) -> None:

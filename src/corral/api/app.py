@@ -42,6 +42,10 @@ def _error_response(err: CorralError) -> JSONResponse:
     return JSONResponse({"error": err.to_wire()}, status_code=err.http_status)
 
 
+# E2B's control API's paths (api/compat/e2b/control.py).
+_E2B_PATHS = ("/sandboxes", "/v2/", "/snapshots", "/templates")
+
+
 def create_app(
     service: SandboxService | None,
     api_key: str | None = None,
@@ -75,7 +79,12 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def _routing(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         # No route matched (or the method is wrong): the same wire error
-        # shape as everything else, so clients never see a bare 404.
+        # shape as everything else, so clients never see a bare 404. Under
+        # E2B's paths that shape is E2B's ({"code", "message"}), which its
+        # clients parse.
+        if req.url.path.startswith(_E2B_PATHS):
+            message = f"no endpoint {req.method} {req.url.path}"
+            return JSONResponse({"code": exc.status_code, "message": message}, exc.status_code)
         if exc.status_code == 404:
             return _error_response(NotFound(f"no endpoint {req.method} {req.url.path}"))
         return _error_response(
