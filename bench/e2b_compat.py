@@ -64,6 +64,13 @@ async def _wait_up(url: str) -> None:
     raise RuntimeError("corral serve did not start")
 
 
+async def _up_for_e2b(url: str) -> None:
+    """Wait for the server, then point E2B's SDKs at it (as docs/e2b.md says)."""
+    await _wait_up(url)
+    os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY="e2b_0",
+                      E2B_VALIDATE_API_KEY="false", E2B_DOMAIN="corral.local")  # fmt: skip
+
+
 async def run(quick: bool) -> list[str]:
     import e2b
 
@@ -71,9 +78,7 @@ async def run(quick: bool) -> list[str]:
     trips, burst = (50, 40) if quick else (200, 200)
     proc, url = _serve()
     try:
-        await _wait_up(url)
-        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY="e2b_0",
-                          E2B_VALIDATE_API_KEY="false", E2B_DOMAIN="corral.local")  # fmt: skip
+        await _up_for_e2b(url)
         made: dict[str, list[float]] = {"e2b": [], "corral": []}
         async with corral.AsyncClient(url) as c:
 
@@ -161,9 +166,7 @@ async def interpreter(quick: bool) -> str:
     creates, trips = (3, 30) if quick else (8, 100)
     proc, url = _serve()
     try:
-        await _wait_up(url)
-        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY="e2b_0",
-                          E2B_VALIDATE_API_KEY="false", E2B_DOMAIN="corral.local")  # fmt: skip
+        await _up_for_e2b(url)
         first: list[float] = []
         for _ in range(creates):
             t0 = time.perf_counter()

@@ -103,7 +103,7 @@ def test_paths_are_normalised(path: str, normal: str) -> None:
 @pytest.mark.parametrize(
     ("labels", "rule_part"),
     [
-        ({"corral.source": "pip:pytest"}, "not start with 'corral.'"),  # the build cache's key
+        ({"corral.source": "pip:pytest"}, "must not start with 'corral.'"),  # the build cache's key
         ({"bad key!": "x"}, "must match"),
         ({"k": "x" * 4097}, "at most 4096"),
         ({f"k{i}": "x" for i in range(17)}, "at most 16"),

@@ -98,6 +98,17 @@ FULLVM_CPU = 2.0
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 
 
+def check_labels(v: dict[str, str], *, most: int, longest: int) -> None:
+    """ValueError naming the first label past the rules of keys and sizes."""
+    if len(v) > most:
+        raise ValueError(f"at most {most} labels")
+    for k, val in v.items():
+        if not _LABEL_KEY.match(k):
+            raise ValueError(f"key {k!r} must match [A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}")
+        if len(val) > longest:
+            raise ValueError(f"value of {k!r} must be at most {longest} characters")
+
+
 class SandboxState(StrEnum):
     creating = "creating"
     running = "running"
@@ -239,15 +250,9 @@ class CreateSandbox(StrictModel):
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        if len(v) > 64:
-            raise ValueError("at most 64 labels")
-        for k, val in v.items():
-            if not _LABEL_KEY.match(k):
-                raise ValueError(f"key {k!r} must match [A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}")
-            if k == labels.POOL:
-                raise ValueError(f"key {k!r} marks the node's own workers")
-            if len(val) > 256:
-                raise ValueError(f"value of {k!r} must be at most 256 characters")
+        check_labels(v, most=64, longest=256)
+        if labels.POOL in v:
+            raise ValueError(f"key {labels.POOL!r} marks the node's own workers")
         return v
 
 
@@ -297,16 +302,10 @@ class CommitRequest(StrictModel):
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        if len(v) > 16:
-            raise ValueError("at most 16 labels")
-        for k, val in v.items():
-            if not _LABEL_KEY.match(k) or k.startswith("corral."):
-                raise ValueError(
-                    f"key {k!r} must match [A-Za-z0-9][A-Za-z0-9._/-]{{0,62}} and not start "
-                    "with 'corral.'"
-                )
-            if len(val) > 4096:
-                raise ValueError(f"value of {k!r} must be at most 4096 characters")
+        check_labels(v, most=16, longest=4096)
+        for k in v:
+            if k.startswith("corral."):
+                raise ValueError(f"key {k!r} must not start with 'corral.'")
         return v
 
 
