@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
 import struct
 from collections.abc import Iterator
 
@@ -432,5 +433,25 @@ async def test_a_sandboxs_logs_are_its_command_log(e2b_env: str) -> None:
                 r = await h.get(f"/v2/sandboxes/{s.sandbox_id}/logs", params=bad)
                 assert r.status_code == 400 and next(iter(bad)) in r.json()["message"]
             assert (await h.get("/sandboxes/nosuch-0000000000000000/logs")).status_code == 404
+    finally:
+        await s.kill()
+
+
+@pytest.mark.requires_qemu
+async def test_envd_serves_a_microvm_as_it_serves_a_container(e2b_env: str) -> None:
+    """The template base-microvm: the same E2B calls, on a sandbox with a
+    kernel of its own."""
+    s = await e2b.AsyncSandbox.create("base-microvm", timeout=300)
+    try:
+        r = await s.commands.run("whoami; pwd; uname -r; echo $FOO", envs={"FOO": "vm"})
+        lines = r.stdout.splitlines()
+        assert lines[:2] == ["user", "/home/user"] and lines[3] == "vm"
+        assert lines[2] != os.uname().release  # the guest's kernel, not the host's
+        await s.files.write("notes/a.txt", "in the guest")
+        assert await s.files.read("/home/user/notes/a.txt") == "in the guest"
+        assert [e.name for e in await s.files.list("notes")] == ["a.txt"]
+        bg = await s.commands.run("sleep 30", background=True)
+        assert bg.pid in [p.pid for p in await s.commands.list()]
+        assert await s.commands.kill(bg.pid)
     finally:
         await s.kill()

@@ -100,6 +100,7 @@ def test_a_stream_ends_with_an_end_envelope() -> None:
     ("img:1 workspace=ws:2 toolkit=a:1,b:2 memory=512MiB cpu=0.5 start=/opt/start",
      {"image": "img:1", "workspace": "ws:2", "toolkit": ["a:1", "b:2"], "memory": "512MiB",
       "cpu": "0.5"}, "/opt/start"),
+    ("img:1 kind=microvm", {"image": "img:1", "kind": "microvm"}, None),
 ])  # fmt: skip
 def test_template_specs(spec: str, want: dict[str, Any], start: str | None) -> None:
     assert control.template_spec({"t": spec}, "t") == (want, start)

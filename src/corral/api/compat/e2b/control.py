@@ -156,7 +156,8 @@ def metric(info: SandboxInfo, u: Usage) -> dict[str, Any]:
 def template_spec(templates: dict[str, str], template: str) -> tuple[dict[str, Any], str | None]:
     """CreateSandbox fields for a template id, and its start command:
     NodeConfig.e2b_templates' "IMAGE [workspace=REF] [toolkit=REF,REF]
-    [memory=SIZE] [cpu=N] [disk=SIZE] [start=PATH]", or the id as an image.
+    [memory=SIZE] [cpu=N] [disk=SIZE] [kind=KIND] [start=PATH]", or the id
+    as an image (a container).
     A start command runs as root once the sandbox is up; the create answers
     when it exits 0 (E2B's start command and ready check in one)."""
     spec = templates.get(template)
@@ -173,7 +174,7 @@ def template_spec(templates: dict[str, str], template: str) -> tuple[dict[str, A
             out["workspace"] = value
         elif key == "toolkit":
             out["toolkit"] = [v for v in value.split(",") if v]
-        elif key in ("memory", "cpu", "disk"):
+        elif key in ("memory", "cpu", "disk", "kind"):
             out[key] = value
         elif key == "start" and value.startswith("/"):
             start = value
@@ -181,7 +182,7 @@ def template_spec(templates: dict[str, str], template: str) -> tuple[dict[str, A
             raise E2bError(
                 500,
                 f"template {template!r}: {part!r} is not workspace=, toolkit=, memory=, "
-                "cpu=, disk= or start=/ABSOLUTE/PATH",
+                "cpu=, disk=, kind= or start=/ABSOLUTE/PATH",
             )
     return out, start
 
