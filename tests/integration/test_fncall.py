@@ -83,6 +83,25 @@ async def test_files_in_and_out(client: corral.AsyncClient) -> None:
     assert r.status == "ok" and r.files == {"out.txt": b"30"}
 
 
+async def test_nested_files_and_fetch_paths(client: corral.AsyncClient) -> None:
+    """SandboxFusion's `files` may be nested ("dir1/dir2/secret_flag") and
+    its `fetch_files` relative or absolute; both stay the call's user's."""
+    r = await client.fncall.run(
+        "python",
+        "import os\n"
+        "print(open('dir1/dir2/secret_flag').read())\n"
+        "os.makedirs('out/deep', exist_ok=True)\n"
+        "open('out/deep/r.txt', 'w').write('nested')\n"
+        "open('/tmp/abs.txt', 'w').write('absolute')\n",
+        files={"dir1/dir2/secret_flag": b"flag{1}", "dir1/top.txt": b"t"},
+        fetch_files=["out/deep/r.txt", "/tmp/abs.txt", "/etc/shadow", "dir1/top.txt"],
+    )
+    assert r.status == "ok" and r.stdout == "flag{1}\n"
+    # /etc/shadow is root's: the call's user reads nothing of it.
+    assert r.files == {"out/deep/r.txt": b"nested", "/tmp/abs.txt": b"absolute",
+                       "dir1/top.txt": b"t"}  # fmt: skip
+
+
 async def test_nothing_of_a_call_reaches_the_next(one_worker: Node) -> None:
     leave = (
         "export SECRET=1; echo a > /tmp/left; echo b > /work/left; echo c > /dev/shm/left; "
@@ -220,8 +239,13 @@ async def test_bad_calls_over_http_leave_nothing(server: Server) -> None:
                 ("/v1/fncall", "/run_code"),
             ),
             (
-                {"language": "python", "code": "1", "files": {"a/b": ""}},
+                {"language": "python", "code": "1", "files": {"/etc/x": ""}},
                 "files",
+                ("/v1/fncall", "/run_code"),
+            ),
+            (
+                {"language": "python", "code": "1", "fetch_files": ["f"] * 65},
+                "fetch_files",
                 ("/v1/fncall", "/run_code"),
             ),
             (
@@ -376,3 +400,17 @@ async def test_images_share_the_workers_of_the_node(fresh_node: Node) -> None:
                 break
             await asyncio.sleep(0.05)
         assert total() <= 1
+
+
+async def test_run_codes_memory_limit_is_the_calls(server: Server) -> None:
+    async with httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(server.sock)), base_url="http://corral"
+    ) as http:
+        body = {"language": "python", "code": "x = bytearray(300 << 20)", "memory_limit_MB": 64}
+        r = (await http.post("/run_code", json=body)).json()
+        assert r["status"] == "Failed" and r["message"] == "memory_exceeded"
+        body["memory_limit_MB"] = 512
+        assert (await http.post("/run_code", json=body)).json()["status"] == "Success"
+        body["memory_limit_MB"] = 1
+        bad = await http.post("/run_code", json=body)
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "memory_limit_MB"

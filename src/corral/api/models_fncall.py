@@ -19,12 +19,31 @@ _MAX_FILES_BYTES = 64 * MiB
 
 
 def check_call_file_name(name: str) -> str:
-    """A call's file lives directly in its work directory: a plain name."""
-    if not name or name in (".", "..") or "/" in name or "\x00" in name or len(name) > 255:
+    """A call's file, relative to its work directory: "a.txt" or
+    "dir1/dir2/secret_flag" (SandboxFusion's `files`), never absolute and
+    never escaping it with '..'."""
+    parts = name.split("/")
+    if (
+        not name
+        or name.startswith("/")
+        or "\x00" in name
+        or len(name) > 1024
+        or any(p in ("", ".", "..") or len(p) > 255 for p in parts)
+        or len(parts) > 16
+    ):
         raise ValueError(
-            f"file names must be plain names (no '/', not '.' or '..', 1-255 bytes): {name!r}"
+            "file names must be relative paths inside the work directory (no leading '/', "
+            f"no '.', '..' or empty parts, at most 16 parts of 1-255 bytes): {name!r}"
         )
     return name
+
+
+def check_fetch_path(path: str) -> str:
+    """A file to bring back: relative to the work directory, or absolute
+    (anywhere the call's user may read)."""
+    if not path or "\x00" in path or len(path) > 1024 or path.endswith("/"):
+        raise ValueError(f"fetch_files entries must be file paths of 1-1024 bytes: {path!r}")
+    return path
 
 
 class FnCallRequest(StrictModel):
@@ -66,6 +85,12 @@ class FnCallRequest(StrictModel):
             raise ValueError("at most 64 files")
         for name in v:
             check_call_file_name(name)
+        names = set(v)
+        for name in v:  # "a" and "a/b": one cannot be both a file and a directory
+            parts = name.split("/")
+            for i in range(1, len(parts)):
+                if "/".join(parts[:i]) in names:
+                    raise ValueError(f"{'/'.join(parts[:i])!r} is a file and a directory")
         if sum(len(b) for b in v.values()) > _MAX_FILES_BYTES:
             raise ValueError(f"must hold at most {_MAX_FILES_BYTES // MiB} MiB in total")
         return v
@@ -75,7 +100,7 @@ class FnCallRequest(StrictModel):
     def _fetch(cls, v: list[str]) -> list[str]:
         if len(v) > 64:
             raise ValueError("at most 64 files")
-        return [check_call_file_name(n) for n in v]
+        return [check_fetch_path(n) for n in v]
 
     @field_validator("compile_timeout", "run_timeout")
     @classmethod

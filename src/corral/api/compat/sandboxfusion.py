@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.api.models import FnCallRequest, FnCallResult, FnCallStage, validated
+from corral.api.models_base import MiB
 from corral.errors import InvalidArgument
 
 # SandboxFusion's language names where they differ from Corral's.
@@ -33,6 +34,7 @@ class RunCodeRequest(BaseModel):
     language: str
     files: dict[str, str | None] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
+    memory_limit_MB: int | None = None
 
 
 class CommandRunResult(BaseModel):
@@ -62,6 +64,10 @@ def to_call(req: RunCodeRequest) -> FnCallRequest:
             files[name] = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidArgument(f"files.{name}", "must be base64", data[:64]) from None
+    if req.memory_limit_MB is not None and not 16 <= req.memory_limit_MB <= 16384:
+        raise InvalidArgument(
+            "memory_limit_MB", "must be between 16 and 16384", req.memory_limit_MB
+        )
     return validated(
         FnCallRequest,
         {
@@ -72,6 +78,7 @@ def to_call(req: RunCodeRequest) -> FnCallRequest:
             "fetch_files": req.fetch_files,
             "compile_timeout": req.compile_timeout,
             "run_timeout": req.run_timeout,
+            **({"memory": req.memory_limit_MB * MiB} if req.memory_limit_MB is not None else {}),
         },
     )
 

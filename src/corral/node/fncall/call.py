@@ -91,7 +91,12 @@ def _verdict(stage: FnCallStage, oom: bool, compiling: bool) -> FnCallStatus:
 async def run(w: Worker, lang: Language, req: FnCallRequest) -> FnCallResult:
     w.cgroups.set_memory(w.id, req.memory)
     ooms = w.cgroups.oom_kills(w.id)
+    made: set[str] = set()
     for name, data in req.files.items():
+        parent = name.rpartition("/")[0]
+        if parent and parent not in made:  # as the call's user, inside /work only
+            await w.execd.mkdir(CALL_USER, f"{WORK}/{parent}", parents=True)
+            made.add(parent)
         await w.execd.write(CALL_USER, f"{WORK}/{name}", data, max_bytes=len(data))
     code = req.code.encode()
     await w.execd.write(CALL_USER, f"{WORK}/{lang.source}", code, max_bytes=len(code))
@@ -109,7 +114,8 @@ async def run(w: Worker, lang: Language, req: FnCallRequest) -> FnCallResult:
     budget = FETCH_TOTAL
     for name in req.fetch_files:
         try:
-            data = await w.execd.read(CALL_USER, f"{WORK}/{name}", min(FETCH_LIMIT, budget))
+            path = name if name.startswith("/") else f"{WORK}/{name}"
+            data = await w.execd.read(CALL_USER, path, min(FETCH_LIMIT, budget))
         except CorralError:
             continue  # missing, a directory, too big, unreadable: the code's doing
         files[name] = data
