@@ -102,6 +102,37 @@ async def test_nested_files_and_fetch_paths(client: corral.AsyncClient) -> None:
                        "dir1/top.txt": b"t"}  # fmt: skip
 
 
+LOOPBACK = """
+import socket, threading, time
+s = socket.socket()
+s.bind(("127.0.0.1", 8080))  # the same port in every call
+s.listen()
+def serve():
+    c, _ = s.accept()
+    c.sendall(c.recv(100).upper())
+    c.close()
+threading.Thread(target=serve).start()
+time.sleep(0.5)  # both calls hold the port at once
+k = socket.create_connection(("127.0.0.1", 8080))
+k.sendall(b"hello")
+print(k.recv(100).decode())
+try:
+    socket.create_connection(("192.0.2.1", 80), timeout=1)  # a TEST-NET address: outside
+    print("outside reached")
+except OSError:
+    print("no way out")
+"""
+
+
+async def test_a_call_talks_to_its_own_loopback_servers(client: corral.AsyncClient) -> None:
+    """Each call has its own network namespace with only lo: two calls bind
+    the same port at the same time, and neither reaches anything outside."""
+    a, b = await asyncio.gather(client.fncall.run("python", LOOPBACK),
+                                client.fncall.run("python", LOOPBACK))  # fmt: skip
+    for r in (a, b):
+        assert r.status == "ok" and r.stdout == "HELLO\nno way out\n", r.stderr
+
+
 async def test_nothing_of_a_call_reaches_the_next(one_worker: Node) -> None:
     leave = (
         "export SECRET=1; echo a > /tmp/left; echo b > /work/left; echo c > /dev/shm/left; "
