@@ -442,6 +442,9 @@ async def test_run_codes_memory_limit_is_the_calls(server: Server) -> None:
         assert r["status"] == "Failed" and r["message"] == "memory_exceeded"
         body["memory_limit_MB"] = 512
         assert (await http.post("/run_code", json=body)).json()["status"] == "Success"
+        body["memory_limit_MB"] = -1  # SandboxFusion's default: the call's default
+        assert (await http.post("/run_code", json=body)).json()["status"] == "Success"
+        assert (await http.get("/v1/ping")).json() == "pong"
         body["memory_limit_MB"] = 1
         bad = await http.post("/run_code", json=body)
         assert bad.status_code == 400 and bad.json()["error"]["field"] == "memory_limit_MB"

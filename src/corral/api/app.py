@@ -132,6 +132,11 @@ def create_app(
 
     app.state.e2b = add_e2b(app, resolve, sandbox_service, e2b_templates or {})
 
+    @app.get("/v1/ping")
+    async def ping() -> str:
+        """SandboxFusion's liveness check (its clients wait on it)."""
+        return "pong"
+
     @app.post("/run_code")
     @app.post("/v1/run_code")
     async def run_code(

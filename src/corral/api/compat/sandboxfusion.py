@@ -34,7 +34,8 @@ class RunCodeRequest(BaseModel):
     language: str
     files: dict[str, str | None] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
-    memory_limit_MB: int | None = None
+    # SandboxFusion's name; -1, its default, sets no limit of the call's own.
+    memory_limit_MB: int = -1
 
 
 class CommandRunResult(BaseModel):
@@ -64,10 +65,9 @@ def to_call(req: RunCodeRequest) -> FnCallRequest:
             files[name] = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidArgument(f"files.{name}", "must be base64", data[:64]) from None
-    if req.memory_limit_MB is not None and not 16 <= req.memory_limit_MB <= 16384:
-        raise InvalidArgument(
-            "memory_limit_MB", "must be between 16 and 16384", req.memory_limit_MB
-        )
+    limit = req.memory_limit_MB
+    if limit != -1 and not 16 <= limit <= 16384:
+        raise InvalidArgument("memory_limit_MB", "must be -1 or between 16 and 16384", limit)
     return validated(
         FnCallRequest,
         {
@@ -78,7 +78,7 @@ def to_call(req: RunCodeRequest) -> FnCallRequest:
             "fetch_files": req.fetch_files,
             "compile_timeout": req.compile_timeout,
             "run_timeout": req.run_timeout,
-            **({"memory": req.memory_limit_MB * MiB} if req.memory_limit_MB is not None else {}),
+            **({"memory": limit * MiB} if limit != -1 else {}),
         },
     )
 
