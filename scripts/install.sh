@@ -95,9 +95,12 @@ say "images: debian-python:bookworm (debootstrap, cached)"
 say "images: fncall:bookworm (function calls: python, bash, c, c++; cached)"
 .venv/bin/corral image build fncall:bookworm --debootstrap bookworm --packages python3,gcc,g++,libc6-dev
 
+say "images: fncall-python:bookworm (the Python packages code problems import, over fncall:bookworm; cached)"
+.venv/bin/python -m corral.images.fncall_python
+
 say "images: e2b-user:bookworm (E2B's 'base' template: the user 'user', home /home/user)"
 .venv/bin/corral image build e2b-user:bookworm --run debian-python:bookworm --kind toolkit -- \
-  bash -c "id user >/dev/null 2>&1 || useradd -m -s /bin/bash -u 1000 user"
+  bash -c "(id user >/dev/null 2>&1 || useradd -m -s /bin/bash -u 1000 user) && { [ -s /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts; }"
 
 say "images: e2b-code-interpreter:bookworm (E2B's code-interpreter template: Jupyter, Deno, port 49999; cached)"
 .venv/bin/python -m corral.images.interpreter

@@ -152,6 +152,9 @@ class NodeConfig:
     # Function calls: the image they run on unless a call names one, and
     # the warm workers per image (each serves one call at a time).
     fncall_image: str = "fncall:bookworm"
+    # Over fncall_image for the calls that name no image of their own: the
+    # Python packages code problems import (images/fncall_python.py).
+    fncall_toolkit: list[str] = field(default_factory=lambda: ["fncall-python:bookworm"])
     fncall_workers: int = field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)))
     fncall_cpu: float = 1.0
     fncall_pids: int = 256
@@ -222,6 +225,7 @@ class NodeConfig:
                 "stores",
                 "store_keys",
                 "e2b_templates",
+                "fncall_toolkit",
             ):
                 values[f.name] = json.loads(raw)
             elif f.name in (
@@ -308,6 +312,13 @@ class NodeConfig:
     @property
     def platform_dir(self) -> Path:
         return self.data_dir / "platform"
+
+    @property
+    def fncall_worker(self) -> str:
+        """The pool's key of the default workers: IMAGE[+TOOLKIT,...]."""
+        if not self.fncall_toolkit:
+            return self.fncall_image
+        return f"{self.fncall_image}+{','.join(self.fncall_toolkit)}"
 
     @property
     def cgroup_parent(self) -> str:

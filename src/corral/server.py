@@ -201,7 +201,7 @@ async def _warm(agent: NodeAgent) -> None:
     """Start function-call workers ahead of the first calls."""
     cfg = agent.config
     try:
-        await agent.fncall.pool.warm(cfg.fncall_image, cfg.fncall_warm)
-        log.info("fncall.warm", image=cfg.fncall_image, workers=cfg.fncall_warm)
+        await agent.fncall.pool.warm(cfg.fncall_worker, cfg.fncall_warm)
+        log.info("fncall.warm", image=cfg.fncall_worker, workers=cfg.fncall_warm)
     except Exception as exc:
-        log.error("fncall.warm_failed", image=cfg.fncall_image, error=str(exc))
+        log.error("fncall.warm_failed", image=cfg.fncall_worker, error=str(exc))

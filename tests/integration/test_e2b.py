@@ -72,6 +72,9 @@ async def test_commands_run_as_e2bs_user_in_its_home(e2b_env: str) -> None:
         r = await s.commands.run("whoami; pwd; echo $FOO", envs={"FOO": "bar"})
         assert r.stdout == "user\n/home/user\nbar\n" and r.exit_code == 0
         assert (await s.commands.run("whoami", user="root")).stdout == "root\n"
+        # "localhost" resolves (a server the agent starts is reached by name).
+        look = "python3 -c 'import socket; print(socket.gethostbyname(\"localhost\"))'"
+        assert (await s.commands.run(look)).stdout == "127.0.0.1\n"
         with pytest.raises(e2b.CommandExitException) as e:
             await s.commands.run("echo out; echo err >&2; exit 3")
         assert (e.value.exit_code, e.value.stdout, e.value.stderr) == (3, "out\n", "err\n")

@@ -18,6 +18,12 @@ C_OK = '#include <stdio.h>\nint main(void){int a,b;scanf("%d %d",&a,&b);printf("
 CPP_OK = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b<<std::endl;}\n"
 
 
+PYTEST_OK = "def add(a, b):\n    return a + b\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+PYTEST_FAIL = "def test_add():\n    assert 1 + 1 == 3\n"
+# What code problems import: the fncall-python toolkit of the default workers.
+PACKAGES = "import requests, numpy, pandas, scipy, sympy, networkx, sklearn, bs4\nprint(int(numpy.sum(numpy.arange(4))))"
+
+
 @pytest.fixture
 def one_worker(fresh_node: Node) -> Node:
     """A node whose pool has a single worker: every call reuses it."""
@@ -31,6 +37,7 @@ def one_worker(fresh_node: Node) -> Node:
         ("bash", 'read a b; echo $((a + b)); echo "$0"', "2 3", "5\nmain.sh\n"),
         ("c", C_OK, "2 3", "5\n"),
         ("cpp", CPP_OK, "6 7", "42\n"),
+        ("python", PACKAGES, "", "6\n"),
     ],
 )
 async def test_each_language_runs(
@@ -43,6 +50,13 @@ async def test_each_language_runs(
         assert r.compile is not None and r.compile.exit_code == 0
     else:
         assert r.compile is None
+
+
+async def test_pytest_judges_a_test_module(client: corral.AsyncClient) -> None:
+    ok = await client.fncall.run("pytest", PYTEST_OK)
+    assert ok.status == "ok" and "1 passed" in ok.stdout
+    bad = await client.fncall.run("pytest", PYTEST_FAIL)
+    assert bad.status == "runtime_error" and "1 failed" in bad.stdout
 
 
 async def test_verdicts(client: corral.AsyncClient) -> None:
@@ -113,7 +127,7 @@ def serve():
     c.close()
 threading.Thread(target=serve).start()
 time.sleep(0.5)  # both calls hold the port at once
-k = socket.create_connection(("127.0.0.1", 8080))
+k = socket.create_connection(("localhost", 8080))  # /etc/hosts has it
 k.sendall(b"hello")
 print(k.recv(100).decode())
 try:
@@ -374,7 +388,10 @@ async def test_calls_are_counted_in_the_metrics(server: Server) -> None:
         text = (await http.get("/metrics")).text
     assert 'corral_fncalls_total{language="python",status="ok"}' in text
     assert 'corral_fncalls_total{language="python",status="runtime_error"}' in text
-    assert 'corral_fncall_workers{image="fncall:bookworm",state="total"}' in text
+    assert (
+        'corral_fncall_workers{image="fncall:bookworm+fncall-python:bookworm",state="total"}'
+        in text
+    )
 
 
 async def test_serve_warms_workers_before_the_first_call(fresh_node: Node) -> None:

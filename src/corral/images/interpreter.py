@@ -20,18 +20,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 from corral.errors import Unavailable
+from corral.images import pypi
 from corral.images.build import build_from_dir
 from corral.images.layer import Layer
 from corral.images.store import ImageStore, ProgressFn
 
 TAG = "e2b-code-interpreter:bookworm"
 FILES = Path(__file__).with_name("interpreter-files")
-SITE = "usr/local/lib/python3.11/dist-packages"
 HOME = "opt/corral/interpreter"
 DENO = "@deno/linux-x64-glibc@2.9.6"
 # The top of what the template's kernels import; pip resolves the rest
@@ -47,16 +46,6 @@ PYPI = [
     "matplotlib==3.10.9",
     "e2b-charts==1.0.0",
 ]
-WHEELS = [
-    "--only-binary=:all:",
-    "--implementation", "cp",
-    "--python-version", "3.11",
-    "--abi", "cp311",
-    # pip does not widen one manylinux tag to the older ones: each is named.
-    *(f"--platform=manylinux_2_{v}_x86_64" for v in (36, 35, 34, 31, 28, 27, 24, 17)),
-    "--platform=manylinux2014_x86_64",
-    "--platform=manylinux1_x86_64",
-]  # fmt: skip
 # Entry points the template runs by name (pip --target writes none that
 # would run in the image): the Jupyter server and IPython.
 LAUNCHERS = {
@@ -111,20 +100,9 @@ def _deno(stage: Path, cache: Path, progress: ProgressFn) -> None:
 
 
 def _python(stage: Path, progress: ProgressFn) -> None:
-    progress("pip install jupyter", 0, 1)
-    _run(
-        "pip install (the code-interpreter's packages)",
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
-         "--target", str(stage / SITE), *WHEELS, *PYPI],
-    )  # fmt: skip
-    progress("pip install jupyter", 1, 1)
+    pypi.install(stage, PYPI, "jupyter", progress)
     for name, entry in LAUNCHERS.items():
-        module, func = entry.split(":")
-        script = stage / "usr/local/bin" / name
-        script.write_text(
-            f"#!/usr/bin/python3\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n"
-        )
-        script.chmod(0o755)
+        pypi.launcher(stage, name, entry)
 
 
 def build(store: ImageStore, cache: Path, progress: ProgressFn) -> Layer:

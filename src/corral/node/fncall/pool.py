@@ -74,9 +74,12 @@ class WorkerPool:
         self._none_held.set()
 
     def _request(self, image: str) -> CreateSandbox:
+        """A worker for `image`: IMAGE[+TOOLKIT,...] (NodeConfig.fncall_worker)."""
+        base, _, toolkit = image.partition("+")
         return CreateSandbox(
             kind="fncall",
-            image=image,
+            image=base,
+            toolkit=[t for t in toolkit.split(",") if t],
             cpu=self.spec.cpu,
             memory=self.spec.memory,
             disk=16 * 1024 * 1024,

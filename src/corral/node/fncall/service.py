@@ -74,8 +74,12 @@ class FnCalls:
                 "(fncall_max_memory)",
                 req.memory,
             )
-        image = req.image or self.config.fncall_image
-        self.images.resolve(image, "image")  # a clear error before any worker
+        # A call that names its image gets that image alone.
+        image = req.image or self.config.fncall_worker
+        base, _, toolkit = image.partition("+")
+        self.images.resolve(base, "image")  # a clear error before any worker
+        for i, ref in enumerate(t for t in toolkit.split(",") if t):
+            self.images.resolve(ref, f"fncall_toolkit[{i}]")
         t0 = time.monotonic()
         worker = await self.pool.acquire(image)
         healthy = False
