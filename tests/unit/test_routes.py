@@ -106,6 +106,7 @@ def test_the_app_serves_the_table_and_its_own_extras_only() -> None:
         ("GET", "/metrics", "prometheus", 200),
         ("POST", "/run_code", "run_code", 200),
         ("POST", "/v1/run_code", "run_code", 200),
+        ("GET", "/v1/ping", "ping", 200),
     }
     assert served == table | extras
 
