@@ -8,6 +8,7 @@ import re
 import shutil
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from corral.errors import InvalidArgument, Unavailable
@@ -135,6 +136,31 @@ def build_from_dir(
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def build_cached(
+    store: ImageStore,
+    tag: str,
+    key: str,
+    fill: Callable[[Path], None],
+    *,
+    kind: str = "toolkit",
+    progress: ProgressFn = _no_progress,
+) -> Layer:
+    """The layer labelled corral.source=`key` (tagged `tag` again), or a
+    new one from the tree `fill(stage)` makes: a pinned build runs once."""
+    layer = store.find_by_label("corral.source", key)
+    if layer is not None:
+        store.tag(layer.digest, tag)
+        return layer
+    stage = store.tmpdir(tag.partition(":")[0])
+    try:
+        fill(stage)
+        return build_from_dir(
+            store, stage, tag=tag, kind=kind, labels={"corral.source": key}, progress=progress
+        )
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def build_from_tar(

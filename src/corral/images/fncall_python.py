@@ -9,10 +9,10 @@ corral.images.fncall_python` builds it (the install script does).
 
 from __future__ import annotations
 
-import shutil
+from pathlib import Path
 
 from corral.images import pypi
-from corral.images.build import build_from_dir
+from corral.images.build import build_cached
 from corral.images.layer import Layer
 from corral.images.store import ImageStore, ProgressFn
 
@@ -41,25 +41,16 @@ PACKAGES = [
 
 
 def build(store: ImageStore, progress: ProgressFn) -> Layer:
-    key = "pip:" + ",".join(PACKAGES) + ":hosts"
-    layer = store.find_by_label("corral.source", key)
-    if layer is not None:
-        store.tag(layer.digest, TAG)
-        return layer
-    stage = store.tmpdir("fncall-python")
-    try:
+    def fill(stage: Path) -> None:
         pypi.install(stage, PACKAGES, "the function calls' Python packages", progress)
         pypi.launcher(stage, "pytest", "pytest:console_main")
         # debootstrap's root has no /etc/hosts: without it "localhost" does
         # not resolve, and a call's own server on localhost is unreachable.
         (stage / "etc").mkdir()
         (stage / "etc/hosts").write_text(HOSTS)
-        return build_from_dir(
-            store, stage, tag=TAG, kind="toolkit",
-            labels={"corral.source": key}, progress=progress,
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+
+    key = "pip:" + ",".join(PACKAGES) + ":hosts"
+    return build_cached(store, TAG, key, fill, progress=progress)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from corral.errors import Unavailable
 from corral.images import pypi
-from corral.images.build import build_from_dir
+from corral.images.build import build_cached
 from corral.images.layer import Layer
 from corral.images.store import ImageStore, ProgressFn
 
@@ -106,13 +106,7 @@ def _python(stage: Path, progress: ProgressFn) -> None:
 
 
 def build(store: ImageStore, cache: Path, progress: ProgressFn) -> Layer:
-    source = key()
-    layer = store.find_by_label("corral.source", source)
-    if layer is not None:
-        store.tag(layer.digest, TAG)
-        return layer
-    stage = store.tmpdir("interpreter")
-    try:
+    def fill(stage: Path) -> None:
         (stage / "usr/local/bin").mkdir(parents=True)
         _python(stage, progress)
         _deno(stage, cache, progress)
@@ -129,12 +123,8 @@ def build(store: ImageStore, cache: Path, progress: ProgressFn) -> Layer:
         shutil.copy2(FILES / "ipython_kernel_config.py", profile / "ipython_kernel_config.py")
         shutil.copy2(FILES / "formatters.py", profile / "startup/00-corral-formatters.py")
         os.chmod(stage / "root", 0o700)
-        return build_from_dir(
-            store, stage, tag=TAG, kind="toolkit",
-            labels={"corral.source": source}, progress=progress,
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+
+    return build_cached(store, TAG, key(), fill, progress=progress)
 
 
 if __name__ == "__main__":
