@@ -150,13 +150,14 @@ async def test_a_call_talks_to_its_own_loopback_servers(client: corral.AsyncClie
 async def test_nothing_of_a_call_reaches_the_next(one_worker: Node) -> None:
     leave = (
         "export SECRET=1; echo a > /tmp/left; echo b > /work/left; echo c > /dev/shm/left; "
+        "echo d > /mnt/left; "
         "mkdir -p /tmp/d/e && touch /tmp/d/e/f; ln -s / /tmp/root-link; "
         "ipcmk -M 4096 >/dev/null; ipcmk -Q >/dev/null; "
         "(setsid sleep 1000 >/dev/null 2>&1 &); nohup sleep 1000 >/dev/null 2>&1 & "
         "touch /etc/left 2>/dev/null || echo read-only"
     )
     look = (
-        "ls -A /tmp /work /dev/shm | grep -v -e '^/' -e '^main.sh$' -e '^$' || true; "
+        "ls -A /tmp /work /mnt /dev/shm | grep -v -e '^/' -e '^main.sh$' -e '^$' || true; "
         "echo secret=${SECRET:-}; cat /proc/[0-9]*/comm | sort | uniq -c | grep -c sleep; "
         "ipcs -m -q | grep -c '^0x' || true"
     )

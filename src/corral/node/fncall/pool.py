@@ -28,7 +28,7 @@ from corral.log import get_logger
 log = get_logger("corral.fncall")
 
 # The only places a call can write (the root is read-only).
-RESET_DIRS = ["/tmp", "/work", "/dev/shm", "/dev/mqueue"]
+RESET_DIRS = ["/tmp", "/work", "/mnt", "/dev/shm", "/dev/mqueue"]
 POOL_LABEL = labels.POOL
 WAIT_FOR_WORKER = 120.0
 

@@ -29,4 +29,5 @@ class FnCallRuntime(ContainerRuntime):
     ) -> None:
         # No I/O ceiling: a worker writes only to its tmpfs mounts.
         super().__init__(oci, cgroups, platform, seccomp_listener, ns_limits=ns_limits)
-        self.tmpfs = (("/tmp", tmpfs_size), ("/work", tmpfs_size))
+        # /mnt: SandboxFusion's calls write there too (its runner is root).
+        self.tmpfs = (("/tmp", tmpfs_size), ("/work", tmpfs_size), ("/mnt", tmpfs_size))
