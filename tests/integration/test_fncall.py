@@ -417,13 +417,15 @@ async def test_serve_warms_workers_before_the_first_call(fresh_node: Node) -> No
     assert fresh_node.leftovers() == {}
 
 
+# 0.05 s: the close comes while the call's worker is still being made.
+@pytest.mark.parametrize("after", [0.05, 0.5])
 async def test_closing_the_client_lets_calls_finish_and_retires_workers(
-    fresh_node: Node,
+    fresh_node: Node, after: float
 ) -> None:
     c = fresh_node.client()
     await c.open()
     call = asyncio.create_task(c.fncall.run("bash", "sleep 1; echo finished"))
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(after)
     await c.aclose()  # while the call runs
     r = await call
     assert r.stdout == "finished\n"

@@ -104,11 +104,20 @@ class WorkerPool:
             raise
 
     async def acquire(self, image: str) -> str:
-        """A clean worker for one call; the caller must release() it."""
-        worker = await self._acquire(image)
+        """A clean worker for one call; the caller must release() it.
+
+        The call counts as held from the start, while its worker is still
+        being made too: a close waits for it, instead of closing the node
+        under a worker half made (a closed store, its mounts left)."""
         self._held += 1
         self._none_held.clear()
-        return worker
+        try:
+            return await self._acquire(image)
+        except BaseException:
+            self._held -= 1
+            if not self._held:
+                self._none_held.set()
+            raise
 
     async def _acquire(self, image: str) -> str:
         if self._closed:
