@@ -1,7 +1,7 @@
 # The two commands a newcomer runs (as root, on Debian 12):
 #   make demo   install everything, then run the main job
 #   make test   install everything, then run the test suite
-.PHONY: install demo test lint unit integration bench e2b-conformance clean
+.PHONY: install demo test lint unit integration bench e2b-conformance sf-conformance clean
 
 install:
 	./scripts/install.sh
@@ -31,6 +31,11 @@ bench: install
 # E2B's own SDK tests against this checkout (docs/e2b.md): E2B_MIRROR=<git dir>.
 e2b-conformance:
 	./scripts/e2b-conformance.sh
+
+# SandboxFusion's own runner tests against this checkout (docs/fncall-languages.md):
+# SF_MIRROR=<git dir>.
+sf-conformance:
+	./scripts/sf-conformance.sh
 
 clean:
 	rm -rf build .stamps

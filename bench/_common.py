@@ -124,3 +124,35 @@ async def timed(n: int, fn: Callable[[], Awaitable[object]]) -> list[float]:
         await fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+def serve(data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A `corral serve` of this checkout on a free port, on data dir `data`
+    and the shared image store; the caller terminates it."""
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "CORRAL_IMAGES": str(IMAGES)}
+    argv = [sys.executable, "-m", "corral.cli.main", "--data-dir", str(data), "serve",
+            "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def wait_up(url: str) -> None:
+    import asyncio
+
+    import httpx
+
+    for _ in range(300):
+        try:
+            async with httpx.AsyncClient() as h:
+                if (await h.get(f"{url}/healthz")).status_code == 200:
+                    return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError("corral serve did not start")

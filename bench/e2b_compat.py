@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corral
-from _common import IMAGES, pct, table, timed, write_result
+from _common import pct, serve, table, timed, wait_up, write_result
 
 DATA = Path("/var/lib/corral-e2b-bench")
 SPEC = {"image": "debian-python:bookworm", "toolkit": "e2b-user:bookworm", "memory": "512MiB"}
@@ -39,34 +37,9 @@ def _ms(xs: list[float]) -> tuple[str, str]:
     return f"{pct(xs, 50) * 1000:.1f}", f"{pct(xs, 99) * 1000:.1f}"
 
 
-def _serve() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "CORRAL_IMAGES": str(IMAGES)}
-    argv = [sys.executable, "-m", "corral.cli.main", "--data-dir", str(DATA), "serve",
-            "--port", str(port), "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-async def _wait_up(url: str) -> None:
-    import httpx
-
-    for _ in range(300):
-        try:
-            async with httpx.AsyncClient() as h:
-                if (await h.get(f"{url}/healthz")).status_code == 200:
-                    return
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError("corral serve did not start")
-
-
 async def _up_for_e2b(url: str) -> None:
     """Wait for the server, then point E2B's SDKs at it (as docs/e2b.md says)."""
-    await _wait_up(url)
+    await wait_up(url)
     os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY="e2b_0",
                       E2B_VALIDATE_API_KEY="false", E2B_DOMAIN="corral.local")  # fmt: skip
 
@@ -76,7 +49,7 @@ async def run(quick: bool) -> list[str]:
 
     rounds, per = (3, 5) if quick else (5, 10)
     trips, burst = (50, 40) if quick else (200, 200)
-    proc, url = _serve()
+    proc, url = serve(DATA)
     try:
         await _up_for_e2b(url)
         made: dict[str, list[float]] = {"e2b": [], "corral": []}
@@ -164,7 +137,7 @@ async def interpreter(quick: bool) -> str:
     from e2b_code_interpreter import AsyncSandbox
 
     creates, trips = (3, 30) if quick else (8, 100)
-    proc, url = _serve()
+    proc, url = serve(DATA)
     try:
         await _up_for_e2b(url)
         first: list[float] = []
@@ -208,9 +181,9 @@ async def http2(quick: bool) -> str:
     import httpx
 
     n = 100 if quick else 400
-    proc, url = _serve()
+    proc, url = serve(DATA)
     try:
-        await _wait_up(url)
+        await wait_up(url)
         async with (
             corral.AsyncClient(url) as c,
             httpx.AsyncClient(base_url=url) as h1,

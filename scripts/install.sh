@@ -97,6 +97,8 @@ say "images: fncall:bookworm (function calls: python, bash, c, c++; cached)"
 
 say "images: fncall-python:bookworm (the Python packages code problems import, over fncall:bookworm; cached)"
 .venv/bin/python -m corral.images.fncall_python
+say "images: fncall-langs:bookworm (SandboxFusion's languages: Go, Java, Node.js, PHP, C#, Rust, R, ...; built in a sandbox; cached)"
+.venv/bin/python -m corral.cli.toolchains
 
 say "images: e2b-user:bookworm (E2B's 'base' template: the user 'user', home /home/user)"
 .venv/bin/corral image build e2b-user:bookworm --run debian-python:bookworm --kind toolkit -- \

@@ -153,8 +153,16 @@ class NodeConfig:
     # the warm workers per image (each serves one call at a time).
     fncall_image: str = "fncall:bookworm"
     # Over fncall_image for the calls that name no image of their own: the
-    # Python packages code problems import (images/fncall_python.py).
-    fncall_toolkit: list[str] = field(default_factory=lambda: ["fncall-python:bookworm"])
+    # Python packages code problems import (images/fncall_python.py), the
+    # other languages' toolchains and the scripts that run them
+    # (images/toolchains.py). Loaded lazily: a call reads only its own.
+    fncall_toolkit: list[str] = field(
+        default_factory=lambda: [
+            "fncall-python:bookworm",
+            "fncall-langs:bookworm",
+            "fncall-runners:bookworm",
+        ]
+    )
     fncall_workers: int = field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)))
     fncall_cpu: float = 1.0
     fncall_pids: int = 256

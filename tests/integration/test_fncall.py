@@ -390,7 +390,7 @@ async def test_calls_are_counted_in_the_metrics(server: Server) -> None:
     assert 'corral_fncalls_total{language="python",status="ok"}' in text
     assert 'corral_fncalls_total{language="python",status="runtime_error"}' in text
     assert (
-        'corral_fncall_workers{image="fncall:bookworm+fncall-python:bookworm",state="total"}'
+        'corral_fncall_workers{image="fncall:bookworm+fncall-python:bookworm,fncall-langs:bookworm,fncall-runners:bookworm",state="total"}'
         in text
     )
 

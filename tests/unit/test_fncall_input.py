@@ -4,6 +4,7 @@ SandboxFusion mapping (no worker needed)."""
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,10 @@ def test_shipped_languages_and_node_overrides(tmp_path: Path) -> None:
         '[x]\nsource = "m"\nrun = []\n',
         '[x]\nsource = "m"\nrun = ["a"]\ncompile = "cc m"\n',
         "x = 1\n",
+        '[x]\nsource = "m"\nrun = ["a"]\nrunn = ["b"]\n',  # a misspelt field
+        '[x]\nsource = "m"\nrun = ["a"]\nenv = ["NOEQUALS"]\n',
+        '[x]\nsource = "m"\nrun = ["a"]\nprepare = []\n',
+        '[x]\nunavailable = ""\n',
     ],
 )
 def test_bad_language_entries_are_refused(tmp_path: Path, body: str) -> None:
@@ -96,6 +101,20 @@ def test_bad_language_entries_are_refused(tmp_path: Path, body: str) -> None:
     with pytest.raises(InvalidArgument) as exc:
         languages.load(f)
     assert "[x]" in exc.value.field
+
+
+def test_every_sandboxfusion_cpu_language_is_in_the_table() -> None:
+    """SandboxFusion's CPU languages by its own names: each runs, or is
+    listed as having no toolchain here, with the reason."""
+    table = languages.load(languages.SHIPPED)
+    names = ["python", "pytest", "bash", "cpp", "go", "go_test", "java", "junit", "nodejs", "typescript", "jest", "php", "csharp", "rust", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "kotlin_script", "swift", "racket", "sql", "verilog", "lean"]
+    for name in names:
+        lang = table[name]
+        assert lang.unavailable or (lang.source and lang.run), name
+    assert {n for n in names if table[n].unavailable} == {"julia", "swift", "lean"}
+    assert table["js"] is table["nodejs"] and table["ts"] is table["typescript"]
+    assert table["jupyter"].prepare is not None  # its kernel is made warm before a call
+    assert "GO111MODULE=off" in table["go"].env
 
 
 def test_sandboxfusion_request_maps_to_a_call() -> None:
@@ -118,6 +137,10 @@ def test_sandboxfusion_request_maps_to_a_call() -> None:
     [
         ({"files": {"a.txt": "***not base64***"}}, "files.a.txt"),
         ({"files": {"../x": "aGk="}}, "files"),
+        ({"files": {"/abs/x": "aGk="}}, "files"),
+        ({"files": {"a/../../x": "aGk="}}, "files"),
+        ({"fetch_files": [f"f{i}" for i in range(10_000)]}, "fetch_files"),
+        ({"memory_limit_MB": 0}, "memory_limit_MB"),
         ({"run_timeout": -2}, "run_timeout"),
         ({"code": ""}, "code"),
     ],
@@ -160,3 +183,61 @@ def test_sandboxfusion_response_statuses() -> None:
     r = sf.from_result(bad)
     assert r.run_result is None and r.compile_result is not None
     assert r.compile_result.return_code == 1
+
+
+def test_sandboxfusion_jupyter_request_maps_to_a_call() -> None:
+    req = sf.RunJupyterRequest(
+        cells=["a = 1", "print(a)"], cell_timeout=2, total_timeout=20,
+        files={"d/x.txt": "aGk="}, fetch_files=["d/y.txt"],
+    )  # fmt: skip
+    call = sf.to_jupyter_call(req)
+    assert call.language == "jupyter" and call.files == {"d/x.txt": b"hi"}
+    doc = json.loads(call.code)
+    assert doc == {"cells": ["a = 1", "print(a)"], "cell_timeout": 2, "total_timeout": 20}
+    assert call.run_timeout == 20 + sf.JUPYTER_SLACK and call.fetch_files == ["d/y.txt"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"cells": []}, "cells"),
+        ({"cells": ["x"] * 257}, "cells"),
+        ({"kernel": "julia"}, "kernel"),
+        ({"total_timeout": 0}, "total_timeout"),
+        ({"total_timeout": 10_000}, "total_timeout"),
+        ({"cell_timeout": -1}, "cell_timeout"),
+        ({"cell_timeout": 50, "total_timeout": 10}, "cell_timeout"),
+        ({"files": {"a": "!!"}}, "files.a"),
+        ({"files": {"/etc/passwd": "aGk="}}, "files"),
+        ({"fetch_files": ["x"] * 65}, "fetch_files"),
+        ({"memory_limit_MB": 1}, "memory_limit_MB"),
+    ],
+)
+def test_sandboxfusion_jupyter_bad_input(change: dict[str, Any], field: str) -> None:
+    req = sf.RunJupyterRequest(**{"cells": ["print(1)"], **change})
+    with pytest.raises(InvalidArgument) as exc:
+        sf.to_jupyter_call(req)
+    assert exc.value.field == field
+
+
+def _jupyter_result(doc: object, status: str = "ok") -> FnCallResult:
+    out = json.dumps(doc)
+    return FnCallResult(
+        status=status,  # type: ignore[arg-type]
+        exit_code=0, stdout=out, stderr="", wall_time=0.1, cpu_time=0.1, peak_memory=1,
+        run=_stage(stdout=out),
+    )  # fmt: skip
+
+
+def test_sandboxfusion_jupyter_response() -> None:
+    cell = {"stdout": "1\n", "stderr": "", "display": [], "error": [], "status": "ok"}
+    r = sf.from_jupyter_result(_jupyter_result({"status": "Finished", "cells": [cell]}))
+    assert r.status == "Success" and r.cells[0].stdout == "1\n"
+    assert r.driver is not None and r.driver.stdout == ""  # the cells are not said twice
+    late = {"status": "TimeLimitExceeded", "cells": [cell],
+            "timed_out": {"cell": 0, "field": "cell_timeout", "limit": 1.0}}  # fmt: skip
+    r = sf.from_jupyter_result(_jupyter_result(late))
+    assert r.status == "Failed" and "cells[0]" in r.message and "cell_timeout" in r.message
+    assert r.driver is not None and r.driver.status == "TimeLimitExceeded"
+    r = sf.from_jupyter_result(_jupyter_result("garbage", status="runtime_error"))
+    assert r.status == "Failed" and r.message == "runtime_error" and r.cells == []

@@ -107,6 +107,8 @@ def test_the_app_serves_the_table_and_its_own_extras_only() -> None:
         ("POST", "/run_code", "run_code", 200),
         ("POST", "/v1/run_code", "run_code", 200),
         ("GET", "/v1/ping", "ping", 200),
+        ("POST", "/run_jupyter", "run_jupyter", 200),
+        ("POST", "/v1/run_jupyter", "run_jupyter", 200),
     }
     assert served == table | extras
 

@@ -146,4 +146,13 @@ def create_app(
         result = await svc.run_call(sandboxfusion.to_call(req))
         return sandboxfusion.from_result(result)
 
+    @app.post("/run_jupyter")
+    @app.post("/v1/run_jupyter")
+    async def run_jupyter(
+        svc: Svc, req: sandboxfusion.RunJupyterRequest
+    ) -> sandboxfusion.RunJupyterResponse:
+        """SandboxFusion's Jupyter endpoint: the cells on a warm kernel."""
+        result = await svc.run_call(sandboxfusion.to_jupyter_call(req))
+        return sandboxfusion.from_jupyter_result(result)
+
     return app

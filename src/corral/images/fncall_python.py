@@ -37,6 +37,10 @@ PACKAGES = [
     "PyJWT==2.9.0",
     "Flask==3.0.3",
     "psutil==6.0.0",
+    # /run_jupyter's kernels (SandboxFusion's python3 kernel).
+    "ipykernel==6.29.5",
+    "jupyter_client==8.6.3",
+    "ipython==8.29.0",
 ]
 
 

@@ -39,10 +39,13 @@ class AsyncSandbox:
         self.info = await self._service.get(self.id)
         return self.info
 
-    async def commit(self, tag: str, *, kind: str = "layer") -> LayerInfo:
+    async def commit(
+        self, tag: str, *, kind: str = "layer", labels: dict[str, str] | None = None
+    ) -> LayerInfo:
         """Save what this sandbox changed over its image as a new layer
-        `tag` (kind: base, workspace, toolkit or layer); the sandbox runs on."""
-        req = validated(CommitRequest, {"tag": tag, "kind": kind})
+        `tag` (kind: base, workspace, toolkit or layer); the sandbox runs on.
+        `labels` are the layer's own (not corral.*)."""
+        req = validated(CommitRequest, {"tag": tag, "kind": kind, "labels": labels or {}})
         return await self._service.commit(self.id, req)
 
     async def audit(self) -> AuditReport:

@@ -326,10 +326,17 @@ class Sandbox:
         """Stop the sandbox and release everything it holds (idempotent)."""
         return self._portal.call(self._inner.close)
 
-    def commit(self, tag: str, *, kind: str = 'layer') -> LayerInfo:
+    def commit(
+        self,
+        tag: str,
+        *,
+        kind: str = 'layer',
+        labels: dict[str, str] | None = None,
+    ) -> LayerInfo:
         """Save what this sandbox changed over its image as a new layer `tag` (kind: base,
-        workspace, toolkit or layer); the sandbox runs on."""
-        return self._portal.call(self._inner.commit, tag, kind=kind)
+        workspace, toolkit or layer); the sandbox runs on. `labels` are the layer's own (not
+        corral.*)."""
+        return self._portal.call(self._inner.commit, tag, kind=kind, labels=labels)
 
     @property
     def id(self) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,29 +57,137 @@ class RunCodeResponse(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
 
 
-def to_call(req: RunCodeRequest) -> FnCallRequest:
-    files: dict[str, bytes] = {}
-    for name, data in req.files.items():
+class RunJupyterRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    cells: list[str]
+    cell_timeout: float = 0  # 0: only total_timeout bounds a cell
+    total_timeout: float = 45
+    memory_limit_MB: int = -1
+    kernel: str = "python3"
+    files: dict[str, str | None] = Field(default_factory=dict)
+    fetch_files: list[str] = Field(default_factory=list)
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict[str, Any]]
+    error: list[dict[str, Any]]
+
+
+class RunJupyterResponse(BaseModel):
+    status: Literal["Success", "Failed", "SandboxError"]
+    message: str
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = Field(default_factory=list)
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+# A Jupyter call's own time past its cells' (the kernel's answer, the files).
+JUPYTER_SLACK = 10.0
+MAX_CELLS = 256
+
+
+def _files(files: dict[str, str | None]) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for name, data in files.items():
         if data is None:
             continue
         try:
-            files[name] = base64.b64decode(data, validate=True)
+            out[name] = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidArgument(f"files.{name}", "must be base64", data[:64]) from None
-    limit = req.memory_limit_MB
+    return out
+
+
+def _memory(limit: int) -> dict[str, int]:
     if limit != -1 and not 16 <= limit <= 16384:
         raise InvalidArgument("memory_limit_MB", "must be -1 or between 16 and 16384", limit)
+    return {"memory": limit * MiB} if limit != -1 else {}
+
+
+def to_jupyter_call(req: RunJupyterRequest) -> FnCallRequest:
+    """The cells as a call in the `jupyter` language (its warm kernel)."""
+    if req.kernel != "python3":
+        raise InvalidArgument("kernel", "must be python3 (the only kernel served)", req.kernel)
+    if not 1 <= len(req.cells) <= MAX_CELLS:
+        raise InvalidArgument("cells", f"must hold 1 to {MAX_CELLS} cells", len(req.cells))
+    most = 300 - JUPYTER_SLACK
+    if not 0 < req.total_timeout <= most:
+        raise InvalidArgument(
+            "total_timeout", f"must be above 0 and at most {most:.0f} s", req.total_timeout
+        )
+    if not 0 <= req.cell_timeout <= req.total_timeout:
+        raise InvalidArgument(
+            "cell_timeout", "must be 0 (none) or at most total_timeout", req.cell_timeout
+        )
+    doc = {"cells": req.cells, "cell_timeout": req.cell_timeout, "total_timeout": req.total_timeout}
+    return validated(
+        FnCallRequest,
+        {
+            "language": "jupyter",
+            "code": json.dumps(doc),
+            "files": _files(req.files),
+            "fetch_files": req.fetch_files,
+            "run_timeout": req.total_timeout + JUPYTER_SLACK,
+            **_memory(req.memory_limit_MB),
+        },
+    )
+
+
+def from_jupyter_result(result: FnCallResult, worker: str | None = None) -> RunJupyterResponse:
+    files = {k: base64.b64encode(v).decode() for k, v in result.files.items()}
+    driver = _stage(result.run)
+    try:
+        doc = json.loads(result.stdout) if result.status == "ok" else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("status") not in ("Finished", "TimeLimitExceeded"):
+        # The kernel died, or the call ran past its own time: the driver says which.
+        why = result.status if result.status != "ok" else "the kernel gave no answer"
+        return RunJupyterResponse(
+            status="Failed", message=why, driver=driver, executor_pod_name=worker, files=files
+        )
+    cells = [CellRunResult.model_validate(c) for c in doc.get("cells", [])]
+    if driver is not None:
+        driver.stdout = ""  # it was the cells' document: said once, in `cells`
+    if doc["status"] == "TimeLimitExceeded":
+        t = doc.get("timed_out", {})
+        if driver is not None:
+            driver.status = "TimeLimitExceeded"
+        return RunJupyterResponse(
+            status="Failed",
+            message=f"cells[{t.get('cell')}] ran past {t.get('field')} "
+            f"(the cells must finish within {t.get('limit', 0):.3g} s); it was interrupted",
+            driver=driver,
+            cells=cells,
+            executor_pod_name=worker,
+            files=files,
+        )
+    return RunJupyterResponse(
+        status="Success",
+        message="",
+        driver=driver,
+        cells=cells,
+        executor_pod_name=worker,
+        files=files,
+    )
+
+
+def to_call(req: RunCodeRequest) -> FnCallRequest:
     return validated(
         FnCallRequest,
         {
             "language": LANGUAGE_NAMES.get(req.language, req.language),
             "code": req.code,
             "stdin": req.stdin.encode() if req.stdin is not None else None,
-            "files": files,
+            "files": _files(req.files),
             "fetch_files": req.fetch_files,
             "compile_timeout": req.compile_timeout,
             "run_timeout": req.run_timeout,
-            **({"memory": limit * MiB} if limit != -1 else {}),
+            **_memory(req.memory_limit_MB),
         },
     )
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from corral.api.models import FnCallRequest, FnCallResult, FnCallStage, FnCallStatus
-from corral.errors import CorralError
+from corral.errors import CorralError, SandboxFailed
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
 from corral.host.cgroups import Cgroups
@@ -31,6 +31,12 @@ ENV = [
 ]
 
 
+def _env(lang: Language) -> list[str]:
+    """The call's environment; a language's own entries replace ours."""
+    merged = dict(e.partition("=")[::2] for e in (*ENV, *lang.env))
+    return [f"{k}={v}" for k, v in merged.items()]
+
+
 @dataclass(frozen=True)
 class Worker:
     id: str
@@ -39,12 +45,12 @@ class Worker:
 
 
 async def _stage(
-    w: Worker, argv: list[str], stdin: bytes | None, timeout: float, limit: int
+    w: Worker, lang: Language, argv: list[str], stdin: bytes | None, timeout: float, limit: int
 ) -> FnCallStage:
     t0 = time.monotonic()
     session = await w.execd.start(
         argv,
-        ENV,
+        _env(lang),
         user=CALL_USER,
         cwd=WORK,
         timeout=timeout,
@@ -76,6 +82,17 @@ async def _stage(
     )
 
 
+async def prepare(w: Worker, lang: Language) -> None:
+    """The language's prepare step on a clean worker; a failure is the
+    worker's (it is closed and replaced), not a call's."""
+    assert lang.prepare is not None
+    stage = await _stage(w, lang, list(lang.prepare), None, 60.0, 64 * 1024)
+    if stage.exit_code != 0 or stage.timed_out:
+        raise SandboxFailed(
+            f"{lang.name}'s prepare step failed (exit {stage.exit_code}): {stage.stderr[-500:]}"
+        )
+
+
 def _verdict(stage: FnCallStage, oom: bool, compiling: bool) -> FnCallStatus:
     if stage.timed_out:
         return "timeout"
@@ -103,12 +120,14 @@ async def run(w: Worker, lang: Language, req: FnCallRequest) -> FnCallResult:
 
     compiled: FnCallStage | None = None
     if lang.compile is not None:
-        compiled = await _stage(w, list(lang.compile), None, req.compile_timeout, req.output_limit)
+        compiled = await _stage(
+            w, lang, list(lang.compile), None, req.compile_timeout, req.output_limit
+        )
         oom = w.cgroups.oom_kills(w.id) > ooms
         status = _verdict(compiled, oom, compiling=True)
         if status != "ok":
             return _result(status, compiled, None, {})
-    ran = await _stage(w, list(lang.run), req.stdin, req.run_timeout, req.output_limit)
+    ran = await _stage(w, lang, list(lang.run), req.stdin, req.run_timeout, req.output_limit)
     status = _verdict(ran, w.cgroups.oom_kills(w.id) > ooms, compiling=False)
     files: dict[str, bytes] = {}
     budget = FETCH_TOTAL

@@ -18,6 +18,13 @@ class Language:
     source: str
     run: tuple[str, ...]
     compile: tuple[str, ...] | None = None
+    env: tuple[str, ...] = ()  # NAME=value, over the call's own environment
+    # Run in a worker after each reset, before a call takes it (a warm
+    # Jupyter kernel): such a language has workers of its own.
+    prepare: tuple[str, ...] | None = None
+    # Why this node cannot run it (no toolchain to be had): a call in it is
+    # refused with this, naming the language, instead of failing inside.
+    unavailable: str | None = None
 
 
 def _entry(name: str, raw: object, origin: Path) -> Language:
@@ -26,17 +33,33 @@ def _entry(name: str, raw: object, origin: Path) -> Language:
 
     if not isinstance(raw, dict):
         raise bad("must be a table")
+    unknown = sorted(
+        set(raw) - {"source", "run", "compile", "prepare", "env", "aliases", "unavailable"}
+    )
+    if unknown:
+        raise bad(f"has no field {unknown[0]!r}")
+    why = raw.get("unavailable")
+    if why is not None:
+        if not isinstance(why, str) or not why:
+            raise bad("unavailable must be a non-empty string saying why")
+        return Language(name, "", (), unavailable=why)
     source, run, comp = raw.get("source"), raw.get("run"), raw.get("compile")
+    prep = raw.get("prepare")
     if not isinstance(source, str) or not source or "/" in source:
         raise bad("source must be a plain file name")
 
     def argv_ok(argv: object) -> bool:
         return isinstance(argv, list) and bool(argv) and all(isinstance(a, str) for a in argv)
 
-    if not argv_ok(run) or (comp is not None and not argv_ok(comp)):
-        raise bad("run (and compile, if given) must be non-empty lists of strings")
+    if not argv_ok(run) or any(x is not None and not argv_ok(x) for x in (comp, prep)):
+        raise bad("run (and compile and prepare, if given) must be non-empty lists of strings")
+    env = raw.get("env", [])
+    if not isinstance(env, list) or not all(isinstance(e, str) and "=" in e for e in env):
+        raise bad("env must be a list of NAME=value strings")
     assert isinstance(run, list)
-    return Language(name, source, tuple(run), tuple(comp) if isinstance(comp, list) else None)
+    compile_ = tuple(comp) if isinstance(comp, list) else None
+    prepare = tuple(prep) if isinstance(prep, list) else None
+    return Language(name, source, tuple(run), compile_, tuple(env), prepare)
 
 
 def load(*files: Path) -> dict[str, Language]:

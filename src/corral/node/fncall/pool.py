@@ -31,6 +31,7 @@ log = get_logger("corral.fncall")
 RESET_DIRS = ["/tmp", "/work", "/mnt", "/dev/shm", "/dev/mqueue"]
 POOL_LABEL = labels.POOL
 WAIT_FOR_WORKER = 120.0
+PREPARE_WITHIN = 90.0
 
 
 async def reset_worker(execd: ExecdClient) -> None:
@@ -57,8 +58,12 @@ class WorkerPool:
         size: int,
         spec: WorkerSpec,
         total: int | None = None,
+        prepare: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
         self._create, self._reset, self._close = create, reset, close
+        # (key, worker) after a worker is made and after each reset: a key
+        # "IMAGE#LANGUAGE" is a pool of workers made ready for that language.
+        self._prepare = prepare
         self.size = size  # workers per image
         # Workers across images: an image nobody calls any more gives its
         # idle workers up to the images being called.
@@ -74,8 +79,8 @@ class WorkerPool:
         self._none_held.set()
 
     def _request(self, image: str) -> CreateSandbox:
-        """A worker for `image`: IMAGE[+TOOLKIT,...] (NodeConfig.fncall_worker)."""
-        base, _, toolkit = image.partition("+")
+        """A worker for `image`: IMAGE[+TOOLKIT,...][#LANGUAGE] (NodeConfig.fncall_worker)."""
+        base, _, toolkit = image.partition("#")[0].partition("+")
         return CreateSandbox(
             kind="fncall",
             image=base,
@@ -98,10 +103,18 @@ class WorkerPool:
     async def _new(self, image: str) -> str:
         self._count[image] += 1
         try:
-            return await self._create(self._request(image))
+            worker = await self._create(self._request(image))
         except BaseException:
             self._count[image] -= 1
             raise
+        try:
+            if self._prepare is not None:
+                await asyncio.wait_for(self._prepare(image, worker), PREPARE_WITHIN)
+        except BaseException:
+            self._count[image] -= 1
+            await self._discard(worker)
+            raise
+        return worker
 
     async def acquire(self, image: str) -> str:
         """A clean worker for one call; the caller must release() it.
@@ -159,6 +172,8 @@ class WorkerPool:
         if healthy and not self._closed:
             try:
                 await asyncio.wait_for(self._reset(worker), 30)
+                if self._prepare is not None:
+                    await asyncio.wait_for(self._prepare(image, worker), PREPARE_WITHIN)
             except Exception as exc:
                 log.warning("fncall.reset_failed", worker=worker, error=str(exc))
             else:

@@ -44,6 +44,7 @@ class FnCalls:
             size=cfg.fncall_workers,
             total=cfg.fncall_workers_total or None,
             spec=WorkerSpec(cpu=cfg.fncall_cpu, memory=cfg.fncall_max_memory, pids=cfg.fncall_pids),
+            prepare=self._prepare,
         )
 
     async def _create(self, req: CreateSandbox) -> str:
@@ -57,11 +58,24 @@ class FnCalls:
     async def reset(self, sandbox_id: str) -> None:
         await reset_worker(self._execd(sandbox_id))
 
+    async def _prepare(self, key: str, worker: str) -> None:
+        """Ready a worker of a language that has a `prepare` step (keys
+        IMAGE#LANGUAGE); other workers need nothing past their reset."""
+        _, _, name = key.partition("#")
+        lang = self.languages.get(name) if name else None
+        if lang is not None and lang.prepare is not None:
+            w = call.Worker(worker, self._execd(worker), self.cgroups)
+            await call.prepare(w, lang)
+
     def language(self, name: str) -> languages.Language:
         lang = self.languages.get(name)
         if lang is None:
-            known = sorted({x.name for x in self.languages.values()})
+            known = sorted({x.name for x in self.languages.values() if not x.unavailable})
             raise InvalidArgument("language", f"must be one of {', '.join(known)}", name)
+        if lang.unavailable:
+            raise InvalidArgument(
+                "language", f"has no toolchain on this node: {lang.unavailable}", name
+            )
         return lang
 
     async def run(self, req: FnCallRequest) -> FnCallResult:
@@ -80,6 +94,8 @@ class FnCalls:
         self.images.resolve(base, "image")  # a clear error before any worker
         for i, ref in enumerate(t for t in toolkit.split(",") if t):
             self.images.resolve(ref, f"fncall_toolkit[{i}]")
+        if lang.prepare is not None:
+            image = f"{image}#{lang.name}"
         t0 = time.monotonic()
         worker = await self.pool.acquire(image)
         healthy = False
