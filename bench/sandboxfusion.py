@@ -8,9 +8,9 @@ Three runners get the same requests:
     function-call workers; SandboxFusion's request and response);
   - bare: the same toolchain with no isolation at all. The function
     image's layers (fncall:bookworm and its three toolkits) are composed
-    with overlayfs on the host, and each call is a chroot into it, as
-    root, in a fresh directory, running the same compile and run commands
-    from the same language table;
+    with overlayfs on the host (/work and /tmp on tmpfs, as in a worker),
+    and each call is a chroot into it, as root, in a fresh directory,
+    running the same compile and run commands from the same language table;
   - SandboxFusion: its own server, installed from its repository into a
     virtual environment (bench/sandboxfusion_peer.sh), with its "lite"
     isolation on (overlayfs, cgroups, network namespace, chroot). It runs
@@ -134,6 +134,10 @@ class Bare:
         )
         for d in ("proc", "dev"):
             subprocess.run(["mount", "--rbind", f"/{d}", str(self.root / d)], check=True)
+        # A call's files and caches in memory, as a worker's /work and /tmp are.
+        for d in ("work", "tmp"):
+            (self.root / d).mkdir(exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(self.root / d)], check=True)
         self.n = 0
 
     def _exec(

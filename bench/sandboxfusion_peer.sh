@@ -156,7 +156,12 @@ install_server_env() {
   local sha; sha="$(sha256sum "$req" | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sha" ]; then return; fi
   log "pip installing server requirements"
-  "$SERVER_ENV/bin/pip" install -q -r "$req"
+  local out
+  # (this host's pip config names local index dirs that warn per package)
+  if ! out="$("$SERVER_ENV/bin/pip" install -q -r "$req" 2>&1)"; then
+    echo "$out" >&2; die "pip install failed"
+  fi
+  echo "$out" | grep -v 'is ignored: it is neither a file nor a directory' >&2 || true
   echo "$sha" > "$stamp"
 }
 
@@ -300,7 +305,7 @@ cleanup_leftovers() {
   # overlays: /tmp/overlay_xxxxxx/{merged{,/proc,/sys,/dev},tmpfs}, normally
   # unmounted after each run; left only if the server died mid-run
   local m
-  for m in $(awk '{print $2}' /proc/mounts | grep -E '^/tmp/overlay_[a-z]{6}/' | sort -r); do
+  for m in $(awk '{print $2}' /proc/mounts | grep -E '^/tmp/overlay_[a-z]{6}/' | tac); do
     umount -l "$m" 2>/dev/null && log "unmounted $m" || true
   done
   for d in /tmp/overlay_[a-z][a-z][a-z][a-z][a-z][a-z]; do

@@ -16,6 +16,8 @@
 # PTY tests are added (EXTRA_PYTEST_ARGS replaces them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/serve-lib.sh
+. scripts/serve-lib.sh
 : "${E2B_MIRROR:=}"
 [ "${SUITE:-sdk}" = interpreter ] || [ -n "$E2B_MIRROR" ] \
   || { echo "set E2B_MIRROR to a git dir of github.com/e2b-dev/E2B (with its tags)" >&2; exit 2; }
@@ -30,13 +32,7 @@ OUT="$(mktemp -d /tmp/e2b-conformance.XXXX)"
 
 WHERE="${WHERE:-corral serve}"
 if [ -z "$URL" ]; then
-  .venv/bin/corral serve --port "$PORT" --log-level warning >"$OUT/serve.log" 2>&1 &
-  SERVER=$!
-  trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-  for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
-    sleep 0.1
-  done
+  start_serve "$PORT" "$OUT/serve.log"
   URL="http://127.0.0.1:$PORT"
 fi
 if [ "${SUITE:-sdk}" = interpreter ]; then

@@ -81,6 +81,17 @@ else
   say "venv: .venv-agents up to date"
 fi
 
+# verl's SandboxFusion reward (tests/integration/test_verl_reward.py): its
+# wheel alone. The test loads that module from it; verl's own package
+# imports torch, which no test here needs.
+VERL=verl-0.7.0-py3-none-any.whl
+if [ ! -f "build/peers/$VERL" ]; then
+  say "peers: verl 0.7.0's wheel (its SandboxFusion reward function)"
+  .venv/bin/pip download -q --no-deps -d build/peers verl==0.7.0
+else
+  say "peers: verl's wheel present"
+fi
+
 # --- CRIU (containers suspended to disk) -----------------------------------------
 say "criu: 4.1 from Debian trixie's source (bookworm's 3.17 fails on this kernel; cached)"
 ./scripts/build-criu.sh

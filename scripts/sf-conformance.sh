@@ -11,6 +11,8 @@
 # public internet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/serve-lib.sh
+. scripts/serve-lib.sh
 : "${SF_MIRROR:?set SF_MIRROR to a git dir of github.com/bytedance/SandboxFusion}"
 PEERS="${PEERS:-../shared/peers}"
 RUNNER="$PEERS/sandboxfusion/run_sf_tests.sh"
@@ -19,13 +21,7 @@ PORT="${PORT:-7182}"
 TABLE="${TABLE:-docs/sandboxfusion-conformance.md}"
 OUT="$(mktemp -d /tmp/sf-conformance.XXXX)"
 
-.venv/bin/corral serve --port "$PORT" --log-level warning >"$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break
-  sleep 0.1
-done
+start_serve "$PORT" "$OUT/serve.log"
 
 SF_MIRROR="$SF_MIRROR" LANGS=all bash "$RUNNER" "http://127.0.0.1:$PORT" \
   -m "not cuda and not datalake and not dp_eval" --junitxml="$OUT/sf.xml" || true

@@ -179,6 +179,7 @@ async def test_sql_and_verilog(client: corral.AsyncClient) -> None:
         "sql", "create table t(x); insert into t values (20), (22); select sum(x) from t;"
     )
     assert (sql.status, sql.stdout) == ("ok", "42\n"), sql
+    assert sql.worker  # the worker that ran it (SandboxFusion's executor_pod_name)
     bad_sql = await client.fncall.run("sql", "select * from missing;")
     assert bad_sql.status == "runtime_error" and "no such table" in bad_sql.stderr
     vlog = await client.fncall.run(
@@ -206,6 +207,42 @@ async def test_nested_files_reach_each_toolchain(client: corral.AsyncClient) -> 
     assert (go.status, go.stdout) == ("ok", "21"), go
 
 
+NODE_SERVER = """
+const http = require('http');
+const server = http.createServer((req, res) => res.end('pong ' + req.url));
+server.listen(8080, 'localhost', () => {
+  http.get('http://localhost:8080/x', (res) => {
+    let body = '';
+    res.on('data', (c) => (body += c));
+    res.on('end', () => { console.log(body); server.close(); });
+  });
+});
+"""
+GO_SERVER = """package main
+import ("fmt"; "io"; "net"; "net/http")
+func main() {
+    l, _ := net.Listen("tcp", "127.0.0.1:8080")
+    go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+        fmt.Fprint(w, "pong ", r.URL.Path) }))
+    r, err := http.Get("http://localhost:8080/x")
+    if err != nil { panic(err) }
+    b, _ := io.ReadAll(r.Body); fmt.Println(string(b))
+}
+"""
+
+
+async def test_loopback_servers_in_other_languages(client: corral.AsyncClient) -> None:
+    # Two calls at once on the same port: each has its own loopback.
+    calls = [
+        {"language": "nodejs", "code": NODE_SERVER, "run_timeout": 20},
+        {"language": "go", "code": GO_SERVER, "run_timeout": 20, "compile_timeout": 60},
+        {"language": "nodejs", "code": NODE_SERVER, "run_timeout": 20},
+    ]
+    for r in await client.fncall.run_many(calls, concurrency=3):
+        assert isinstance(r, corral.FnCallResult) and r.status == "ok", r
+        assert r.stdout.strip() == "pong /x"
+
+
 @pytest.mark.parametrize("language", ["swift", "julia", "lean"])
 async def test_a_language_without_a_toolchain_is_refused_by_name(
     client: corral.AsyncClient, language: str
@@ -228,6 +265,7 @@ async def test_run_jupyter_cells_on_a_warm_kernel(server: Server) -> None:
         assert cells[2]["stderr"] == "e\n"
         assert cells[3]["error"][0]["ename"] == "ZeroDivisionError"
         assert cells[4]["stdout"] == "hi\n"  # a cell that raises does not stop the next
+        assert r["executor_pod_name"]  # the worker that ran the cells
 
         # The next call gets a fresh kernel: nothing of the last one is left.
         r = (await http.post("/run_jupyter", json={"cells": ["print(a)"]})).json()

@@ -107,7 +107,35 @@ def test_every_sandboxfusion_cpu_language_is_in_the_table() -> None:
     """SandboxFusion's CPU languages by its own names: each runs, or is
     listed as having no toolchain here, with the reason."""
     table = languages.load(languages.SHIPPED)
-    names = ["python", "pytest", "bash", "cpp", "go", "go_test", "java", "junit", "nodejs", "typescript", "jest", "php", "csharp", "rust", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "kotlin_script", "swift", "racket", "sql", "verilog", "lean"]
+    names = [
+        "python",
+        "pytest",
+        "bash",
+        "cpp",
+        "go",
+        "go_test",
+        "java",
+        "junit",
+        "nodejs",
+        "typescript",
+        "jest",
+        "php",
+        "csharp",
+        "rust",
+        "lua",
+        "R",
+        "perl",
+        "D_ut",
+        "ruby",
+        "scala",
+        "julia",
+        "kotlin_script",
+        "swift",
+        "racket",
+        "sql",
+        "verilog",
+        "lean",
+    ]
     for name in names:
         lang = table[name]
         assert lang.unavailable or (lang.source and lang.run), name

@@ -453,3 +453,25 @@ async def test_a_client_starts_the_service_it_is_given_once() -> None:
         assert (await client.fncall.run("python", "1")).stdout == "1\n"
         assert client.service is fake
     assert fake.starts == 1
+
+
+async def test_sandboxfusion_endpoints_tell_a_platform_failure_from_bad_input() -> None:
+    """The platform failing is SandboxFusion's SandboxError (a 200, as its
+    clients expect); bad input stays a 400 that names the field."""
+    from corral.errors import Unavailable
+
+    class Failing(FakeService):
+        async def run_call(self, req: FnCallRequest) -> FnCallResult:
+            raise Unavailable("no function-call worker became free in 120s")
+
+    app = create_app(Failing())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        for path, body in (
+            ("/run_code", {"language": "python", "code": "print(1)"}),
+            ("/run_jupyter", {"cells": ["print(1)"]}),
+        ):
+            r = await h.post(path, json=body)
+            assert r.status_code == 200 and r.json()["status"] == "SandboxError", r.text
+            assert "no function-call worker" in r.json()["message"]
+        r = await h.post("/run_jupyter", json={"cells": ["1"], "total_timeout": -1})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "total_timeout"

@@ -143,7 +143,14 @@ def create_app(
         svc: Svc, req: sandboxfusion.RunCodeRequest
     ) -> sandboxfusion.RunCodeResponse:
         """SandboxFusion's endpoint (see api/compat/sandboxfusion.py)."""
-        result = await svc.run_call(sandboxfusion.to_call(req))
+        call = sandboxfusion.to_call(req)  # bad input: a 400 naming the field
+        try:
+            result = await svc.run_call(call)
+        except CorralError as exc:
+            if exc.http_status < 500:
+                raise
+            # The platform failed, not the code: SandboxFusion's SandboxError.
+            return sandboxfusion.RunCodeResponse(status="SandboxError", message=str(exc))
         return sandboxfusion.from_result(result)
 
     @app.post("/run_jupyter")
@@ -152,7 +159,13 @@ def create_app(
         svc: Svc, req: sandboxfusion.RunJupyterRequest
     ) -> sandboxfusion.RunJupyterResponse:
         """SandboxFusion's Jupyter endpoint: the cells on a warm kernel."""
-        result = await svc.run_call(sandboxfusion.to_jupyter_call(req))
+        call = sandboxfusion.to_jupyter_call(req)
+        try:
+            result = await svc.run_call(call)
+        except CorralError as exc:
+            if exc.http_status < 500:
+                raise
+            return sandboxfusion.RunJupyterResponse(status="SandboxError", message=str(exc))
         return sandboxfusion.from_jupyter_result(result)
 
     return app

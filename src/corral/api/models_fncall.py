@@ -168,3 +168,6 @@ class FnCallResult(StrictModel):
     files: dict[str, bytes] = Field(default_factory=dict)
     compile: FnCallStage | None = None
     run: FnCallStage | None = None
+    # The worker that ran it (SandboxFusion's executor_pod_name): which one
+    # to look at when a verdict is in doubt.
+    worker: str | None = None

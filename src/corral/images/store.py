@@ -142,19 +142,28 @@ class ImageStore:
         return Layer.from_json(doc, self._names_of(digest))
 
     def resolve(self, text: str, field: str = "image") -> Layer:
+        return self.get(self.digest_of(text, field))
+
+    def digest_of(self, text: str, field: str = "image") -> str:
+        """The digest `text` names, checked to be in the store: what
+        resolve() does less reading every tag for the layer's names (a hot
+        path's check, such as a function call's image)."""
         ref = Ref.parse(text, field)
         if ref.digest:
-            return self.get(ref.digest)
-        path = self.tags / str(ref.name) / str(ref.tag)
-        try:
-            digest = path.read_text().strip()
-        except FileNotFoundError:
-            raise ImageNotFound(
-                f"{field} '{ref}' not found on this node; `corral image ls` lists what it has",
-                field=field,
-                ref=str(ref),
-            ) from None
-        return self.get(digest)
+            digest = ref.digest
+        else:
+            path = self.tags / str(ref.name) / str(ref.tag)
+            try:
+                digest = path.read_text().strip()
+            except FileNotFoundError:
+                raise ImageNotFound(
+                    f"{field} '{ref}' not found on this node; `corral image ls` lists what it has",
+                    field=field,
+                    ref=str(ref),
+                ) from None
+        if not (self.layers / (digest.removeprefix("sha256:") + ".json")).exists():
+            raise ImageNotFound(f"layer {digest} is not in this node's store", ref=digest)
+        return digest
 
     def tag(self, digest: str, text: str) -> None:
         ref = Ref.parse(text, "tag")

@@ -137,7 +137,8 @@ def to_jupyter_call(req: RunJupyterRequest) -> FnCallRequest:
     )
 
 
-def from_jupyter_result(result: FnCallResult, worker: str | None = None) -> RunJupyterResponse:
+def from_jupyter_result(result: FnCallResult) -> RunJupyterResponse:
+    worker = result.worker
     files = {k: base64.b64encode(v).decode() for k, v in result.files.items()}
     driver = _stage(result.run)
     try:
@@ -205,12 +206,12 @@ def _stage(stage: FnCallStage | None) -> CommandRunResult | None:
     )
 
 
-def from_result(result: FnCallResult, worker: str | None = None) -> RunCodeResponse:
+def from_result(result: FnCallResult) -> RunCodeResponse:
     return RunCodeResponse(
         status="Success" if result.status == "ok" else "Failed",
         message="" if result.status == "ok" else result.status,
         compile_result=_stage(result.compile),
         run_result=_stage(result.run),
-        executor_pod_name=worker,
+        executor_pod_name=result.worker,
         files={k: base64.b64encode(v).decode() for k, v in result.files.items()},
     )

@@ -91,9 +91,9 @@ class FnCalls:
         # A call that names its image gets that image alone.
         image = req.image or self.config.fncall_worker
         base, _, toolkit = image.partition("+")
-        self.images.resolve(base, "image")  # a clear error before any worker
+        self.images.digest_of(base, "image")  # a clear error before any worker
         for i, ref in enumerate(t for t in toolkit.split(",") if t):
-            self.images.resolve(ref, f"fncall_toolkit[{i}]")
+            self.images.digest_of(ref, f"fncall_toolkit[{i}]")
         if lang.prepare is not None:
             image = f"{image}#{lang.name}"
         t0 = time.monotonic()
@@ -101,7 +101,7 @@ class FnCalls:
         healthy = False
         try:
             w = call.Worker(worker, self._execd(worker), self.cgroups)
-            result = await call.run(w, lang, req)
+            result = (await call.run(w, lang, req)).model_copy(update={"worker": worker})
             healthy = True
         finally:
             self.pool.release(image, worker, healthy)
