@@ -23,7 +23,9 @@ from ..framework import IMAGE, Node
 
 SECRET = (
     'nohup python3 -c "\nimport os,time\nsecret=os.urandom(8).hex()\nn=0\n'
-    "while True:\n  n+=1\n  open('/tmp/ticks','w').write(str(n))\n"
+    "while True:\n  n+=1\n"
+    # Replaced, not rewritten in place: a read never finds it empty.
+    "  open('/tmp/ticks.new','w').write(str(n)); os.replace('/tmp/ticks.new', '/tmp/ticks')\n"
     "  if os.path.exists('/tmp/ask'):\n"
     "    open('/tmp/answer','w').write(secret); os.remove('/tmp/ask')\n"
     '  time.sleep(0.05)\n" >/dev/null 2>&1 &'

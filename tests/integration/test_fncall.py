@@ -21,7 +21,12 @@ CPP_OK = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b
 PYTEST_OK = "def add(a, b):\n    return a + b\n\ndef test_add():\n    assert add(2, 3) == 5\n"
 PYTEST_FAIL = "def test_add():\n    assert 1 + 1 == 3\n"
 # What code problems import: the fncall-python toolkit of the default workers.
-PACKAGES = "import requests, numpy, pandas, scipy, sympy, networkx, sklearn, bs4\nprint(int(numpy.sum(numpy.arange(4))))"
+PACKAGES = (
+    "import requests, numpy, pandas, scipy, sympy, networkx, sklearn, bs4\n"
+    # and some of the rest of SandboxFusion's python runtime
+    "import statsmodels.api, xgboost, rdkit.Chem, cvxpy, faker, gensim, redis, cv2\n"
+    "print(int(numpy.sum(numpy.arange(4))))"
+)
 
 
 @pytest.fixture
@@ -43,7 +48,7 @@ def one_worker(fresh_node: Node) -> Node:
 async def test_each_language_runs(
     client: corral.AsyncClient, language: str, code: str, stdin: str, out: str
 ) -> None:
-    r = await client.fncall.run(language, code, stdin=stdin)
+    r = await client.fncall.run(language, code, stdin=stdin, run_timeout=60)  # cold imports
     assert (r.status, r.stdout, r.exit_code) == ("ok", out, 0), r
     assert r.wall_time > 0 and r.peak_memory > 0
     if language in ("c", "cpp"):
@@ -304,6 +309,13 @@ async def test_bad_calls_over_http_leave_nothing(server: Server) -> None:
                 "files.a",
                 ("/run_code",),
             ),
+            # Listed, but without a toolchain on this node.
+            ({"language": "swift", "code": "print(1)"}, "language", ("/v1/fncall", "/run_code")),
+            ({"cells": []}, "cells", ("/run_jupyter",)),
+            ({"cells": ["1"], "kernel": "ir"}, "kernel", ("/run_jupyter",)),
+            ({"cells": ["1"], "total_timeout": 1e6}, "total_timeout", ("/run_jupyter",)),
+            ({"cells": ["1"], "files": {"../x": "aGk="}}, "files", ("/run_jupyter",)),
+            ({"cells": ["1"], "files": {"a": "%%%"}}, "files.a", ("/run_jupyter",)),
         ]
         for body, field, paths in cases:
             for path in paths:

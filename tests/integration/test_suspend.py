@@ -17,9 +17,12 @@ from corral.runtimes.container import criu
 
 from ..framework import IMAGE, Node
 
+# The count is replaced, not rewritten in place: a read never sees the
+# file truncated and not yet written (which read as 0 and failed a test).
 COUNTER = (
     'python3 -c "\nimport os,time\nn=0\nwhile True:\n  n+=1\n'
-    "  open('/tmp/ticks','w').write(str(n))\n  print(n, flush=True)\n  time.sleep(0.05)\n\""
+    "  open('/tmp/ticks.new','w').write(str(n)); os.replace('/tmp/ticks.new', '/tmp/ticks')\n"
+    '  print(n, flush=True)\n  time.sleep(0.05)\n"'
 )
 
 
