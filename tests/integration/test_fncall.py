@@ -480,3 +480,18 @@ async def test_run_codes_memory_limit_is_the_calls(server: Server) -> None:
         body["memory_limit_MB"] = 1
         bad = await http.post("/run_code", json=body)
         assert bad.status_code == 400 and bad.json()["error"]["field"] == "memory_limit_MB"
+
+
+async def test_a_language_may_run_on_an_image_of_its_own(fresh_node: Node) -> None:
+    # A node's own table adds a language whose workers are the bare function
+    # image: no fncall-python toolkit, so no numpy there; the default
+    # python still has it.
+    fresh_node.config.data_dir.mkdir(parents=True, exist_ok=True)
+    (fresh_node.config.data_dir / "fncall-languages.toml").write_text(
+        '[python-bare]\nsource = "main.py"\nrun = ["python3", "main.py"]\n'
+        'image = "fncall:bookworm"\n'
+    )
+    async with fresh_node.client() as c:
+        code = "import importlib.util as u; print(u.find_spec('numpy') is not None)"
+        assert (await c.fncall.run("python-bare", code)).stdout == "False\n"
+        assert (await c.fncall.run("python", code)).stdout == "True\n"

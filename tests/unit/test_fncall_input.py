@@ -79,6 +79,8 @@ def test_shipped_languages_and_node_overrides(tmp_path: Path) -> None:
     extra.write_text('[lua]\nsource = "main.lua"\nrun = ["lua5.4", "main.lua"]\n')
     table = languages.load(languages.SHIPPED, extra)
     assert table["lua"].run == ("lua5.4", "main.lua") and "python" in table
+    extra.write_text('[c99]\nsource = "m.c"\nrun = ["./m"]\nimage = "gcc:13+tk:1,tk:2"\n')
+    assert languages.load(extra)["c99"].image == "gcc:13+tk:1,tk:2"
 
 
 @pytest.mark.parametrize(
@@ -93,6 +95,8 @@ def test_shipped_languages_and_node_overrides(tmp_path: Path) -> None:
         '[x]\nsource = "m"\nrun = ["a"]\nenv = ["NOEQUALS"]\n',
         '[x]\nsource = "m"\nrun = ["a"]\nprepare = []\n',
         '[x]\nunavailable = ""\n',
+        '[x]\nsource = "m"\nrun = ["a"]\nimage = "bad image!"\n',
+        '[x]\nsource = "m"\nrun = ["a"]\nimage = "base:1+"\n',
     ],
 )
 def test_bad_language_entries_are_refused(tmp_path: Path, body: str) -> None:

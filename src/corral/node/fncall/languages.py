@@ -7,6 +7,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.api.models_base import REF, REF_RULE
 from corral.errors import InvalidArgument
 
 SHIPPED = Path(__file__).with_name("languages.toml")
@@ -22,9 +23,20 @@ class Language:
     # Run in a worker after each reset, before a call takes it (a warm
     # Jupyter kernel): such a language has workers of its own.
     prepare: tuple[str, ...] | None = None
+    # The workers' image, IMAGE[+TOOLKIT,...], when not the node's default
+    # (NodeConfig.fncall_worker): a toolchain kept in an image of its own.
+    image: str | None = None
     # Why this node cannot run it (no toolchain to be had): a call in it is
     # refused with this, naming the language, instead of failing inside.
     unavailable: str | None = None
+
+
+def _image_ok(image: object) -> bool:
+    if not isinstance(image, str):
+        return False
+    base, plus, toolkit = image.partition("+")
+    refs = [base, *toolkit.split(",")] if plus else [base]
+    return all(REF.match(r) for r in refs)
 
 
 def _entry(name: str, raw: object, origin: Path) -> Language:
@@ -34,7 +46,7 @@ def _entry(name: str, raw: object, origin: Path) -> Language:
     if not isinstance(raw, dict):
         raise bad("must be a table")
     unknown = sorted(
-        set(raw) - {"source", "run", "compile", "prepare", "env", "aliases", "unavailable"}
+        set(raw) - {"source", "run", "compile", "prepare", "env", "image", "aliases", "unavailable"}
     )
     if unknown:
         raise bad(f"has no field {unknown[0]!r}")
@@ -59,7 +71,10 @@ def _entry(name: str, raw: object, origin: Path) -> Language:
     assert isinstance(run, list)
     compile_ = tuple(comp) if isinstance(comp, list) else None
     prepare = tuple(prep) if isinstance(prep, list) else None
-    return Language(name, source, tuple(run), compile_, tuple(env), prepare)
+    image = raw.get("image")
+    if image is not None and not _image_ok(image):
+        raise bad(f"image must be IMAGE[+TOOLKIT,...], each an image reference ({REF_RULE})")
+    return Language(name, source, tuple(run), compile_, tuple(env), prepare, image)
 
 
 def load(*files: Path) -> dict[str, Language]:

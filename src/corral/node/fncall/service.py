@@ -88,8 +88,9 @@ class FnCalls:
                 "(fncall_max_memory)",
                 req.memory,
             )
-        # A call that names its image gets that image alone.
-        image = req.image or self.config.fncall_worker
+        # A call that names its image gets that image alone; a language may
+        # name its own; the rest run on the node's default workers.
+        image = req.image or lang.image or self.config.fncall_worker
         base, _, toolkit = image.partition("+")
         self.images.digest_of(base, "image")  # a clear error before any worker
         for i, ref in enumerate(t for t in toolkit.split(",") if t):
