@@ -59,17 +59,21 @@ async def _build(store: ImageStore, data_dir: Path, progress: ProgressFn) -> Lay
             # The build trusts what this host trusts: behind a TLS-inspecting
             # proxy npm's downloads verify only with the host's CAs.
             # It lives in /tmp, which build.sh empties: the layer keeps none.
-            await sbx.files.write(CA_IN_SANDBOX, Path(HOST_CA).read_bytes())
+            # A host without the bundle: the image's own CAs, as npm ships them.
+            env: dict[str, str] = {}
+            if Path(HOST_CA).is_file():
+                await sbx.files.write(CA_IN_SANDBOX, Path(HOST_CA).read_bytes())
+                env = {
+                    "NODE_EXTRA_CA_CERTS": CA_IN_SANDBOX,
+                    "npm_config_cafile": CA_IN_SANDBOX,
+                    "SSL_CERT_FILE": CA_IN_SANDBOX,
+                }
             r = await sbx.commands.run(
                 ["bash", f"{HOME}/build.sh", *DEBIAN],
                 timeout=5400,
                 on_stdout=out,
                 on_stderr=out,
-                env={
-                    "NODE_EXTRA_CA_CERTS": CA_IN_SANDBOX,
-                    "npm_config_cafile": CA_IN_SANDBOX,
-                    "SSL_CERT_FILE": CA_IN_SANDBOX,
-                },
+                env=env,
             )
             if r.exit_code != 0:
                 raise Unavailable(f"the toolchains' build failed: {chr(10).join(lines)[-2000:]}")
