@@ -69,16 +69,34 @@ else
 fi
 
 # The OpenAI Agents SDK's E2B client, for its test (tests/integration/
-# test_openai_agents.py): a venv of its own, since it pins e2b 2.31.
+# test_openai_agents.py), and Corral's own provider for that SDK
+# (corral.integrations.openai_agents): a venv of its own, since it pins e2b 2.31.
 AGENTS="openai-agents[e2b]==0.24.0"
-if [ ! -x .venv-agents/bin/python ] || [ "$(cat "$STAMPS/venv-agents" 2>/dev/null)" != "$AGENTS" ]; then
+if [ ! -x .venv-agents/bin/python ] || [ "$(cat "$STAMPS/venv-agents" 2>/dev/null)" != "$AGENTS $want" ]; then
   say "venv: creating .venv-agents with $AGENTS"
   "$PY" -m venv .venv-agents
   .venv-agents/bin/pip install -q --upgrade pip
-  .venv-agents/bin/pip install -q "$AGENTS"
-  echo "$AGENTS" > "$STAMPS/venv-agents"
+  .venv-agents/bin/pip install -q "$AGENTS" -e .
+  echo "$AGENTS $want" > "$STAMPS/venv-agents"
 else
   say "venv: .venv-agents up to date"
+fi
+
+# The RL frameworks Corral's adapters are tested with (corral.integrations;
+# tests/integration/test_rl_adapters.py), from PyPI, in a venv of their own:
+# verl brings torch (CPU use only, but PyPI's build carries CUDA's libraries:
+# about 6 GiB), which Corral's own environment should not have to hold.
+# cachetools: verl 0.9.1's agent loop imports it without declaring it.
+RL="verl==0.9.1 skyrl-gym==0.4.0 gymnasium==1.4.0 cachetools"
+if [ ! -x .venv-rl/bin/python ] || [ "$(cat "$STAMPS/venv-rl" 2>/dev/null)" != "$RL $want" ]; then
+  say "venv: creating .venv-rl with $RL (torch included: a few minutes)"
+  "$PY" -m venv .venv-rl
+  .venv-rl/bin/pip install -q --upgrade pip
+  # shellcheck disable=SC2086
+  .venv-rl/bin/pip install -q $RL -e .
+  echo "$RL $want" > "$STAMPS/venv-rl"
+else
+  say "venv: .venv-rl up to date"
 fi
 
 # verl's SandboxFusion reward (tests/integration/test_verl_reward.py): its

@@ -53,6 +53,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("sdk",),
     ("server",),
     ("cluster",),
+    ("integrations",),
     ("rollout",),
     ("cli",),
 )
