@@ -138,7 +138,8 @@ class Step:
     reward: float | None = None
     ok: bool = True  # False: the action failed (bad action, non-zero exit, missing file)
     truncated: bool = False  # over because the step limit was reached, not submitted
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole step, as the adapter saw it
+    command_s: float = 0.0  # of which the command ran in the sandbox (its own clock)
 
 
 @dataclass
@@ -253,7 +254,8 @@ class AsyncEpisode:
                 stderr_limit=4 * limit,
             )
             text = r.stdout + (f"\n[stderr]\n{r.stderr}" if r.stderr else "")
-            return Step(clip(f"exit code {r.exit_code}\n{text}", limit), ok=r.exit_code == 0)
+            observation = clip(f"exit code {r.exit_code}\n{text}", limit)
+            return Step(observation, ok=r.exit_code == 0, command_s=r.duration)
         if isinstance(action, Read):
             data = await sbx.files.read(self._path(action.path))
             return Step(clip(data.decode(errors="replace"), limit))

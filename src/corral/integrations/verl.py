@@ -182,17 +182,21 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
         if key == instance_id:  # no trajectory id: the instance is the episode
             await self.end(key)
 
-    async def end(self, request_id: str) -> float:
+    async def end(self, request_id: str, *, forget: bool = False) -> float:
         """Close a trajectory's sandbox; its reward (graded now if it never
-        submitted)."""
+        submitted). A later call for it is answered "closed", unless
+        `forget`: the trajectory is over and its id may come again (verl's
+        deterministic ids, `det-<n>`, repeat across training steps)."""
         episode = self._episodes.pop(request_id, None)
         self._last_use.pop(request_id, None)
         if episode is None:
-            return self._ended.get(request_id, 0.0)
+            return self._ended.pop(request_id, 0.0) if forget else self._ended.get(request_id, 0.0)
         try:
             reward = await episode.reward()
         finally:
             await episode.close()
+        if forget:
+            return reward
         self._ended[request_id] = reward
         if len(self._ended) > 100_000:  # a long run's tombstones stay bounded
             for old in list(self._ended)[:50_000]:

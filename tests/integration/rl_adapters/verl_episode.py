@@ -37,9 +37,9 @@ def config(tmp: Path, **overrides: Any) -> Path:
     return path
 
 
-def loop_over(tools: list[Any]) -> ToolAgentLoop:
+def loop_over(tools: list[Any], cls: type[ToolAgentLoop] = ToolAgentLoop) -> ToolAgentLoop:
     # The loop's own tool dispatch, without a model server behind it.
-    loop = object.__new__(ToolAgentLoop)
+    loop = object.__new__(cls)
     loop.tools = {t.name: t for t in tools}
     loop.max_tool_response_length = 4096
     loop.tool_response_truncate_side = "middle"
@@ -106,6 +106,26 @@ async def main() -> list[float]:
             FunctionCall(name="sandbox", arguments='{"command": "ls"}'), {}, data
         )
         assert "was closed" in done[0].text, done[0].text  # stepped after close
+
+        # The agent loop's end of trajectory: registered under its name,
+        # it closes the trajectory's sandbox and grades it, even unsubmitted.
+        import hydra
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+        from corral.integrations import verl_loop
+
+        target = _agent_loop_registry[verl_loop.NAME]["_target_"]
+        assert hydra.utils.get_class(target) is verl_loop.CorralToolAgentLoop, target
+        agent = loop_over(tools, verl_loop.CorralToolAgentLoop)
+        for _ in range(2):  # deterministic ids repeat across training steps
+            rid = agent._make_request_id(0, True)
+            assert rid == "det-0", rid
+            for action in RIGHT[:3]:
+                call = FunctionCall(name="sandbox", arguments=json.dumps(action))
+                await agent._call_tool(call, {}, agent_data(rid))
+            assert sandbox.open_trajectories == 1
+            assert await agent.corral_end() == 1.0  # fixed, not submitted: graded at the end
+            assert sandbox.open_trajectories == 0
 
         # Stateless code execution through the same registry.
         code = FunctionCall(name="run_code", arguments=json.dumps({"code": "print(6*7)"}))
