@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd("doctor", node.doctor, "check what this host offers Corral")
 
     p = cmd("demo", node.demo, "the main job: a batch of agent rollouts on real projects")
+    p.add_argument("part", nargs="?", choices=["all", "rl"], default="all",
+                   help="rl: only the RL episodes through the gymnasium adapter")  # fmt: skip
     p.add_argument("--sandboxes", type=int, default=48)
 
     p = cmd("bench", node.bench, "run a benchmark from bench/")

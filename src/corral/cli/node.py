@@ -116,8 +116,10 @@ async def doctor(a: argparse.Namespace) -> int:
 
 
 async def demo(a: argparse.Namespace) -> int:
-    from corral.rollout.demo import run_demo
+    from corral.rollout.demo import run_demo, run_rl_demo
 
+    if a.part == "rl":
+        return await run_rl_demo(node_config(a), as_json=a.json)
     return await run_demo(node_config(a), sandboxes=a.sandboxes, as_json=a.json)
 
 

@@ -238,6 +238,7 @@ class AsyncEpisode:
         graded.observation = f"{step.observation}\n{graded.observation}"
         graded.ok = step.ok
         graded.truncated = True
+        graded.command_s += step.command_s
         return graded
 
     def _path(self, path: str) -> str:
@@ -273,28 +274,29 @@ class AsyncEpisode:
         return Step(f"edited {action.path}")
 
     async def _grade(self, why: str) -> Step:
-        reward, detail = await self._score()
-        return Step(f"{why}; reward {reward:g}\n{detail}".rstrip(), True, reward)
+        reward, detail, test_s = await self._score()
+        return Step(f"{why}; reward {reward:g}\n{detail}".rstrip(), True, reward, command_s=test_s)
 
-    async def _score(self) -> tuple[float, str]:
+    async def _score(self) -> tuple[float, str, float]:
+        """The reward, what the test said, and how long it ran."""
         if self._reward is not None:
-            return self._reward, ""
+            return self._reward, "", 0.0
         if self.sandbox is None or self.closed:
             self._reward = 0.0
-            return 0.0, "the sandbox was closed"
+            return 0.0, "the sandbox was closed", 0.0
         if self.spec.test is None:
             self._reward = 0.0
-            return 0.0, "the task has no test"
+            return 0.0, "the task has no test", 0.0
         try:
             r = await self.sandbox.commands.run(
                 self.spec.test, cwd=self.spec.workdir, timeout=max(self.spec.command_timeout, 600)
             )
         except CommandTimeout as exc:
             self._reward = 0.0
-            return 0.0, f"the test timed out: {exc.message}"
+            return 0.0, f"the test timed out: {exc.message}", 0.0
         self._reward = 1.0 if r.exit_code == 0 else 0.0
         tail = clip(r.stdout + r.stderr, 1000)
-        return self._reward, f"test exit code {r.exit_code}\n{tail}"
+        return self._reward, f"test exit code {r.exit_code}\n{tail}", r.duration
 
     async def reward(self) -> float:
         """Grade now if not yet graded (an episode cut short by its

@@ -27,11 +27,12 @@ from corral.errors import CorralError
 from corral.integrations.actions import from_text
 from corral.integrations.connect import blocking, shared_client
 from corral.integrations.episode import AsyncEpisode, EpisodeSpec
+from corral.sdk.client import AsyncClient
 
 ENV_ID = "corral/Sandbox-v0"
 
 
-class AnyText(gymnasium.spaces.Space[str]):  # type: ignore[misc]
+class AnyText(gymnasium.spaces.Space[str]):
     """Any string up to `max_length` characters: gymnasium's Text space
     insists on a charset, and a shell's output is any Unicode."""
 
@@ -57,7 +58,7 @@ def register() -> None:
         )
 
 
-class CorralEnv(gymnasium.Env):  # type: ignore[misc]
+class CorralEnv(gymnasium.Env[str, str]):
     metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(
@@ -67,13 +68,17 @@ class CorralEnv(gymnasium.Env):  # type: ignore[misc]
         url: str | None = None,
         api_key: str | None = None,
         prompt: str = "",
+        client: AsyncClient | None = None,
     ) -> None:
+        """`client`: a client of the caller's own (e.g. an embedded node
+        with its config), used on the adapters' loop; else one shared by
+        every environment of this process for `url` and `api_key`."""
         self.task = dict(task)
         self.prompt = prompt
         self.spec_ = EpisodeSpec.from_config(self.task, prefix="task.")
         self.observation_space = AnyText(self.spec_.observation_limit + 200)
         self.action_space = AnyText(1_000_000)
-        self._client = shared_client(url, api_key)
+        self._client = client or shared_client(url, api_key)
         self.episode: AsyncEpisode | None = None
 
     def reset(
@@ -97,7 +102,7 @@ class CorralEnv(gymnasium.Env):  # type: ignore[misc]
         if self.episode is None:
             return "error: call reset() first", 0.0, True, False, {}
         step = blocking(self.episode.act, from_text(action))
-        info = {"ok": step.ok, "corral_step_s": step.seconds}
+        info = {"ok": step.ok, "corral_step_s": step.seconds, "corral_command_s": step.command_s}
         if step.done:
             self._end()
         return (

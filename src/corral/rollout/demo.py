@@ -24,7 +24,7 @@ from corral.config import NodeConfig
 from corral.images.store import ImageStore
 from corral.progress import progress_bar
 from corral.rollout import demo_images as di
-from corral.rollout import humaneval, preempt
+from corral.rollout import humaneval, preempt, rl_demo
 from corral.sdk.client import AsyncClient
 from corral.sdk.sandbox import AsyncSandbox
 
@@ -128,6 +128,9 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
     if not as_json:
         console.print("[bold]preemption:[/bold] 16 rollouts of 20 steps; the trainer is killed")
     survived = await preempt.survive_on_a_server(config, rollouts=16, steps=20)
+    if not as_json:
+        console.print("[bold]RL episodes:[/bold] 32 at once through the gymnasium adapter")
+    rl = (await asyncio.to_thread(rl_demo.run, config, episodes=32)).doc()
 
     per_sandbox_mem = max(0, mem_before - mem_idle) / sandboxes
     creates = [r.create_s for r in rollouts]
@@ -175,7 +178,8 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
         "restart_s": survived.restart_s,
         "problems": survived.problems,
     }
-    ok = not failed and judged.all_correct and not survived.problems
+    doc["rl"] = rl
+    ok = not failed and judged.all_correct and not survived.problems and not rl["problems"]
     if as_json:
         print(json.dumps(doc))
         return 0 if ok else 1
@@ -272,4 +276,51 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
     console.print(pre)
     for line in survived.problems[:3]:
         console.print(f"[red]preemption[/red] {line}")
+    print_rl(console, rl)
     return 0 if ok else 1
+
+
+def print_rl(console: Console, rl: dict[str, Any]) -> None:
+    t = Table(title="RL episodes: a broken function fixed in 5 steps, the tests as reward (gym)")
+    for col in (
+        "episodes",
+        "honest rewarded",
+        "wrong rewarded",
+        "steps/s",
+        "episodes/s",
+        "overhead/step p50",
+        "p99",
+        "reset p50",
+        "wall",
+    ):
+        t.add_column(col, justify="right")
+    t.add_row(
+        str(rl["episodes"]),
+        f"{rl['honest_rewarded']}/{rl['honest']}",
+        f"{rl['wrong_rewarded']}/{rl['wrong']}",
+        f"{rl['steps_per_s']:.1f}",
+        f"{rl['episodes_per_s']:.2f}",
+        f"{rl['overhead_p50_ms']:.1f} ms",
+        f"{rl['overhead_p99_ms']:.1f} ms",
+        f"{rl['reset_p50_s']:.2f} s",
+        f"{rl['wall_s']:.1f} s",
+    )
+    console.print(t)
+    for line in rl["problems"][:3]:
+        console.print(f"[red]rl[/red] {line}")
+
+
+async def run_rl_demo(config: NodeConfig, *, as_json: bool = False) -> int:
+    """`corral demo rl`: the RL section alone."""
+    console = Console(width=120)
+    store = ImageStore(config.images_dir)
+    with progress_bar(disable=as_json) as progress:
+        await asyncio.to_thread(
+            di.ensure_all, store, config.data_dir / "cache" / "sdists", progress
+        )
+    rl = (await asyncio.to_thread(rl_demo.run, config, episodes=32)).doc()
+    if as_json:
+        print(json.dumps({"rl": rl}))
+    else:
+        print_rl(console, rl)
+    return 1 if rl["problems"] else 0
