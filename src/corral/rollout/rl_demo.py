@@ -191,13 +191,16 @@ def _pct(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
-def run(config: NodeConfig, *, episodes: int = 32) -> RlResult:
+def run(
+    config: NodeConfig | None, *, episodes: int = 32, client: AsyncClient | None = None
+) -> RlResult:
     """Run the episodes, all at once (one trainer thread each, as
-    gymnasium environments are stepped), on an embedded node."""
+    gymnasium environments are stepped), on an embedded node of `config`
+    or through `client`."""
     from corral.integrations import connect
     from corral.integrations.gym import CorralEnv
 
-    client = AsyncClient(config=config)
+    client = client or AsyncClient(config=config)
     t0 = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=episodes) as pool:
