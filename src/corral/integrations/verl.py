@@ -98,6 +98,7 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
             raise InvalidArgument(
                 "idle_release", "must be a positive number of seconds", self.idle_release
             )
+        self.task = rest
         self.spec = EpisodeSpec.from_config(rest)
         schema = tool_schema or OpenAIFunctionToolSchema.model_validate(self.schema())
         super().__init__(config, schema)
@@ -106,6 +107,7 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
         self._last_use: dict[str, float] = {}
         self._starting: dict[str, asyncio.Task[AsyncEpisode]] = {}
         self._by_instance: dict[str, str] = {}  # instance id -> its trajectory's key
+        self._create_kwargs: dict[str, dict[str, Any]] = {}  # instance id -> the row's task
         self._ended: dict[str, float] = {}  # trajectories over: their reward
         self._reaper: asyncio.Task[None] | None = None
 
@@ -128,16 +130,24 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
         return len(self._episodes)
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
-        return instance_id or uuid.uuid4().hex, ToolResponse()
+        """A new instance id. The dataset row's `create_kwargs` (its
+        extra_info.tools_kwargs.<tool>.create_kwargs: a workspace, a test,
+        setup commands, any field of the tool's config) are the task of the
+        trajectory whose sandbox this call starts."""
+        instance_id = instance_id or uuid.uuid4().hex
+        create_kwargs = kwargs.get("create_kwargs")
+        if create_kwargs:
+            self._create_kwargs[instance_id] = dict(create_kwargs)
+        return instance_id, ToolResponse()
 
-    async def _episode(self, key: str) -> AsyncEpisode:
+    async def _episode(self, key: str, row: dict[str, Any] | None) -> AsyncEpisode:
         found = self._episodes.get(key)
         if found is not None:
             return found
         # Single flight: a turn's concurrent calls start one sandbox.
         task = self._starting.get(key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._start(key))
+            task = asyncio.get_running_loop().create_task(self._start(key, row))
             self._starting[key] = task
         try:
             return await asyncio.shield(task)
@@ -145,8 +155,11 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
             if task.done():
                 self._starting.pop(key, None)
 
-    async def _start(self, key: str) -> AsyncEpisode:
-        episode = AsyncEpisode(self._corral(), self.spec, labels={"verl.request": key[:63]})
+    async def _start(self, key: str, row: dict[str, Any] | None) -> AsyncEpisode:
+        spec = self.spec
+        if row:
+            spec = EpisodeSpec.from_config({**self.task, **row}, prefix="create_kwargs.")
+        episode = AsyncEpisode(self._corral(), spec, labels={"verl.request": key[:63]})
         await episode.start()
         self._episodes[key] = episode
         return episode
@@ -160,8 +173,9 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
         if key in self._ended:
             return ToolResponse(text="error: this trajectory's sandbox was closed"), 0.0, {}
         self._last_use[key] = time.monotonic()
+        row = self._create_kwargs.pop(instance_id, None)
         try:
-            episode = await self._episode(key)
+            episode = await self._episode(key, row)
         except CorralError as exc:
             return ToolResponse(text=f"error: the sandbox could not start: {exc}"), 0.0, {}
         step = await episode.act(from_arguments(parameters))
@@ -178,6 +192,7 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
         return await episode.reward() if episode is not None else 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
+        self._create_kwargs.pop(instance_id, None)
         key = self._by_instance.pop(instance_id, instance_id)
         if key == instance_id:  # no trajectory id: the instance is the episode
             await self.end(key)

@@ -18,6 +18,7 @@ from pathlib import Path
 from agents import RunConfig, Runner
 from agents.sandbox import Manifest, SandboxAgent, SandboxRunConfig
 from agents.sandbox.entries import File
+from agents.sandbox.errors import ExecTransportError
 from agents.sandbox.snapshot import NoopSnapshotSpec
 from agents.testing import ScriptedModel, assistant_message, function_call
 from openai.types.responses import ResponseCustomToolCall
@@ -47,6 +48,7 @@ def outputs(model: ScriptedModel) -> list[str]:
 
 async def scripted_episode() -> list[float]:
     model = ScriptedModel([
+        [function_call("exec_command", "{not json", call_id="c0")],  # the model's mistake
         [function_call("exec_command", {"cmd": "python3 test_calc.py"}, call_id="c1")],
         [function_call("exec_command", {"cmd": "cat calc.py"}, call_id="c2")],
         [ResponseCustomToolCall(type="custom_tool_call", id="c3", call_id="c3",
@@ -65,10 +67,11 @@ async def scripted_episode() -> list[float]:
     model.assert_complete()
     out = outputs(model)
     assert result.final_output == "fixed", result.final_output
-    assert "AssertionError" in out[0], out[0]
-    assert "a - b" in out[1], out[1]
-    assert "Updated calc.py" in out[2] or "calc.py" in out[2], out[2]
-    assert "passed" in out[4], out[4]  # state kept: the patch, then result.txt
+    assert "Invalid tool arguments" in out[0], out[0]  # told, not crashed
+    assert "AssertionError" in out[1], out[1]
+    assert "a - b" in out[2], out[2]
+    assert "calc.py" in out[3], out[3]
+    assert "passed" in out[5], out[5]  # state kept: the patch, then result.txt
     await client.corral.aclose()
     return [wall]
 
@@ -94,6 +97,12 @@ async def pause_and_resume() -> None:
     r = await resumed.exec("kill -0 $(cat pid) && echo alive; cat note.txt")
     assert r.stdout == b"alive\nkept", r.stdout
     await other.delete(resumed)
+    try:  # a closed session's exec: a clear error of the SDK's own kind
+        await resumed.exec("ls")
+    except ExecTransportError as exc:
+        assert "closed" in str(exc.cause) or "not found" in str(exc.cause).lower(), exc.cause
+    else:
+        raise AssertionError("exec on a deleted session succeeded")
     # Resuming a sandbox that is gone makes a new one (the SDK refills it).
     gone = await other.resume(other.deserialize_session_state(state))
     assert gone.state.sandbox_id != state["sandbox_id"]

@@ -52,6 +52,13 @@ after = env.step("<bash>ls</bash>")
 assert after[2] and "over" in after[0], after
 env.close()
 
+# An image the node lacks: the first observation says why, the loop goes on.
+bad = gymnasium.make(corral_gym.ENV_ID, task={**TASK, "image": "no-such:image"}, url=URL)
+obs, info = bad.reset()
+assert obs.startswith("error: the sandbox could not start") and "no-such" in obs, obs
+assert bad.step("<bash>ls</bash>")[2], "a failed episode must end at its first step"
+bad.close()
+
 # A bad task is refused by field name when the env is made.
 try:
     gymnasium.make(corral_gym.ENV_ID, task={**TASK, "max_steps": 0}, url=URL)
