@@ -22,7 +22,13 @@ from ..framework.images import require_image
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "rl_adapters"
-VENVS = {"verl": ".venv-rl", "verl_run": ".venv-rl", "skyrl": ".venv-rl", "gym": ".venv-rl", "agents": ".venv-agents"}
+VENVS = {
+    "verl": ".venv-rl",
+    "verl_run": ".venv-rl",
+    "skyrl": ".venv-rl",
+    "gym": ".venv-rl",
+    "agents": ".venv-agents",
+}
 
 pytestmark = pytest.mark.slow
 
