@@ -115,6 +115,21 @@ async def main() -> list[float]:
         assert await agent.corral_end() == 1.0  # fixed, not submitted: graded at the end
         assert sandbox.open_trajectories == 0
 
+    # A trajectory that goes silent loses its sandbox after idle_release.
+    from corral.integrations.verl import CorralSandboxTool
+
+    idle = CorralSandboxTool({"type": "native", "idle_release": 1, **TASK})
+    quiet = loop_over([idle])
+    call = FunctionCall(name="sandbox", arguments='{"command": "true"}')
+    await quiet._call_tool(call, {}, agent_data("traj-quiet"))
+    assert idle.open_trajectories == 1
+    for _ in range(40):
+        await asyncio.sleep(0.25)
+        if idle.open_trajectories == 0:
+            break
+    assert idle.open_trajectories == 0, "the idle trajectory was not released"
+    await idle.aclose()
+
     # Stateless code execution through the same registry.
     code = FunctionCall(name="run_code", arguments=json.dumps({"code": "print(6*7)"}))
     out = (await loop._call_tool(code, {}, data))[0].text
