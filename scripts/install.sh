@@ -31,6 +31,8 @@ APT_PACKAGES=(
   gcc libc6-dev make        # the static platform helpers
   python3 python3-venv python3-dev
   ca-certificates curl tar
+  skopeo zstd               # OCI registries: their protocol (pulls), zstd layers
+  docker-registry           # a real registry for the tests, started by them on loopback
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -52,6 +54,13 @@ if ! command -v npm >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends npm
+fi
+
+# Debian's docker-registry starts a registry on :5000 wherever systemd runs;
+# Corral starts its own, on loopback, in the tests only.
+if [ -d /run/systemd/system ] && systemctl is-enabled -q docker-registry 2>/dev/null; then
+  say "docker-registry: disabling the packaged service (the tests start their own)"
+  systemctl disable --now docker-registry
 fi
 
 # --- Python virtual environment -------------------------------------------------

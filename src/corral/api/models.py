@@ -40,7 +40,9 @@ from corral.api.models_fncall import (
 )
 from corral.api.models_rollout import ROLLOUT_NAME, ROLLOUT_NAME_RULE, RolloutStep
 from corral.api.models_vm import DisplayInput, ForkRequest, SavedState, SaveRequest
+from corral.errors import InvalidArgument
 from corral.guard.policy import NetworkPolicy
+from corral.images.layer import RegistryRef
 from corral.units import parse_size
 
 __all__ = [
@@ -189,7 +191,19 @@ class CreateSandbox(StrictModel):
             raise ValueError(f"must be one of {', '.join(KINDS)}")
         return v
 
-    @field_validator("image", "workspace")
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        # An image may also be an OCI registry's (pulled on first use).
+        try:
+            remote = RegistryRef.parse(v)
+        except InvalidArgument as exc:
+            raise ValueError(exc.details.get("rule") or REF_RULE) from None
+        if remote is None and not REF.match(v):
+            raise ValueError(REF_RULE + ", or an OCI registry's like 'host[:port]/repo:tag'")
+        return v
+
+    @field_validator("workspace")
     @classmethod
     def _ref(cls, v: str | None) -> str | None:
         if v is not None and not REF.match(v):

@@ -143,6 +143,16 @@ async def image_pull(a: argparse.Namespace) -> int:
     from corral.images import registry
     from corral.images.objects import open_store, operator_key
 
+    if a.store is None:  # an OCI registry
+        from corral.images.pull import pull
+
+        with progress_bar(disable=a.json) as progress:
+            layer = await asyncio.to_thread(
+                pull, _store(a), a.ref, progress, authfile=a.authfile, platform=a.platform
+            )
+        layers = len(_store(a).chain(layer)) - 1
+        emit(a, _layer_doc(layer), f"pulled {a.ref} as {layer.names[0]}: {layers} layers")
+        return 0
     remote = open_store(a.store, operator_key())
     with progress_bar(disable=a.json) as progress:
         layer = await asyncio.to_thread(

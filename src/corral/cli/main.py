@@ -216,11 +216,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=images.image_push)
     p.add_argument("ref")
     p.add_argument("store", help="a directory, http(s)://host:port[/blobs] or s3://bucket/prefix")
-    p = isub.add_parser("pull", help="register a layer from a shared store (data loads lazily)")
+    p = isub.add_parser(
+        "pull",
+        help="pull an image from an OCI registry (REF only), or register a layer from a "
+        "shared store (REF STORE: data loads lazily)",
+    )
     p.set_defaults(handler=images.image_pull)
-    p.add_argument("ref")
-    p.add_argument("store")
-    p.add_argument("--eager", action="store_true", help="download all data now")
+    p.add_argument("ref", help="HOST[:PORT]/REPO[:TAG|@DIGEST], or a layer name:tag with STORE")
+    p.add_argument("store", nargs="?")
+    p.add_argument("--eager", action="store_true", help="download all data now (STORE)")
+    p.add_argument("--authfile", type=Path, help="docker login-style credentials (registry)")
+    p.add_argument("--platform", default="linux/amd64", help="of a manifest list (registry)")
     p = isub.add_parser("gc", help="drop untagged layers no sandbox uses, and orphan blobs")
     p.set_defaults(handler=images.image_gc)
 

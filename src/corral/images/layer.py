@@ -23,6 +23,11 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 LAYER_KINDS = ("base", "workspace", "toolkit", "layer")
+# The label of a layer that sits on its parent as part of one image (a
+# pulled image's layers), and the most layers such an image may have (an
+# overlay mount takes about 500 lower directories; a sandbox adds its own).
+STACK = "corral.stack"
+MAX_STACK = 128
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,9 @@ class Ref:
     def parse(cls, text: str, field: str = "image") -> Ref:
         if _DIGEST.match(text):
             return cls(None, None, text)
+        remote = RegistryRef.parse(text, field)
+        if remote is not None:  # held under its local name once pulled
+            return cls(remote.local_name, remote.local_tag, None)
         name, sep, tag = text.partition(":")
         tag = tag if sep else "latest"
         if not _NAME.match(name) or not _TAG.match(tag) or ".." in name or name == "sha256":
@@ -47,6 +55,72 @@ class Ref:
 
     def __str__(self) -> str:
         return self.digest or f"{self.name}:{self.tag}"
+
+
+_HOST = re.compile(
+    r"^(localhost|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+|[A-Za-z0-9.-]+:[0-9]{1,5}|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?)$"
+)
+_REPO = re.compile(r"^[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$")
+
+
+@dataclass(frozen=True)
+class RegistryRef:
+    """An image in an OCI registry: HOST[:PORT]/REPO[:TAG|@DIGEST]. A
+    reference names a registry when its first part is a host (it has a
+    dot or a port, or is localhost), as Docker reads it; `debian:bookworm`
+    stays a local name. Pulled, it is held under `local_name:local_tag`
+    (a colon is not allowed in a local name: HOST:PORT becomes HOST_PORT)."""
+
+    host: str
+    repo: str
+    tag: str | None
+    digest: str | None
+
+    @classmethod
+    def parse(cls, text: str, field: str = "image") -> RegistryRef | None:
+        first, slash, rest = text.partition("/")
+        if not slash or not _HOST.match(first):
+            return None
+        digest = None
+        if "@" in rest:
+            rest, _, digest = rest.partition("@")
+            if not _DIGEST.match(digest):
+                raise InvalidArgument(field, "must end in @sha256:<64 hex> after an @", text)
+        repo, sep, tag = rest.rpartition(":") if ":" in rest else (rest, "", "")
+        if not sep:
+            repo, tag = rest, ("" if digest else "latest")
+        if not _REPO.match(repo) or (tag and not _TAG.match(tag)) or len(repo) > 200:
+            raise InvalidArgument(
+                field, "must be a registry reference like 'host[:port]/repo[:tag|@sha256:...]'",
+                text,
+            )  # fmt: skip
+        return cls(first, repo, tag or None, digest)
+
+    @classmethod
+    def for_pull(cls, text: str) -> RegistryRef:
+        """What `pull` reads: a registry reference, or Docker Hub's
+        shorthand (`debian:bookworm` is docker.io/library/debian:bookworm)."""
+        found = cls.parse(text, "ref")
+        if found is not None:
+            return found
+        if "/" not in text.split(":")[0].split("@")[0]:
+            text = "library/" + text
+        found = cls.parse("docker.io/" + text, "ref")
+        assert found is not None
+        return found
+
+    @property
+    def local_name(self) -> str:
+        return f"{self.host.replace(':', '_').strip('[]')}/{self.repo}".lower()
+
+    @property
+    def local_tag(self) -> str:
+        if self.digest is not None:
+            return "sha256-" + self.digest[7:]
+        return self.tag or "latest"
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.repo}" + (f"@{self.digest}" if self.digest else f":{self.tag}")
 
 
 @dataclass(frozen=True)
@@ -78,18 +152,30 @@ class Layer:
 
     @staticmethod
     def content_digest(
-        meta_digest: str, blob_digest: str, chunk_size: int, config: ImageConfig
+        meta_digest: str,
+        blob_digest: str,
+        chunk_size: int,
+        config: ImageConfig,
+        stacked_on: str | None = None,
     ) -> str:
-        doc = json.dumps(
-            {
-                "meta": meta_digest,
-                "blob": blob_digest,
-                "chunk_size": chunk_size,
-                "config": asdict(config),
-            },
-            sort_keys=True,
-        )
+        """A layer's identity. A layer of a stack (STACK) is also what it
+        sits on: the same OCI layer over two different bases is two layers."""
+        fields: dict[str, Any] = {
+            "meta": meta_digest,
+            "blob": blob_digest,
+            "chunk_size": chunk_size,
+            "config": asdict(config),
+        }
+        if stacked_on is not None:
+            fields["stacked_on"] = stacked_on
+        doc = json.dumps(fields, sort_keys=True)
         return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
+
+    def expected_digest(self) -> str:
+        stacked_on = self.parent if self.labels.get(STACK) else None
+        return Layer.content_digest(
+            self.meta_digest, self.blob_digest, self.chunk_size, self.config, stacked_on
+        )
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

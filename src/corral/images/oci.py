@@ -121,8 +121,45 @@ def _apply_layer(tar: tarfile.TarFile) -> None:
         tar.extract(m, "/", numeric_owner=True, filter="fully_trusted")
 
 
-def apply_layers(staging: Path, layers: list[Path], progress: ProgressFn, label: str) -> None:
-    """Apply layer tarballs in a child process chrooted into staging."""
+def _as_upper(tar: tarfile.TarFile) -> None:
+    """Inside the chroot of an empty tree: the layer as an overlay upper
+    directory, so that it composes over the layers under it at mount time.
+    A whiteout becomes overlayfs's whiteout (a 0/0 character device), an
+    opaque marker its opaque directory (the trusted.overlay.opaque xattr)."""
+    for m in tar:
+        rel = m.name.lstrip("./").lstrip("/")
+        if not rel:
+            continue
+        parent, base = os.path.split("/" + rel)
+        if base == OPAQUE:
+            os.makedirs(parent, exist_ok=True)
+            os.setxattr(parent, "trusted.overlay.opaque", b"y")
+            continue
+        if base.startswith(WHITEOUT):
+            os.makedirs(parent, exist_ok=True)
+            target = os.path.join(parent, base[len(WHITEOUT) :])
+            _remove(target)
+            os.mknod(target, stat.S_IFCHR, os.makedev(0, 0))
+            continue
+        path = "/" + rel
+        try:
+            st = os.lstat(path)
+            if not (m.isdir() and stat.S_ISDIR(st.st_mode)):
+                _remove(path)  # the same path twice in one layer: the last wins
+        except FileNotFoundError:
+            pass
+        m.name = rel
+        if m.islnk():
+            m.linkname = m.linkname.lstrip("./").lstrip("/")
+        tar.extract(m, "/", numeric_owner=True, filter="fully_trusted")
+
+
+def apply_layers(
+    staging: Path, layers: list[Path], progress: ProgressFn, label: str, *, as_upper: bool = False
+) -> None:
+    """Apply layer tarballs in a child process chrooted into staging: one
+    over the other (squashed), or, `as_upper`, one layer as an overlay
+    upper directory."""
     files: list[IO[bytes]] = [open(p, "rb") for p in layers]  # noqa: SIM115
     r, w = os.pipe()
     pid = os.fork()
@@ -134,7 +171,7 @@ def apply_layers(staging: Path, layers: list[Path], progress: ProgressFn, label:
             os.chdir("/")
             for i, f in enumerate(files):
                 with tarfile.open(fileobj=f, mode="r:*") as tar:
-                    _apply_layer(tar)
+                    (_as_upper if as_upper else _apply_layer)(tar)
                 os.write(w, f"layer {i + 1}\n".encode())
         except BaseException as exc:
             os.write(w, f"error {type(exc).__name__}: {exc}\n".encode())

@@ -84,10 +84,7 @@ def pull(
     except NotFound:
         raise ImageNotFound(f"{ref} is not in {remote.url}", ref=ref) from None
     layer = Layer.from_json(doc)
-    if (
-        Layer.content_digest(layer.meta_digest, layer.blob_digest, layer.chunk_size, layer.config)
-        != layer.digest
-    ):
+    if layer.expected_digest() != layer.digest:
         raise ImageNotFound(f"{ref} in {remote.url}: manifest does not match its digest")
     local.put_manifest(layer)
     if eager:

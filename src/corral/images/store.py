@@ -10,6 +10,7 @@ either the old state or the new one, plus temporary files gc removes.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corral.errors import Conflict, ImageNotFound, InvalidArgument
-from corral.images.layer import LAYER_KINDS, ImageConfig, Layer, Ref
+from corral.images.layer import LAYER_KINDS, MAX_STACK, STACK, ImageConfig, Layer, Ref
 
 ProgressFn = Callable[[str, float, float | None], None]
 
@@ -102,7 +103,8 @@ class ImageStore:
         config = config or ImageConfig()
         meta_digest, _ = _hash_file(meta)
         blob_digest, chunk_digests = _hash_file(blob, chunk_size)
-        digest = Layer.content_digest(meta_digest, blob_digest, chunk_size, config)
+        stacked_on = parent if (labels or {}).get(STACK) else None
+        digest = Layer.content_digest(meta_digest, blob_digest, chunk_size, config, stacked_on)
         layer = Layer(
             digest=digest,
             kind=kind,
@@ -220,6 +222,17 @@ class ImageStore:
             raise Conflict(f"layer {digest} still has tags: {', '.join(self._names_of(digest))}")
         (self.layers / f"{digest.removeprefix('sha256:')}.json").unlink(missing_ok=True)
 
+    def chain(self, layer: Layer) -> builtins.list[Layer]:
+        """The layers an image is made of, bottom first: a pulled image is a
+        stack (each OCI layer one Corral layer, marked STACK, on its parent);
+        any other layer is one layer alone."""
+        out = [layer]
+        while out[0].labels.get(STACK) and out[0].parent:
+            out.insert(0, self.get(out[0].parent))
+            if len(out) > MAX_STACK:
+                raise InvalidArgument("image", f"must be at most {MAX_STACK} layers", layer.digest)
+        return out
+
     def find_by_label(self, key: str, value: str) -> Layer | None:
         for layer in self.list():
             if layer.labels.get(key) == value:
@@ -232,10 +245,16 @@ class ImageStore:
         tags = self._all_tags()
         removed = 0
         keep_blobs: set[str] = set()
+        keep = set(tags) | in_use
+        for digest in list(keep):  # a kept stack keeps the layers under it
+            try:
+                keep.update(layer.digest for layer in self.chain(self.get(digest)))
+            except (ImageNotFound, InvalidArgument):
+                pass
         for path in list(self.layers.glob("*.json")):
             digest = "sha256:" + path.stem
             doc = json.loads(path.read_text())
-            if digest in tags or digest in in_use:
+            if digest in keep:
                 keep_blobs.update((doc["meta_digest"], doc["blob_digest"]))
                 continue
             path.unlink()

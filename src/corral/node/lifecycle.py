@@ -11,6 +11,7 @@ recovery.py). The states and the changes between them are node/states.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import time
@@ -23,6 +24,7 @@ from corral.api.models import CreateSandbox, SandboxInfo
 from corral.config import NodeConfig
 from corral.errors import (
     CorralError,
+    ImageNotFound,
     InvalidArgument,
     SandboxClosed,
     SandboxFailed,
@@ -31,8 +33,9 @@ from corral.errors import (
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
 from corral.host.scratch import Scratch
-from corral.images.layer import Layer
+from corral.images.layer import STACK, Layer, RegistryRef
 from corral.images.mounter import LayerMounts
+from corral.images.pull import pull
 from corral.log import get_logger
 from corral.node import states
 from corral.node.activity import Activity
@@ -148,6 +151,7 @@ class Lifecycle:
         self.runtimes = runtimes
         self.layers = layers
         self.images = layers.store
+        self._pulls: dict[str, asyncio.Task[object]] = {}  # registry ref -> its pull
         self.scratch = scratch
         self.networks = networks
         self.audit = audit
@@ -166,8 +170,9 @@ class Lifecycle:
     # ---------------------------------------------------------------- create
 
     def _resolve_layers(self, req: CreateSandbox) -> list[Layer]:
-        """Base first, then workspace, then toolkits in the order given."""
-        layers = [self.images.resolve(req.image, "image")]
+        """Base first (a pulled image: all its layers, bottom first), then
+        workspace, then toolkits in the order given."""
+        layers = self.images.chain(self.images.resolve(req.image, "image"))
         if req.workspace:
             layers.append(self.images.resolve(req.workspace, "workspace"))
         layers += [self.images.resolve(t, f"toolkit[{i}]") for i, t in enumerate(req.toolkit)]
@@ -217,7 +222,7 @@ class Lifecycle:
             spec=req.model_dump(),
             layers=[layer.digest for layer in layers],
             image_env=image_env,
-            workdir="/workspace" if req.workspace else (layers[0].config.workdir or "/"),
+            workdir="/workspace" if req.workspace else (_image_workdir(layers) or "/"),
             created_at=now,
             expires_at=now + req.ttl if req.ttl else None,
             last_active=now,
@@ -226,9 +231,37 @@ class Lifecycle:
             image_user=next((x.config.user for x in reversed(layers) if x.config.user), None),
         )
 
+    async def _pulled(self, image: str) -> None:
+        """A registry reference this node lacks is pulled on first use:
+        once, however many creates ask for it at the same time."""
+        remote = RegistryRef.parse(image)
+        if remote is None:
+            return
+        try:
+            self.images.digest_of(image)
+            return
+        except ImageNotFound:
+            pass
+        key = str(remote)
+        task = self._pulls.get(key)
+        if task is None:
+            t0 = time.monotonic()
+
+            async def run() -> object:
+                layer = await asyncio.to_thread(pull, self.images, image, _quiet)
+                log.info("image.pulled", ref=key, digest=layer.digest,
+                         seconds=round(time.monotonic() - t0, 3))  # fmt: skip
+                return layer
+
+            task = asyncio.get_running_loop().create_task(run())
+            self._pulls[key] = task
+            task.add_done_callback(lambda _: self._pulls.pop(key, None))
+        await asyncio.shield(task)
+
     async def _create(self, req: CreateSandbox, state: Path | None) -> SandboxInfo:
         t0 = time.monotonic()
         runtime = self.runtime(req.kind)
+        await self._pulled(req.image)
         layers = self._resolve_layers(req)
         if req.network is not None:
             self.networks.network.check(req.network)
@@ -369,3 +402,14 @@ class Lifecycle:
         if self.store.transition(rec.id, [rec.state], "closing"):
             log.warning("sandbox.failed", sandbox=rec.id, reason=why)
             await self.release(rec.id, "failed", why)
+
+
+def _image_workdir(layers: list[Layer]) -> str | None:
+    """The image's working directory: its top's (a pulled image's config is
+    on the top layer of its stack, which comes first), or its one layer's."""
+    stack = list(itertools.takewhile(lambda x: bool(x.labels.get(STACK)), layers))
+    return (stack or layers[:1])[-1].config.workdir
+
+
+def _quiet(task: str, done: float, total: float | None) -> None:
+    pass  # a pull on first use shows no progress bar: it is logged when done

@@ -1,0 +1,114 @@
+"""A real OCI registry on loopback (Debian's docker-registry, the CNCF
+distribution registry) and OCI images made here, byte by byte, pushed to
+it with skopeo: what the registry tests pull."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .processes import free_port
+
+Files = dict[str, bytes | None]  # path -> content; None: a directory
+
+
+class Registry:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if shutil.which("docker-registry") is None or shutil.which("skopeo") is None:
+            pytest.fail("docker-registry or skopeo is missing: ./scripts/install.sh installs them")
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "config.yml"
+        config.write_text(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
+            f"    rootdirectory: {self.root / 'data'}\nhttp:\n  addr: {self.host}\n"
+            "  secret: corral-tests\n"
+        )
+        log = open(self.root / "registry.log", "ab")  # noqa: SIM115 (held while it runs)
+        self.proc = subprocess.Popen(["docker-registry", "serve", str(config)],
+                                     stdout=log, stderr=log)  # fmt: skip
+        for _ in range(100):
+            try:
+                if httpx.get(f"http://{self.host}/v2/").status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("docker-registry did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def push(self, layout: Path, name: str) -> None:
+        subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:img",
+                        f"docker://{self.host}/{name}"], check=True, capture_output=True)  # fmt: skip
+
+    def blob_file(self, digest: str) -> Path:
+        hexd = digest.removeprefix("sha256:")
+        return self.root / "data/docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
+
+
+def _layer(files: Files) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.mtime = 0
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                t.addfile(info)
+            else:
+                info.size, info.mode = len(data), 0o644
+                t.addfile(info, io.BytesIO(data))
+    return raw.getvalue()
+
+
+def oci_image(dest: Path, layers: list[Files], config: dict[str, Any]) -> dict[str, Any]:
+    """An OCI image layout at dest with these layers (gzip), bottom first;
+    the digests of what it holds."""
+    blobs = dest / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> tuple[str, int]:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return "sha256:" + digest, len(data)
+
+    descs, diff_ids = [], []
+    for files in layers:
+        raw = _layer(files)
+        diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
+        digest, size = put(gzip.compress(raw, mtime=0))
+        descs.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                      "digest": digest, "size": size})  # fmt: skip
+    cfg = {"architecture": "amd64", "os": "linux", "config": config,
+           "rootfs": {"type": "layers", "diff_ids": diff_ids}}  # fmt: skip
+    cfg_digest, cfg_size = put(json.dumps(cfg).encode())
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": cfg_digest, "size": cfg_size},
+                "layers": descs}  # fmt: skip
+    m_digest, m_size = put(json.dumps(manifest).encode())
+    index = {"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m_digest,
+        "size": m_size, "annotations": {"org.opencontainers.image.ref.name": "img"}}]}  # fmt: skip
+    (dest / "index.json").write_text(json.dumps(index))
+    (dest / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    return {"manifest": m_digest, "layers": [d["digest"] for d in descs], "diff_ids": diff_ids}

@@ -1,0 +1,150 @@
+"""Images from an OCI registry: a real one on loopback (Debian's
+docker-registry), images made here and pushed to it with skopeo, pulled by
+Corral (images/pull.py) into stacks of layers that sandboxes start from,
+and everything a bad pull can meet."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corral
+from corral.images.pull import pull
+from corral.images.store import ImageStore
+
+from ..framework import Node
+from ..framework.registry import Registry, oci_image
+
+BASE: list[dict[str, bytes | None]] = [
+    {"etc": None, "etc/a.txt": b"a\n", "etc/b.txt": b"b\n", "opq": None, "opq/old": b"x"},
+]
+TOP = {"etc": None, "etc/.wh.a.txt": b"", "opq": None, "opq/.wh..wh..opq": b"", "opq/new": b"y"}
+CONFIG = {"Env": ["PATH=/usr/bin:/bin", "HELLO=from-the-image"], "WorkingDir": "/etc"}
+
+
+def _quiet(task: str, done: float, total: float | None) -> None:
+    pass
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    reg = Registry(tmp_path / "registry")
+    reg.start()
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture
+def store(node: Node) -> Iterator[ImageStore]:
+    """The node's store; what a test pulled is dropped after it."""
+    images = ImageStore(node.config.images_dir)
+    before = {x.digest for x in images.list()}
+    yield images
+    for name in images.names():
+        if name.startswith("127.0.0.1_"):
+            images.untag(name)
+    for layer in images.list():
+        if layer.digest not in before:
+            images.remove(layer.digest)
+
+
+def push(registry: Registry, tmp: Path, name: str, layers: list[Any], config: Any) -> Any:
+    made = oci_image(tmp / name.replace("/", "_").replace(":", "_"), layers, config)
+    registry.push(tmp / name.replace("/", "_").replace(":", "_"), name)
+    return made
+
+
+async def test_a_pulled_image_is_a_stack_sandboxes_start_from(
+    node: Node, registry: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    push(registry, tmp_path, "team/app:1", [*BASE, TOP], CONFIG)
+    ref = f"{registry.host}/team/app:1"
+    top = await asyncio.to_thread(pull, store, ref, _quiet)
+    chain = store.chain(top)
+    assert len(chain) == 3  # two OCI layers and the config on top
+    assert top.names == [f"127.0.0.1_{registry.port}/team/app:1"]
+    async with node.client() as c:
+        sbx = await c.sandboxes.create(image=ref)
+        try:
+            # The top layer's whiteout and opaque directory hide the base's files.
+            assert not await sbx.files.exists("/etc/a.txt")
+            assert await sbx.files.read("/etc/b.txt") == b"b\n"
+            assert not await sbx.files.exists("/opq/old")
+            assert await sbx.files.read("/opq/new") == b"y"
+            r = await sbx.commands.run("echo $HELLO; pwd")
+            assert r.stdout == "from-the-image\n/etc\n", r
+        finally:
+            await sbx.close()
+
+
+async def test_images_sharing_layers_share_them_and_a_repull_fetches_nothing(
+    registry: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    push(registry, tmp_path, "team/app:1", [*BASE, TOP], CONFIG)
+    push(registry, tmp_path, "team/other:1", [*BASE, {"other": b"1"}], {"Env": []})
+    first = await asyncio.to_thread(pull, store, f"{registry.host}/team/app:1", _quiet)
+    count = len(store.list())
+    other = await asyncio.to_thread(pull, store, f"{registry.host}/team/other:1", _quiet)
+    assert len(store.list()) == count + 2  # its own top layer and config; the base is shared
+    assert store.chain(first)[0].digest == store.chain(other)[0].digest
+    again = await asyncio.to_thread(pull, store, f"{registry.host}/team/app:1", _quiet)
+    assert again.digest == first.digest and len(store.list()) == count + 2
+
+
+async def test_the_first_create_pulls_once_for_a_burst(
+    node: Node, registry: Registry, store: ImageStore, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    push(registry, tmp_path, "team/burst:1", [*BASE, TOP], CONFIG)
+    ref = f"{registry.host}/team/burst:1"
+    caplog.set_level(logging.INFO, logger="corral.node")
+    async with node.client() as c:
+        boxes = await c.sandboxes.create_many({"image": ref}, 6, concurrency=6)
+        try:
+            assert all(isinstance(b, corral.AsyncSandbox) for b in boxes), boxes
+        finally:
+            await asyncio.gather(*(b.close() for b in boxes if isinstance(b, corral.AsyncSandbox)))
+    pulls = [r for r in caplog.records if "image.pulled" in r.getMessage()]
+    assert len(pulls) == 1, [r.getMessage() for r in pulls]
+
+
+async def test_bad_pulls_are_clear_and_leave_nothing(
+    node: Node, registry: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    # Content of this test's own, so no cache (the node's OCI layout) holds it.
+    made = push(registry, tmp_path, "team/app:1", [*BASE, {**TOP, "id": os.urandom(16)}], CONFIG)
+    layers, names = len(store.list()), store.names()
+    tmp_before = set(os.listdir(store.tmp))
+
+    def attempt(ref: str) -> corral.CorralError:
+        with pytest.raises(corral.CorralError) as err:
+            pull(store, ref, _quiet)
+        return err.value
+
+    dead = attempt("127.0.0.1:9/team/app:1")  # nothing listens on port 9
+    assert isinstance(dead, corral.Unavailable) and "127.0.0.1:9" in dead.message, dead
+    missing = attempt(f"{registry.host}/team/app:nope")
+    assert isinstance(missing, corral.ImageNotFound), missing
+    wrong = attempt(f"{registry.host}/team/app@sha256:{'0' * 64}")
+    assert isinstance(wrong, corral.ImageNotFound), wrong
+    bad = attempt(f"{registry.host}/Team/App:1")
+    assert isinstance(bad, corral.InvalidArgument) and bad.details["field"] == "ref", bad
+    # A layer the registry serves truncated: its digest does not match.
+    blob = registry.blob_file(made["layers"][1])
+    blob.write_bytes(blob.read_bytes()[:20])
+    truncated = attempt(f"{registry.host}/team/app:1")
+    assert "digest" in truncated.message.lower() or "match" in str(truncated).lower(), truncated
+    assert len(store.list()) == layers and store.names() == names  # no partial layer or tag
+    assert set(os.listdir(store.tmp)) == tmp_before
+    async with node.client() as c:  # and a create says which image, by field
+        with pytest.raises(corral.ImageNotFound):
+            await c.sandboxes.create(image=f"{registry.host}/team/nothing:1")
+        with pytest.raises(corral.InvalidArgument) as err:
+            await c.sandboxes.create(image="127.0.0.1:5000/Bad Name:1")
+        assert err.value.details["field"] == "image"
