@@ -148,3 +148,47 @@ async def test_bad_pulls_are_clear_and_leave_nothing(
         with pytest.raises(corral.InvalidArgument) as err:
             await c.sandboxes.create(image="127.0.0.1:5000/Bad Name:1")
         assert err.value.details["field"] == "image"
+
+
+async def test_push_then_pull_round_trips_corral_and_pulled_images(
+    node: Node, registry: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    from corral.images.build import build_from_dir
+    from corral.images.layer import ImageConfig
+    from corral.images.push import push as push_image
+
+    tree = tmp_path / "tree"
+    (tree / "srv").mkdir(parents=True)
+    (tree / "srv" / "hello.txt").write_text("made in corral\n")
+    os.chmod(tree / "srv" / "hello.txt", 0o4755)  # modes survive the trip
+    made = build_from_dir(store, tree, tag="regtest-made:1",
+                          config=ImageConfig(env=["MADE=1"], workdir="/srv"))  # fmt: skip
+    try:
+        await asyncio.to_thread(push_image, store, "regtest-made:1",
+                                f"{registry.host}/corral/made:1", _quiet)  # fmt: skip
+        back = await asyncio.to_thread(pull, store, f"{registry.host}/corral/made:1", _quiet)
+        assert back.config.workdir == "/srv" and back.config.env == ["MADE=1"]
+        # A pulled image goes out as it came (its manifest, byte for byte).
+        push(registry, tmp_path, "team/app:1", [*BASE, TOP], CONFIG)
+        pulled = await asyncio.to_thread(pull, store, f"{registry.host}/team/app:1", _quiet)
+        await asyncio.to_thread(push_image, store, f"{registry.host}/team/app:1",
+                                f"{registry.host}/mirror/app:1", _quiet)  # fmt: skip
+        mirror = await asyncio.to_thread(pull, store, f"{registry.host}/mirror/app:1", _quiet)
+        assert mirror.labels["oci.manifest"] == pulled.labels["oci.manifest"]
+        assert [x.digest for x in store.chain(mirror)][:-1] == [
+            x.digest for x in store.chain(pulled)][:-1]  # fmt: skip
+        async with node.client() as c:
+            sbx = await c.sandboxes.create(image=f"{registry.host}/corral/made:1")
+            try:
+                assert await sbx.files.read("/srv/hello.txt") == b"made in corral\n"
+                assert (await sbx.files.stat("/srv/hello.txt")).mode & 0o7777 == 0o4755
+                r = await sbx.commands.run("echo $MADE; pwd")  # the platform's bash: no image shell
+                assert r.stdout == "1\n/srv\n", r
+            finally:
+                await sbx.close()
+        with pytest.raises(corral.InvalidArgument) as err:
+            push_image(store, "regtest-made:1", "/not/a/registry", _quiet)
+        assert err.value.details["field"] == "dest"
+    finally:
+        store.untag("regtest-made:1")
+        store.remove(made.digest)

@@ -130,7 +130,18 @@ async def _image_run(a: argparse.Namespace) -> int:
 
 async def image_push(a: argparse.Namespace) -> int:
     from corral.images import registry
+    from corral.images.layer import RegistryRef
     from corral.images.objects import open_store, operator_key
+
+    if RegistryRef.parse(a.store, "store") is not None:  # an OCI registry
+        from corral.images.push import push
+
+        with progress_bar(disable=a.json) as progress:
+            dest = await asyncio.to_thread(
+                push, _store(a), a.ref, a.store, progress, authfile=a.authfile
+            )
+        emit(a, {"ref": a.ref, "pushed": str(dest)}, f"pushed {a.ref} to {dest}")
+        return 0
 
     remote = open_store(a.store, operator_key())
     with progress_bar(disable=a.json) as progress:

@@ -212,10 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = isub.add_parser("rm", help="untag a layer (gc frees it)")
     p.set_defaults(handler=images.image_rm)
     p.add_argument("refs", nargs="+")
-    p = isub.add_parser("push", help="copy a layer to a shared store")
+    p = isub.add_parser("push", help="push an image to an OCI registry, or a layer to a store")
     p.set_defaults(handler=images.image_push)
     p.add_argument("ref")
-    p.add_argument("store", help="a directory, http(s)://host:port[/blobs] or s3://bucket/prefix")
+    p.add_argument("store", help="HOST[:PORT]/REPO:TAG (a registry), a directory, "
+                   "http(s)://host:port[/blobs] or s3://bucket/prefix")  # fmt: skip
+    p.add_argument("--authfile", type=Path, help="docker login-style credentials (registry)")
     p = isub.add_parser(
         "pull",
         help="pull an image from an OCI registry (REF only), or register a layer from a "

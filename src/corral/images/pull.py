@@ -50,13 +50,13 @@ IMAGE = "oci.image"
 _CHUNK = 1 << 20
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
     name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
     return name in ("localhost", "[::1]") or name.startswith("127.")
 
 
 @contextmanager
-def _locked(layout: Path) -> Iterator[None]:
+def locked_layout(layout: Path) -> Iterator[None]:
     # One skopeo at a time per layout: it rewrites index.json.
     layout.mkdir(parents=True, exist_ok=True)
     with open(layout / ".lock", "w") as f:
@@ -64,7 +64,7 @@ def _locked(layout: Path) -> Iterator[None]:
         yield
 
 
-def _skopeo_error(ref: RegistryRef, text: str) -> CorralError:
+def skopeo_error(ref: RegistryRef, text: str) -> CorralError:
     low = text.lower()
     tail = text.strip().splitlines()[-1][-400:] if text.strip() else "no output"
     if any(s in low for s in ("connection refused", "no such host", "i/o timeout", "dial tcp")):
@@ -85,7 +85,7 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
           platform: str, progress: ProgressFn) -> None:  # fmt: skip
     os_name, _, arch = platform.partition("/")
     argv = ["skopeo", "copy", "--override-os", os_name, "--override-arch", arch or "amd64"]
-    if _loopback(ref.host):
+    if loopback(ref.host):
         argv.append("--src-tls-verify=false")  # as Docker does for 127.0.0.0/8
     if authfile is not None:
         argv += ["--src-authfile", str(authfile)]
@@ -104,7 +104,7 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
             progress(label, blobs, None)
     err = proc.stderr.read()
     if proc.wait() != 0:
-        raise _skopeo_error(ref, err)
+        raise skopeo_error(ref, err)
 
 
 def _blob(layout: Path, digest: str) -> Path:
@@ -185,7 +185,7 @@ def pull(
     ref = RegistryRef.for_pull(text)
     layout = store.root / "oci"
     key = str(ref)
-    with _locked(layout):
+    with locked_layout(layout):
         _copy(ref, layout, key, authfile, platform, progress)
         manifest_digest, manifest, config = _manifest(layout, key)
     layers = manifest.get("layers") or []
