@@ -18,9 +18,11 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from corral import labels
 from corral.api.models_base import (
+    ENV_KEY,
     PATH_RULE,
     REF,
     REF_RULE,
+    USER,
     GiB,
     MiB,
     StrictModel,
@@ -305,6 +307,37 @@ class CommitRequest(StrictModel):
     tag: str
     kind: Literal["base", "workspace", "toolkit", "layer"] = "layer"
     labels: dict[str, str] = Field(default_factory=dict)
+    # stack: the layer is part of the sandbox's image, on top of it (an
+    # image of its own, as a Dockerfile step makes); the sandbox must then
+    # have no workspace or toolkit. env, workdir, user: the new image's
+    # config (a stack's top carries the whole image's).
+    stack: bool = False
+    env: list[str] = Field(default_factory=list)
+    workdir: str | None = None
+    user: str | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: list[str]) -> list[str]:
+        if len(v) > 1024:
+            raise ValueError("at most 1024 variables")
+        for item in v:
+            key, sep, _ = item.partition("=")
+            if not sep or not ENV_KEY.match(key) or "\x00" in item:
+                raise ValueError(f"each must be NAME=value with a shell name, not {item[:80]!r}")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        return None if v is None else check_path(v, "workdir")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not USER.match(v):
+            raise ValueError("must be a user name or uid[:gid]")
+        return v
 
     @field_validator("tag")
     @classmethod

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from corral.api.models import CommitRequest, LayerInfo
 from corral.config import NodeConfig
+from corral.errors import InvalidArgument
 from corral.host.scratch import Scratch
 from corral.images.build import build_from_dir
-from corral.images.layer import Layer
+from corral.images.layer import STACK, ImageConfig, Layer
 from corral.images.store import ImageStore
 from corral.log import get_logger
 from corral.node.admission import Admission
@@ -56,6 +57,12 @@ class Commits:
 
     async def commit(self, rec: SandboxRecord, req: CommitRequest) -> LayerInfo:
         sandbox_id = rec.id
+        if req.stack and (rec.spec.get("workspace") or rec.spec.get("toolkit")):
+            # The new layer sits on the image alone: a workspace or toolkit
+            # under it would silently drop out of the image it makes.
+            raise InvalidArgument(
+                "stack", "needs a sandbox with no workspace or toolkit", sandbox_id
+            )
         db = self.store
         snap = f".commit-{sandbox_id}-{secrets.token_hex(4)}"
         db.add_resource(sandbox_id, "subvolume", snap)  # recorded before made
@@ -70,14 +77,19 @@ class Commits:
                 src.mkdir(exist_ok=True)
                 wrap = [str(self.nsexec), "--view", str(path / "upper"), str(src),
                         f"{base} 0 {IDS}", "--"]  # fmt: skip
+            labels = {**req.labels, "corral.source": f"commit:{sandbox_id}"}
+            if req.stack:
+                labels[STACK] = "commit"
+            config = ImageConfig(env=list(req.env), workdir=req.workdir, user=req.user)
             layer = await asyncio.to_thread(
                 build_from_dir,
                 self.images,
                 src,
                 tag=req.tag,
                 kind=req.kind,
+                config=config,
                 parent=rec.layers[-1],
-                labels={**req.labels, "corral.source": f"commit:{sandbox_id}"},
+                labels=labels,
                 wrap=wrap,
                 measure=path / "upper",
             )

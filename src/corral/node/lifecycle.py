@@ -405,10 +405,12 @@ class Lifecycle:
 
 
 def _image_workdir(layers: list[Layer]) -> str | None:
-    """The image's working directory: its top's (a pulled image's config is
-    on the top layer of its stack, which comes first), or its one layer's."""
-    stack = list(itertools.takewhile(lambda x: bool(x.labels.get(STACK)), layers))
-    return (stack or layers[:1])[-1].config.workdir
+    """The image's working directory: the topmost one its layers set (a
+    pulled image's config is on the top of its stack, a built image's on
+    each step; layers come bottom first)."""
+    stack = list(itertools.takewhile(lambda x: bool(x.labels.get(STACK)), layers[1:]))
+    image = [layers[0], *stack]  # the bottom layer, then those that stack on it
+    return next((x.config.workdir for x in reversed(image) if x.config.workdir), None)
 
 
 def _quiet(task: str, done: float, total: float | None) -> None:

@@ -40,12 +40,27 @@ class AsyncSandbox:
         return self.info
 
     async def commit(
-        self, tag: str, *, kind: str = "layer", labels: dict[str, str] | None = None
+        self,
+        tag: str,
+        *,
+        kind: str = "layer",
+        labels: dict[str, str] | None = None,
+        stack: bool = False,
+        env: list[str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
     ) -> LayerInfo:
         """Save what this sandbox changed over its image as a new layer
         `tag` (kind: base, workspace, toolkit or layer); the sandbox runs on.
-        `labels` are the layer's own (not corral.*)."""
-        req = validated(CommitRequest, {"tag": tag, "kind": kind, "labels": labels or {}})
+        `labels` are the layer's own (not corral.*). With `stack`, the layer
+        is an image of its own: the sandbox's image with this layer on top
+        (the sandbox must have no workspace or toolkit), `env`, `workdir`
+        and `user` its config."""
+        req = validated(
+            CommitRequest,
+            {"tag": tag, "kind": kind, "labels": labels or {}, "stack": stack,
+             "env": env or [], "workdir": workdir, "user": user},
+        )  # fmt: skip
         return await self._service.commit(self.id, req)
 
     async def audit(self) -> AuditReport:

@@ -332,11 +332,27 @@ class Sandbox:
         *,
         kind: str = 'layer',
         labels: dict[str, str] | None = None,
+        stack: bool = False,
+        env: list[str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
     ) -> LayerInfo:
         """Save what this sandbox changed over its image as a new layer `tag` (kind: base,
         workspace, toolkit or layer); the sandbox runs on. `labels` are the layer's own (not
-        corral.*)."""
-        return self._portal.call(self._inner.commit, tag, kind=kind, labels=labels)
+        corral.*). With `stack`, the layer is an image of its own: the sandbox's image with this
+        layer on top (the sandbox must have no workspace or toolkit), `env`, `workdir` and
+        `user` its config."""
+        result = self._portal.call(
+            self._inner.commit,
+            tag,
+            kind=kind,
+            labels=labels,
+            stack=stack,
+            env=env,
+            workdir=workdir,
+            user=user,
+        )
+        return result
 
     @property
     def id(self) -> str:
