@@ -51,6 +51,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("node",),
     ("control",),
     ("sdk",),
+    ("build",),
     ("server",),
     ("cluster",),
     ("integrations",),

@@ -387,6 +387,7 @@ class AuditReport(BaseModel):
     log_quota_hits: int = 0
     egress_denied: int = 0
     dns_denied: int = 0  # queries refused: a name not allowed, or past the resolver's rate
+    dns_denied_names: dict[str, int] = Field(default_factory=dict)  # which (the first 32)
     dns_flooded: int = 0  # queries dropped in the kernel past the per-sandbox rate
     dns_rebinding: int = 0  # answers of allowed names pointing inside, dropped
     console_dropped_bytes: int = 0  # a VM guest's console beyond its cap, trimmed

@@ -7,6 +7,8 @@ import argparse
 import asyncio
 import json
 import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -43,6 +45,8 @@ async def image_build(a: argparse.Namespace) -> int:
     store = _store(a)
     if a.run:
         return await _image_run(a)
+    if a.file:
+        return await _image_dockerfile(a)
     with progress_bar(disable=a.json) as progress:
         if a.from_oci:
             from corral.images.oci import import_oci
@@ -95,6 +99,48 @@ async def image_build(a: argparse.Namespace) -> int:
         f"{a.ref} {layer.digest} "
         f"({format_size(layer.content_size)} content, {format_size(layer.meta_size)} metadata)",
     )
+    return 0
+
+
+async def _image_dockerfile(a: argparse.Namespace) -> int:
+    """`image build REF -f DOCKERFILE [CONTEXT]`, with a line per step."""
+    from corral.build.builder import Builder, Options
+
+    args = {}
+    for item in a.build_arg:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InvalidArgument("build_arg", "must be NAME=VALUE", item)
+        args[name] = value
+    if len(a.cmd) > 1:
+        raise InvalidArgument("context", "must be one directory", " ".join(a.cmd))
+    context = Path(a.cmd[0] if a.cmd else ".")
+    try:
+        text = a.file.read_text()
+    except OSError as exc:
+        raise InvalidArgument("file", "must be a readable Dockerfile", str(exc)) from None
+
+    def step(i: int, n: int, what: str) -> None:
+        if not a.json:
+            sys.stderr.write(f"step {i}/{n}: {what.splitlines()[0][:100]}\n")
+
+    def out(text: str) -> None:
+        if not a.json:
+            sys.stderr.write(text)
+
+    t0 = time.monotonic()
+    async with open_client(a) as client:
+        builder = Builder(client, context, Options(a.ref, build_args=args, no_cache=a.no_cache),
+                          on_step=step, on_output=out)  # fmt: skip
+        result = await builder.build(text)
+    cached = sum(s.cached for s in result.steps)
+    emit(
+        a,
+        {"image": result.image.model_dump(), "steps": [vars(s) for s in result.steps],
+         "seconds": time.monotonic() - t0},
+        f"built {a.ref} {result.image.digest[:19]}: {len(result.steps)} layer steps, "
+        f"{cached} from cache, {time.monotonic() - t0:.1f} s",
+    )  # fmt: skip
     return 0
 
 

@@ -193,12 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--run", metavar="BASE", help="start a sandbox on BASE, run CMD, keep what it changed"
     )
+    src.add_argument(
+        "-f", "--file", type=Path, metavar="DOCKERFILE",
+        help="build a Dockerfile, each step in a sandbox: image build REF -f DOCKERFILE [CONTEXT]",
+    )  # fmt: skip
+    p.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--no-cache", action="store_true", help="with -f: run every step again")
     p.add_argument("--packages", default="", help="with --debootstrap: p1,p2")
     p.add_argument("--kind", default=None, choices=["base", "workspace", "toolkit", "layer"])
     p.add_argument("--workspace", help="with --run: workspace layer of the build sandbox")
     p.add_argument("--toolkit", action="append", help="with --run: toolkit layers")
     p.add_argument("--timeout", type=float, default=3600, help="with --run: seconds for CMD")
-    p.add_argument("cmd", nargs="*", help="with --run: -- CMD ...")
+    p.add_argument("cmd", nargs="*", help="with --run: -- CMD ...; with -f: the CONTEXT (.)")
     p = isub.add_parser("import", help="import a root file system tarball")
     p.set_defaults(handler=images.image_import)
     p.add_argument("tarball", type=Path)
@@ -249,7 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, tail = argv[:cut], argv[cut + 1 :]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `image build REF -f DOCKERFILE CONTEXT`: the context comes after the
+    # options, where argparse has no positional left to give it.
+    if extra and getattr(args, "file", None) is not None and not extra[0].startswith("-"):
+        args.cmd, extra = [*(args.cmd or []), extra[0]], extra[1:]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if hasattr(args, "cmd"):
         args.cmd = (args.cmd or []) + tail
     try:

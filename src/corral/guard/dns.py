@@ -33,6 +33,10 @@ log = get_logger("corral.dns")
 RATE = 50  # queries per second per sandbox that reach the parser
 
 
+NAMES_KEPT = 32
+DENIED_NAME = "dns_denied_name:"  # an audit key: the name after it, its count as value
+
+
 def name_allowed(name: str, allowed: list[str]) -> bool:
     name = name.lower().rstrip(".")
     for pattern in allowed:
@@ -96,6 +100,10 @@ class Resolver(asyncio.DatagramProtocol):
         self.buckets: dict[int, _Bucket] = {}
         # (network block, audit key) -> refusals since the last flush.
         self.tally: dict[tuple[int, str], int] = {}
+        # The names each sandbox was refused, for its audit (what a build
+        # step or an agent tried to reach): the first NAMES_KEPT only, so a
+        # sandbox asking for random names cannot grow the store.
+        self.names: dict[str, set[str]] = {}
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -149,9 +157,15 @@ class Resolver(asyncio.DatagramProtocol):
         if who is None:
             self._refused(query, addr)
             return
-        _sandbox_id, policy = who
+        sandbox_id, policy = who
         if not name_allowed(qname, self.allowed_names(policy)):
             self._refuse(index, "dns_denied")
+            if sandbox_id not in self.names and len(self.names) >= 4096:
+                del self.names[next(iter(self.names))]  # the oldest sandbox's: bounded
+            kept = self.names.setdefault(sandbox_id, set())
+            if qname in kept or len(kept) < NAMES_KEPT:
+                kept.add(qname)
+                self._refuse(index, DENIED_NAME + qname[:253])
             self._refused(query, addr)
             return
         if qname in self.hosts:

@@ -18,6 +18,7 @@ from typing import Any
 
 from corral.api.models import AuditReport, ExecExit, ExecRequest, LogLine, Usage
 from corral.config import NodeConfig
+from corral.guard.dns import DENIED_NAME
 from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon, syscall_class
 from corral.host.cgroups import Cgroups
@@ -120,6 +121,8 @@ class Audit:
         for key, value in counters.items():
             if key in AuditReport.model_fields:
                 setattr(report, key, value)
+            elif key.startswith(DENIED_NAME):
+                report.dns_denied_names[key[len(DENIED_NAME) :]] = value
         if rec.state == "running":
             report.oom_kills += self.cgroups.oom_kills(sandbox_id)
             report.pids_limit_hits += self.cgroups.pids_limit_hits(sandbox_id)

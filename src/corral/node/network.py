@@ -11,7 +11,7 @@ from corral.api.models import NetworkPolicy
 from corral.config import NodeConfig
 from corral.errors import CorralError, InvalidArgument
 from corral.execd.client import ExecdClient
-from corral.guard.dns import Resolver, upstream_from_resolv_conf
+from corral.guard.dns import DENIED_NAME, Resolver, upstream_from_resolv_conf
 from corral.guard.network import NodeNetwork
 from corral.log import get_logger
 from corral.node.store import SandboxRecord, Store
@@ -153,7 +153,9 @@ class SandboxNetworks:
         if self._protocol is None or self.store.closed:
             return
         for sandbox_id, counts in self._protocol.flush().items():
-            log.info("dns.refused", sandbox=sandbox_id, **counts)
+            names = sorted(k[len(DENIED_NAME) :] for k in counts if k.startswith(DENIED_NAME))
+            counts = {k: n for k, n in counts.items() if not k.startswith(DENIED_NAME)}
+            log.info("dns.refused", sandbox=sandbox_id, names=names, **counts)
 
     async def start_resolver(self) -> None:
         """The node's DNS for sandboxes (run by the leader agent)."""
