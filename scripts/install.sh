@@ -108,6 +108,23 @@ else
   say "venv: .venv-rl up to date"
 fi
 
+# harbor (its terminal-bench tasks on Corral: tests/integration/test_harbor.py)
+# needs Python 3.12, which Debian 12 does not ship: its venv is made where
+# a python3.12 is found, and its test says so where none is.
+HARBOR="harbor==0.26.0"
+PY312=$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)
+if [ -n "$PY312" ] && { [ ! -x .venv-harbor/bin/python ] || [ "$(cat "$STAMPS/venv-harbor" 2>/dev/null)" != "$HARBOR $want" ]; }; then
+  say "venv: creating .venv-harbor with $HARBOR ($PY312)"
+  "$PY312" -m venv .venv-harbor
+  .venv-harbor/bin/pip install -q --upgrade pip
+  .venv-harbor/bin/pip install -q "$HARBOR" -e .
+  echo "$HARBOR $want" > "$STAMPS/venv-harbor"
+elif [ -z "$PY312" ]; then
+  say "venv: no python3.12 on this machine: harbor's test will say so"
+else
+  say "venv: .venv-harbor up to date"
+fi
+
 # verl's SandboxFusion reward (tests/integration/test_verl_reward.py): its
 # wheel alone. The test loads that module from it; verl's own package
 # imports torch, which no test here needs.

@@ -52,6 +52,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("control",),
     ("sdk",),
     ("build",),
+    ("tasks",),
     ("server",),
     ("cluster",),
     ("integrations",),

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from corral.cli import cluster, images, node, sandboxes
+from corral.cli import cluster, images, node, sandboxes, tasks
 from corral.cli.args import add_sandbox_args
 from corral.errors import CorralError
 from corral.log import configure
@@ -169,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd("bench", node.bench, "run a benchmark from bench/")
     p.add_argument("name", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
+
+    tsk = cmd("tasks", None, "run tasks in harbor's (terminal-bench's) format")
+    tsub = tsk.add_subparsers(dest="tasks_command", required=True)
+    p = tsub.add_parser("run", help="run a task directory, or a directory of tasks")
+    p.set_defaults(handler=tasks.tasks_run)
+    p.add_argument("path", type=Path)
+    p.add_argument("--agent", choices=["oracle", "nop"], default="oracle")
+    p.add_argument("--agent-cmd", help="instead: an agent that is this command in the sandbox")
+    p.add_argument("-n", "--concurrency", type=int, default=8)
+    p.add_argument("-k", "--attempts", type=int, default=1, help="trials per task")
 
     img = cmd("image", None, "build and manage image layers")
     isub = img.add_subparsers(dest="image_command", required=True)

@@ -1,0 +1,1 @@
+"""Tasks in harbor's (terminal-bench's) format, run on Corral."""

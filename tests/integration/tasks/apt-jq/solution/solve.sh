@@ -1,0 +1,2 @@
+#!/bin/bash
+jq -r .name /app/pkg.json > /app/name.txt

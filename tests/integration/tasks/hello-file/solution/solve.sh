@@ -1,0 +1,2 @@
+#!/bin/bash
+printf "Hello, world!\n" > /app/hello.txt
