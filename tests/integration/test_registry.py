@@ -192,3 +192,21 @@ async def test_push_then_pull_round_trips_corral_and_pulled_images(
     finally:
         store.untag("regtest-made:1")
         store.remove(made.digest)
+
+
+async def test_a_stack_goes_through_a_blob_store_whole_and_lazily(
+    registry: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    from corral.images import registry as blobs
+    from corral.images.objects import open_store, operator_key
+
+    push(registry, tmp_path, "team/app:1", [*BASE, TOP], CONFIG)
+    top = await asyncio.to_thread(pull, store, f"{registry.host}/team/app:1", _quiet)
+    remote = open_store(str(tmp_path / "blobstore"), operator_key())
+    await asyncio.to_thread(blobs.push, store, f"{registry.host}/team/app:1", remote, _quiet)
+    other = ImageStore(tmp_path / "other-node")
+    got = await asyncio.to_thread(blobs.pull, other, f"{registry.host}/team/app:1", remote, _quiet)
+    assert [x.digest for x in other.chain(got)] == [x.digest for x in store.chain(top)]
+    # Lazily: the manifests are here, the data stays in the store until read.
+    assert all(not other.has_blob(x.blob_digest) for x in other.chain(got) if x.blob_size)
+    assert all(other.origin(x.digest) for x in other.chain(got) if x.blob_size)

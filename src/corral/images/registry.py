@@ -12,7 +12,7 @@ import json
 import os
 
 from corral.errors import ImageNotFound, NotFound
-from corral.images.layer import Layer, Ref
+from corral.images.layer import MAX_STACK, STACK, Layer, Ref
 from corral.images.objects import ObjectStore
 from corral.images.store import ImageStore, ProgressFn
 
@@ -22,9 +22,11 @@ def _hex(digest: str) -> str:
 
 
 def push(local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn) -> Layer:
-    layer = local.resolve(ref)
+    """Copy a layer (an image stack: every layer of it) to the store."""
+    top = local.resolve(ref)
+    chain = local.chain(top)
     label = f"push {ref}"
-    parts = [layer.meta_digest, layer.blob_digest]
+    parts = [d for layer in chain for d in (layer.meta_digest, layer.blob_digest)]
     for i, digest in enumerate(parts):
         progress(label, i, len(parts) + 1)
         key = f"blobs/sha256/{_hex(digest)}"
@@ -36,12 +38,13 @@ def push(local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn)
                     "push from a node that built it"
                 )
             remote.put_file(key, path)
-    remote.put_bytes(f"layers/{_hex(layer.digest)}.json", json.dumps(layer.to_json()).encode())
+    for layer in chain:  # bottom first: a reader never finds a top without its base
+        remote.put_bytes(f"layers/{_hex(layer.digest)}.json", json.dumps(layer.to_json()).encode())
     parsed = Ref.parse(ref)
     if parsed.name:
-        remote.put_bytes(f"tags/{parsed.name}/{parsed.tag}", layer.digest.encode())
+        remote.put_bytes(f"tags/{parsed.name}/{parsed.tag}", top.digest.encode())
     progress(label, len(parts) + 1, len(parts) + 1)
-    return layer
+    return top
 
 
 def _download(
@@ -83,16 +86,27 @@ def pull(
         doc = json.loads(remote.get(f"layers/{_hex(digest)}.json"))
     except NotFound:
         raise ImageNotFound(f"{ref} is not in {remote.url}", ref=ref) from None
-    layer = Layer.from_json(doc)
-    if layer.expected_digest() != layer.digest:
-        raise ImageNotFound(f"{ref} in {remote.url}: manifest does not match its digest")
-    local.put_manifest(layer)
-    if eager:
-        _download(local, remote, layer.meta_digest, progress, f"download {ref} metadata")
-        _download(local, remote, layer.blob_digest, progress, f"download {ref} data")
-    if not local.blob_path(layer.blob_digest).exists():
-        local.set_origin(layer.digest, remote.url)
+    top = Layer.from_json(doc)
+    chain = [top]
+    while chain[0].labels.get(STACK) and chain[0].parent:  # an image stack: all of it
+        if len(chain) > MAX_STACK:
+            raise ImageNotFound(f"{ref} in {remote.url}: a stack of more than {MAX_STACK}")
+        try:
+            parent = json.loads(remote.get(f"layers/{_hex(chain[0].parent)}.json"))
+        except NotFound:
+            raise ImageNotFound(f"{ref} in {remote.url}: a layer under it is missing") from None
+        chain.insert(0, Layer.from_json(parent))
+    for layer in chain:
+        if layer.expected_digest() != layer.digest:
+            raise ImageNotFound(f"{ref} in {remote.url}: manifest does not match its digest")
+    for layer in chain:  # bottom first, as they are used
+        local.put_manifest(layer)
+        if eager:
+            _download(local, remote, layer.meta_digest, progress, f"download {ref} metadata")
+            _download(local, remote, layer.blob_digest, progress, f"download {ref} data")
+        if not local.blob_path(layer.blob_digest).exists():
+            local.set_origin(layer.digest, remote.url)
     if parsed.name:
-        local.tag(layer.digest, f"{parsed.name}:{parsed.tag}")
+        local.tag(top.digest, f"{parsed.name}:{parsed.tag}")
     progress(label, 2, 2)
-    return local.get(layer.digest)
+    return local.get(top.digest)
