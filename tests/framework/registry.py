@@ -23,12 +23,27 @@ from .processes import free_port
 Files = dict[str, bytes | None]  # path -> content; None: a directory
 
 
+# bcrypt of "corral-test" (docker-registry's htpasswd wants bcrypt).
+HTPASSWD = "corral:$2b$05$ehoz57341ir.wwj3gHXNCuLlLLNHrr99KmCQQx6EosuzM68hmdRi6"
+USER, PASSWORD = "corral", "corral-test"
+
+
 class Registry:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, auth: bool = False) -> None:
         self.root = root
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
+        self.auth = auth
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def authfile(self, password: str = PASSWORD) -> Path:
+        """A docker login-style credentials file for this registry."""
+        import base64
+
+        path = self.root / f"auth-{password}.json"
+        token = base64.b64encode(f"{USER}:{password}".encode()).decode()
+        path.write_text(json.dumps({"auths": {self.host: {"auth": token}}}))
+        return path
 
     def start(self) -> None:
         if shutil.which("docker-registry") is None or shutil.which("skopeo") is None:
@@ -40,12 +55,17 @@ class Registry:
             f"    rootdirectory: {self.root / 'data'}\nhttp:\n  addr: {self.host}\n"
             "  secret: corral-tests\n"
         )
+        if self.auth:
+            (self.root / "htpasswd").write_text(HTPASSWD + "\n")
+            with open(config, "a") as f:
+                f.write(f"auth:\n  htpasswd:\n    realm: corral\n"
+                        f"    path: {self.root / 'htpasswd'}\n")  # fmt: skip
         log = open(self.root / "registry.log", "ab")  # noqa: SIM115 (held while it runs)
         self.proc = subprocess.Popen(["docker-registry", "serve", str(config)],
                                      stdout=log, stderr=log)  # fmt: skip
         for _ in range(100):
             try:
-                if httpx.get(f"http://{self.host}/v2/").status_code == 200:
+                if httpx.get(f"http://{self.host}/v2/").status_code in (200, 401):
                     return
             except httpx.TransportError:
                 time.sleep(0.05)
@@ -56,9 +76,11 @@ class Registry:
             self.proc.terminate()
             self.proc.wait(10)
 
-    def push(self, layout: Path, name: str) -> None:
-        subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:img",
-                        f"docker://{self.host}/{name}"], check=True, capture_output=True)  # fmt: skip
+    def push(self, layout: Path, name: str, *options: str) -> None:
+        creds = ["--dest-creds", f"{USER}:{PASSWORD}"] if self.auth else []
+        subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", *creds, *options,
+                        f"oci:{layout}:img", f"docker://{self.host}/{name}"], check=True,
+                       capture_output=True)  # fmt: skip
 
     def blob_file(self, digest: str) -> Path:
         hexd = digest.removeprefix("sha256:")
@@ -80,11 +102,39 @@ def _layer(files: Files) -> bytes:
     return raw.getvalue()
 
 
-def oci_image(dest: Path, layers: list[Files], config: dict[str, Any]) -> dict[str, Any]:
+def oci_image(
+    dest: Path,
+    layers: list[Files],
+    config: dict[str, Any],
+    *,
+    platforms: dict[str, list[Files]] | None = None,
+) -> dict[str, Any]:
     """An OCI image layout at dest with these layers (gzip), bottom first;
-    the digests of what it holds."""
+    the digests of what it holds. With `platforms` (arch -> extra top
+    layer), an image index of one manifest per platform."""
     blobs = dest / "blobs" / "sha256"
     blobs.mkdir(parents=True)
+    if platforms:
+        entries = []
+        for arch, extra in platforms.items():
+            sub = oci_image(dest / f"_{arch}", [*layers, *extra], {**config, "arch": arch})
+            for blob in (dest / f"_{arch}" / "blobs" / "sha256").iterdir():
+                shutil.copy(blob, blobs / blob.name)
+            entries.append({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                            "digest": sub["manifest"], "size": sub["manifest_size"],
+                            "platform": {"architecture": arch, "os": "linux"}})  # fmt: skip
+            shutil.rmtree(dest / f"_{arch}")
+        index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                 "manifests": entries}  # fmt: skip
+        data = json.dumps(index).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        top = {"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.index.v1+json", "digest": "sha256:" + digest,
+            "size": len(data), "annotations": {"org.opencontainers.image.ref.name": "img"}}]}  # fmt: skip
+        (dest / "index.json").write_text(json.dumps(top))
+        (dest / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+        return {"index": "sha256:" + digest}
 
     def put(data: bytes) -> tuple[str, int]:
         digest = hashlib.sha256(data).hexdigest()
@@ -105,10 +155,16 @@ def oci_image(dest: Path, layers: list[Files], config: dict[str, Any]) -> dict[s
                 "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                            "digest": cfg_digest, "size": cfg_size},
                 "layers": descs}  # fmt: skip
+    arch = cfg["config"].pop("arch", "amd64")
+    cfg["architecture"] = arch
+    cfg_digest, cfg_size = put(json.dumps(cfg).encode())
+    manifest["config"] = {"mediaType": "application/vnd.oci.image.config.v1+json",
+                          "digest": cfg_digest, "size": cfg_size}  # fmt: skip
     m_digest, m_size = put(json.dumps(manifest).encode())
     index = {"schemaVersion": 2, "manifests": [{
         "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m_digest,
         "size": m_size, "annotations": {"org.opencontainers.image.ref.name": "img"}}]}  # fmt: skip
     (dest / "index.json").write_text(json.dumps(index))
     (dest / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    return {"manifest": m_digest, "layers": [d["digest"] for d in descs], "diff_ids": diff_ids}
+    return {"manifest": m_digest, "manifest_size": m_size, "layers": [d["digest"] for d in descs],
+            "diff_ids": diff_ids}  # fmt: skip

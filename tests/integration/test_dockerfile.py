@@ -4,6 +4,7 @@ network policy; and the Dockerfiles that must be refused."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +73,15 @@ async def test_a_dockerfile_builds_step_by_step_in_sandboxes(node: Node, tmp_pat
 
 async def test_a_rebuild_runs_only_what_follows_a_change(node: Node, tmp_path: Path) -> None:
     require_image("debian-python:bookworm")
+    # This run's own content: the node's build cache outlives test runs.
     ctx = context(tmp_path, DOCKERFILE.replace("hello from app", "x"))
+    (ctx / "app" / "seed.txt").write_text(os.urandom(8).hex())
     async with node.client() as c:
         first = await build(c, ctx, "df-cache:1")
         again = await build(c, ctx, "df-cache:1")
         assert all(s.cached for s in again.steps), again.steps
         assert [s.digest for s in again.steps] == [s.digest for s in first.steps]
-        (ctx / "app" / "main.py").write_text('print("changed")\n')
+        (ctx / "app" / "main.py").write_text(f'print("changed {os.urandom(4).hex()}")\n')
         changed = await build(c, ctx, "df-cache:2")
         assert [(s.line, s.cached) for s in changed.steps] == [
             (2, True), (8, False), (9, False), (10, False), (11, False)]  # fmt: skip
@@ -124,3 +127,35 @@ async def test_a_bad_dockerfile_is_refused_by_line(
         assert "df-bad:1" not in after and not (after - before - {"df-bad:1"}) - {
             n for n in after if n.startswith("build-cache/")}  # fmt: skip
         assert await c.sandboxes.list({"build": "df-bad_1"}) == []  # no build sandbox left
+
+
+async def test_pypi_in_a_build_step_and_add_of_a_tar(node: Node, tmp_path: Path) -> None:
+    """The build reaches PyPI (its network policy; the host's CAs trusted for
+    the step, and left out of the layer); ADD unpacks a local tar."""
+    import io
+    import tarfile
+
+    require_image("debian-python:bookworm")
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("pkg/data.txt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"inner"))
+    (ctx / "bundle.tar.gz").write_bytes(buf.getvalue())
+    (ctx / "Dockerfile").write_text(
+        "FROM debian-python:bookworm\n"
+        "ADD bundle.tar.gz /opt/\n"
+        'RUN python3 -c "import urllib.request as u; print(u.urlopen('
+        "'https://pypi.org/simple/six/', timeout=30).status)\" > /pypi.txt\n"
+    )
+    async with node.client() as c:
+        await build(c, ctx, "df-pypi:1", no_cache=True)
+        sbx = await c.sandboxes.create(image="df-pypi:1")
+        try:
+            assert await sbx.files.read("/pypi.txt") == b"200\n"
+            assert await sbx.files.read("/opt/pkg/data.txt") == b"inner"
+            assert not await sbx.files.exists("/tmp/.corral-build-ca.pem")
+        finally:
+            await sbx.close()

@@ -51,6 +51,8 @@ def store(node: Node) -> Iterator[ImageStore]:
             images.untag(name)
     for layer in images.list():
         if layer.digest not in before:
+            for name in layer.names:
+                images.untag(name)
             images.remove(layer.digest)
 
 
@@ -210,3 +212,81 @@ async def test_a_stack_goes_through_a_blob_store_whole_and_lazily(
     # Lazily: the manifests are here, the data stays in the store until read.
     assert all(not other.has_blob(x.blob_digest) for x in other.chain(got) if x.blob_size)
     assert all(other.origin(x.digest) for x in other.chain(got) if x.blob_size)
+
+
+async def test_platforms_media_types_and_compressions(
+    registry: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    platforms = {"amd64": [{"arch.txt": b"amd64"}], "arm64": [{"arch.txt": b"arm64"}]}
+    oci_image(tmp_path / "multi", BASE, {"Env": []}, platforms=platforms)
+    registry.push(tmp_path / "multi", "team/multi:1", "--all")  # an image index, both kept
+    oci_image(tmp_path / "plain", [*BASE, {"kind.txt": b"any"}], {"Env": []})
+    registry.push(tmp_path / "plain", "team/docker:1", "--format", "v2s2")  # docker types
+    registry.push(tmp_path / "plain", "team/zstd:1", "--dest-compress-format", "zstd")
+
+    def tree(top: Any) -> dict[str, bytes]:
+        from corral.host import mounts
+        from corral.images.mounter import LayerMounts
+
+        out: dict[str, bytes] = {}
+        mnt = LayerMounts(store, tmp_path / "mnt")
+        try:
+            for layer in store.chain(top):
+                root = mnt.ensure(layer)
+                for p in root.rglob("*.txt"):
+                    out[str(p.relative_to(root))] = p.read_bytes()
+        finally:
+            for point, _fs, _src in mounts.mounts_under(tmp_path / "mnt"):
+                mounts.umount(point)
+        return out
+
+    amd = await asyncio.to_thread(pull, store, f"{registry.host}/team/multi:1", _quiet)
+    assert tree(amd)["arch.txt"] == b"amd64"  # the platform asked for (linux/amd64)
+    arm = await asyncio.to_thread(pull, store, f"{registry.host}/team/multi:1", _quiet,
+                                  platform="linux/arm64")  # fmt: skip
+    assert tree(arm)["arch.txt"] == b"arm64"
+    for name in ("docker", "zstd"):
+        got = await asyncio.to_thread(pull, store, f"{registry.host}/team/{name}:1", _quiet)
+        assert tree(got)["kind.txt"] == b"any" and tree(got)["etc/b.txt"] == b"b\n", name
+
+
+async def test_credentials_from_a_docker_login_style_file(
+    store: ImageStore, tmp_path: Path
+) -> None:
+    reg = Registry(tmp_path / "locked", auth=True)
+    reg.start()
+    try:
+        push(reg, tmp_path, "team/private:1", [*BASE, {"p.txt": b"private"}], {"Env": []})
+        ref = f"{reg.host}/team/private:1"
+        with pytest.raises(corral.Unauthenticated):
+            pull(store, ref, _quiet)  # no credentials
+        with pytest.raises(corral.Unauthenticated):
+            pull(store, ref, _quiet, authfile=reg.authfile("wrong"))
+        top = await asyncio.to_thread(pull, store, ref, _quiet, authfile=reg.authfile())
+        assert len(store.chain(top)) == 3
+    finally:
+        reg.stop()
+
+
+async def test_a_dockerfile_builds_from_a_registry_image(
+    node: Node, registry: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    from corral.build.builder import Builder, Options
+
+    push(registry, tmp_path, "team/app:1", [*BASE, TOP], CONFIG)
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "added.txt").write_text("from the context\n")
+    dockerfile = f"FROM {registry.host}/team/app:1\nWORKDIR /work\nCOPY added.txt .\n"
+    async with node.client() as c:  # the node pulls the base on the build's first create
+        result = await Builder(c, ctx, Options("regtest-built:1")).build(dockerfile)
+        sbx = await c.sandboxes.create(image="regtest-built:1")
+        try:
+            assert await sbx.files.read("/work/added.txt") == b"from the context\n"
+            assert await sbx.files.read("/etc/b.txt") == b"b\n"  # the pulled base under it
+            assert not await sbx.files.exists("/etc/a.txt")
+            r = await sbx.commands.run("echo $HELLO; pwd")
+            assert r.stdout == "from-the-image\n/work\n", r
+        finally:
+            await sbx.close()
+    assert len(result.steps) == 1

@@ -19,6 +19,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,10 @@ def _opaque(path: str) -> bool:
         return False
 
 
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
 def _put(blobs: Path, path: Path) -> tuple[str, int]:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -113,10 +118,17 @@ def _layout(store: ImageStore, chain: list[Layer], work: Path, progress: Progres
         for point, _fs, _src in mounts.mounts_under(work / "mnt"):
             mounts.umount(point)
     top = chain[-1].config
-    cfg = {"architecture": "amd64", "os": "linux",
+    # history: one entry a layer, as builders that read the image expect
+    # (buildah refuses an image whose history has fewer layers than it).
+    history = [
+        {"created": _when(x.created),
+         "created_by": f"corral {x.labels.get('corral.source', x.kind)}"[:200]}
+        for x in chain
+    ]  # fmt: skip
+    cfg = {"architecture": "amd64", "os": "linux", "created": _when(chain[-1].created),
            "config": {k: v for k, v in (("Env", top.env), ("WorkingDir", top.workdir),
                                         ("User", top.user)) if v},
-           "rootfs": {"type": "layers", "diff_ids": diff_ids}}  # fmt: skip
+           "rootfs": {"type": "layers", "diff_ids": diff_ids}, "history": history}  # fmt: skip
     (work / "config.json").write_text(json.dumps(cfg))
     cfg_digest, cfg_size = _put(blobs, work / "config.json")
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
