@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 
 import corral
-from _common import IMAGES, fresh_dir, table, write_result
+from _common import IMAGES, fresh_dir, serve, table, wait_up, write_result
 from corral.build.builder import Builder, Options
 from corral.config import NodeConfig
 from corral.images import registry as blobs
@@ -122,14 +122,17 @@ def drop_caches() -> None:
 # ------------------------------------------------------------------ 1. build
 
 
+RUN_ID = os.urandom(6).hex()  # this run's own file contents: no earlier run's cache
+
+
 async def corral_builds(ctx: Path, base: str) -> dict[str, float]:
     out = {}
     (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base))
-    (ctx / "app.py").write_text('print("v1")\n')
+    (ctx / "app.py").write_text(f'print("v1 {RUN_ID}")\n')
     async with corral.AsyncClient() as c:
         for name, no_cache in (("cold", True), ("cached", False), ("changed", False)):
             if name == "changed":
-                (ctx / "app.py").write_text('print("v2")\n')
+                (ctx / "app.py").write_text(f'print("v2 {RUN_ID}")\n')
             t0 = time.perf_counter()
             await Builder(c, ctx, Options("bench-built:1", no_cache=no_cache)).build(
                 (ctx / "Dockerfile").read_text()
@@ -149,7 +152,8 @@ def buildah_builds(ctx: Path, base: str) -> dict[str, float] | str:
     (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base))
     out: dict[str, float] = {}
     for name in ("cold", "cached", "changed"):
-        (ctx / "app.py").write_text('print("v2")\n' if name == "changed" else 'print("v1")\n')
+        version = "v2" if name == "changed" else "v1"
+        (ctx / "app.py").write_text(f'print("{version} {RUN_ID}")\n')
         t0 = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
@@ -225,6 +229,48 @@ def _lazy_fetched(cfg: NodeConfig) -> int:
     return sum(int(s["fetched_bytes"]) for s in doc["layers"].values())
 
 
+async def trials(server_url: str) -> list[list[str]]:
+    """The test tasks (tests/integration/tasks), 35 oracle trials at once,
+    with `corral tasks run`'s runner and with harbor's own CLI."""
+    from corral.tasks.runner import Runner, oracle
+    from corral.tasks.task import discover
+
+    tasks_dir = Path(__file__).resolve().parents[1] / "tests" / "integration" / "tasks"
+    rows = []
+    async with corral.AsyncClient(server_url) as c:
+        found = discover(tasks_dir)
+        await Runner(c).run_all(found, oracle)  # images built (and cached) first
+        t0 = time.perf_counter()
+        results = await Runner(c).run_all(found, oracle, attempts=7, concurrency=35)
+        wall = time.perf_counter() - t0
+    right = sum(r.reward == (0.0 if r.task == "wrong-solution" else 1.0) for r in results)
+    rows.append(["corral tasks run", str(len(results)), f"{right}/{len(results)}", f"{wall:.1f} s"])
+    harbor = Path(__file__).resolve().parents[1] / ".venv-harbor" / "bin" / "harbor"
+    if harbor.exists():
+        jobs = fresh_dir(WORK / "harbor-jobs")
+        t0 = time.perf_counter()
+        done = subprocess.run(
+            [str(harbor), "run", "-p", str(tasks_dir), "-a", "oracle", "-e",
+             "corral.integrations.harbor:CorralEnvironment", "-o", str(jobs), "--job-name",
+             "b", "-n", "35", "-k", "7"],
+            env={**os.environ, "CORRAL_URL": server_url, "HOME": str(jobs)},
+            capture_output=True, text=True,
+        )  # fmt: skip
+        wall = time.perf_counter() - t0
+        import json
+
+        docs = [json.loads(p.read_text()) for p in (jobs / "b").glob("*/result.json")]
+        ok = sum(
+            float(((d.get("verifier_result") or {}).get("rewards") or {}).get("reward", -1))
+            == (0.0 if d["task_name"] == "wrong-solution" else 1.0)
+            for d in docs
+        )
+        status = f"{ok}/{len(docs)}" if done.returncode == 0 else "harbor failed"
+        rows.append(["harbor run (its CLI, Corral's provider)", str(len(docs)), status,
+                     f"{wall:.1f} s (harbor's own start included)"])  # fmt: skip
+    return rows
+
+
 async def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     cleanup()
@@ -252,6 +298,13 @@ async def main() -> None:
         if isinstance(theirs, str):
             build += f"\n\nbuildah: {theirs}"
         start_rows = await starts(reg)
+        proc, url = serve(fresh_dir(WORK / "serve"))
+        try:
+            await wait_up(url)
+            trial_rows = await trials(url)
+        finally:
+            proc.terminate()
+            proc.wait()
     finally:
         reg_proc.terminate()
         reg_proc.wait()
@@ -281,6 +334,11 @@ async def main() -> None:
                 ],
                 start_rows,
             ),
+            "## 3. 35 task trials at once (harbor's format, the oracle agent)\n\n"
+            "The five tasks of tests/integration/tasks, seven trials each, all at once on "
+            "one `corral serve`; images already built (cached). Right: the four right "
+            "solutions score 1.0 and the wrong one 0.0.\n\n"
+            + table(["runner", "trials", "rewards right", "time to the last result"], trial_rows),
         ],
     )
     print(path.read_text())
