@@ -112,7 +112,12 @@ fi
 # needs Python 3.12, which Debian 12 does not ship: its venv is made where
 # a python3.12 is found, and its test says so where none is.
 HARBOR="harbor==0.26.0"
-PY312=$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)
+PY312=""
+for c in python3.12 python3.13 /usr/bin/python3.12 /usr/local/bin/python3.12 \
+         /root/.pyenv/versions/3.12*/bin/python3.12 /root/.pyenv/versions/3.13*/bin/python3.13; do
+  # A candidate counts only if it runs (a pyenv shim may name a version it cannot run).
+  if "$c" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then PY312=$c; break; fi
+done
 if [ -n "$PY312" ] && { [ ! -x .venv-harbor/bin/python ] || [ "$(cat "$STAMPS/venv-harbor" 2>/dev/null)" != "$HARBOR $want" ]; }; then
   say "venv: creating .venv-harbor with $HARBOR ($PY312)"
   "$PY312" -m venv .venv-harbor
