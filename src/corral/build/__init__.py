@@ -1,0 +1,1 @@
+"""Images built from Dockerfiles, step by step in Corral sandboxes."""
