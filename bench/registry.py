@@ -42,6 +42,7 @@ from corral.images.objects import HttpObjects
 from corral.images.pull import pull
 from corral.images.push import push
 from corral.images.store import ImageStore
+from lazy import start_blobd
 
 WORK = Path("/var/lib/corral-registry-bench")
 MB = 1e6
@@ -75,20 +76,6 @@ def start_registry(root: Path, port: int) -> subprocess.Popen[bytes]:
         except httpx.TransportError:
             time.sleep(0.05)
     raise RuntimeError("docker-registry did not start")
-
-
-def start_blobd(root: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "blobd", "--root",
-                             str(root), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    remote = HttpObjects(f"http://127.0.0.1:{port}")
-    for _ in range(200):
-        try:
-            remote.list("tags")
-            return proc
-        except Exception:
-            time.sleep(0.05)
-    raise RuntimeError("blobd did not start")
 
 
 def node(name: str, images: Path, **kw: object) -> NodeConfig:
@@ -203,7 +190,7 @@ async def starts(reg: str) -> list[list[str]]:
 
     await asyncio.to_thread(blobs.push, src, "bench-built:1", LocalObjects(served), quiet)
     port = 7392
-    proc = start_blobd(served, port)
+    proc = start_blobd(served, port, "10GB")
     try:
         images = fresh_dir(WORK / "img-lazy")
         cfg = node("lazy", images)

@@ -205,8 +205,15 @@ class Builder:
                 why += " (open one with the build's network option)"
             raise InvalidArgument("dockerfile", why, "\n".join(lines)[-3000:])
 
-    async def _copy_from(self, stages: dict[str, State], name: str, sources: list[str],
-                         st: State, line: int, rename: str | None) -> tuple[bytes, str, bool]:  # fmt: skip
+    async def _copy_from(
+        self,
+        stages: dict[str, State],
+        name: str,
+        sources: list[str],
+        st: State,
+        line: int,
+        rename: str | None,
+    ) -> tuple[bytes, str, bool]:
         """The sources from another stage's image (or any image) as a tar;
         whether it is one file, named `rename` (COPY's FILE to a path)."""
         single = False

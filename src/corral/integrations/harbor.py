@@ -30,7 +30,7 @@ from corral.errors import CommandTimeout, CorralError
 from corral.integrations.connect import client as connect
 from corral.sdk.client import AsyncClient
 from corral.sdk.sandbox import AsyncSandbox
-from corral.tasks.runner import PUBLIC
+from corral.tasks.runner import PUBLIC, tar_dir
 
 _clients: dict[int, AsyncClient] = {}  # one per event loop
 _builds: dict[str, asyncio.Task[None]] = {}
@@ -41,20 +41,6 @@ def _client() -> AsyncClient:
     if loop not in _clients:
         _clients[loop] = connect()
     return _clients[loop]
-
-
-def _tar_of(source: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(source.rglob("*")):
-            info = tar.gettarinfo(str(path), str(path.relative_to(source)))
-            info.uid = info.gid = 0
-            if info.isreg():
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-            else:
-                tar.addfile(info)
-    return buf.getvalue()
 
 
 class CorralEnvironment(BaseEnvironment):  # type: ignore[misc]
@@ -158,7 +144,7 @@ class CorralEnvironment(BaseEnvironment):  # type: ignore[misc]
         await self._box().files.write(target_path, data, mode=os.stat(source_path).st_mode & 0o777)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        await self._box().files.upload_tar(target_dir, _tar_of(Path(source_dir)))
+        await self._box().files.upload_tar(target_dir, tar_dir(Path(source_dir)))
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         Path(target_path).parent.mkdir(parents=True, exist_ok=True)

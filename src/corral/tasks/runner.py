@@ -58,7 +58,8 @@ def network(task: Task) -> dict[str, Any] | None:
     return dict(PUBLIC)
 
 
-def _tar(root: Path) -> bytes:
+def tar_dir(root: Path) -> bytes:
+    """A directory's files as a tar (names relative to it, owned by root)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path in sorted(root.rglob("*")):
@@ -77,7 +78,7 @@ async def oracle(sbx: AsyncSandbox, task: Task) -> None:
     """harbor's oracle agent: the task's own solution."""
     if not task.has_solution:
         raise InvalidArgument("agent", "oracle needs the task's solution/solve.sh", task.name)
-    await sbx.files.upload_tar(SOLUTION, _tar(task.path / "solution"))
+    await sbx.files.upload_tar(SOLUTION, tar_dir(task.path / "solution"))
     await sbx.commands.run(
         f"chmod +x {SOLUTION}/solve.sh; {SOLUTION}/solve.sh > /logs/agent/oracle.txt 2>&1",
         env={"DEBIAN_FRONTEND": "noninteractive", **task.solution_env},
@@ -152,7 +153,7 @@ class Runner:
         return out
 
     async def _verify(self, sbx: AsyncSandbox, task: Task) -> dict[str, float]:
-        await sbx.files.upload_tar(TESTS, _tar(task.path / "tests"))
+        await sbx.files.upload_tar(TESTS, tar_dir(task.path / "tests"))
         await sbx.commands.run(
             f"rm -f {REWARD_TXT} {REWARD_JSON}; chmod +x {TESTS}/test.sh; "
             f"{TESTS}/test.sh > /logs/verifier/test-stdout.txt 2>&1",
