@@ -53,6 +53,12 @@ _HOSTS = re.compile(
     r"not known[^\n]*?|unable to resolve host address ')([A-Za-z0-9.-]+\.[A-Za-z]{2,})"
 )
 Output = Callable[[str], None]
+# What a step's output says when the network refused it.
+_NET_TROUBLE = re.compile(
+    r"resolv|name or service not known|getaddrinfo|name resolution|could not connect|"
+    r"connection refused|network is unreachable|failed to establish",
+    re.IGNORECASE,
+)
 
 
 @dataclass
@@ -194,9 +200,15 @@ class Builder:
                 await sbx.files.remove(CA_IN_SANDBOX)
         if r.exit_code != 0:
             audit = await sbx.audit()
-            if audit.dns_denied and not audit.dns_denied_names:
-                await asyncio.sleep(1.5)  # the resolver writes its refusals each tick
-                audit = await sbx.audit()
+            output = "\n".join(lines)
+            if self.opts.network and (audit.dns_denied or _NET_TROUBLE.search(output)):
+                # The node's resolver (maybe in another process: the leader)
+                # writes its refusals once a tick: wait for this step's.
+                for _ in range(8):
+                    if audit.dns_denied_names:
+                        break
+                    await asyncio.sleep(0.5)
+                    audit = await sbx.audit()
             why = f"line {step.line}: `{step.text[:120]}` exited {r.exit_code}"
             hosts = sorted(set(audit.dns_denied_names) | set(_HOSTS.findall("\n".join(lines))))
             if audit.egress_denied or audit.dns_denied or hosts:
