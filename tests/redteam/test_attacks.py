@@ -23,8 +23,22 @@ async def check(neighbour: Neighbour, outcome: Outcome, ratio: float) -> None:
     assert outcome.contained, outcome.detail
     same, after, detail = await neighbour.unaffected()
     assert same, detail
-    assert ratio <= 2.0, f"neighbour latency x{ratio:.2f} during the attack ({outcome.detail})"
-    assert after <= 2.0, f"neighbour latency x{after:.2f} after the attack ({outcome.detail})"
+    assert noticed(neighbour, ratio) is None, f"{noticed(neighbour, ratio)} during the attack"
+    assert noticed(neighbour, after) is None, f"{noticed(neighbour, after)} after the attack"
+
+
+# The neighbour's exec of `true` takes about 2 ms, so on 2 cores one
+# scheduler slice given to the attacker's process doubles it. A neighbour
+# "notices" when its median both doubles and grows by more than 5 ms.
+NOTICE_RATIO = 2.0
+NOTICE_ADDED_S = 0.005
+
+
+def noticed(neighbour: Neighbour, ratio: float) -> str | None:
+    added = (ratio - 1) * neighbour.baseline
+    if ratio <= NOTICE_RATIO or added <= NOTICE_ADDED_S:
+        return None
+    return f"neighbour latency x{ratio:.2f} (+{added * 1000:.1f} ms)"
 
 
 def host_alive() -> None:

@@ -237,7 +237,7 @@ async def test_a_guest_flooding_its_console_is_held_to_the_cap(
     was trimmed is audited, and the neighbour does not notice."""
     from corral.runtimes.vm.runtime import CONSOLE_KEEP, CONSOLE_MAX
 
-    vm = await rt_client.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    vm = await rt_client.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB", cpu=0.5)
     log = rt_config.sandboxes_dir / vm.id / "console.log"
     try:
         flood = vm.commands.run(
