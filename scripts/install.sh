@@ -33,6 +33,7 @@ APT_PACKAGES=(
   ca-certificates curl tar
   skopeo zstd               # OCI registries: their protocol (pulls), zstd layers
   docker-registry           # a real registry for the tests, started by them on loopback
+  chromium chromium-driver  # the dashboard's browser test (tests/integration/test_dashboard.py)
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -15,15 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from corral.api.models import (
     AuditReport,
+    Event,
     FileEntry,
+    Finding,
     FnCallRequest,
     FnCallResult,
     NetworkPolicy,
+    RolloutReport,
     SandboxInfo,
     SandboxState,
     SavedState,
     Usage,
 )
+from corral.api.verdict import Rules
 from corral.errors import (
     Ambiguous,
     CommandNotFound,
@@ -49,6 +53,7 @@ from corral.errors import (
 from corral.sdk.client import AsyncClient, AsyncSandboxes, BulkOutcome
 from corral.sdk.commands import AsyncCommandHandle, AsyncCommands, CommandResult
 from corral.sdk.display import AsyncDisplay
+from corral.sdk.events import AsyncEventStream
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.rollouts import AsyncRollout, AsyncRollouts, AsyncRolloutSandbox
@@ -61,6 +66,7 @@ if TYPE_CHECKING:
         CommandHandle,
         Commands,
         Display,
+        EventStream,
         Files,
         FnCall,
         Network,
@@ -78,14 +84,17 @@ _SYNC = (
     "CommandHandle",
     "Commands",
     "Display",
+    "EventStream",
     "Files",
     "FnCall",
     "Network",
     "Rollout",
     "RolloutCommands",
     "RolloutFiles",
+    "RolloutReport",
     "RolloutSandbox",
     "Rollouts",
+    "Rules",
     "Sandbox",
     "Sandboxes",
 )
@@ -107,6 +116,7 @@ __all__ = [
     "AsyncCommandHandle",
     "AsyncCommands",
     "AsyncDisplay",
+    "AsyncEventStream",
     "AsyncFiles",
     "AsyncFnCall",
     "AsyncRollout",
@@ -125,10 +135,13 @@ __all__ = [
     "Conflict",
     "CorralError",
     "Display",
+    "Event",
+    "EventStream",
     "FileEntry",
     "FileError",
     "FileNotFound",
     "Files",
+    "Finding",
     "FnCall",
     "FnCallRequest",
     "FnCallResult",
@@ -144,8 +157,10 @@ __all__ = [
     "Rollout",
     "RolloutCommands",
     "RolloutFiles",
+    "RolloutReport",
     "RolloutSandbox",
     "Rollouts",
+    "Rules",
     "Sandbox",
     "SandboxClosed",
     "SandboxFailed",

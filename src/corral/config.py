@@ -172,6 +172,10 @@ class NodeConfig:
     # The most memory a call may ask for: workers are admitted at this
     # ceiling, and each call's own limit is set under it.
     fncall_max_memory: int = 2 * 1024**3
+    # Where `corral serve` sends its OpenTelemetry traces (OTLP over HTTP,
+    # e.g. http://collector:4318); None: OTEL_EXPORTER_OTLP_ENDPOINT if set,
+    # else no tracing at all (docs/tracing.md).
+    otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not _NODE.match(self.node):

@@ -13,3 +13,4 @@ RESTORED_FROM = "corral.restored_from"  # on a restored VM: the id it was saved 
 
 # Refused in a caller's create through a gateway.
 RESERVED = (PROJECT, KEY, POOL)
+ROLLOUT = "corral.rollout"  # on each sandbox a rollout created: the rollout's name

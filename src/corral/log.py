@@ -2,6 +2,13 @@
 
 log = get_logger("corral.node")
 log.info("sandbox.created", sandbox=sid, ms=12.5)
+
+Each line also carries the fields of its context, set where a request
+enters instead of passed by every call: `request_id` (the HTTP API's
+middleware, api/serving.py), `sandbox` (that middleware, from the path;
+the node's create, once it has made the id), `project` (the gateway, once
+it knows the caller's). Fields given to the call win over the context's.
+With tracing on (corral/trace.py), `trace_id` and `span_id` too.
 """
 
 from __future__ import annotations
@@ -11,10 +18,49 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
 from typing import Any
 
+from corral import trace
 
-class _JsonFormatter(logging.Formatter):
+# The context's fields (one dict, replaced whole, never mutated: a task
+# started under it keeps the fields it started with).
+_CONTEXT: ContextVar[dict[str, str] | None] = ContextVar("corral_log_context", default=None)
+
+
+def bind(**fields: str | None) -> Token[dict[str, str] | None]:
+    """Add fields to the current context (None values are skipped); undo
+    with unbind(token), or leave it to an enclosing scope()."""
+    new = {**(_CONTEXT.get() or {}), **{k: v for k, v in fields.items() if v is not None}}
+    return _CONTEXT.set(new)
+
+
+def unbind(token: Token[dict[str, str] | None]) -> None:
+    _CONTEXT.reset(token)
+
+
+@contextmanager
+def scope(**fields: str | None) -> Iterator[None]:
+    """The fields for the block, and whatever bind() adds inside it undone
+    at its end (a coroutine's scope, never an async generator's)."""
+    token = bind(**fields)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def context_fields() -> dict[str, str]:
+    return dict(_CONTEXT.get() or {})
+
+
+def new_request_id() -> str:
+    return os.urandom(8).hex()
+
+
+class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "ts": round(record.created, 6),
@@ -22,6 +68,12 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
+        ctx = _CONTEXT.get()
+        if ctx:
+            out.update(ctx)
+        ids = trace.ids()
+        if ids is not None:
+            out["trace_id"], out["span_id"] = ids
         out.update(getattr(record, "fields", {}))
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
@@ -67,7 +119,7 @@ def configure(level: str | None = None) -> None:
     if _configured:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
+    handler.setFormatter(JsonFormatter())
     root.addHandler(handler)
     root.propagate = False
     _configured = True

@@ -13,9 +13,11 @@ from typing import Any
 
 import uvicorn
 
+from corral import trace
 from corral.api.app import create_app
 from corral.api.h2c import H2cOrHttp11
 from corral.config import NodeConfig, e2b_templates
+from corral.dashboard import add_dashboard
 from corral.errors import InvalidArgument
 from corral.images.blobd import create_blob_app
 from corral.log import configure, get_logger
@@ -108,6 +110,8 @@ async def serve(
     store), it also heartbeats its capacity there as reachable at
     `advertise` (default http://host:port), so gateways place on it."""
     configure(log_level)
+    # OTLP traces, if configured (config, else OTEL_EXPORTER_OTLP_*): docs/tracing.md.
+    trace.configure("corral-node", config.otlp_endpoint)
     key = api_key or os.environ.get("CORRAL_API_KEY")
     require_key_beyond_loopback(host, key, "--api-key (or CORRAL_API_KEY)")
     become_subreaper()
@@ -115,6 +119,7 @@ async def serve(
     await agent.start()
     warming = asyncio.create_task(_warm(agent)) if config.fncall_warm else None
     app = create_app(agent, api_key=key, e2b_templates=config.e2b_templates)
+    add_dashboard(app, app.state.resolve, agent=agent)  # /ui, behind the same key
     # The node's layer store, readable by other nodes (image pull, lazy loading).
     create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs")
     beat = None
@@ -144,6 +149,7 @@ async def serve(
         if db is not None:
             await db.aclose()
         await agent.aclose()
+        trace.shutdown()  # what is batched is sent before the process goes
         log.info("server.stopped")
 
 
@@ -179,6 +185,7 @@ async def serve_gateway(
     from corral.db import connect
 
     configure(log_level)
+    trace.configure("corral-gateway")
     db = await connect(state)
     gateway = Gateway(
         db, node_key=node_key or os.environ.get("CORRAL_NODE_KEY"), node_timeout=node_timeout
@@ -189,11 +196,13 @@ async def serve_gateway(
             None, for_token=gateway.for_token, for_sandbox=gateway.for_sandbox,
             e2b_templates=e2b_templates(),
         )  # fmt: skip
+        add_dashboard(app, app.state.resolve, gateway=gateway)
         log.info("gateway.listening", host=host, port=port)
         await _run(app, host=host, port=port, signals=signals)
     finally:
         await gateway.aclose()
         await db.aclose()
+        trace.shutdown()
         log.info("gateway.stopped")
 
 

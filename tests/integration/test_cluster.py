@@ -7,6 +7,7 @@ mid-burst, a gateway killed mid-request."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shutil
 import signal
 import time
@@ -406,6 +407,39 @@ async def test_rollouts_and_suspends_through_the_gateway_belong_to_the_project(
         await c.rollouts.delete("shared-name")
         await asyncio.gather(*(s.close() for s in made if isinstance(s, corral.AsyncSandbox)))
         await theirs.close()
+
+
+MOUNT = "python3 -c \"import ctypes; ctypes.CDLL(None).mount(b'x', b'/mnt', b'tmpfs', 0, None)\""
+
+
+async def test_reports_and_events_through_the_gateway_stay_in_the_project(
+    cluster: Cluster, keys: dict[str, str]
+) -> None:
+    name = f"gw-report-{secrets.token_hex(4)}"
+    async with cluster.client(keys["job"]) as c, cluster.client(keys["other"]) as o:
+        stream = await c.events()
+        try:
+            rollout = await c.rollouts.open(name)
+            sbx = await rollout.create(**SPEC)
+            await sbx.commands.run(MOUNT)
+            # Another project's sandbox with the same rollout label: not ours.
+            theirs = await o.sandboxes.create(**{**SPEC, "labels": {"corral.rollout": name}})
+            await theirs.commands.run(MOUNT)
+            await sbx.close()
+            await theirs.close()
+            seen = []
+            while not any(e.kind == "state" and e.state == "closed" for e in seen):
+                event = await stream.next(timeout=30)
+                assert event is not None, seen
+                seen.append(event)
+        finally:
+            await stream.close()
+        report = await c.rollouts.report(name)
+        assert report.sandboxes == [sbx.id] and report.verdict == "suspicious"
+        assert {f.kind for f in report.findings} == {"syscall_denied"}
+        assert {e.sandbox for e in seen} == {sbx.id}
+        assert any(e.kind == "finding" for e in seen)
+        assert (await o.rollouts.report(name)).sandboxes == [theirs.id]
 
 
 async def test_a_rollout_follows_its_sandbox_to_another_node(cluster: Cluster) -> None:

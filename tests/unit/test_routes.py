@@ -56,7 +56,13 @@ def _broken(op: str, **change: Any) -> tuple[routes.Route, ...]:
 @pytest.mark.parametrize(
     ("table", "why"),
     [
-        (ROUTES[:-1], "without a route: ['rollout_delete']"),
+        (
+            tuple(r for r in ROUTES if r.op != "rollout_delete"),
+            "without a route: ['rollout_delete']",
+        ),
+        (_broken("exec", reply=routes.Sse()), "labels only and are never forwarded"),
+        (_broken("events", reply=routes.Events()), "one JSON body"),
+        (_broken("audit", reply=routes.Sse()), "plain def"),
         ((*ROUTES, ROUTES[0]), "create has 2 routes"),
         (_broken("read_file", args={"path": Query()}), "places"),
         (

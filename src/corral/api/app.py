@@ -24,7 +24,7 @@ from corral.api.compat import sandboxfusion
 from corral.api.compat.e2b import add_e2b
 from corral.api.endpoints import add_routes
 from corral.api.service import SandboxService
-from corral.api.serving import Svc
+from corral.api.serving import CorralApp, Svc
 from corral.errors import (
     CorralError,
     InternalError,
@@ -57,7 +57,8 @@ def create_app(
     """The API over `service`, behind `api_key` if given; or, for a gateway,
     over whatever `for_token(key)` returns for the caller's key (its
     project's view), which also decides whether the key is valid."""
-    app = FastAPI(
+    # FastAPI with a request id, sandbox and trace per request (api/serving.py).
+    app = CorralApp(
         title="Corral",
         version=__version__,
         description="Sandboxes for agent RL: containers today, one API for every backend.",
@@ -100,6 +101,10 @@ def create_app(
         header = request.headers.get("authorization", "")
         # E2B's SDK sends its key as X-API-KEY (api/compat/e2b).
         given = header.removeprefix("Bearer ").strip() or request.headers.get("x-api-key", "")
+        if not given and request.method in ("GET", "HEAD"):
+            # The dashboard's login cookie (corral/dashboard/auth.py), for
+            # reads only: a cross-site POST can never ride on it.
+            given = request.cookies.get("corral_key", "")
         if for_token is not None:
             return await for_token(given)
         if api_key is not None and not hmac.compare_digest(given.encode(), api_key.encode()):

@@ -26,6 +26,8 @@ from corral.api.models import (
     LayerInfo,
     LogLine,
     NetworkPolicy,
+    ProtectRequest,
+    RolloutReport,
     RolloutStep,
     SandboxInfo,
     SavedState,
@@ -34,7 +36,7 @@ from corral.api.models import (
     XattrRequest,
 )
 from corral.api.routes import MAX_BODY
-from corral.api.serving import Svc, event_stream, read_body
+from corral.api.serving import Svc, event_stream, read_body, sse_stream
 from corral.api.wire import parse_labels
 
 
@@ -167,6 +169,10 @@ def add_routes(app: FastAPI) -> None:
     async def audit(svc: Svc, sandbox_id: str) -> AuditReport:
         return await svc.audit(sandbox_id)
 
+    @app.post("/v1/sandboxes/{sandbox_id}/protect", status_code=200)
+    async def protect(svc: Svc, sandbox_id: str, req: ProtectRequest) -> SandboxInfo:
+        return await svc.protect(sandbox_id, req)
+
     @app.get("/v1/sandboxes/{sandbox_id}/usage", status_code=200)
     async def usage(svc: Svc, sandbox_id: str) -> Usage:
         return await svc.usage(sandbox_id)
@@ -250,3 +256,14 @@ def add_routes(app: FastAPI) -> None:
     async def rollout_delete(svc: Svc, rollout: str) -> Response:
         await svc.rollout_delete(rollout)
         return Response(status_code=204)
+
+    @app.get("/v1/rollouts/{rollout}/report", status_code=200)
+    async def rollout_report(svc: Svc, rollout: str) -> RolloutReport:
+        return await svc.rollout_report(rollout)
+
+    @app.get("/v1/events", status_code=200)
+    async def events(
+        svc: Svc,
+        label: Annotated[builtins.list[str], Query()] = [],  # noqa: B006 (FastAPI idiom)
+    ) -> StreamingResponse:
+        return sse_stream(svc.events(parse_labels(label) or None))

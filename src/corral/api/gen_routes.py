@@ -28,7 +28,18 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from corral.api import models, routes, service
-from corral.api.routes import Body, Bytes, Events, Json, Labels, NoContent, Query, Raw, Route
+from corral.api.routes import (
+    Body,
+    Bytes,
+    Events,
+    Json,
+    Labels,
+    NoContent,
+    Query,
+    Raw,
+    Route,
+    Sse,
+)
 
 API = Path(__file__).parent
 TARGETS = {
@@ -156,8 +167,11 @@ def _check_route(r: Route, op: Op) -> None:
         raise bad("a forwarded operation's first argument must be its sandbox_id")
     if isinstance(r.reply, NoContent) != (r.status == 204):
         raise bad("no content is status 204, and 204 is no content")
-    if isinstance(r.reply, Events) == op.is_async:
+    streams = isinstance(r.reply, (Events, Sse))
+    if streams == op.is_async:
         raise bad("an event stream (only) is a plain def returning AsyncIterator")
+    if isinstance(r.reply, Sse) and (r.forward or [type(c) for c in r.args.values()] != [Labels]):
+        raise bad("server-sent events take labels only and are never forwarded")
     if isinstance(r.reply, Events) and [type(c) for c in r.args.values()] != [Body]:
         raise bad("an event stream's arguments are its path and one JSON body")
     _check_reply(r, op, bad)
@@ -171,6 +185,8 @@ def _check_reply(r: Route, op: Op, bad: Callable[[str], ValueError]) -> None:
         raise bad("a bytes reply returns bytes")
     if isinstance(r.reply, Events) and ret != "AsyncIterator[ExecEvent]":
         raise bad("an event stream returns AsyncIterator[ExecEvent]")
+    if isinstance(r.reply, Sse) and ret != "AsyncIterator[Event]":
+        raise bad("server-sent events return AsyncIterator[Event]")
     if isinstance(r.reply, Json):
         if r.reply.key is None and not (_is_model(ret) or _model_list(ret)):
             raise bad("a bare JSON reply is a model or a list of models")
@@ -258,7 +274,7 @@ def _endpoint(r: Route, op: Op) -> list[str]:
     reply = r.reply
     if isinstance(reply, Json):
         returns = op.returns if reply.key is None else f"dict[str, {op.returns}]"
-    elif isinstance(reply, Events):
+    elif isinstance(reply, (Events, Sse)):
         returns = "StreamingResponse"
     else:
         returns = "Response"
@@ -278,6 +294,8 @@ def _endpoint(r: Route, op: Op) -> list[str]:
     lines += [f"        {s}" for s in pre]
     if isinstance(reply, Events):
         lines += _call(f"return await event_stream({invoke}", call, "))", 8)
+    elif isinstance(reply, Sse):
+        lines += _call(f"return sse_stream({invoke}", call, "))", 8)
     elif isinstance(reply, NoContent):
         lines += _call(f"await {invoke}", call, ")", 8)
         lines.append("        return Response(status_code=204)")
@@ -303,7 +321,7 @@ def endpoints_module() -> str:
     ours = _models_import(text)
     if _uses(text, "MAX_BODY"):
         ours.append("from corral.api.routes import MAX_BODY")
-    serving = [n for n in ("Svc", "event_stream", "read_body") if _uses(text, n)]
+    serving = [n for n in ("Svc", "event_stream", "read_body", "sse_stream") if _uses(text, n)]
     ours.append(f"from corral.api.serving import {', '.join(serving)}")
     ours += _imports(text, [("parse_labels", "from corral.api.wire import parse_labels")])
     return _module(
@@ -354,6 +372,9 @@ def _client_method(r: Route, op: Op) -> list[str]:
         elif isinstance(carrier, Raw):
             body = f"raw_body={p.name}"
     path = _path_expr(r, op)
+    if isinstance(r.reply, Sse):
+        lines = _call(f"def {r.op}(", params, f") -> {op.returns}:", 4)
+        return lines + _call("return self._sse(", [path, f"[{', '.join(labels)}]"], ")", 8)
     if isinstance(r.reply, Events):
         assert body is not None  # check(): one JSON body and nothing else
         lines = _call(f"def {r.op}(", params, f") -> {op.returns}:", 4)

@@ -16,6 +16,7 @@ from corral.api.models import (
     CommitRequest,
     CreateSandbox,
     DisplayInput,
+    Event,
     ExecEvent,
     ExecRequest,
     FileEntry,
@@ -25,6 +26,8 @@ from corral.api.models import (
     LayerInfo,
     LogLine,
     NetworkPolicy,
+    ProtectRequest,
+    RolloutReport,
     RolloutStep,
     SandboxInfo,
     SavedState,
@@ -197,6 +200,14 @@ class HttpService(HttpTransport):
         resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/audit")
         return AuditReport.model_validate_json(resp.content)
 
+    async def protect(self, sandbox_id: str, req: ProtectRequest) -> SandboxInfo:
+        resp = await self._send(
+            "POST",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/protect",
+            json_body=req.model_dump_json(),
+        )
+        return SandboxInfo.model_validate_json(resp.content)
+
     async def usage(self, sandbox_id: str) -> Usage:
         resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/usage")
         return Usage.model_validate_json(resp.content)
@@ -304,3 +315,10 @@ class HttpService(HttpTransport):
 
     async def rollout_delete(self, rollout: str) -> None:
         await self._send("DELETE", f"/v1/rollouts/{ids.segment(rollout, 'rollout')}")
+
+    async def rollout_report(self, rollout: str) -> RolloutReport:
+        resp = await self._send("GET", f"/v1/rollouts/{ids.segment(rollout, 'rollout')}/report")
+        return RolloutReport.model_validate_json(resp.content)
+
+    def events(self, labels: dict[str, str] | None = None) -> AsyncIterator[Event]:
+        return self._sse("/v1/events", [*label_pairs("label", labels)])

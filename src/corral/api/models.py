@@ -40,6 +40,17 @@ from corral.api.models_fncall import (
     FnCallStatus,
     check_call_file_name,
 )
+from corral.api.models_report import (
+    DEFAULT_SEVERITY,
+    FINDING_KINDS,
+    MAX_PROTECTED,
+    Event,
+    Finding,
+    ProtectRequest,
+    RolloutReport,
+    Severity,
+    Verdict,
+)
 from corral.api.models_rollout import ROLLOUT_NAME, ROLLOUT_NAME_RULE, RolloutStep
 from corral.api.models_vm import DisplayInput, ForkRequest, SavedState, SaveRequest
 from corral.errors import InvalidArgument
@@ -49,10 +60,13 @@ from corral.units import parse_size
 
 __all__ = [
     "DEFAULT_DISPLAY",
+    "DEFAULT_SEVERITY",
+    "FINDING_KINDS",
     "FULLVM_CPU",
     "FULLVM_MEMORY",
     "KINDS",
     "MAX_DISPLAY",
+    "MAX_PROTECTED",
     "MIN_DISPLAY",
     "PATH_RULE",
     "ROLLOUT_NAME",
@@ -62,12 +76,14 @@ __all__ = [
     "CommitRequest",
     "CreateSandbox",
     "DisplayInput",
+    "Event",
     "ExecEvent",
     "ExecExit",
     "ExecOutput",
     "ExecRequest",
     "ExecStarted",
     "FileEntry",
+    "Finding",
     "FnCallRequest",
     "FnCallResult",
     "FnCallStage",
@@ -78,12 +94,16 @@ __all__ = [
     "LogLine",
     "MiB",
     "NetworkPolicy",
+    "ProtectRequest",
+    "RolloutReport",
     "RolloutStep",
     "SandboxInfo",
     "SandboxState",
     "SaveRequest",
     "SavedState",
+    "Severity",
     "Usage",
+    "Verdict",
     "XattrRequest",
     "check_call_file_name",
     "check_path",
@@ -145,6 +165,18 @@ class CreateSandbox(StrictModel):
     idempotency_key: str | None = None
     # A full VM's screen, (width, height) or "WxH"; default 1024x768.
     display_size: tuple[int, int] | None = None
+    # Paths the task protects (its tests, its grader): a write to one, or
+    # under one, is a `protected_write` violation in the sandbox's report.
+    protected: list[str] = Field(default_factory=list)
+
+    @field_validator("protected", mode="before")
+    @classmethod
+    def _protected(cls, v: object) -> object:
+        if isinstance(v, list):
+            if len(v) > MAX_PROTECTED:
+                raise ValueError(f"at most {MAX_PROTECTED} paths")
+            return [check_path(p, "protected") for p in v]
+        return v
 
     @field_validator("display_size", mode="before")
     @classmethod
@@ -394,6 +426,10 @@ class AuditReport(BaseModel):
     replies_refused: int = 0  # exec server answers over what was asked (a VM guest's)
     disk_used: int | None = None
     disk_limit: int | None = None
+    # The misbehaviour report (api/models_report.py): what the counters
+    # above mean, entry by entry, and the node's verdict on them.
+    findings: list[Finding] = Field(default_factory=list)
+    verdict: Verdict = "clean"
 
 
 class Usage(BaseModel):

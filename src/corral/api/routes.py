@@ -90,7 +90,14 @@ class Events:
     command starts is a plain HTTP error, not a 200 with an error inside."""
 
 
-Reply = Json | Bytes | NoContent | Events
+@dataclass(frozen=True)
+class Sse:
+    """The node's events from now on as Server-Sent Events (`data:` lines
+    of Event JSON, a comment line to keep idle connections open), until the
+    caller hangs up. Never forwarded: a gateway merges its nodes' streams."""
+
+
+Reply = Json | Bytes | NoContent | Events | Sse
 
 
 @dataclass(frozen=True)
@@ -232,6 +239,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("commit", "POST", f"{_SBX}/commit", Json(), {"req": Body()}, forward=True),
     Route("audit", "GET", f"{_SBX}/audit", Json(), forward=True),
+    Route("protect", "POST", f"{_SBX}/protect", Json(), {"req": Body()}, forward=True),
     Route("usage", "GET", f"{_SBX}/usage", Json(), forward=True),
     Route(
         "command_log",
@@ -271,6 +279,8 @@ ROUTES: tuple[Route, ...] = (
         status=204,
     ),
     Route("rollout_delete", "DELETE", "/v1/rollouts/{rollout}", NoContent(), status=204),
+    Route("rollout_report", "GET", "/v1/rollouts/{rollout}/report", Json()),
+    Route("events", "GET", "/v1/events", Sse(), {"labels": Labels()}),
 )
 
 # SandboxService methods with no route: each side starts and closes its own.

@@ -20,6 +20,7 @@ from corral.api.models import (
     CommitRequest,
     CreateSandbox,
     DisplayInput,
+    Event,
     ExecEvent,
     ExecRequest,
     FileEntry,
@@ -29,6 +30,8 @@ from corral.api.models import (
     LayerInfo,
     LogLine,
     NetworkPolicy,
+    ProtectRequest,
+    RolloutReport,
     RolloutStep,
     SandboxInfo,
     SavedState,
@@ -102,7 +105,16 @@ class SandboxService(Protocol):
 
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo: ...
 
-    async def audit(self, sandbox_id: str) -> AuditReport: ...
+    async def audit(self, sandbox_id: str) -> AuditReport:
+        """What the sandbox was refused and did that an honest agent would
+        not: counters, findings and the node's verdict (also after it
+        closed)."""
+        ...
+
+    async def protect(self, sandbox_id: str, req: ProtectRequest) -> SandboxInfo:
+        """Protect paths from now on: a later write to one, or under one, is
+        a protected_write violation in the report (containers)."""
+        ...
 
     async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
         """The layers of the node's store whose labels include `labels`."""
@@ -157,6 +169,17 @@ class SandboxService(Protocol):
         ...
 
     async def rollout_delete(self, rollout: str) -> None: ...
+
+    async def rollout_report(self, rollout: str) -> RolloutReport:
+        """The findings of every sandbox the rollout created (labelled
+        corral.rollout), open or closed, and their worst verdict."""
+        ...
+
+    def events(self, labels: dict[str, str] | None = None) -> AsyncIterator[Event]:
+        """What happens from now on to sandboxes whose labels include
+        `labels`: state changes, command ends and findings, until the
+        caller stops reading (SSE over HTTP)."""
+        ...
 
     async def aclose(self) -> None:
         """Release what start() took (connections, the node's workers);

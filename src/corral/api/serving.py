@@ -1,17 +1,22 @@
 """The server side of the HTTP API beyond the route table: how an endpoint
 finds the service it runs on, reads a raw body under a cap, and streams a
-command's events. The generated endpoints (api/endpoints.py) use these.
+command's events. The generated endpoints (api/endpoints.py) use these;
+create_app's CorralApp puts RequestContext in front of them all.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.api.models import ExecEvent
+from corral import log, trace
+from corral.api.models import Event, ExecEvent
 from corral.api.service import SandboxService
 from corral.api.wire import error_line, event_line
 from corral.errors import InvalidArgument
@@ -57,3 +62,114 @@ async def event_stream(events: AsyncIterator[ExecEvent]) -> StreamingResponse:
             yield error_line(exc)
 
     return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+
+SSE_KEEPALIVE = 15.0  # seconds between comment lines on a quiet stream (proxies cut idle ones)
+
+
+def sse_stream(events: AsyncIterator[Event]) -> StreamingResponse:
+    """Events as Server-Sent Events: one `data:` line of JSON each, and a
+    comment line when the stream has been quiet for SSE_KEEPALIVE. The
+    subscription already holds (the service subscribed when called)."""
+
+    async def stream() -> AsyncIterator[bytes]:
+        it = aiter(events)
+        pending: asyncio.Task[Event] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(it))
+                done, _ = await asyncio.wait({pending}, timeout=SSE_KEEPALIVE)
+                if not done:
+                    yield b": keepalive\n\n"
+                    continue
+                event, pending = pending.result(), None
+                yield b"data: " + event.model_dump_json().encode() + b"\n\n"
+        finally:
+            if pending is not None:
+                pending.cancel()
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+
+# The sandbox a path names: Corral's /v1/sandboxes/<id>, E2B's /sandboxes/<id>
+# and /v2/sandboxes/<id> (api/compat/e2b). Only well-formed ids (corral.ids).
+_SANDBOX_PATH = re.compile(r"/(?:v[12]/)?sandboxes/([a-z0-9]{1,16}-[0-9a-f]{16})(?:/|$)")
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable, no spaces: safe to echo
+
+
+class RequestContext:
+    """Per HTTP request: its id (the caller's X-Request-Id, else a new one,
+    echoed back as X-Request-Id) and the sandbox its path names, in every
+    log line written while it is handled (corral/log.py); with tracing on, a
+    SERVER span continuing the caller's traceparent, so a create through a
+    gateway is one trace across gateway and node. A plain ASGI middleware
+    (not BaseHTTPMiddleware): the request runs in this very context, and a
+    streamed response's task inherits it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                given = value.decode("latin-1")
+                break
+        rid = given if given is not None and _REQUEST_ID.fullmatch(given) else None
+        rid = rid or log.new_request_id()
+        raw = rid.encode()
+        m = _SANDBOX_PATH.match(scope["path"])
+        status = [0]
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                headers = [*message.get("headers", ()), (b"x-request-id", raw)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        token = log.bind(request_id=rid, sandbox=m.group(1) if m else None)
+        try:
+            if not trace.enabled():
+                await self.app(scope, receive, send_with_id)
+                return
+            carrier = {
+                k.decode("latin-1"): v.decode("latin-1")
+                for k, v in scope["headers"]
+                if k in (b"traceparent", b"tracestate")
+            }
+            method = scope["method"]
+            with trace.server(
+                method,
+                carrier,
+                **{"http.request.method": method, "url.path": scope["path"], "request.id": rid},
+            ) as span:
+                await self.app(scope, receive, send_with_id)
+                # The route's template once routing found it: span names of
+                # bounded cardinality ("POST /v1/sandboxes/{sandbox_id}/exec").
+                route = getattr(scope.get("route"), "path", None)
+                if route:
+                    span.rename(f"{method} {route}")
+                    span.set("http.route", route)
+                span.set("http.response.status_code", status[0])
+                if m:
+                    span.set("sandbox.id", m.group(1))
+        finally:
+            log.unbind(token)
+
+
+class CorralApp(FastAPI):
+    """FastAPI with RequestContext outermost, in front of even the error
+    middleware: the log line of an unexpected error carries the request's
+    id, and its 500 echoes X-Request-Id like every other answer."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestContext(super().build_middleware_stack())

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from corral.api.models import ExecEvent, ExecExit
+from corral import trace
+from corral.api.models import Event, ExecEvent, ExecExit
 from corral.api.wire import read_event
 from corral.errors import CorralError, InternalError, Unavailable, error_from_wire
 
@@ -27,6 +28,16 @@ def _error(resp: httpx.Response, body: bytes) -> CorralError:
     except (ValueError, KeyError, TypeError):
         text = body[:300].decode(errors="replace")
         return InternalError(f"HTTP {resp.status_code} from {resp.url}: {text}")
+
+
+def _client_span(method: str, path: str, url: str, headers: dict[str, str]) -> trace.Span:
+    """With tracing on (a gateway's hop to a node), the call is a CLIENT span
+    whose traceparent (put in `headers`) the server continues; off, NOOP
+    before any attribute is built."""
+    if not trace.enabled():
+        return trace.NOOP
+    attrs = {"http.request.method": method, "url.path": path, "server.address": url}
+    return trace.client(method, headers, **attrs)
 
 
 class HttpTransport:
@@ -71,32 +82,38 @@ class HttpTransport:
         raw_body: bytes | None = None,
     ) -> httpx.Response:
         """One request; an error status raises the error it carries."""
-        headers = {"content-type": "application/json"} if json_body is not None else None
-        try:
-            resp = await self._http.request(
-                method,
-                path,
-                params=params,
-                content=json_body if json_body is not None else raw_body,
-                headers=headers,
-            )
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
-        if resp.status_code >= 400:
-            raise _error(resp, resp.content)
-        return resp
+        headers = {"content-type": "application/json"} if json_body is not None else {}
+        with _client_span(method, path, self.url, headers) as span:
+            try:
+                resp = await self._http.request(
+                    method,
+                    path,
+                    params=params,
+                    content=json_body if json_body is not None else raw_body,
+                    headers=headers,
+                )
+            except httpx.TransportError as exc:
+                raise self._unreachable(exc) from exc
+            span.set("http.response.status_code", resp.status_code)
+            if resp.status_code >= 400:
+                raise _error(resp, resp.content)
+            return resp
 
     async def _events(self, method: str, path: str, json_body: str) -> AsyncIterator[ExecEvent]:
         """A command's events, as they arrive (no read timeout: a command
         may be silent for as long as its own timeout allows)."""
+        headers = {"content-type": "application/json"}
+        span = _client_span(method, path, self.url, headers)  # ended below, never current
+        error: BaseException | None = None
         try:
             async with self._http.stream(
                 method,
                 path,
                 content=json_body,
-                headers={"content-type": "application/json"},
+                headers=headers,
                 timeout=httpx.Timeout(None, connect=10.0),
             ) as resp:
+                span.set("http.response.status_code", resp.status_code)
                 if resp.status_code >= 400:
                     raise _error(resp, await resp.aread())
                 async for line in resp.aiter_lines():
@@ -106,5 +123,30 @@ class HttpTransport:
                     yield event
                     if isinstance(event, ExecExit):
                         return
+        except httpx.TransportError as exc:
+            error = self._unreachable(exc)
+            raise error from exc
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            span.end(error)
+
+    async def _sse(self, path: str, params: QueryPairs) -> AsyncIterator[Event]:
+        """Server-sent events as they arrive (no read timeout: a quiet node
+        sends a comment line now and then), until the caller stops."""
+        try:
+            async with self._http.stream(
+                "GET",
+                path,
+                params=params,
+                headers={"accept": "text/event-stream"},
+                timeout=httpx.Timeout(None, connect=10.0),
+            ) as resp:
+                if resp.status_code >= 400:
+                    raise _error(resp, await resp.aread())
+                async for line in resp.aiter_lines():
+                    if line.startswith("data:"):
+                        yield Event.model_validate_json(line[5:])
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc

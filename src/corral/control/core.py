@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from corral import metrics
+from corral import metrics, trace
 from corral.api.http import HttpService
 from corral.control import nodes, placement, quotas
 from corral.control.nodes import NodeRow
@@ -103,15 +103,17 @@ class GatewayCore:
         """A node for one sandbox, counted in flight to it until release():
         the count is taken in the same step as the choice (no await between),
         so a burst of concurrent creates sees each other's picks."""
-        node = placement.choose(
-            await self.nodes(),
-            kind=kind,
-            image=image,
-            memory=memory,
-            in_flight=self.in_flight,
-            exclude=exclude,
-            k=self.k,
-        )
+        with trace.span("gateway.place", **{"sandbox.kind": kind}) as span:
+            node = placement.choose(
+                await self.nodes(),
+                kind=kind,
+                image=image,
+                memory=memory,
+                in_flight=self.in_flight,
+                exclude=exclude,
+                k=self.k,
+            )
+            span.set("node", node.name)
         self.hold(node.name)
         return node
 

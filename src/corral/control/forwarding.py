@@ -20,6 +20,7 @@ from corral.api.models import (
     LayerInfo,
     LogLine,
     NetworkPolicy,
+    ProtectRequest,
     SandboxInfo,
     SavedState,
     SaveRequest,
@@ -118,6 +119,9 @@ class Forwarding(ABC):
 
     async def audit(self, sandbox_id: str) -> AuditReport:
         return await self._forward(sandbox_id, lambda node: node.audit(sandbox_id))
+
+    async def protect(self, sandbox_id: str, req: ProtectRequest) -> SandboxInfo:
+        return await self._forward(sandbox_id, lambda node: node.protect(sandbox_id, req))
 
     async def usage(self, sandbox_id: str) -> Usage:
         return await self._forward(sandbox_id, lambda node: node.usage(sandbox_id))

@@ -28,7 +28,7 @@ from corral.control.schema import migrate
 from corral.control.view import GatewayView
 from corral.db import Database
 from corral.errors import CorralError, SandboxNotFound, Unauthenticated, Unavailable
-from corral.log import get_logger
+from corral.log import bind, get_logger
 
 log = get_logger("corral.gateway")
 
@@ -80,11 +80,15 @@ class Gateway(GatewayCore):
         now = time.monotonic()
         cached = self._keys.get(token)
         if cached is not None and now - cached[0] < 5.0:
-            return GatewayView(self, cached[1])
-        if not token:
-            raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
-        project = await quotas.project_of_key(self.db, token)
-        self._keys[token] = (now, project)
+            project = cached[1]
+        else:
+            if not token:
+                raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
+            project = await quotas.project_of_key(self.db, token)
+            self._keys[token] = (now, project)
+        # The request's log lines name the project from here on; the API's
+        # middleware (api/serving.py) ends the binding with the request.
+        bind(project=project)
         return GatewayView(self, project)
 
     async def for_sandbox(self, sandbox_id: str) -> SandboxService:
@@ -94,6 +98,7 @@ class Gateway(GatewayCore):
         row = await sandboxes.by_id(self.db, sandbox_id)
         if row is None:
             raise SandboxNotFound(f"no sandbox {sandbox_id}", sandbox=sandbox_id)
+        bind(project=row.project)
         return GatewayView(self, row.project)
 
     # ------------------------------------------------------------ sweep

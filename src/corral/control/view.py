@@ -24,17 +24,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from corral import ids, metrics
+from corral import ids, metrics, trace
 from corral import labels as platform_labels
+from corral.api import verdict
 from corral.api.models import (
     VM_KINDS,
+    AuditReport,
     CreateSandbox,
+    Event,
     ExecEvent,
     ExecRequest,
     FnCallRequest,
     FnCallResult,
     ForkRequest,
     LayerInfo,
+    RolloutReport,
     RolloutStep,
     SandboxInfo,
     SavedState,
@@ -42,6 +46,7 @@ from corral.api.models import (
 from corral.api.service import SandboxService
 from corral.control import nodes, sandboxes
 from corral.control.core import GatewayCore, NodeLost
+from corral.control.events import merged as merged_events
 from corral.control.forwarding import Forwarding
 from corral.control.sandboxes import SandboxRow
 from corral.errors import (
@@ -218,11 +223,16 @@ class GatewayView(Forwarding):
 
     async def create(self, req: CreateSandbox) -> SandboxInfo:
         started = time.monotonic()
-        try:
-            info, outcome = await self._create(req)
-        except CorralError as exc:
-            metrics.GATEWAY_CREATES.labels(exc.code).inc()
-            raise
+        # Placement (gateway.place) and the hop to the node are its children.
+        attrs = {"corral.project": self.project, "sandbox.kind": req.kind}
+        with trace.span("gateway.create", **attrs) as span:
+            try:
+                info, outcome = await self._create(req)
+            except CorralError as exc:
+                metrics.GATEWAY_CREATES.labels(exc.code).inc()
+                raise
+            span.set("sandbox.id", info.id)
+            span.set("outcome", outcome)
         metrics.GATEWAY_CREATES.labels(outcome).inc()
         if outcome == "ready":
             metrics.GATEWAY_CREATE_SECONDS.observe(time.monotonic() - started)
@@ -443,6 +453,36 @@ class GatewayView(Forwarding):
 
     async def rollout_delete(self, rollout: str) -> None:
         await self.gw.steplog.delete(self.project, rollout)
+
+    async def rollout_report(self, rollout: str) -> RolloutReport:
+        """From every live node, this project's sandboxes of the rollout."""
+        alive = [n for n in await self.gw.nodes() if n.state == nodes.ALIVE]
+        found = await asyncio.gather(
+            *(self.gw.watch(n.name, self.gw.client(n).rollout_report(rollout)) for n in alive),
+            return_exceptions=True,
+        )
+        mine: builtins.list[AuditReport] = []
+        for n, result in zip(alive, found, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("rollout_report.node_failed", node=n.name, error=str(result))
+                continue
+            for sid in result.sandboxes:
+                with contextlib.suppress(CorralError):
+                    await self._row(sid)  # another project's: not ours to see
+                    findings = [f for f in result.findings if f.sandbox == sid]
+                    mine.append(
+                        AuditReport(sandbox=sid, findings=findings, verdict=verdict.worst(findings))
+                    )
+        return verdict.rollout_report(rollout, mine)
+
+    def events(self, labels: dict[str, str] | None = None) -> AsyncIterator[Event]:
+        wanted = {**(labels or {}), platform_labels.PROJECT: self.project}
+        return self._events(wanted)
+
+    async def _events(self, wanted: dict[str, str]) -> AsyncIterator[Event]:
+        alive = {n.name: self.gw.client(n) for n in await self.gw.nodes() if n.state == nodes.ALIVE}
+        async for event in merged_events(alive, wanted):
+            yield event
 
     async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
         raise self._no_layers()

@@ -162,6 +162,19 @@ class Cgroups:
         ns = self._read_int("cpuacct", sandbox_id, "cpuacct.usage", "")
         return None if ns is None else ns / 1e9
 
+    def procs(self, sandbox_id: str) -> list[int]:
+        """Host pids of every process of the sandbox (its cgroup and below)."""
+        base = self._controller("pids")
+        if base is None:
+            return []
+        out: list[int] = []
+        for d, _dirs, _files in os.walk(base / self.parent / sandbox_id):
+            try:
+                out += [int(x) for x in (Path(d) / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                continue
+        return out
+
     def memory_peak(self, sandbox_id: str) -> int | None:
         return self._read_int("memory", sandbox_id, "memory.max_usage_in_bytes", "memory.peak")
 

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import json
 import signal as signals
 from collections.abc import AsyncIterator, Mapping
 
+from corral.api import verdict
 from corral.api.models import (
+    MAX_PROTECTED,
     AuditReport,
     CommitRequest,
     CreateSandbox,
     DisplayInput,
+    Event,
     ExecEvent,
     ExecRequest,
     FileEntry,
@@ -30,6 +34,8 @@ from corral.api.models import (
     LayerInfo,
     LogLine,
     NetworkPolicy,
+    ProtectRequest,
+    RolloutReport,
     RolloutStep,
     SandboxInfo,
     SavedState,
@@ -39,17 +45,20 @@ from corral.api.models import (
 )
 from corral.capacity import NodeCapacity
 from corral.config import NodeConfig
-from corral.errors import Conflict, InvalidArgument, Unavailable
+from corral.errors import Conflict, InvalidArgument, SandboxClosed, Unavailable
 from corral.guard.network import NodeNetwork
 from corral.host.procs import owner_token
 from corral.host.scratch import Scratch
 from corral.images.lazy.loader import LazyLoader
 from corral.images.mounter import LayerMounts
 from corral.images.store import ImageStore
+from corral.labels import ROLLOUT
 from corral.log import get_logger
 from corral.node.commit import layer_info
 from corral.node.fncall.service import FnCalls
 from corral.node.recovery import GcReport
+from corral.node.states import ALL as ALL_STATES
+from corral.node.steplog import check_name
 from corral.node.store import Store
 from corral.node.wiring import NodeParts, require_root, start_parts
 from corral.runtimes.base import Runtime
@@ -220,6 +229,30 @@ class NodeAgent:
     async def audit(self, sandbox_id: str) -> AuditReport:
         p = self.parts
         return await p.audit.report(p.records.get(sandbox_id))
+
+    async def protect(self, sandbox_id: str, req: ProtectRequest) -> SandboxInfo:
+        p = self.parts
+        rec = p.records.get(sandbox_id)
+        if rec.kind != "container":
+            raise InvalidArgument(
+                "kind", "protected paths are watched in containers only", rec.kind
+            )
+        if rec.state != "running":
+            raise SandboxClosed(f"sandbox {sandbox_id} is {rec.state}", sandbox=sandbox_id)
+        paths = sorted(set(rec.spec.get("protected") or []) | set(req.paths))
+        if len(paths) > MAX_PROTECTED:
+            raise InvalidArgument("paths", f"at most {MAX_PROTECTED} paths a sandbox", len(paths))
+        await asyncio.to_thread(p.audit.misbehaviour.protect, rec, req.paths)
+        p.store.update(sandbox_id, spec=json.dumps({**rec.spec, "protected": paths}))
+        return p.records.info(p.records.get(sandbox_id))
+
+    async def rollout_report(self, rollout: str) -> RolloutReport:
+        p = self.parts
+        recs = p.store.list(states=ALL_STATES, labels={ROLLOUT: check_name(rollout)})
+        return verdict.rollout_report(rollout, [await p.audit.report(r) for r in recs])
+
+    def events(self, labels: dict[str, str] | None = None) -> AsyncIterator[Event]:
+        return self.parts.events.subscribe(labels)
 
     async def command_log(
         self, sandbox_id: str, since_ms: int = 0, limit: int = 1000

@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from corral.api.models import AuditReport, ExecExit, ExecRequest, LogLine, Usage
+from corral.api.verdict import DEFAULT_RULES
 from corral.config import NodeConfig
 from corral.guard.dns import DENIED_NAME
 from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon, syscall_class
 from corral.host.cgroups import Cgroups
 from corral.host.scratch import Scratch
+from corral.node.events import EventBus
+from corral.node.misbehaviour import Key, Misbehaviour, command_text, totals
 from corral.node.store import SandboxRecord, Store
 
 
@@ -36,6 +39,9 @@ class Audit:
         network: NodeNetwork,
         scratch: Scratch,
         pending: Callable[[str], dict[str, int]],
+        misbehaviour: Misbehaviour,
+        events: EventBus,
+        running: Callable[[str], int],
     ) -> None:
         self.config = config
         self.store = store
@@ -44,6 +50,19 @@ class Audit:
         self.network = network
         self.scratch = scratch
         self._pending = pending  # counts not yet in the store (the DNS resolver's)
+        self.misbehaviour = misbehaviour
+        self.events = events
+        self._running = running  # commands running in a sandbox now
+
+    def begin(self, sandbox_id: str) -> None:
+        """A command starts (its findings are what the counters gain from here)."""
+        if not self.misbehaviour.tracking(sandbox_id):
+            self.misbehaviour.begin(sandbox_id, self._per_command(sandbox_id))
+
+    def _per_command(self, sandbox_id: str) -> dict[Key, int]:
+        # The cheap counters only, read twice a command: the kernel's (OOM
+        # kills, pids limit, nft) are read for a report, not per command.
+        return totals(self._counted(sandbox_id, False, net=False))
 
     def account(
         self,
@@ -85,6 +104,12 @@ class Audit:
         else:
             entry["seconds"] = round(time.monotonic() - t0, 3)
         self._log_command(sandbox_id, entry)
+        self.misbehaviour.ended(sandbox_id, argv, self._per_command(sandbox_id), entry["ts"])
+        if self.events.active:
+            self.events.publish(
+                "command", sandbox_id, command=command_text(argv),
+                exit_code=None if x is None else x.exit_code, seconds=entry["seconds"],
+            )  # fmt: skip
 
     def _log_command(self, sandbox_id: str, entry: dict[str, Any]) -> None:
         """Append to the sandbox's command log on the host, within its quota."""
@@ -112,8 +137,10 @@ class Audit:
             if value:
                 self.store.count(sandbox_id, key, value)
 
-    async def report(self, rec: SandboxRecord) -> AuditReport:
-        sandbox_id = rec.id
+    def _counted(self, sandbox_id: str, running: bool, net: bool) -> AuditReport:
+        """The counters: the store's, the resolver's not yet flushed, the
+        seccomp daemon's, the kernel's (while the cgroup lives) and, with
+        `net`, the nft counters (a subprocess: not per command)."""
         counters = self.store.counters(sandbox_id)
         for key, value in self._pending(sandbox_id).items():
             counters[key] = counters.get(key, 0) + value
@@ -123,23 +150,52 @@ class Audit:
                 setattr(report, key, value)
             elif key.startswith(DENIED_NAME):
                 report.dns_denied_names[key[len(DENIED_NAME) :]] = value
-        if rec.state == "running":
+        if running:
             report.oom_kills += self.cgroups.oom_kills(sandbox_id)
             report.pids_limit_hits += self.cgroups.pids_limit_hits(sandbox_id)
-            usage = await asyncio.to_thread(self.scratch.usage, sandbox_id)
-            if usage is not None:
-                report.disk_used, report.disk_limit = usage
         for slot, n in self.seccompd.counts(sandbox_id).items():
             cls, name = syscall_class(slot)
             report.syscalls_denied[cls] = report.syscalls_denied.get(cls, 0) + n
             report.syscalls[name] = report.syscalls.get(name, 0) + n
-        row = self.store.net_get(sandbox_id)
+        row = self.store.net_get(sandbox_id) if net else None
         if row is not None:
             report.egress_denied += self.network.denied(row[0])
             report.dns_flooded += self.network.dns_flooded(row[0])
+        return report
+
+    async def report(self, rec: SandboxRecord) -> AuditReport:
+        sandbox_id = rec.id
+        # Closing, the nft counters are (being) kept in the store: not read twice.
+        live_net = rec.state not in ("closing", "closed", "failed")
+        report = self._counted(sandbox_id, rec.state == "running", net=live_net)
+        if rec.state == "running":
+            usage = await asyncio.to_thread(self.scratch.usage, sandbox_id)
+            if usage is not None:
+                report.disk_used, report.disk_limit = usage
         log_path = self.config.sandboxes_dir / sandbox_id / "commands.log"
         report.log_bytes = log_path.stat().st_size if log_path.exists() else 0
+        busy = self._running(sandbox_id) > 0
+        report.findings = await asyncio.to_thread(self.misbehaviour.findings, rec, report, busy)
+        report.verdict = DEFAULT_RULES.verdict(report.findings)
         return report
+
+    async def at_close(self, rec: SandboxRecord) -> None:
+        """Before its resources go: what only the living sandbox shows (its
+        file system, its processes, the kernel's nft counters)."""
+        if rec.state not in ("closing", "creating"):
+            return
+        row = self.store.net_get(rec.id)
+        # Once: a close that recovery finishes comes here again.
+        if row is not None and not self.store.counters(rec.id).get("net_kept"):
+            self.store.count(rec.id, "net_kept")
+            for key, value in (
+                ("egress_denied", self.network.denied(row[0])),
+                ("dns_flooded", self.network.dns_flooded(row[0])),
+            ):
+                if value:
+                    self.store.count(rec.id, key, value)
+        busy = self._running(rec.id) > 0
+        await asyncio.to_thread(self.misbehaviour.at_close, rec, busy)
 
     async def usage(self, rec: SandboxRecord) -> Usage:
         """Read now from the sandbox's cgroup and writable layer."""

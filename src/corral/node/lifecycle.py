@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from corral import ids, metrics
+from corral import ids, metrics, trace
 from corral.api.models import CreateSandbox, SandboxInfo
 from corral.config import NodeConfig
 from corral.errors import (
@@ -36,7 +36,7 @@ from corral.host.scratch import Scratch
 from corral.images.layer import STACK, Layer, RegistryRef
 from corral.images.mounter import LayerMounts
 from corral.images.pull import pull
-from corral.log import get_logger
+from corral.log import bind, get_logger, scope
 from corral.node import states
 from corral.node.activity import Activity
 from corral.node.admission import Admission, AlreadyCreated
@@ -185,10 +185,15 @@ class Lifecycle:
         earlier = self.admission.earlier(req.idempotency_key)
         if earlier is not None:
             return await self._made_by_key(earlier)
-        try:
-            return await self._create(req, state)
-        except AlreadyCreated as dup:  # a concurrent create with the same key won
-            return await self._made_by_key(dup.sandbox_id)
+        # The span's children are the phases _create marks; the log scope
+        # ends the sandbox id _create binds with this call (an embedded
+        # caller's own task goes on without it).
+        attrs = {"sandbox.kind": req.kind, "sandbox.image": req.image}
+        with trace.span("sandbox.create", **attrs), scope():
+            try:
+                return await self._create(req, state)
+            except AlreadyCreated as dup:  # a concurrent create with the same key won
+                return await self._made_by_key(dup.sandbox_id)
 
     async def _made_by_key(self, sandbox_id: str) -> SandboxInfo:
         """The sandbox an earlier create with the same key made, once ready."""
@@ -248,7 +253,8 @@ class Lifecycle:
             t0 = time.monotonic()
 
             async def run() -> object:
-                layer = await asyncio.to_thread(pull, self.images, image, _quiet)
+                with trace.span("image.pull", **{"image.ref": key}):
+                    layer = await asyncio.to_thread(pull, self.images, image, _quiet)
                 log.info("image.pulled", ref=key, digest=layer.digest,
                          seconds=round(time.monotonic() - t0, 3))  # fmt: skip
                 return layer
@@ -266,6 +272,8 @@ class Lifecycle:
         if req.network is not None:
             self.networks.network.check(req.network)
         rec = self._record(req, layers)
+        bind(sandbox=rec.id)
+        trace.current().set("sandbox.id", rec.id)
         sandbox_dir = self.config.sandboxes_dir / rec.id
         sub = self.scratch.path(rec.id)
         prep = Prepared(
@@ -277,17 +285,23 @@ class Lifecycle:
             env=merge_env(rec.image_env, req.env),
         )
         own = [("dir", str(sandbox_dir)), ("subvolume", rec.id)]
-        net_index = self.admission.admit(req, rec, own + runtime.resources(rec.id, prep))
-        prep = replace(prep, host_id=self.admission.host_id(rec.id))
         phases: dict[str, float] = {}
-        mark = time.monotonic()
+        mark, mark_ns = time.monotonic(), time.time_ns()
 
         def phase(name: str) -> None:
-            nonlocal mark
-            now = time.monotonic()
+            """Ends the phase begun at the last mark: a log field (ms) and,
+            with tracing on, a child span of sandbox.create over the same
+            interval (create.admit, create.prepare: layers mounted and the
+            scratch made, create.start: the runtime's, create.ready: its
+            exec server answered, create.network)."""
+            nonlocal mark, mark_ns
+            now, now_ns = time.monotonic(), time.time_ns()
             phases[name] = round((now - mark) * 1000, 2)
-            mark = now
+            trace.record(f"create.{name}", mark_ns, now_ns)
+            mark, mark_ns = now, now_ns
 
+        net_index = self.admission.admit(req, rec, own + runtime.resources(rec.id, prep))
+        prep = replace(prep, host_id=self.admission.host_id(rec.id))
         phase("admit")
         try:
             # Traversable, not listable: a container's user namespace root
@@ -314,12 +328,12 @@ class Lifecycle:
                     raise
                 # A guest that never answered: its console says why.
                 raise SandboxFailed(diagnose(runtime, rec.id, exc.message), sandbox=rec.id) from exc
+            phase("ready")
             if req.network is not None and net_index is not None:
                 await self.networks.connect(
                     rec.id, started.pid, net_index, req.network, runtime.net_tap
                 )
                 phase("network")
-            phase("ready")
             if not self.store.transition(
                 rec.id, ["creating"], "running", init_pid=started.pid, init_start=started.pid_start
             ):
@@ -346,6 +360,12 @@ class Lifecycle:
     async def release(self, sandbox_id: str, final_state: str, reason: str) -> None:
         """Release every resource of a sandbox that is creating or closing
         (this process won that state), then mark it final_state."""
+        rec = self.store.get(sandbox_id)
+        if rec is not None:
+            try:
+                await self.audit.at_close(rec)
+            except Exception as exc:  # a report is never worth a leaked sandbox
+                log.warning("audit.at_close_failed", sandbox=sandbox_id, error=str(exc))
         self.audit.keep_kernel_counters(sandbox_id)
         errors = await self.ledger.release_all(sandbox_id)
         self._end_sessions(sandbox_id)

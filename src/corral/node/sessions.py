@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
-from corral import metrics
+from corral import metrics, trace
 from corral.api.models import ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStarted
 from corral.config import NodeConfig
 from corral.errors import (
@@ -71,6 +71,9 @@ class Sessions:
         argv = [plat.SHELL, "-c", req.cmd] if isinstance(req.cmd, str) else list(req.cmd)
         env = merge_env(rec.image_env, rec.spec.get("env", {}), req.env)
         t0 = time.monotonic()
+        # Request to exit, with the exit code. Never made current: this is
+        # an async generator, run in its consumer's context between yields.
+        span = trace.start("sandbox.exec", **{"sandbox.id": sandbox_id, "sandbox.kind": rec.kind})
         try:
             session = await self._execd(sandbox_id).start(
                 argv,
@@ -85,14 +88,22 @@ class Sessions:
                 pty=req.pty,
             )
         except Unavailable:
-            raise self.records.gone(sandbox_id) from None
+            gone = self.records.gone(sandbox_id)
+            span.end(gone)
+            raise gone from None
+        except BaseException as exc:
+            span.end(exc)
+            raise
+        span.set("exec.pid", session.pid)
         key = (sandbox_id, session.pid)
         self._sessions[key] = session
         self.activity.begin(sandbox_id)
+        self.audit.begin(sandbox_id)
         outcome = "error"
         exit_event: ExecExit | None = None
         seen = {"stdout": 0, "stderr": 0}
         over = False
+        error: BaseException | None = None
         try:
             yield ExecStarted(pid=session.pid)
             limit = req.timeout + EXEC_GRACE if req.timeout else None
@@ -129,6 +140,9 @@ class Sessions:
                         max_rss=x.max_rss,
                         duration=time.monotonic() - t0,
                     )
+                    span.set("exec.exit_code", x.exit_code)
+                    span.set("exec.signal", x.signal or None)
+                    span.set("exec.timed_out", x.timed_out)
                     if rec.kind == "fncall" and self.activity.running(sandbox_id) == 1:
                         # Stateless: once nothing runs, nothing of it is
                         # kept; wiped before the caller hears the exit, so
@@ -150,7 +164,12 @@ class Sessions:
                 seen[stream] += len(payload)
                 if payload:
                     yield ExecOutput(type=stream, data=payload)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
+            span.set("exec.outcome", outcome)
+            span.end(error)
             session.close()
             self._sessions.pop(key, None)
             self.audit.account(sandbox_id, argv, req, outcome, exit_event, t0)

@@ -40,6 +40,7 @@ TRANSITIONS: dict[S, frozenset[S]] = {
 
 FINAL = frozenset({S.closed, S.failed})
 ACTIVE = tuple(s.value for s in S if s not in FINAL)
+ALL = tuple(s.value for s in S)
 
 
 def allowed(from_state: str, to_state: str) -> bool:

@@ -14,17 +14,17 @@ import builtins
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from corral.errors import ResourceExhausted
+from corral.node import findlog, steplog
 from corral.node import states as st
-from corral.node import steplog
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -105,6 +105,7 @@ _MIGRATIONS: dict[int, str] = {
     """
     + steplog.DDL
     + ";",
+    8: findlog.DDL,
 }
 
 # Every state but the final ones (node/states.py draws the machine).
@@ -176,6 +177,9 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.closed = False
+        # Told of every state change made through this Store (the event
+        # stream's source): (sandbox id, new state).
+        self.on_transition: Callable[[str, str], None] | None = None
         self._migrate()
 
     def _migrate(self) -> None:
@@ -236,6 +240,8 @@ class Store:
             "INSERT INTO labels (sandbox_id, key, value) VALUES (?,?,?)",
             [(rec.id, k, v) for k, v in rec.labels.items()],
         )
+        if self.on_transition is not None:
+            self.on_transition(rec.id, rec.state)
 
     def update(self, sandbox_id: str, **values: Any) -> None:
         if "state" in values:
@@ -257,7 +263,11 @@ class Store:
             f"AND state IN ({','.join('?' * len(states))})",
             (to_state, *values.values(), sandbox_id, *states),
         )
-        return cur.rowcount == 1
+        if cur.rowcount != 1:
+            return False
+        if self.on_transition is not None:
+            self.on_transition(sandbox_id, to_state)
+        return True
 
     def get(self, sandbox_id: str) -> SandboxRecord | None:
         row = self.db.execute(
@@ -459,6 +469,7 @@ class Store:
             self.db.executemany("DELETE FROM audit WHERE sandbox_id=?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM idempotency WHERE sandbox_id=?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM op_keys WHERE sandbox_id=?", [(i,) for i in ids])
+            findlog.drop(self.db, ids)
         return len(ids)
 
     # ---------------------------------------------------------------- idempotency

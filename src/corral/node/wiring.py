@@ -40,12 +40,14 @@ from corral.node.audit import Audit
 from corral.node.children import Children
 from corral.node.commit import Commits
 from corral.node.display import Displays
+from corral.node.events import EventBus
 from corral.node.files import Files
 from corral.node.fncall.service import FnCalls
 from corral.node.housekeeping import Housekeeping
 from corral.node.keyed import KeyedExecs
 from corral.node.ledger import Ledger
 from corral.node.lifecycle import Lifecycle, control_path
+from corral.node.misbehaviour import Misbehaviour
 from corral.node.network import SandboxNetworks
 from corral.node.records import Records
 from corral.node.recovery import Recovery
@@ -74,6 +76,7 @@ class NodeParts:
     ledger: Ledger
     networks: SandboxNetworks
     audit: Audit
+    events: EventBus
     activity: Activity
     children: Children
     lifecycle: Lifecycle
@@ -236,7 +239,16 @@ async def start_parts(
         _node_releasers(store, cgroups, scratch, networks),
         *(r.releasers() for r in runtimes.values()),
     ))  # fmt: skip
-    audit = Audit(cfg, store, cgroups, seccompd, network, scratch, networks.pending)
+    events = EventBus(lambda sid: r.labels if (r := store.get(sid)) is not None else {})
+    store.on_transition = lambda sid, state: events.publish("state", sid, state=state)
+    misbehaviour = Misbehaviour(
+        cfg, store, cgroups, scratch, events,
+        lambda rec: [layers.path(d) for d in reversed(rec.layers)],
+    )  # fmt: skip
+    audit = Audit(
+        cfg, store, cgroups, seccompd, network, scratch, networks.pending, misbehaviour, events,
+        activity.running,
+    )  # fmt: skip
     # Sessions end when their sandbox is released: made first, handed over.
     sessions = Sessions(cfg, store, records, activity, audit, execd)
     lifecycle = Lifecycle(
@@ -255,8 +267,8 @@ async def start_parts(
     parts = NodeParts(
         config=cfg, store=store, cgroups=cgroups, seccompd=seccompd, runtimes=runtimes,
         records=records, admission=admission, ledger=ledger, networks=networks, audit=audit,
-        activity=activity, children=children, lifecycle=lifecycle, snapshots=snapshots,
-        sessions=sessions,
+        events=events, activity=activity, children=children, lifecycle=lifecycle,
+        snapshots=snapshots, sessions=sessions,
         keyed=KeyedExecs(store, sessions.exec),
         steplog=StepLog(SqliteDatabase(f"sqlite://{store.path}", inline=True)),
         files=Files(cfg, snapshots.awake, execd, sessions),

@@ -35,6 +35,7 @@ from corral.api.models import (
 from corral.api.service import SandboxService
 from corral.config import NodeConfig
 from corral.errors import CorralError, InvalidArgument, Unavailable
+from corral.sdk.events import AsyncEventStream, open_stream
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.request import create_request as _create_request
 from corral.sdk.rollouts import AsyncRollouts
@@ -76,6 +77,7 @@ class AsyncSandboxes:
         network: NetworkPolicy | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         display_size: str | tuple[int, int] | None = None,
+        protected: list[str] | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return once it accepts commands.
 
@@ -87,7 +89,9 @@ class AsyncSandboxes:
         ecosystems) and nothing else. A create retried with the same
         `idempotency_key` returns the sandbox the first attempt made.
         `cpu` and `memory` default to 1 core and 1 GiB; a `fullvm` gets 2
-        cores, 2 GiB and a `display_size` of 1024x768 unless given."""
+        cores, 2 GiB and a `display_size` of 1024x768 unless given.
+        `protected` paths (the task's tests) are watched from the start: a
+        write to one is a violation in the sandbox's report (audit())."""
         req = _create_request(
             kind=kind,
             image=image,
@@ -103,6 +107,7 @@ class AsyncSandboxes:
             labels=labels,
             network=network,
             display_size=display_size,
+            protected=protected,
         )
         if idempotency_key is not None:
             req = validated(CreateSandbox, {**req.model_dump(), "idempotency_key": idempotency_key})
@@ -312,6 +317,11 @@ class AsyncClient:
     async def open(self) -> AsyncClient:
         await self._ready()
         return self
+
+    async def events(self, labels: dict[str, str] | None = None) -> AsyncEventStream:
+        """What happens from now on to sandboxes carrying all of `labels`
+        (state changes, command ends, findings): live when this returns."""
+        return await open_stream(await self._ready(), labels)
 
     async def aclose(self) -> None:
         """Stop this client. Sandboxes live on (until their TTL): close them,

@@ -19,7 +19,17 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from corral.sdk import client, commands, display, files, fncall, network, rollouts, sandbox
+from corral.sdk import (
+    client,
+    commands,
+    display,
+    events,
+    files,
+    fncall,
+    network,
+    rollouts,
+    sandbox,
+)
 
 CLASSES: list[tuple[type[Any], str]] = [
     (client.AsyncClient, "Client"),
@@ -36,6 +46,7 @@ CLASSES: list[tuple[type[Any], str]] = [
     (rollouts.AsyncRolloutSandbox, "RolloutSandbox"),
     (rollouts.AsyncRolloutCommands, "RolloutCommands"),
     (rollouts.AsyncRolloutFiles, "RolloutFiles"),
+    (events.AsyncEventStream, "EventStream"),
 ]
 RENAME = {cls.__name__: name for cls, name in CLASSES}
 TARGET = Path(__file__).with_name("sync.py")
@@ -270,16 +281,19 @@ from typing import Any
 
 from corral.api.models import (
     AuditReport,
+    Event,
     FileEntry,
     FnCallRequest,
     FnCallResult,
     LayerInfo,
     NetworkPolicy,
+    RolloutReport,
     SandboxInfo,
     SavedState,
     Usage,
 )
 from corral.api.service import SandboxService
+from corral.api.verdict import Rules
 from corral.config import NodeConfig
 from corral.errors import CorralError
 from corral.sdk.client import AsyncClient, AsyncSandboxes, BulkOutcome
@@ -291,6 +305,7 @@ from corral.sdk.commands import (
     OutputCallback,
 )
 from corral.sdk.display import AsyncDisplay
+from corral.sdk.events import AsyncEventStream
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.network import AsyncNetwork
@@ -309,6 +324,7 @@ __all__ = [
     "CommandHandle",
     "Commands",
     "Display",
+    "EventStream",
     "Files",
     "FnCall",
     "Network",
@@ -335,6 +351,7 @@ __all__ = [
         "RolloutSandbox",
         "Rollout",
         "Rollouts",
+        "EventStream",
         "Client",
     ]
     by_name = {name: cls for cls, name in CLASSES}

@@ -24,6 +24,7 @@ def create_request(
     labels: dict[str, str] | None = None,
     network: NetworkPolicy | dict[str, Any] | None = None,
     display_size: str | tuple[int, int] | None = None,
+    protected: list[str] | None = None,
 ) -> CreateSandbox:
     # cpu, memory, display_size: None is the kind's default (a full VM's is
     # bigger), so they are left out rather than sent as a value.
@@ -43,5 +44,6 @@ def create_request(
             "env": env or {},
             "labels": labels or {},
             "network": network.model_dump() if isinstance(network, NetworkPolicy) else network,
+            "protected": protected or [],
         },
     )

@@ -40,11 +40,13 @@ from corral import labels
 from corral.api.models import (
     ROLLOUT_NAME,
     ROLLOUT_NAME_RULE,
+    RolloutReport,
     RolloutStep,
     SandboxInfo,
     SavedState,
 )
 from corral.api.service import SandboxService
+from corral.api.verdict import Rules
 from corral.errors import (
     Ambiguous,
     CorralError,
@@ -105,6 +107,16 @@ class AsyncRollouts:
         """Drop a finished rollout's log (its sandboxes are the caller's)."""
         service = await self._ready()
         await service.rollout_delete(name)
+
+    async def report(self, name: str, rules: Rules | None = None) -> RolloutReport:
+        """The misbehaviour report of every sandbox the rollout created,
+        open or closed, judged by the node's rules or by `rules`: filter a
+        trajectory's reward on its verdict."""
+        if not ROLLOUT_NAME.fullmatch(name):
+            raise InvalidArgument("name", ROLLOUT_NAME_RULE, name)
+        service = await self._ready()
+        report = await service.rollout_report(name)
+        return rules.judge(report) if rules is not None else report
 
 
 class AsyncRollout:
@@ -191,7 +203,9 @@ class AsyncRollout:
         args = req.model_dump(mode="json", exclude={"idempotency_key"})
 
         async def live(n: int) -> str:
-            keyed = req.model_copy(update={"idempotency_key": self._key(n)})
+            # Labelled after the digest (a log made before the label replays).
+            labelled = {**req.labels, labels.ROLLOUT: self.name}
+            keyed = req.model_copy(update={"idempotency_key": self._key(n), "labels": labelled})
             return (await self._service.create(keyed)).id
 
         sandbox_id = await self._step("create", args, live)

@@ -6,6 +6,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     LayerInfo,
+    ProtectRequest,
     SandboxInfo,
     SavedState,
     SaveRequest,
@@ -13,6 +14,7 @@ from corral.api.models import (
     validated,
 )
 from corral.api.service import SandboxService
+from corral.api.verdict import Rules
 from corral.sdk.commands import AsyncCommands
 from corral.sdk.display import AsyncDisplay
 from corral.sdk.files import AsyncFiles
@@ -63,11 +65,22 @@ class AsyncSandbox:
         )  # fmt: skip
         return await self._service.commit(self.id, req)
 
-    async def audit(self) -> AuditReport:
+    async def audit(self, rules: Rules | None = None) -> AuditReport:
         """What this sandbox was refused, hit or had killed (also after it
         closed): denied syscalls by class and name, OOM kills, pids-limit
-        hits, timed-out and killed commands, dropped output, log quota."""
-        return await self._service.audit(self.id)
+        hits, timed-out and killed commands, dropped output, log quota; and
+        the misbehaviour report made of them: findings and a verdict, by
+        the node's rules or by `rules` (corral.Rules)."""
+        report = await self._service.audit(self.id)
+        return rules.judge(report) if rules is not None else report
+
+    async def protect(self, paths: list[str]) -> None:
+        """Protect paths (the task's tests, its grader) from now on: a
+        later write to one, or under one, is a protected_write violation
+        in the report. What they hold now is the baseline (a container's)."""
+        self.info = await self._service.protect(
+            self.id, validated(ProtectRequest, {"paths": paths})
+        )
 
     async def usage(self) -> Usage:
         """What this sandbox uses now: CPU seconds, memory and disk, with

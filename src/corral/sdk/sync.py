@@ -15,16 +15,19 @@ from typing import Any
 
 from corral.api.models import (
     AuditReport,
+    Event,
     FileEntry,
     FnCallRequest,
     FnCallResult,
     LayerInfo,
     NetworkPolicy,
+    RolloutReport,
     SandboxInfo,
     SavedState,
     Usage,
 )
 from corral.api.service import SandboxService
+from corral.api.verdict import Rules
 from corral.config import NodeConfig
 from corral.errors import CorralError
 from corral.sdk.client import AsyncClient, AsyncSandboxes, BulkOutcome
@@ -36,6 +39,7 @@ from corral.sdk.commands import (
     OutputCallback,
 )
 from corral.sdk.display import AsyncDisplay
+from corral.sdk.events import AsyncEventStream
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
 from corral.sdk.network import AsyncNetwork
@@ -54,6 +58,7 @@ __all__ = [
     "CommandHandle",
     "Commands",
     "Display",
+    "EventStream",
     "Files",
     "FnCall",
     "Network",
@@ -316,11 +321,12 @@ class Sandbox:
     def info(self) -> SandboxInfo:
         return self._inner.info
 
-    def audit(self) -> AuditReport:
+    def audit(self, rules: Rules | None = None) -> AuditReport:
         """What this sandbox was refused, hit or had killed (also after it closed): denied syscalls
         by class and name, OOM kills, pids-limit hits, timed-out and killed commands, dropped
-        output, log quota."""
-        return self._portal.call(self._inner.audit)
+        output, log quota; and the misbehaviour report made of them: findings and a verdict, by
+        the node's rules or by `rules` (corral.Rules)."""
+        return self._portal.call(self._inner.audit, rules)
 
     def close(self) -> None:
         """Stop the sandbox and release everything it holds (idempotent)."""
@@ -357,6 +363,12 @@ class Sandbox:
     @property
     def id(self) -> str:
         return self._inner.id
+
+    def protect(self, paths: list[str]) -> None:
+        """Protect paths (the task's tests, its grader) from now on: a later write to one, or under
+        one, is a protected_write violation in the report. What they hold now is the baseline (a
+        container's)."""
+        return self._portal.call(self._inner.protect, paths)
 
     def refresh(self) -> SandboxInfo:
         return self._portal.call(self._inner.refresh)
@@ -427,6 +439,7 @@ class Sandboxes:
         network: NetworkPolicy | dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         display_size: str | tuple[int, int] | None = None,
+        protected: list[str] | None = None,
     ) -> Sandbox:
         """Create a sandbox and return once it accepts commands."""
         result = self._portal.call(
@@ -446,6 +459,7 @@ class Sandboxes:
             network=network,
             idempotency_key=idempotency_key,
             display_size=display_size,
+            protected=protected,
         )
         return Sandbox(self._portal, result)
 
@@ -730,10 +744,31 @@ class Rollouts:
         through whatever its log holds."""
         return Rollout(self._portal, self._portal.call(self._inner.open, name))
 
+    def report(self, name: str, rules: Rules | None = None) -> RolloutReport:
+        """The misbehaviour report of every sandbox the rollout created, open or closed, judged by
+        the node's rules or by `rules`: filter a trajectory's reward on its verdict."""
+        return self._portal.call(self._inner.report, name, rules)
+
     def resume(self, state: dict[str, Any]) -> Rollout:
         """Reattach to a rollout from what AsyncRollout.state() returned (the same as
         open(state["name"]), checked against the log)."""
         return Rollout(self._portal, self._portal.call(self._inner.resume, state))
+
+
+class EventStream:
+    """Blocking twin of AsyncEventStream."""
+
+    def __init__(self, portal: Portal, inner: AsyncEventStream) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    def close(self) -> None:
+        return self._portal.call(self._inner.close)
+
+    def next(self, timeout: float | None = None) -> Event | None:
+        """The next event; None if `timeout` seconds pass without one, or once the stream has ended
+        (the server went away: open another)."""
+        return self._portal.call(self._inner.next, timeout)
 
 
 class Client:
@@ -780,6 +815,11 @@ class Client:
             self._portal.call(self._inner.aclose)
         finally:
             self._portal.close()
+
+    def events(self, labels: dict[str, str] | None = None) -> EventStream:
+        """What happens from now on to sandboxes carrying all of `labels` (state changes, command
+        ends, findings): live when this returns."""
+        return EventStream(self._portal, self._portal.call(self._inner.events, labels))
 
     @property
     def service(self) -> SandboxService:
