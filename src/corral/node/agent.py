@@ -242,7 +242,7 @@ class NodeAgent:
         paths = sorted(set(rec.spec.get("protected") or []) | set(req.paths))
         if len(paths) > MAX_PROTECTED:
             raise InvalidArgument("paths", f"at most {MAX_PROTECTED} paths a sandbox", len(paths))
-        await asyncio.to_thread(p.audit.misbehaviour.protect, rec, req.paths)
+        await p.audit.misbehaviour.protect(rec, req.paths)
         p.store.update(sandbox_id, spec=json.dumps({**rec.spec, "protected": paths}))
         return p.records.info(p.records.get(sandbox_id))
 

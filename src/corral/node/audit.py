@@ -111,6 +111,11 @@ class Audit:
                 exit_code=None if x is None else x.exit_code, seconds=entry["seconds"],
             )  # fmt: skip
 
+    def log_state(self, sandbox_id: str, state: str) -> None:
+        """A state change in the command log: the sandbox's timeline."""
+        if (self.config.sandboxes_dir / sandbox_id).is_dir():
+            self._log_command(sandbox_id, {"ts": time.time(), "event": "state", "state": state})
+
     def _log_command(self, sandbox_id: str, entry: dict[str, Any]) -> None:
         """Append to the sandbox's command log on the host, within its quota."""
         path = self.config.sandboxes_dir / sandbox_id / "commands.log"
@@ -175,7 +180,7 @@ class Audit:
         log_path = self.config.sandboxes_dir / sandbox_id / "commands.log"
         report.log_bytes = log_path.stat().st_size if log_path.exists() else 0
         busy = self._running(sandbox_id) > 0
-        report.findings = await asyncio.to_thread(self.misbehaviour.findings, rec, report, busy)
+        report.findings = await self.misbehaviour.findings(rec, report, busy)
         report.verdict = DEFAULT_RULES.verdict(report.findings)
         return report
 
@@ -194,8 +199,7 @@ class Audit:
             ):
                 if value:
                     self.store.count(rec.id, key, value)
-        busy = self._running(rec.id) > 0
-        await asyncio.to_thread(self.misbehaviour.at_close, rec, busy)
+        await self.misbehaviour.at_close(rec, self._running(rec.id) > 0)
 
     async def usage(self, rec: SandboxRecord) -> Usage:
         """Read now from the sandbox's cgroup and writable layer."""

@@ -17,6 +17,7 @@ directory and the cgroup go with the sandbox).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -128,21 +129,28 @@ class Misbehaviour:
             self.events.publish("finding", sandbox_id, finding=f)
 
     def _log(self, sandbox_id: str, entry: dict[str, object]) -> None:
+        """A line in the command log (the timeline), within its quota: past
+        it the store still holds the finding, and the log grows no more."""
         path = self.config.sandboxes_dir / sandbox_id / "commands.log"
+        line = (json.dumps(entry, default=str)[:4096] + "\n").encode()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            if path.stat().st_size + len(line) > self.config.log_quota:
+                return
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND, 0o600)
         except OSError:
-            return  # closed: the store holds it
+            return  # closed (the store holds it), or no command logged yet
         try:
-            os.write(fd, (json.dumps(entry, default=str)[:4096] + "\n").encode())
+            os.write(fd, line)
         finally:
             os.close(fd)
 
     # ---------------------------------------------------------------- the report
 
-    def findings(self, rec: SandboxRecord, report: AuditReport, busy: bool) -> list[Finding]:
+    async def findings(self, rec: SandboxRecord, report: AuditReport, busy: bool) -> list[Finding]:
         """Recorded findings, the counts no command took, and (while the
-        sandbox runs) what its file system and processes show."""
+        sandbox runs) what its file system and processes show. The store is
+        read on the event loop's thread (its one connection), the file
+        system in a worker thread."""
         recorded = findlog.of(self.store.db, rec.id)
         taken: dict[Key, int] = {}
         for f in recorded:
@@ -154,21 +162,26 @@ class Misbehaviour:
             if n > taken.get(key, 0):
                 out.append(_finding(rec.id, key, n - taken.get(key, 0), None, now))
         if rec.state == "running":
-            out += self.live(rec, busy)
+            out += await self.live(rec, busy)
         if report.disk_limit and report.disk_used and report.disk_used >= report.disk_limit * 0.98:
             out.append(_finding(rec.id, ("disk_full", "disk"), 1, None, now))
         return sorted(out, key=lambda f: f.at)
 
-    def live(self, rec: SandboxRecord, busy: bool) -> list[Finding]:
+    async def live(self, rec: SandboxRecord, busy: bool) -> list[Finding]:
         """What the file system and the process table show now (a container's)."""
         if rec.kind != "container":
             return []
         upper = self.scratch.path(rec.id) / "upper"
         protected = list(rec.spec.get("protected") or [])
-        changes = fschanges.changes(
-            upper, self._lower_of(rec), protected, findlog.baseline(self.store.db, rec.id)
+        baseline = findlog.baseline(self.store.db, rec.id)
+        lower = self._lower_of(rec)
+        changes, commands, left = await asyncio.to_thread(
+            lambda: (
+                fschanges.changes(upper, lower, protected, baseline),
+                self._commands(rec.id),
+                self.processes_left(rec) if not busy else [],
+            )
         )
-        commands = self._commands(rec.id)
         out = [
             Finding(
                 sandbox=rec.id,
@@ -180,7 +193,6 @@ class Misbehaviour:
             )
             for c in changes
         ]
-        left = self.processes_left(rec) if not busy else []
         if left:
             out.append(_finding(rec.id, ("processes_left", ", ".join(left)[:200]), len(left),
                                 None, time.time()))  # fmt: skip
@@ -200,18 +212,18 @@ class Misbehaviour:
             names.append(f"{comm}[{pid}]")
         return names
 
-    def protect(self, rec: SandboxRecord, paths: list[str]) -> None:
+    async def protect(self, rec: SandboxRecord, paths: list[str]) -> None:
         """Protect more paths from now on (their upper entries now: the baseline)."""
         if rec.kind != "container":
             return
         upper = self.scratch.path(rec.id) / "upper"
-        now = fschanges.signatures(upper, paths)
-        findlog.set_baseline(self.store.db, rec.id, {p: now.get(p) for p in now})
+        now = await asyncio.to_thread(fschanges.signatures, upper, paths)
+        findlog.set_baseline(self.store.db, rec.id, dict(now))
 
-    def at_close(self, rec: SandboxRecord, busy: bool) -> None:
+    async def at_close(self, rec: SandboxRecord, busy: bool) -> None:
         """Record what only the living sandbox shows (its upper directory and
         cgroup go with it). `busy`: a command still runs (killed with it)."""
-        self.record(rec.id, self.live(rec, busy))
+        self.record(rec.id, await self.live(rec, busy))
         self.forget(rec.id)
 
     def _commands(self, sandbox_id: str) -> list[tuple[float, float, str]]:

@@ -240,7 +240,6 @@ async def start_parts(
         *(r.releasers() for r in runtimes.values()),
     ))  # fmt: skip
     events = EventBus(lambda sid: r.labels if (r := store.get(sid)) is not None else {})
-    store.on_transition = lambda sid, state: events.publish("state", sid, state=state)
     misbehaviour = Misbehaviour(
         cfg, store, cgroups, scratch, events,
         lambda rec: [layers.path(d) for d in reversed(rec.layers)],
@@ -249,6 +248,12 @@ async def start_parts(
         cfg, store, cgroups, seccompd, network, scratch, networks.pending, misbehaviour, events,
         activity.running,
     )  # fmt: skip
+
+    def on_transition(sandbox_id: str, state: str) -> None:
+        audit.log_state(sandbox_id, state)  # the timeline (kept while the sandbox is)
+        events.publish("state", sandbox_id, state=state)
+
+    store.on_transition = on_transition
     # Sessions end when their sandbox is released: made first, handed over.
     sessions = Sessions(cfg, store, records, activity, audit, execd)
     lifecycle = Lifecycle(
