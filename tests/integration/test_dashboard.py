@@ -140,12 +140,17 @@ def _login(b: Any, site: Site, key: str) -> None:
 
 
 def _stale(element: Any) -> bool:
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 
     try:
         element.is_enabled()
     except StaleElementReferenceException:
         return True
+    except WebDriverException as exc:
+        # Mid-navigation Chromium may say so in its own words (CI saw it once).
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
     return False
 
 

@@ -335,18 +335,28 @@ class GatewayView(Forwarding):
     async def list(self, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
         """This project's live sandboxes (not its sub-projects'), from their nodes."""
         wanted = {**(labels or {}), platform_labels.PROJECT: self.project}
+        out: builtins.list[SandboxInfo] = []
+        for found in await self._everywhere("list", lambda node: node.list(wanted)):
+            out += found
+        return sorted(out, key=lambda s: s.created_at)
+
+    async def _everywhere(
+        self, what: str, call: Callable[[SandboxService], Awaitable[T]]
+    ) -> builtins.list[T]:
+        """`call` on every live node at once; a node that fails is logged
+        and left out (the others' answers still count)."""
         alive = [n for n in await self.gw.nodes() if n.state == nodes.ALIVE]
         found = await asyncio.gather(
-            *(self.gw.watch(n.name, self.gw.client(n).list(wanted)) for n in alive),
+            *(self.gw.watch(n.name, call(self.gw.client(n))) for n in alive),
             return_exceptions=True,
         )
-        out: builtins.list[SandboxInfo] = []
+        out: builtins.list[T] = []
         for n, result in zip(alive, found, strict=True):
             if isinstance(result, BaseException):
-                log.warning("list.node_failed", node=n.name, error=str(result))
+                log.warning(f"{what}.node_failed", node=n.name, error=str(result))
                 continue
-            out += result
-        return sorted(out, key=lambda s: s.created_at)
+            out.append(result)
+        return out
 
     async def close(self, sandbox_id: str) -> None:
         try:
@@ -456,16 +466,9 @@ class GatewayView(Forwarding):
 
     async def rollout_report(self, rollout: str) -> RolloutReport:
         """From every live node, this project's sandboxes of the rollout."""
-        alive = [n for n in await self.gw.nodes() if n.state == nodes.ALIVE]
-        found = await asyncio.gather(
-            *(self.gw.watch(n.name, self.gw.client(n).rollout_report(rollout)) for n in alive),
-            return_exceptions=True,
-        )
         mine: builtins.list[AuditReport] = []
-        for n, result in zip(alive, found, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("rollout_report.node_failed", node=n.name, error=str(result))
-                continue
+        answers = await self._everywhere("rollout_report", lambda n: n.rollout_report(rollout))
+        for result in answers:
             for sid in result.sandboxes:
                 with contextlib.suppress(CorralError):
                     await self._row(sid)  # another project's: not ours to see
