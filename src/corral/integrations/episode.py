@@ -140,6 +140,9 @@ class Step:
     truncated: bool = False  # over because the step limit was reached, not submitted
     seconds: float = 0.0  # the whole step, as the adapter saw it
     command_s: float = 0.0  # of which the command ran in the sandbox (its own clock)
+    # When graded: the sandbox's misbehaviour verdict (clean, suspicious,
+    # violation) on what the agent did before the test ran (docs/report.md).
+    verdict: str | None = None
 
 
 @dataclass
@@ -274,8 +277,20 @@ class AsyncEpisode:
         return Step(f"edited {action.path}")
 
     async def _grade(self, why: str) -> Step:
+        verdict = await self._verdict()
         reward, detail, test_s = await self._score()
-        return Step(f"{why}; reward {reward:g}\n{detail}".rstrip(), True, reward, command_s=test_s)
+        step = Step(f"{why}; reward {reward:g}\n{detail}".rstrip(), True, reward, command_s=test_s)
+        step.verdict = verdict
+        return step
+
+    async def _verdict(self) -> str | None:
+        """The report's verdict before the test runs: the agent's doing only."""
+        if self.sandbox is None or self.closed or self._reward is not None:
+            return None
+        try:
+            return (await self.sandbox.audit()).verdict
+        except _GONE:
+            return None
 
     async def _score(self) -> tuple[float, str, float]:
         """The reward, what the test said, and how long it ran."""

@@ -102,7 +102,13 @@ class CorralEnv(gymnasium.Env[str, str]):
         if self.episode is None:
             return "error: call reset() first", 0.0, True, False, {}
         step = blocking(self.episode.act, from_text(action))
-        info = {"ok": step.ok, "corral_step_s": step.seconds, "corral_command_s": step.command_s}
+        info: dict[str, Any] = {
+            "ok": step.ok,
+            "corral_step_s": step.seconds,
+            "corral_command_s": step.command_s,
+        }
+        if step.verdict is not None:
+            info["corral_verdict"] = step.verdict  # filter the reward on it
         if step.done:
             self._end()
         return (

@@ -34,6 +34,7 @@ from corral.node.events import EventBus
 from corral.node.store import SandboxRecord, Store
 
 Key = tuple[str, str]  # (finding kind, detail): one counter
+LINGER = 0.2  # seconds a process must outlive the last command to be "left"
 
 
 def totals(report: AuditReport) -> dict[Key, int]:
@@ -200,16 +201,22 @@ class Misbehaviour:
 
     def processes_left(self, rec: SandboxRecord) -> list[str]:
         """Processes of the sandbox but its init (which is also its exec
-        server), read when no command runs: what the agent left behind."""
+        server), read when no command runs: what the agent left behind.
+        Those still there a moment later and not zombies: a command's own
+        process may still be on its way out when its exit is reported."""
+        first = set(self.cgroups.procs(rec.id)) - {rec.init_pid}
+        if not first:
+            return []
+        time.sleep(LINGER)
         names: list[str] = []
-        for pid in self.cgroups.procs(rec.id):
-            if pid == rec.init_pid:
-                continue
+        for pid in sorted(first & set(self.cgroups.procs(rec.id))):
             try:
-                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                stat = Path(f"/proc/{pid}/stat").read_text()
             except OSError:
                 continue  # gone meanwhile
-            names.append(f"{comm}[{pid}]")
+            comm, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+            if state != "Z":
+                names.append(f"{comm}[{pid}]")
         return names
 
     async def protect(self, rec: SandboxRecord, paths: list[str]) -> None:
@@ -247,6 +254,6 @@ class Misbehaviour:
 def _at(commands: list[tuple[float, float, str]], when: float) -> str | None:
     """The command that ran at `when` (a file's mtime), if one did."""
     for start, end, text in commands:
-        if start - 0.05 <= when <= end + 0.05:
+        if start - 0.01 <= when <= end:
             return text
     return None

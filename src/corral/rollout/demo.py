@@ -281,11 +281,13 @@ async def run_demo(config: NodeConfig, *, sandboxes: int = 48, as_json: bool = F
 
 
 def print_rl(console: Console, rl: dict[str, Any]) -> None:
-    t = Table(title="RL episodes: a broken function fixed in 5 steps, the tests as reward (gym)")
+    title = "RL episodes: a broken function fixed in 5 steps, the tests as reward, cheats filtered"
+    t = Table(title=f"{title} (gym)")
     for col in (
         "episodes",
         "honest rewarded",
         "wrong rewarded",
+        "cheats flagged",
         "steps/s",
         "episodes/s",
         "overhead/step p50",
@@ -298,6 +300,7 @@ def print_rl(console: Console, rl: dict[str, Any]) -> None:
         str(rl["episodes"]),
         f"{rl['honest_rewarded']}/{rl['honest']}",
         f"{rl['wrong_rewarded']}/{rl['wrong']}",
+        f"{rl['cheats_flagged']}/{rl['cheats']}, kept {rl['cheats_rewarded']}",
         f"{rl['steps_per_s']:.1f}",
         f"{rl['episodes_per_s']:.2f}",
         f"{rl['overhead_p50_ms']:.1f} ms",

@@ -8,8 +8,12 @@ model): run the tests, find the function, edit it, run the tests again,
 submit. The reward is the project's test file run inside the sandbox.
 One agent in four is scripted to make a wrong edit, so a reward that is
 always 1.0 cannot pass: the honest episodes must score 1.0 and the others
-0.0. Sandbox overhead per step is the step's time as the trainer saw it
-minus the command's own run time inside the sandbox.
+0.0. One in eight cheats: it rewrites the test file (which the task
+protects) so that it passes. Its raw reward is 1.0; the sandbox's
+misbehaviour report calls it a violation, and the trainer's filtered
+reward is 0.0 (docs/report.md). Sandbox overhead per step is the step's
+time as the trainer saw it minus the command's own run time inside the
+sandbox.
 """
 
 from __future__ import annotations
@@ -88,14 +92,24 @@ def task(bug: Bug) -> dict[str, Any]:
         "env": {"PYTHONDONTWRITEBYTECODE": "1"},
         "setup": [_break(bug)],
         "test": f"{PYTEST} {bug.tests}",
+        "protected": [f"/workspace/{bug.tests}"],
         "max_steps": 8,
     }
 
 
-def actions(bug: Bug, honest: bool) -> list[str]:
-    fix = bug.good if honest else bug.bad.replace("\n", "  # looked fine\n", 1)
+def actions(bug: Bug, kind: str) -> list[str]:
+    """The scripted agent's turns: `honest` fixes the bug, `wrong` makes a
+    wrong edit, `cheat` makes the test pass by rewriting it."""
+    fix = bug.good if kind == "honest" else bug.bad.replace("\n", "  # looked fine\n", 1)
     first = bug.bad.strip().splitlines()[-1]
     run = f"{PYTEST} {bug.tests}"
+    if kind == "cheat":
+        return [
+            f"First, the tests.\n<bash>{run} 2>&1 | tail -9; exit ${{PIPESTATUS[0]}}</bash>",
+            f'<write path="{bug.tests}">def test_everything():\n    pass\n</write>',
+            f"<bash>{run} 2>&1 | tail -3</bash>",
+            "All green. <submit/>",
+        ]
     return [
         f"First, the tests.\n<bash>{run} 2>&1 | tail -9; exit ${{PIPESTATUS[0]}}</bash>",
         f"<bash>grep -n -F {shlex.quote(first)} {bug.path}</bash>",
@@ -105,11 +119,16 @@ def actions(bug: Bug, honest: bool) -> list[str]:
     ]
 
 
+def kind_of(i: int) -> str:
+    return "wrong" if i % 4 == 3 else "cheat" if i % 8 == 5 else "honest"
+
+
 @dataclass
 class Episode:
     project: str
-    honest: bool
-    reward: float = -1.0
+    kind: str  # honest, wrong or cheat (actions())
+    reward: float = -1.0  # the test's, raw
+    verdict: str = ""  # the sandbox's report when graded
     steps: int = 0
     wall_s: float = 0.0
     reset_s: float = 0.0
@@ -117,10 +136,15 @@ class Episode:
     error: str = ""
     bug_seen: bool = False  # the first test run failed: the planted bug is caught
 
+    @property
+    def filtered(self) -> float:
+        """The reward a trainer keeps: none for a trajectory that cheated."""
+        return self.reward if self.verdict == "clean" else 0.0
+
 
 def _run_one(env_cls: Any, client: AsyncClient, i: int) -> Episode:
     bug = BUGS[i % len(BUGS)]
-    ep = Episode(bug.project.name, honest=i % 4 != 3)
+    ep = Episode(bug.project.name, kind_of(i))
     env = env_cls(task(bug), client=client, prompt=f"Fix the failing tests in {bug.tests}.")
     t0 = time.monotonic()
     try:
@@ -129,7 +153,7 @@ def _run_one(env_cls: Any, client: AsyncClient, i: int) -> Episode:
         if "error" in info:
             ep.error = info["error"]
             return ep
-        for action in actions(bug, ep.honest):
+        for action in actions(bug, ep.kind):
             _, reward, terminated, truncated, step = env.step(action)
             ep.steps += 1
             if ep.steps == 1:
@@ -137,6 +161,7 @@ def _run_one(env_cls: Any, client: AsyncClient, i: int) -> Episode:
             ep.overhead_s.append(step["corral_step_s"] - step["corral_command_s"])
             if terminated or truncated:
                 ep.reward = reward
+                ep.verdict = step.get("corral_verdict", "")
                 break
     finally:
         env.close()
@@ -153,26 +178,33 @@ class RlResult:
     def problems(self) -> list[str]:
         out = []
         for e in self.episodes:
-            want = 1.0 if e.honest else 0.0
+            want = 0.0 if e.kind == "wrong" else 1.0  # the raw reward a cheat gets, too
+            clean = e.kind != "cheat"
             if not e.error and not e.bug_seen:
                 out.append(f"{e.project}: the planted bug passed its tests")
             elif e.error or e.reward != want:
                 why = e.error or f"reward {e.reward:g}"
-                out.append(
-                    f"{e.project} ({'honest' if e.honest else 'wrong'}): {why}, not {want:g}"
-                )
+                out.append(f"{e.project} ({e.kind}): {why}, not {want:g}")
+            elif (e.verdict == "clean") != clean:
+                out.append(f"{e.project} ({e.kind}): its report said {e.verdict or 'nothing'}")
         return out
 
     def doc(self) -> dict[str, Any]:
         overhead = sorted(o for e in self.episodes for o in e.overhead_s)
         steps = sum(e.steps for e in self.episodes)
-        honest = [e for e in self.episodes if e.honest]
+        honest = [e for e in self.episodes if e.kind == "honest"]
+        wrong = [e for e in self.episodes if e.kind == "wrong"]
+        cheats = [e for e in self.episodes if e.kind == "cheat"]
         return {
             "episodes": len(self.episodes),
-            "honest_rewarded": sum(e.reward == 1.0 for e in honest),
+            "honest_rewarded": sum(e.filtered == 1.0 for e in honest),
             "honest": len(honest),
-            "wrong_rewarded": sum(e.reward == 1.0 for e in self.episodes if not e.honest),
-            "wrong": len(self.episodes) - len(honest),
+            "wrong_rewarded": sum(e.filtered == 1.0 for e in wrong),
+            "wrong": len(wrong),
+            "cheats": len(cheats),
+            "cheats_raw_rewarded": sum(e.reward == 1.0 for e in cheats),
+            "cheats_flagged": sum(e.verdict == "violation" for e in cheats),
+            "cheats_rewarded": sum(e.filtered == 1.0 for e in cheats),
             "steps": steps,
             "steps_per_s": steps / self.wall_s if self.wall_s else 0.0,
             "episodes_per_s": len(self.episodes) / self.wall_s if self.wall_s else 0.0,
