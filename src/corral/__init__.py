@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.api.models import (
     AuditReport,
+    DirectAccess,
     Event,
     FileEntry,
     Finding,
@@ -134,6 +135,7 @@ __all__ = [
     "Commands",
     "Conflict",
     "CorralError",
+    "DirectAccess",
     "Display",
     "Event",
     "EventStream",

@@ -23,6 +23,11 @@ class NodeCapacity:
     kinds: tuple[str, ...] = ()
     vm_accel: str | None = None
     images: tuple[str, ...] = field(default=())
+    # By content (images/store.py inventory): tag -> digest, and digest ->
+    # (the layer it stacks on or "", bytes). Placement prefers the nodes
+    # holding most of a sandbox's layers' bytes.
+    tags: dict[str, str] = field(default_factory=dict)
+    layers: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def free_slots(self) -> int:
@@ -35,6 +40,7 @@ class NodeCapacity:
     def to_wire(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["kinds"], doc["images"] = list(self.kinds), list(self.images)
+        doc["layers"] = {d: [p, n] for d, (p, n) in self.layers.items()}
         return doc
 
     @classmethod
@@ -45,4 +51,6 @@ class NodeCapacity:
         for k in ("kinds", "images"):
             if k in kw:
                 kw[k] = tuple(kw[k])
+        if "layers" in kw:
+            kw["layers"] = {str(d): (str(p), int(n)) for d, (p, n) in kw["layers"].items()}
         return cls(**kw)

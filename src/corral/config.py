@@ -137,6 +137,11 @@ class NodeConfig:
     # s3://bucket/prefix. A store's bearer key goes to that store only.
     stores: dict[str, str] = field(default_factory=dict)
     store_keys: dict[str, str] = field(default_factory=dict)
+    # Shared blob stores (a directory, http(s):// of `corral blobd`, s3://)
+    # this node pulls an image it lacks from on first use, in this order:
+    # the manifests at once, the data chunk by chunk (docs/image-distribution.md).
+    # The operator's CORRAL_BLOB_KEY goes to the http ones.
+    image_sources: list[str] = field(default_factory=list)
     # E2B templates (api/compat/e2b): a template id to what a sandbox of it
     # starts from, "IMAGE [workspace=REF] [toolkit=REF,REF] [memory=SIZE]
     # [cpu=N] [disk=SIZE]". A template id
@@ -197,6 +202,19 @@ class NodeConfig:
         for name in self.stores:
             if not _STORE.match(name):
                 raise InvalidArgument("stores", "names must match [a-z0-9][a-z0-9_-]{0,31}", name)
+        if not isinstance(self.image_sources, list):
+            raise InvalidArgument(
+                "image_sources", "must be a list of store URLs", self.image_sources
+            )
+        for i, url in enumerate(self.image_sources):
+            if not isinstance(url, str) or not url.startswith(
+                ("/", "http://", "https://", "s3://")
+            ):
+                raise InvalidArgument(
+                    f"image_sources[{i}]",
+                    "must be an absolute directory, http(s):// or s3:// URL",
+                    url,
+                )
         for name in self.store_keys:
             if name not in self.object_stores:
                 raise InvalidArgument("store_keys", "must name one of the stores", name)
@@ -236,6 +254,7 @@ class NodeConfig:
                 "network_deny",
                 "stores",
                 "store_keys",
+                "image_sources",
                 "e2b_templates",
                 "fncall_toolkit",
             ):

@@ -143,6 +143,23 @@ GATEWAY_CREATE_SECONDS = Histogram(
     buckets=_LATENCY,
     registry=REGISTRY,
 )
+IMAGE_FETCHES = Counter(
+    "corral_image_fetches_total",
+    "Images fetched on first use (a registry pull, or a blob store's manifests), by outcome",
+    ["outcome"],
+    registry=REGISTRY,
+)
+GATEWAY_DIRECT = Counter(
+    "corral_gateway_direct_tokens_total",
+    "Direct-path tokens issued (api/direct.py)",
+    registry=REGISTRY,
+)
+GATEWAY_BURST = Counter(
+    "corral_gateway_burst_total",
+    "Creates sent to a burst target, by target and outcome",
+    ["target", "outcome"],
+    registry=REGISTRY,
+)
 GATEWAY_ELSEWHERE = Counter(
     "corral_gateway_create_elsewhere_total",
     "Creates moved to another node because theirs was full or unreachable",

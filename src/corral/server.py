@@ -118,7 +118,7 @@ async def serve(
     agent = NodeAgent(config, reap_children=True)
     await agent.start()
     warming = asyncio.create_task(_warm(agent)) if config.fncall_warm else None
-    app = create_app(agent, api_key=key, e2b_templates=config.e2b_templates)
+    app = create_app(agent, api_key=key, e2b_templates=config.e2b_templates, node=config.node)
     add_dashboard(app, app.state.resolve, agent=agent)  # /ui, behind the same key
     # The node's layer store, readable by other nodes (image pull, lazy loading).
     create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs")
@@ -175,21 +175,27 @@ async def serve_gateway(
     port: int = 7070,
     node_key: str | None = None,
     node_timeout: float = 10.0,
+    burst: list[dict[str, Any]] | None = None,
+    burst_threshold: float = 0.8,
     log_level: str = "info",
     signals: bool = True,
 ) -> None:
     """A gateway replica: the same API, placing on and routing to the node
     agents that heartbeat into `state`. Callers authenticate with a
-    project's API key; nodes are reached with `node_key`."""
+    project's API key; nodes are reached with `node_key`; `burst` names
+    other clusters to spill to (control/burst.py)."""
+    from corral.control.burst import Targets, parse_targets
     from corral.control.gateway import Gateway
     from corral.db import connect
 
+    targets = Targets(parse_targets(burst or []), burst_threshold)  # checked before anything
     configure(log_level)
     trace.configure("corral-gateway")
     db = await connect(state)
     gateway = Gateway(
-        db, node_key=node_key or os.environ.get("CORRAL_NODE_KEY"), node_timeout=node_timeout
-    )
+        db, node_key=node_key or os.environ.get("CORRAL_NODE_KEY"), node_timeout=node_timeout,
+        burst=targets,
+    )  # fmt: skip
     try:
         await gateway.start()
         app = create_app(

@@ -5,9 +5,11 @@ and bench/cluster.py run; `corral cluster up` runs the same parts under Ray."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +27,44 @@ from .processes import GatewayProcess, free_port, run_sync
 class Cluster:
     NODE_KEY = "nk-" + "0" * 8  # the nodes' own key: not a project key
 
-    def __init__(self, root: Path, nodes: int = 3, node_timeout: float = 3.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        nodes: int = 3,
+        node_timeout: float = 3.0,
+        *,
+        prefix: str = "k",
+        net_offset: int = 0,
+        node_config: dict[str, Any] | None = None,
+        gateway_args: list[str] | None = None,
+    ) -> None:
+        """`prefix` names the nodes (k0, k1 ...); `net_offset` moves their
+        address pools and DNS ports, so two clusters can share the machine;
+        `node_config` overrides NodeConfig fields (images=None: each node
+        its own, empty store)."""
         self.root = root
+        self.gateway_args = list(gateway_args or [])
         self.node_timeout = node_timeout
         self.pg = LocalPostgres(root / "pg", port=free_port())
         self.nodes: list[Node] = []
         for i in range(nodes):
-            name = f"k{i}"
-            cfg = NodeConfig.from_env(
-                data_dir=root / name,
-                images=IMAGES,
-                scratch_size=16 * 2**30,
-                node=name,
-                reaper_interval=0.5,
-            )
+            name = f"{prefix}{i}"
+            settings: dict[str, Any] = {
+                "images": IMAGES, "scratch_size": 16 * 2**30, "reaper_interval": 0.5,
+                **(node_config or {}),
+            }  # fmt: skip
+            cfg = replace(NodeConfig.from_env(data_dir=root / name, node=name), **settings)
+            j = i + net_offset
             env = {
                 "CORRAL_API_KEY": self.NODE_KEY,
-                "CORRAL_NETWORK_POOL": f"10.{210 + i}.0.0/16",
-                "CORRAL_DNS_PORT": str(10253 + i),
+                "CORRAL_NETWORK_POOL": f"10.{210 + j}.0.0/16",
+                "CORRAL_DNS_PORT": str(10253 + j),
             }
+            for k, v in (node_config or {}).items():
+                if k != "images":  # node_env names the store
+                    env[f"CORRAL_{k.upper()}"] = (
+                        json.dumps(v) if isinstance(v, list | dict) else str(v)
+                    )
             self.nodes.append(Node(cfg, sock=root / f"{name}.sock", serve_env=env))
         self.state = ""
         self.gateway: GatewayProcess | None = None
@@ -63,8 +84,9 @@ class Cluster:
                 n.server.start()
         self.wait_alive([n.name for n in self.nodes if n.server.running])
         self.gateway = GatewayProcess(
-            self.state, self.NODE_KEY, self.node_timeout, self.root / "gateway.log"
-        )
+            self.state, self.NODE_KEY, self.node_timeout, self.root / "gateway.log",
+            self.gateway_args,
+        )  # fmt: skip
         self.gateway.start()
 
     def stop(self) -> None:

@@ -134,7 +134,15 @@ class Server:
 class GatewayProcess:
     """A `corral serve --gateway` process on a TCP port."""
 
-    def __init__(self, state: str, node_key: str, node_timeout: float, log: Path) -> None:
+    def __init__(
+        self,
+        state: str,
+        node_key: str,
+        node_timeout: float,
+        log: Path,
+        args: list[str] | None = None,
+    ) -> None:
+        self.args = list(args or [])
         self.state = state
         self.node_key = node_key
         self.node_timeout = node_timeout
@@ -153,6 +161,7 @@ class GatewayProcess:
                     *CORRAL, "serve", "--gateway",
                     "--state", self.state, "--port", str(self.port),
                     "--node-timeout", str(self.node_timeout), "--log-level", "warning",
+                    *self.args,
                 ],
                 env=dict(os.environ, CORRAL_NODE_KEY=self.node_key),
                 stdout=log,

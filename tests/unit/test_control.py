@@ -285,30 +285,48 @@ def test_placement_filters_and_says_why_nothing_fits() -> None:
         _node("e"),
     ]
     with pytest.raises(ResourceExhausted) as err:
-        placement.choose(fleet, kind="container", image=None, memory=GiB, exclude={"e"})
+        placement.choose(fleet, kind="container", memory=GiB, exclude={"e"})
     msg = err.value.message
     for reason in ("1 lost", "1 full", "1 no container backend", "1 not enough memory"):
         assert reason in msg
     assert "1 already refused" in msg
-    assert placement.choose(fleet, kind="container", image=None, memory=GiB).name == "e"
+    assert placement.choose(fleet, kind="container", memory=GiB).name == "e"
 
 
-def test_placement_prefers_nodes_with_the_image_and_counts_in_flight() -> None:
+BASE, TOP, NEXT = ("sha256:" + c * 64 for c in "abc")
+
+
+def test_placement_prefers_nodes_with_the_image_by_digest_and_counts_in_flight() -> None:
     rng = random.Random(1)
-    fleet = [_node("a"), _node("b", images=["img:1"]), _node("c")]
-    picks = {
-        placement.choose(fleet, kind="container", image="img:1", memory=GiB, rng=rng).name
-        for _ in range(50)
-    }
-    assert picks == {"b"}
-    # b has 10 free slots by heartbeat, but this gateway already sent it 10.
-    picks = {
-        placement.choose(
-            fleet, kind="container", image="img:1", memory=GiB, in_flight={"b": 10}, rng=rng
-        ).name
-        for _ in range(50)
-    }
-    assert picks == {"a", "c"}
+    image = {"layers": {BASE: ["", 100], TOP: [BASE, 10]}}
+    fleet = [
+        _node("a"),
+        _node("b", tags={"img:1": TOP}, **image),
+        _node("c"),
+        # The same content under another tag holds the image as well as b.
+        _node("d", tags={"mirror/img:one": TOP}, **image),
+        # Only the base of the stack: second best.
+        _node("e", layers={BASE: ["", 100]}),
+    ]
+    want = placement.Inventory(fleet).wanted(["img:1"])
+    assert want == {TOP: 10, BASE: 100}
+
+    def picks(**kw: Any) -> set[str]:
+        return {
+            placement.choose(fleet, kind="container", want=want, memory=GiB, rng=rng, **kw).name
+            for _ in range(50)
+        }
+
+    assert picks() == {"b", "d"}
+    # b and d have 10 free slots by heartbeat, but this gateway sent them 10.
+    assert picks(in_flight={"b": 10, "d": 10}) == {"e"}
+    assert picks(in_flight={"b": 10, "d": 10, "e": 10}) == {"a", "c"}
+    # A new version over the same base: the nodes holding the base win.
+    fleet.append(_node("f", tags={"img:2": NEXT}, layers={BASE: ["", 100], NEXT: [BASE, 5]}))
+    want = placement.Inventory(fleet).wanted(["img:2"])
+    assert picks(in_flight={"f": 10}) == {"b", "d", "e"}
+    # A reference no node knows prefers nothing.
+    assert placement.Inventory(fleet).wanted(["nowhere:1", "sha256:" + "f" * 64]) == {}
 
 
 def test_power_of_two_choices_spreads_the_load() -> None:
@@ -316,7 +334,7 @@ def test_power_of_two_choices_spreads_the_load() -> None:
     slots = {"a": 0, "b": 0, "c": 0}
     for _ in range(300):
         fleet = [_node(n, max_sandboxes=200, active=used) for n, used in slots.items()]
-        slots[placement.choose(fleet, kind="container", image=None, memory=0, rng=rng).name] += 1
+        slots[placement.choose(fleet, kind="container", memory=0, rng=rng).name] += 1
     # Each node ends within a few of a third: drawing two and taking the
     # emptier keeps the spread tight even with random draws.
     assert max(slots.values()) - min(slots.values()) <= 3, slots

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral import metrics
+from corral.api import direct
 from corral.api.compat import sandboxfusion
 from corral.api.compat.e2b import add_e2b
 from corral.api.endpoints import add_routes
@@ -53,6 +54,7 @@ def create_app(
     for_token: Callable[[str], Awaitable[SandboxService]] | None = None,
     for_sandbox: Callable[[str], Awaitable[SandboxService]] | None = None,
     e2b_templates: dict[str, str] | None = None,
+    node: str | None = None,
 ) -> FastAPI:
     """The API over `service`, behind `api_key` if given; or, for a gateway,
     over whatever `for_token(key)` returns for the caller's key (its
@@ -107,6 +109,15 @@ def create_app(
             given = request.cookies.get("corral_key", "")
         if for_token is not None:
             return await for_token(given)
+        if node is not None and api_key is not None and direct.is_token(given):
+            # A gateway's direct token (api/direct.py): this node's own
+            # check, for one sandbox, under that sandbox's paths only.
+            sid = direct.verify(api_key, given, node)
+            path = request.url.path
+            if path != f"/v1/sandboxes/{sid}" and not path.startswith(f"/v1/sandboxes/{sid}/"):
+                raise Unauthenticated(f"the direct token is for sandbox {sid}'s paths only")
+            assert service is not None
+            return direct.DirectService(service, sid).as_service()
         if api_key is not None and not hmac.compare_digest(given.encode(), api_key.encode()):
             raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
         assert service is not None

@@ -17,6 +17,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DirectAccess,
     DisplayInput,
     ExecRequest,
     FileEntry,
@@ -164,6 +165,10 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/sandboxes/{sandbox_id}/commit", status_code=200)
     async def commit(svc: Svc, sandbox_id: str, req: CommitRequest) -> LayerInfo:
         return await svc.commit(sandbox_id, req)
+
+    @app.post("/v1/sandboxes/{sandbox_id}/direct", status_code=200)
+    async def direct(svc: Svc, sandbox_id: str, ttl: int = 300) -> DirectAccess:
+        return await svc.direct(sandbox_id, ttl)
 
     @app.get("/v1/sandboxes/{sandbox_id}/audit", status_code=200)
     async def audit(svc: Svc, sandbox_id: str) -> AuditReport:

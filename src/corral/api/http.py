@@ -15,6 +15,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DirectAccess,
     DisplayInput,
     Event,
     ExecEvent,
@@ -195,6 +196,14 @@ class HttpService(HttpTransport):
             json_body=req.model_dump_json(),
         )
         return LayerInfo.model_validate_json(resp.content)
+
+    async def direct(self, sandbox_id: str, ttl: int = 300) -> DirectAccess:
+        resp = await self._send(
+            "POST",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/direct",
+            params=[("ttl", ttl)],
+        )
+        return DirectAccess.model_validate_json(resp.content)
 
     async def audit(self, sandbox_id: str) -> AuditReport:
         resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/audit")

@@ -75,6 +75,7 @@ __all__ = [
     "AuditReport",
     "CommitRequest",
     "CreateSandbox",
+    "DirectAccess",
     "DisplayInput",
     "Event",
     "ExecEvent",
@@ -430,6 +431,17 @@ class AuditReport(BaseModel):
     # above mean, entry by entry, and the node's verdict on them.
     findings: list[Finding] = Field(default_factory=list)
     verdict: Verdict = "clean"
+
+
+class DirectAccess(BaseModel):
+    """A short-lived direct path to a sandbox's node, issued by a gateway
+    (api/direct.py): send `token` as the bearer key to `url`, naming the
+    sandbox `sandbox_id`, until `expires_at` (Unix seconds)."""
+
+    sandbox_id: str
+    url: str
+    token: str
+    expires_at: float
 
 
 class Usage(BaseModel):

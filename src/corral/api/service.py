@@ -19,6 +19,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DirectAccess,
     DisplayInput,
     Event,
     ExecEvent,
@@ -104,6 +105,11 @@ class SandboxService(Protocol):
     async def download_tar(self, sandbox_id: str, path: str) -> bytes: ...
 
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo: ...
+
+    async def direct(self, sandbox_id: str, ttl: int = 300) -> DirectAccess:
+        """A short-lived path straight to the sandbox's node, past the
+        gateway (api/direct.py): issued by a gateway only."""
+        ...
 
     async def audit(self, sandbox_id: str) -> AuditReport:
         """What the sandbox was refused and did that an honest agent would

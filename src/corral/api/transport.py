@@ -56,6 +56,7 @@ class HttpTransport:
             transport = httpx.AsyncHTTPTransport(uds=url.removeprefix("unix:"))
             base = "http://corral"
         self.url = url
+        self._adopted: list[HttpTransport] = []
         self._http = httpx.AsyncClient(
             base_url=base,
             transport=transport or httpx.AsyncHTTPTransport(),
@@ -67,7 +68,15 @@ class HttpTransport:
         """Nothing to start: connections open on first use."""
 
     async def aclose(self) -> None:
+        for child in self._adopted:
+            await child.aclose()
+        self._adopted.clear()
         await self._http.aclose()
+
+    def adopt(self, child: HttpTransport) -> None:
+        """Close `child` with this one (a direct path's transport, opened
+        from this client's sandboxes)."""
+        self._adopted.append(child)
 
     def _unreachable(self, exc: httpx.TransportError) -> Unavailable:
         return Unavailable(f"Corral server at {self.url} unreachable: {exc}", retry=True)

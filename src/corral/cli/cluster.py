@@ -93,7 +93,9 @@ async def project_key(a: argparse.Namespace) -> int:
 
 async def cluster_up(a: argparse.Namespace) -> int:
     from corral.cluster.up import up
+    from corral.control.burst import load_targets
 
+    burst = load_targets(a.burst_targets) if a.burst_targets else []
     doc = await up(
         a.dir,
         local_nodes=a.local_nodes,
@@ -106,6 +108,9 @@ async def cluster_up(a: argparse.Namespace) -> int:
         node_port=a.node_port,
         node_timeout=a.node_timeout,
         images=a.images,
+        blobs=a.blobs,
+        burst=[t.to_json() for t in burst],
+        burst_threshold=a.burst_threshold,
         say=lambda line: console.print(line, highlight=False),
     )
     if a.json:
@@ -134,7 +139,7 @@ async def cluster_status(a: argparse.Namespace) -> int:
 
 
 async def cluster_down(a: argparse.Namespace) -> int:
-    from corral.cluster.up import down
+    from corral.cluster.down import down
 
     await down(a.dir, say=lambda line: console.print(line, highlight=False))
     return 0

@@ -72,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="gateway: the key node agents require (theirs is --api-key)",
     )
     p.add_argument("--node-timeout", type=float, default=10.0, help="gateway: silence = lost")
+    p.add_argument(
+        "--burst-targets", type=Path,
+        help="gateway: a JSON file of other Corral gateways to spill creates to",
+    )  # fmt: skip
+    p.add_argument(
+        "--burst-threshold", type=float, default=0.8,
+        help="gateway: burst when this share of the local slots or memory is in use",
+    )  # fmt: skip
 
     proj = cmd("project", None, "projects (org / team / job), quotas and API keys")
     psub = proj.add_subparsers(dest="project_command", required=True)
@@ -108,6 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-port", type=int, default=7100, help="first node agent's port")
     p.add_argument("--node-timeout", type=float, default=10.0)
     p.add_argument("--images", type=Path, help="a layer store the local nodes share")
+    p.add_argument(
+        "--blobs",
+        help="the blob store nodes fetch images they lack from: a directory, http(s):// of "
+        "`corral blobd`, or s3:// (default with --local-nodes: this machine's image store)",
+    )
+    p.add_argument(
+        "--burst-targets", type=Path,
+        help="a JSON file of other Corral gateways to spill creates to (docs/bursting.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--burst-threshold", type=float, default=0.8,
+        help="burst when this share of the local slots or memory is in use",
+    )  # fmt: skip
     p = csub.add_parser("status", help="the nodes and their last heartbeat")
     p.set_defaults(handler=cluster.cluster_status)
     p = csub.add_parser("down", help="close every sandbox, stop what up started")

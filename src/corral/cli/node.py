@@ -28,12 +28,17 @@ async def serve(a: argparse.Namespace) -> int:
     if a.gateway:
         if not a.state:
             raise InvalidArgument("state", "a gateway needs a state store (--state)", None)
+        from corral.control.burst import load_targets
+
+        targets = load_targets(a.burst_targets) if a.burst_targets else []
         await serve_gateway(
             a.state,
             host=a.host,
             port=a.port,
             node_key=a.node_key,
             node_timeout=a.node_timeout,
+            burst=[t.to_json() for t in targets],
+            burst_threshold=a.burst_threshold,
             log_level=a.log_level,
         )
         return 0

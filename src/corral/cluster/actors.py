@@ -35,6 +35,7 @@ class NodeSpec:
     images: str | None = None
     network_pool: str = "10.200.0.0/16"
     dns_port: int = 10053
+    image_sources: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -49,6 +50,8 @@ class GatewaySpec:
     state: str
     node_key: str
     node_timeout: float = 10.0
+    burst: list[dict[str, Any]] = field(default_factory=list)  # control/burst.py
+    burst_threshold: float = 0.8
 
 
 class _Threaded:
@@ -100,6 +103,7 @@ class NodeAgentActor(_Threaded):
             images=Path(s.images) if s.images else None,
             network_pool=s.network_pool,
             dns_port=s.dns_port,
+            image_sources=list(s.image_sources),
         )
         await serve(
             config,
@@ -130,6 +134,8 @@ class GatewayActor(_Threaded):
             port=s.port,
             node_key=s.node_key,
             node_timeout=s.node_timeout,
+            burst=s.burst,
+            burst_threshold=s.burst_threshold,
             signals=False,
         )
 

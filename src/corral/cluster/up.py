@@ -1,27 +1,26 @@
-"""`corral cluster up / down / status`: Corral on a Ray cluster.
+"""`corral cluster up / status`: Corral on a Ray cluster (down: cluster/down.py).
 
-up: start the state store (a local PostgreSQL unless --state names one),
-start Ray (only with --local-nodes: N Ray nodes on this machine, for tests
-and trials), then one detached node-agent actor per alive Ray node, pinned
-to it, and a gateway actor on the head node. It returns once every node
-heartbeats and the gateway answers; it writes <dir>/cluster.json (0600:
-it holds the keys) for the SDK, `status` and `down`. Running it again
-starts only what is missing.
+up: check every port and directory first (cluster/preflight.py: a failed
+check starts nothing), then start the state store (a local PostgreSQL
+unless --state names one), Ray (only with --local-nodes: N Ray nodes on
+this machine, cluster/localray.py), one detached node-agent actor per alive
+Ray node, pinned to it, and a gateway actor on the head node. Each part is
+written to <dir>/cluster.json before it is started (cluster/journal.py), so
+`down` finds it whatever happens to `up`. It returns once every node
+heartbeats and the gateway answers. On any failure, or Ctrl-C, it stops what
+it started and says what failed. Running it again starts only what is
+missing.
 
-down: close every sandbox on every node, stop the actors (the node agents
-close cleanly: no mount, cgroup or process is left), and stop what `up`
-started (the local Ray nodes, the local PostgreSQL).
+The nodes share a blob store (--blobs: a directory, `corral blobd`'s URL,
+or s3://; with --local-nodes, the machine's own image store by default)
+and fetch the images they lack from it on first use (node/imagefetch.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import os
 import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -30,60 +29,52 @@ from typing import Any
 
 import httpx
 
+from corral.cluster import journal, localray, preflight
 from corral.cluster.actors import NAMESPACE, GatewaySpec, NodeSpec
+from corral.config import NodeConfig
 from corral.control import nodes, quotas
 from corral.control.postgres import LocalPostgres
 from corral.control.schema import migrate
 from corral.db import connect
-from corral.errors import InvalidArgument, NotFound, Unavailable
+from corral.errors import CorralError, InvalidArgument, NotFound, Unavailable
 from corral.log import get_logger
 
 log = get_logger("corral.cluster")
 
 Say = Callable[[str], None]
+load = journal.load
+MAX_LOCAL_NODES = 16
 
 
-def _ray_bin() -> str:
-    return str(Path(sys.executable).with_name("ray"))
+def default_blobs() -> str | None:
+    """The machine's own image store (what `corral image build` fills), if
+    it has one: local nodes fetch from it what they lack."""
+    store = NodeConfig.from_env().images_dir
+    return str(store) if (store / "layers").is_dir() else None
 
 
-def _ray_env() -> dict[str, str]:
-    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-def start_local_ray(count: int, port: int, say: Say) -> str:
-    """`count` Ray nodes on this machine (a head and count-1 workers)."""
-    address = f"127.0.0.1:{port}"
-    common = ["--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats"]
-    say(f"starting a local Ray cluster of {count} nodes at {address}")
-    subprocess.run(
-        [_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
-        check=True, capture_output=True, env=_ray_env(),
-    )  # fmt: skip
-    for _ in range(count - 1):
-        subprocess.run(
-            [_ray_bin(), "start", f"--address={address}", *common],
-            check=True, capture_output=True, env=_ray_env(),
-        )  # fmt: skip
-    return address
-
-
-def stop_local_ray() -> None:
-    subprocess.run([_ray_bin(), "stop", "--force"], capture_output=True, env=_ray_env())
-
-
-def _ray_init(address: str) -> None:
-    import ray
-
-    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
-
-
-def _ray_nodes(ray: Any) -> list[dict[str, Any]]:
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    # The head first, then by id: stable for one Ray cluster.
-    return sorted(
-        alive, key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeID"])
-    )
+def _preflight(
+    directory: Path, doc: dict[str, Any], *, local_nodes: int | None, state: str | None,
+    pg_port: int, ray_port: int, gateway_host: str, gateway_port: int, node_port: int,
+) -> None:  # fmt: skip
+    """Ports and directories, before anything starts. Parts the journal
+    already has (a second `up`) hold their ports: those are not checked."""
+    preflight.check_dir(directory, for_postgres=state is None and "local_pg" not in doc)
+    ports: dict[str, tuple[str, int, bool]] = {}
+    if state is None and "local_pg" not in doc:
+        ports["pg_port"] = ("127.0.0.1", pg_port, False)
+    if local_nodes is not None and "local_ray" not in doc:
+        ports["ray_port"] = ("0.0.0.0", ray_port, False)
+        ports["ray_port + 1 (Ray's client server)"] = ("0.0.0.0", ray_port + 1, False)
+    if "gateway" not in doc:
+        ports["gateway_port"] = (gateway_host, gateway_port, False)
+    if local_nodes is not None and "nodes" not in doc:
+        for i in range(local_nodes):
+            ports[f"node_port + {i} (node n{i})" if i else "node_port"] = (
+                "0.0.0.0", node_port + i, False,
+            )  # fmt: skip
+            ports[f"node n{i}'s DNS port {10053 + i}"] = ("0.0.0.0", 10053 + i, True)
+    preflight.check_ports(ports)
 
 
 async def up(
@@ -99,43 +90,106 @@ async def up(
     node_port: int = 7100,
     node_timeout: float = 10.0,
     images: Path | None = None,
+    blobs: str | None = None,
+    burst: list[dict[str, Any]] | None = None,
+    burst_threshold: float = 0.8,
     timeout: float = 180.0,
     say: Say = print,
 ) -> dict[str, Any]:
-    if local_nodes is not None and not 1 <= local_nodes <= 16:
-        raise InvalidArgument("local_nodes", "must be between 1 and 16", local_nodes)
+    if local_nodes is not None and not 1 <= local_nodes <= MAX_LOCAL_NODES:
+        raise InvalidArgument(
+            "local_nodes", f"must be between 1 and {MAX_LOCAL_NODES}", local_nodes
+        )
     if (local_nodes is None) == (ray_address is None):
         raise InvalidArgument(
             "local_nodes", "give exactly one of --local-nodes N and --ray-address", local_nodes
         )
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "cluster.json"
-    doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    doc.setdefault("node_key", "cn_" + secrets.token_urlsafe(24))
-    if state is None:
-        say("starting PostgreSQL (the state store)")
-        state = await asyncio.to_thread(LocalPostgres(directory / "pg", pg_port).start)
-        doc["local_pg"] = {"dir": str(directory / "pg"), "port": pg_port}
-    doc["state"] = state
-    if local_nodes is not None:
-        ray_address = await asyncio.to_thread(start_local_ray, local_nodes, ray_port, say)
-        doc["local_ray"] = True
-    doc["ray_address"] = ray_address
-    assert ray_address is not None
-    gw = GatewaySpec(gateway_host, gateway_port, state, doc["node_key"], node_timeout)
-    specs = await asyncio.to_thread(
-        _deploy, ray_address, directory, state, doc["node_key"], local_nodes is not None,
-        node_port, images, gw, say,
+    directory = Path(os.path.abspath(directory))
+    if blobs is not None:
+        NodeConfig(image_sources=[blobs])  # the node's own check, before anything starts
+    elif local_nodes is not None and images is None:
+        blobs = default_blobs()
+    doc = journal.load_or_new(directory)
+    fresh = not doc
+    _preflight(
+        directory, doc, local_nodes=local_nodes, state=state, pg_port=pg_port,
+        ray_port=ray_port, gateway_host=gateway_host, gateway_port=gateway_port,
+        node_port=node_port,
     )  # fmt: skip
-    doc["gateway"] = f"http://{gateway_host}:{gateway_port}"
-    doc["nodes"] = {s.node: s.url for s in specs}
-    say(f"waiting for {len(specs)} node agents and the gateway")
-    await _wait_ready(doc, timeout)
-    if "api_key" not in doc:
-        doc["api_key"] = await _default_key(state)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    os.chmod(path, 0o600)
-    say(f"cluster up: gateway {doc['gateway']}, {len(specs)} nodes; keys in {path}")
+    directory.mkdir(parents=True, exist_ok=True)
+    doc.setdefault("node_key", "cn_" + secrets.token_urlsafe(24))
+    doc["phase"] = journal.STARTING
+    journal.save(directory, doc)
+    started: list[str] = []
+    step = "checking"
+    try:
+        if state is None:
+            step = "starting PostgreSQL"
+            say("starting PostgreSQL (the state store)")
+            if "local_pg" not in doc:
+                doc["local_pg"] = {"dir": str(directory / "pg"), "port": pg_port}
+                journal.save(directory, doc)
+                started.append("local_pg")
+            pg = LocalPostgres(Path(doc["local_pg"]["dir"]), doc["local_pg"]["port"])
+            state = await asyncio.to_thread(pg.start)
+        doc["state"] = state
+        if local_nodes is not None:
+            step = "starting Ray"
+            if "local_ray" not in doc:
+                doc["local_ray"] = {"port": ray_port, "nodes": local_nodes}
+                journal.save(directory, doc)
+                started.append("local_ray")
+                ray_address = await asyncio.to_thread(
+                    localray.start, local_nodes, ray_port, directory, say
+                )
+            else:
+                ray_address = f"127.0.0.1:{doc['local_ray']['port']}"
+        doc["ray_address"] = ray_address
+        assert ray_address is not None
+        step = "deploying the node agents and the gateway"
+        gw = GatewaySpec(
+            gateway_host, gateway_port, state, doc["node_key"], node_timeout,
+            burst=list(burst or []), burst_threshold=burst_threshold,
+        )  # fmt: skip
+
+        def record(specs: list[NodeSpec]) -> None:
+            """Before any actor is made: `down` then finds them all."""
+            doc["nodes"] = {s.node: s.url for s in specs}
+            doc["node_specs"] = [asdict(s) for s in specs]
+            doc["gateway"] = f"http://{gateway_host}:{gateway_port}"
+            journal.save(directory, doc)
+            started.append("actors")
+
+        specs = await asyncio.to_thread(
+            _deploy, ray_address, directory, state, doc["node_key"], local_nodes is not None,
+            node_port, images, blobs, gw, record, say,
+        )  # fmt: skip
+        step = "waiting for the node agents and the gateway"
+        say(f"waiting for {len(specs)} node agents and the gateway")
+        logs = localray.temp_dir(directory) if "local_ray" in doc else Path("/tmp/ray")
+        await _wait_ready(doc, timeout, logs)
+        if "api_key" not in doc:
+            doc["api_key"] = await _default_key(state)
+        doc["phase"] = journal.UP
+        journal.save(directory, doc)
+    except BaseException as exc:
+        # Stop what this `up` started (a second `up` leaves the parts the
+        # first one made); say what failed, in one line, not a traceback.
+        from corral.cluster.down import teardown
+
+        what = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
+        say(f"cluster up failed while {step}: {what}")
+        say("stopping what it started: " + (", ".join(started) or "nothing"))
+        await asyncio.shield(teardown(directory, doc, parts=set(started), say=say))
+        if fresh:
+            journal.remove(directory)
+        if isinstance(exc, CorralError) or not isinstance(exc, Exception):
+            raise
+        raise Unavailable(f"cluster up failed while {step}: {what}") from exc
+    say(
+        f"cluster up: gateway {doc['gateway']}, {len(specs)} nodes; keys in "
+        f"{journal.path_of(directory)}"
+    )
     return doc
 
 
@@ -147,21 +201,23 @@ def _deploy(
     local: bool,
     node_port: int,
     images: Path | None,
+    blobs: str | None,
     gw: GatewaySpec,
+    record: Callable[[list[NodeSpec]], None],
     say: Say,
 ) -> list[NodeSpec]:
     """One pinned, detached, restartable node-agent actor per alive Ray
-    node, and the gateway actor on the head. Existing actors are kept."""
+    node, and the gateway actor on the head. Existing actors are kept.
+    `record` is given every spec before the first actor is made."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from corral.cluster.actors import GatewayActor, NodeAgentActor
 
-    ray.init(
-        address=ray_address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False
-    )
+    localray.init(ray_address)
     try:
-        ray_nodes = _ray_nodes(ray)
+        ray_nodes = localray.nodes(ray)
+        key = os.environ.get("CORRAL_BLOB_KEY")
         specs: list[NodeSpec] = []
         for i, rn in enumerate(ray_nodes):
             name = f"n{i}" if local else "n" + rn["NodeID"][:10]
@@ -178,18 +234,22 @@ def _deploy(
                     images=str(images) if images else None,
                     network_pool=f"10.{200 + i}.0.0/16",
                     dns_port=10053 + i,
+                    image_sources=[blobs] if blobs else [],
+                    env={"CORRAL_BLOB_KEY": key} if key and blobs else {},
                 )
             )
-            say(f"node agent {name} on Ray node {rn['NodeID'][:12]} at {specs[-1].url}")
+        record(specs)
+        for rn, spec in zip(ray_nodes, specs, strict=True):
+            say(f"node agent {spec.node} on Ray node {rn['NodeID'][:12]} at {spec.url}")
             ray.remote(NodeAgentActor).options(
-                name=f"corral-node-{name}",
+                name=f"corral-node-{spec.node}",
                 namespace=NAMESPACE,
                 lifetime="detached",
                 max_restarts=-1,
                 num_cpus=0,
                 get_if_exists=True,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(rn["NodeID"], soft=False),
-            ).remote(asdict(specs[-1]))
+            ).remote(asdict(spec))
         ray.remote(GatewayActor).options(
             name="corral-gateway",
             namespace=NAMESPACE,
@@ -204,7 +264,7 @@ def _deploy(
         ray.shutdown()
 
 
-async def _wait_ready(doc: dict[str, Any], timeout: float) -> None:
+async def _wait_ready(doc: dict[str, Any], timeout: float, logs: Path) -> None:
     db = await connect(doc["state"])
     deadline = time.monotonic() + timeout
     try:
@@ -227,7 +287,7 @@ async def _wait_ready(doc: dict[str, Any], timeout: float) -> None:
                     raise Unavailable(
                         f"cluster not ready after {timeout:g} s: nodes {waiting} not "
                         f"heartbeating, gateway {'up' if ok else 'down'} (Ray's logs: "
-                        "/tmp/ray/session_latest/logs)"
+                        f"{logs}/session_latest/logs)"
                     )
                 await asyncio.sleep(0.5)
     finally:
@@ -244,65 +304,6 @@ async def _default_key(state: str) -> str:
         return await quotas.create_key(db, "default")
     finally:
         await db.aclose()
-
-
-def load(directory: Path) -> dict[str, Any]:
-    path = directory / "cluster.json"
-    if not path.exists():
-        raise NotFound(f"no cluster in {directory} ({path} is missing): run corral cluster up")
-    doc: dict[str, Any] = json.loads(path.read_text())
-    return doc
-
-
-async def down(directory: Path, *, say: Say = print) -> None:
-    doc = load(directory)
-    await _close_all(doc, say)
-    await asyncio.to_thread(_stop_actors, doc, say)
-    if doc.get("local_ray"):
-        await asyncio.to_thread(stop_local_ray)
-        say("stopped the local Ray nodes")
-    if doc.get("local_pg"):
-        pg = LocalPostgres(Path(doc["local_pg"]["dir"]), doc["local_pg"]["port"])
-        await asyncio.to_thread(pg.stop)
-        say("stopped PostgreSQL")
-    (directory / "cluster.json").unlink()
-
-
-def _stop_actors(doc: dict[str, Any], say: Say) -> None:
-    if doc.get("ray_address"):
-        try:
-            import ray
-
-            _ray_init(doc["ray_address"])
-            for name in [*(f"corral-node-{n}" for n in doc.get("nodes", {})), "corral-gateway"]:
-                try:
-                    actor = ray.get_actor(name, namespace=NAMESPACE)
-                except ValueError:
-                    continue
-                try:
-                    ray.get(actor.stop.remote(), timeout=120)
-                except Exception as exc:
-                    say(f"{name}: clean stop failed ({exc}); killing it")
-                ray.kill(actor, no_restart=True)
-                say(f"stopped {name}")
-            ray.shutdown()
-        except ConnectionError as exc:
-            say(f"Ray is not reachable ({exc}); nothing to stop there")
-
-
-async def _close_all(doc: dict[str, Any], say: Say) -> None:
-    from corral.api.http import HttpService
-
-    for name, url in doc.get("nodes", {}).items():
-        client = HttpService(url, api_key=doc["node_key"], timeout=60)
-        try:
-            held = await client.list()
-            await asyncio.gather(*(client.close(s.id) for s in held), return_exceptions=True)
-            say(f"node {name}: closed {len(held)} sandboxes")
-        except Unavailable:
-            say(f"node {name}: unreachable, its sandboxes are left to its next start")
-        finally:
-            await client.aclose()
 
 
 async def status(directory: Path) -> list[nodes.NodeRow]:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from corral import metrics, trace
 from corral.api.http import HttpService
 from corral.control import nodes, placement, quotas
+from corral.control.burst import DEFAULT_THRESHOLD, Targets, utilisation
 from corral.control.nodes import NodeRow
 from corral.db import Database
 from corral.errors import Unavailable
@@ -45,8 +46,10 @@ class GatewayCore:
         sweep_interval: float = 1.0,
         view_ttl: float = 0.5,
         k: int = placement.K,
+        burst: Targets | None = None,
     ) -> None:
         self.db = db
+        self.burst = burst or Targets([], DEFAULT_THRESHOLD)
         self.steplog = StepLog(db)  # rollout logs, by project
         self.node_key = node_key
         self.node_timeout = node_timeout
@@ -54,6 +57,7 @@ class GatewayCore:
         self.view_ttl = view_ttl
         self.k = k
         self._view: tuple[float, list[NodeRow]] = (0.0, [])
+        self.inventory = placement.Inventory([])
         self._clients: dict[tuple[str, str], HttpService] = {}
         self.in_flight: dict[str, int] = {}
         self._chains: dict[str, tuple[float, list[str]]] = {}
@@ -62,6 +66,7 @@ class GatewayCore:
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
+        await self.burst.aclose()
 
     async def chain(self, project: str) -> list[str]:
         """`project` and its ancestors (cached briefly: projects rarely move)."""
@@ -81,6 +86,7 @@ class GatewayCore:
         if fresh or time.monotonic() - at > self.view_ttl:
             rows = await nodes.list_nodes(self.db)
             self._view = (time.monotonic(), rows)
+            self.inventory = placement.Inventory(rows)
             for state in (nodes.ALIVE, nodes.LOST, nodes.LEFT):
                 metrics.GATEWAY_NODES.labels(state).set(sum(n.state == state for n in rows))
         return rows
@@ -98,16 +104,18 @@ class GatewayCore:
         return self._clients[key]
 
     async def choose(
-        self, *, kind: str, image: str | None, memory: int, exclude: set[str]
+        self, *, kind: str, layers: Sequence[str], memory: int, exclude: set[str]
     ) -> NodeRow:
-        """A node for one sandbox, counted in flight to it until release():
-        the count is taken in the same step as the choice (no await between),
-        so a burst of concurrent creates sees each other's picks."""
+        """A node for one sandbox (made of `layers`: references, base first),
+        counted in flight to it until release(): the count is taken in the
+        same step as the choice (no await between), so a burst of concurrent
+        creates sees each other's picks."""
         with trace.span("gateway.place", **{"sandbox.kind": kind}) as span:
+            fleet = await self.nodes()
             node = placement.choose(
-                await self.nodes(),
+                fleet,
                 kind=kind,
-                image=image,
+                want=self.inventory.wanted(layers),
                 memory=memory,
                 in_flight=self.in_flight,
                 exclude=exclude,
@@ -127,11 +135,18 @@ class GatewayCore:
         else:
             self.in_flight.pop(name, None)
 
+    async def busy(self) -> bool:
+        """Whether local utilisation has reached the burst threshold."""
+        return utilisation(await self.nodes(), self.in_flight) >= self.burst.threshold
+
     async def watch(self, name: str, request: Awaitable[T]) -> T:
         """`request` to node `name`, abandoned if the node is marked lost
         meanwhile: a stopped node accepts connections and never answers, so
         without this a caller would wait out the HTTP timeout instead of the
         loss bound (node_timeout + a sweep)."""
+        if name in self.burst.by_name:
+            # Another cluster's gateway: it watches its own nodes.
+            return await request
         task = asyncio.ensure_future(request)
         try:
             while True:

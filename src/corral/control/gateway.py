@@ -22,6 +22,7 @@ import time
 from corral import labels, metrics
 from corral.api.service import SandboxService
 from corral.control import nodes, placement, quotas, sandboxes
+from corral.control.burst import Targets
 from corral.control.core import GatewayCore
 from corral.control.nodes import NodeRow
 from corral.control.schema import migrate
@@ -47,6 +48,7 @@ class Gateway(GatewayCore):
         sweep_interval: float = 1.0,
         view_ttl: float = 0.5,
         k: int = placement.K,
+        burst: Targets | None = None,
     ) -> None:
         super().__init__(
             db,
@@ -55,6 +57,7 @@ class Gateway(GatewayCore):
             sweep_interval=sweep_interval,
             view_ttl=view_ttl,
             k=k,
+            burst=burst,
         )
         self._keys: dict[str, tuple[float, str]] = {}
         self._sweeper: asyncio.Task[None] | None = None

@@ -49,13 +49,20 @@ class LocalPostgres:
         return f"postgresql://corral:{password}@127.0.0.1:{self.port}/corral"
 
     def _as_postgres(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        r = subprocess.run(
             ["runuser", "-u", "postgres", "--", *argv],
-            check=check,
             capture_output=True,
             text=True,
             cwd="/",
         )
+        if check and r.returncode != 0:
+            # One line naming the program and what it said, not a traceback.
+            said = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])[-500:]
+            raise Unavailable(
+                f"PostgreSQL's {Path(argv[0]).name} failed (exit {r.returncode}) for "
+                f"{self.data}: {said or 'no output'}"
+            )
+        return r
 
     def running(self) -> bool:
         r = self._as_postgres(_bin("pg_ctl"), "status", "-D", str(self.data), check=False)

@@ -35,13 +35,14 @@ class SandboxRow:
     memory: int
     age: float
     error: str | None
+    remote_id: str | None = None  # its id in a burst target's cluster
 
 
-_COLUMNS = "key, id, node, project, state, kind, cpu, memory, $NOW - created_at, error"
+_COLUMNS = "key, id, node, project, state, kind, cpu, memory, $NOW - created_at, error, remote_id"
 
 
 def _row(r: tuple[object, ...]) -> SandboxRow:
-    key, sid, node, project, state, kind, cpu, memory, age, error = r
+    key, sid, node, project, state, kind, cpu, memory, age, error, remote = r
     return SandboxRow(
         str(key),
         None if sid is None else str(sid),
@@ -53,6 +54,7 @@ def _row(r: tuple[object, ...]) -> SandboxRow:
         int(memory),  # type: ignore[call-overload]
         float(age),  # type: ignore[arg-type]
         None if error is None else str(error),
+        None if remote is None else str(remote),
     )
 
 
@@ -115,16 +117,18 @@ async def move(db: Database, key: str, old: str, new: str) -> bool:
     return n == 1
 
 
-async def mark_ready(db: Database, key: str, sandbox_id: str) -> SandboxRow | None:
+async def mark_ready(
+    db: Database, key: str, sandbox_id: str, remote_id: str | None = None
+) -> SandboxRow | None:
     """placing -> ready (or already ready with this id: an earlier attempt
     committed and lost its answer); None if the row left placing meanwhile
     (its node was written off while the create ran)."""
     async with db.transaction() as tx:
         found = await tx.fetchone(
-            "UPDATE sandboxes SET state = 'ready', id = %s, updated_at = $NOW"
+            "UPDATE sandboxes SET state = 'ready', id = %s, remote_id = %s, updated_at = $NOW"
             " WHERE key = %s AND (state = 'placing' OR (state = 'ready' AND id = %s))"
             f" RETURNING {_COLUMNS}",
-            (sandbox_id, key, sandbox_id),
+            (sandbox_id, remote_id, key, sandbox_id),
         )
     return None if found is None else _row(found)
 
@@ -187,6 +191,17 @@ async def of_projects(db: Database, projects: list[str]) -> list[SandboxRow]:
             f"SELECT {_COLUMNS} FROM sandboxes WHERE state IN ('ready', 'lost')"
             f" AND project IN ({', '.join(['%s'] * len(projects))})",
             projects,
+        )
+    return [_row(r) for r in rows]
+
+
+async def ready_on(db: Database, node: str, project: str) -> list[SandboxRow]:
+    """A project's ready sandboxes on one node (or burst target)."""
+    async with db.transaction() as tx:
+        rows = await tx.fetchall(
+            f"SELECT {_COLUMNS} FROM sandboxes WHERE node = %s AND project = %s"
+            " AND state = 'ready'",
+            (node, project),
         )
     return [_row(r) for r in rows]
 

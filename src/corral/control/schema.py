@@ -61,6 +61,9 @@ MIGRATIONS: list[list[str]] = [
     ],
     # 2: rollout logs (node/steplog.py).
     [steplog.DDL],
+    # 3: a sandbox placed on a burst target (control/burst.py): its node
+    # column names the target, remote_id its id in that other cluster.
+    ["ALTER TABLE sandboxes ADD COLUMN remote_id TEXT"],
 ]
 
 VERSION = len(MIGRATIONS)

@@ -26,11 +26,12 @@ from typing import TypeVar
 
 from corral import ids, metrics, trace
 from corral import labels as platform_labels
-from corral.api import verdict
+from corral.api import direct, verdict
 from corral.api.models import (
     VM_KINDS,
     AuditReport,
     CreateSandbox,
+    DirectAccess,
     Event,
     ExecEvent,
     ExecRequest,
@@ -44,7 +45,7 @@ from corral.api.models import (
     SavedState,
 )
 from corral.api.service import SandboxService
-from corral.control import nodes, sandboxes
+from corral.control import burst, nodes, sandboxes, spill
 from corral.control.core import GatewayCore, NodeLost
 from corral.control.events import merged as merged_events
 from corral.control.forwarding import Forwarding
@@ -112,6 +113,10 @@ class GatewayView(Forwarding):
 
     async def _route(self, sandbox_id: str) -> tuple[SandboxRow, SandboxService]:
         row = await self._row(sandbox_id)
+        if row.node in self.gw.burst.by_name and row.remote_id:
+            # On another cluster: its gateway, under the id it has there.
+            client = self.gw.burst.client(row.node)
+            return row, burst.Aliased(client, sandbox_id, row.remote_id).as_service()
         node = await self.gw.node(row.node)
         if row.state == "closed" and (node is None or node.state != nodes.ALIVE):
             # Its node, which would answer with the closed sandbox's info, is
@@ -250,14 +255,21 @@ class GatewayView(Forwarding):
         # key's row or makes it: a retry costs no more than a first try.
         try:
             first = await gw.choose(
-                kind=req.kind, image=req.image, memory=req.memory, exclude=set()
+                kind=req.kind, layers=_layers(req), memory=req.memory, exclude=set()
             )
-        except ResourceExhausted:
+        except ResourceExhausted as exc:
             found = (await sandboxes.by_keys(gw.db, [key])).get(key)
             if found is None or found.state == "failed":
-                raise
+                return await self._spill(req, key, exc), "burst"
             row, new = found, False  # no room now, but this key's sandbox exists
         else:
+            if gw.burst and await gw.busy():
+                gw.release(first.name)
+                found = (await sandboxes.by_keys(gw.db, [key])).get(key)
+                if found is None or found.state == "failed":
+                    busy = ResourceExhausted("local nodes are past the burst threshold")
+                    return await self._spill(req, key, busy), "burst"
+                gw.hold(first.name)
             try:
                 [(row, new)] = await self._reserve([key], first.name, req.kind, req.cpu, req.memory)
             finally:
@@ -275,9 +287,31 @@ class GatewayView(Forwarding):
                     f"the sandbox made for this idempotency key ({row.id}) was closed",
                     sandbox=row.id,
                 )
+        if row.node in gw.burst.by_name:  # a retry of a create that burst
+            return await self._spill(req, key, None), "burst"
         tagged = {**req.labels, platform_labels.PROJECT: self.project, platform_labels.KEY: key}
         to_node = req.model_copy(update={"idempotency_key": key, "labels": tagged})
-        return await self._drive(row, to_node), "ready"
+        try:
+            return await self._drive(row, to_node), "ready"
+        except ResourceExhausted as exc:
+            if not gw.burst or exc.details.get("quota"):
+                raise
+            return await self._spill(req, key, exc), "burst"
+
+    async def _spill(
+        self, req: CreateSandbox, key: str, local: ResourceExhausted | None
+    ) -> SandboxInfo:
+        """To a burst target, since no local node can take it (`local` says why)."""
+        if not self.gw.burst:
+            assert local is not None
+            raise local
+        try:
+            return await spill.create(self.gw, self._reserve, self.get, req, key)
+        except burst.BurstRefused as refused:
+            here = local.message if local is not None else "local nodes"
+            raise ResourceExhausted(
+                f"{here}; and no burst target took it: {refused}", kind=req.kind
+            ) from None
 
     async def _drive(self, row: SandboxRow, req: CreateSandbox) -> SandboxInfo:
         """Ask the row's node; when it is full or unreachable, move the row
@@ -301,7 +335,7 @@ class GatewayView(Forwarding):
                 metrics.GATEWAY_ELSEWHERE.labels(why).inc()
                 try:
                     nxt = await gw.choose(
-                        kind=req.kind, image=req.image, memory=req.memory, exclude=refused
+                        kind=req.kind, layers=_layers(req), memory=req.memory, exclude=refused
                     )
                 except ResourceExhausted:
                     await sandboxes.finish(gw.db, row.key, "failed", exc.message)
@@ -338,7 +372,23 @@ class GatewayView(Forwarding):
         out: builtins.list[SandboxInfo] = []
         for found in await self._everywhere("list", lambda node: node.list(wanted)):
             out += found
+        for target in self.gw.burst.by_name:
+            out += await self._listed_on(target, labels or {})
         return sorted(out, key=lambda s: s.created_at)
+
+    async def _listed_on(self, target: str, labels: dict[str, str]) -> builtins.list[SandboxInfo]:
+        """This project's sandboxes on a burst target, under their home ids
+        (the target's project is shared by every home project that bursts)."""
+        rows = await sandboxes.ready_on(self.gw.db, target, self.project)
+        mine = {r.remote_id: r.id for r in rows}
+        if not mine:
+            return []
+        try:
+            theirs = await self.gw.burst.client(target).list(labels or None)
+        except CorralError as exc:
+            log.warning("list.burst_failed", target=target, error=exc.message)
+            return []
+        return [s.model_copy(update={"id": mine[s.id]}) for s in theirs if mine.get(s.id)]
 
     async def _everywhere(
         self, what: str, call: Callable[[SandboxService], Awaitable[T]]
@@ -365,6 +415,12 @@ class GatewayView(Forwarding):
             lost = await sandboxes.by_id(self.gw.db, sandbox_id)
             if lost is not None:
                 await sandboxes.finish(self.gw.db, lost.key, "closed")
+            return
+        if row.node in self.gw.burst.by_name:
+            _row, service = await self._route(sandbox_id)
+            with contextlib.suppress(SandboxNotFound):
+                await service.close(sandbox_id)
+            await sandboxes.finish(self.gw.db, row.key, "closed")
             return
         node = await self.gw.node(row.node)
         if node is not None and node.state == nodes.ALIVE:
@@ -430,7 +486,7 @@ class GatewayView(Forwarding):
         gw = self.gw
         key = sandboxes.node_key(self.project, req.idempotency_key or secrets.token_hex(16))
         cpu, memory = req.cpu, req.memory
-        node = await gw.choose(kind=req.kind, image="", memory=memory, exclude=set())
+        node = await gw.choose(kind=req.kind, layers=(), memory=memory, exclude=set())
         try:
             [(row, new)] = await self._reserve([key], node.name, req.kind, cpu, memory)
         finally:
@@ -446,6 +502,11 @@ class GatewayView(Forwarding):
         there is no placement: n rows on that node, charged to this project
         like creates, then the node's fork with a key per row."""
         source, _ = await self._route(sandbox_id)
+        if source.node in self.gw.burst.by_name:
+            raise InvalidArgument(
+                "sandbox_id", f"is on burst target {source.node}: fork is offered for sandboxes "
+                "on this cluster's own nodes", sandbox_id,
+            )  # fmt: skip
         given = req.idempotency_keys or [secrets.token_hex(16) for _ in range(req.n)]
         keys = [sandboxes.node_key(self.project, k) for k in given]
         reserved = await self._reserve(keys, source.node, source.kind, source.cpu, source.memory)
@@ -454,6 +515,21 @@ class GatewayView(Forwarding):
             return [await self.get(row.id) for row in rows if row.id]
         to_node = ForkRequest(n=req.n, idempotency_keys=keys)
         return await self._make(rows, source.node, lambda node: node.fork(sandbox_id, to_node))
+
+    async def direct(self, sandbox_id: str, ttl: int = 300) -> DirectAccess:
+        """A token the sandbox's node checks by itself (api/direct.py)."""
+        direct.check_ttl(ttl)
+        row, _ = await self._route(sandbox_id)  # ownership, and its node alive
+        if row.node in self.gw.burst.by_name and row.remote_id:
+            # Its node is the target's: that gateway issues the path, for
+            # the id the sandbox has there.
+            return await self.gw.burst.client(row.node).direct(row.remote_id, ttl)
+        node = await self.gw.node(row.node)
+        if self.gw.node_key is None or node is None:
+            raise Unavailable("this gateway's nodes have no key: it cannot sign a direct path")
+        token, expires = direct.issue(self.gw.node_key, sandbox_id, node.name, ttl)
+        metrics.GATEWAY_DIRECT.inc()
+        return DirectAccess(sandbox_id=sandbox_id, url=node.url, token=token, expires_at=expires)
 
     async def rollout_steps(self, rollout: str) -> builtins.list[RolloutStep]:
         return await self.gw.steplog.steps(self.project, rollout)
@@ -504,10 +580,15 @@ class GatewayView(Forwarding):
         unreachable nodes are skipped."""
         refused: set[str] = set()
         while True:
-            node = await self.gw.choose(kind="fncall", image=None, memory=0, exclude=refused)
+            node = await self.gw.choose(kind="fncall", layers=(), memory=0, exclude=refused)
             try:
                 return await self.gw.client(node).run_call(req)
             except (NodeFull, Unavailable):
                 refused.add(node.name)
             finally:
                 self.gw.release(node.name)
+
+
+def _layers(req: CreateSandbox) -> builtins.list[str]:
+    """The references a create's root is made of, base first."""
+    return [req.image, *([req.workspace] if req.workspace else []), *req.toolkit]

@@ -47,6 +47,7 @@ class ImageStore:
         self.origins = root / "origins"
         for d in (self.blobs, self.layers, self.tags, self.tmp, self.origins):
             d.mkdir(parents=True, exist_ok=True)
+        self._inventory: tuple[int, dict[str, tuple[str, int]]] | None = None
 
     # ------------------------------------------------------------- blobs
 
@@ -232,6 +233,29 @@ class ImageStore:
             if len(out) > MAX_STACK:
                 raise InvalidArgument("image", f"must be at most {MAX_STACK} layers", layer.digest)
         return out
+
+    def inventory(self) -> tuple[dict[str, str], dict[str, tuple[str, int]]]:
+        """What placement needs to know of this store: each tag's digest,
+        and each layer's digest -> (the layer it stacks on, or "", its
+        bytes), so a gateway can tell which nodes hold most of an image by
+        content, whatever it is tagged there."""
+        tags = {name: digest for digest, names in self._all_tags().items() for name in names}
+        # Manifests never change once written: the listing is reread only
+        # when the directory changes (a heartbeat a second must stay cheap).
+        stamp = self.layers.stat().st_mtime_ns
+        if self._inventory is not None and self._inventory[0] == stamp:
+            return tags, dict(self._inventory[1])
+        layers: dict[str, tuple[str, int]] = {}
+        for path in self.layers.glob("*.json"):
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # being replaced: the next heartbeat has it
+            stacked = doc.get("parent") if (doc.get("labels") or {}).get(STACK) else None
+            size = int(doc.get("meta_size", 0)) + int(doc.get("blob_size", 0))
+            layers["sha256:" + path.stem] = (stacked or "", size)
+        self._inventory = (stamp, layers)
+        return tags, dict(layers)
 
     def find_by_label(self, key: str, value: str) -> Layer | None:
         for layer in self.list():

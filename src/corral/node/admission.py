@@ -129,7 +129,11 @@ class Admission:
         return None if slot is None else ID_BASE + slot * IDS
 
     def capacity(
-        self, kinds: builtins.list[str], vm_accel: str | None, images: builtins.list[str]
+        self,
+        kinds: builtins.list[str],
+        vm_accel: str | None,
+        images: builtins.list[str],
+        inventory: tuple[dict[str, str], dict[str, tuple[str, int]]] = ({}, {}),
     ) -> NodeCapacity:
         """What this node can still take, for placement (its heartbeat).
         `held` counts the sandboxes a gateway made (labelled with a project)."""
@@ -144,4 +148,6 @@ class Admission:
             kinds=tuple(sorted(kinds)),
             vm_accel=vm_accel,
             images=tuple(images),
+            tags=inventory[0],
+            layers=inventory[1],
         )

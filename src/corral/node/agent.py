@@ -23,6 +23,7 @@ from corral.api.models import (
     AuditReport,
     CommitRequest,
     CreateSandbox,
+    DirectAccess,
     DisplayInput,
     Event,
     ExecEvent,
@@ -155,10 +156,12 @@ class NodeAgent:
     def capacity(self) -> NodeCapacity:
         """What this node can still take, for placement (its heartbeat)."""
         p = self.parts
+        tags, layers = self.images.inventory()
         return p.admission.capacity(
             list(p.runtimes),
             accelerator() if "microvm" in p.runtimes else None,
-            self.images.names(),
+            sorted(tags),
+            (tags, layers),
         )
 
     @property
@@ -229,6 +232,13 @@ class NodeAgent:
     async def audit(self, sandbox_id: str) -> AuditReport:
         p = self.parts
         return await p.audit.report(p.records.get(sandbox_id))
+
+    async def direct(self, sandbox_id: str, ttl: int = 300) -> DirectAccess:
+        # A node is the end of a direct path, not where one is issued.
+        raise InvalidArgument(
+            "sandbox_id", "a direct path is issued by a gateway, for a node behind it; "
+            "this is a node: talk to it directly already", sandbox_id,
+        )  # fmt: skip
 
     async def protect(self, sandbox_id: str, req: ProtectRequest) -> SandboxInfo:
         p = self.parts

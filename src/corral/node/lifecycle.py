@@ -24,7 +24,6 @@ from corral.api.models import CreateSandbox, SandboxInfo
 from corral.config import NodeConfig
 from corral.errors import (
     CorralError,
-    ImageNotFound,
     InvalidArgument,
     SandboxClosed,
     SandboxFailed,
@@ -33,15 +32,15 @@ from corral.errors import (
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
 from corral.host.scratch import Scratch
-from corral.images.layer import STACK, Layer, RegistryRef
+from corral.images.layer import STACK, Layer
 from corral.images.mounter import LayerMounts
-from corral.images.pull import pull
 from corral.log import bind, get_logger, scope
 from corral.node import states
 from corral.node.activity import Activity
 from corral.node.admission import Admission, AlreadyCreated
 from corral.node.audit import Audit
 from corral.node.children import Children
+from corral.node.imagefetch import ImageFetcher
 from corral.node.ledger import Ledger
 from corral.node.network import SandboxNetworks
 from corral.node.records import Records
@@ -151,7 +150,7 @@ class Lifecycle:
         self.runtimes = runtimes
         self.layers = layers
         self.images = layers.store
-        self._pulls: dict[str, asyncio.Task[object]] = {}  # registry ref -> its pull
+        self.fetcher = ImageFetcher(self.images, self.config.image_sources)
         self.scratch = scratch
         self.networks = networks
         self.audit = audit
@@ -236,38 +235,20 @@ class Lifecycle:
             image_user=next((x.config.user for x in reversed(layers) if x.config.user), None),
         )
 
-    async def _pulled(self, image: str) -> None:
-        """A registry reference this node lacks is pulled on first use:
-        once, however many creates ask for it at the same time."""
-        remote = RegistryRef.parse(image)
-        if remote is None:
-            return
-        try:
-            self.images.digest_of(image)
-            return
-        except ImageNotFound:
-            pass
-        key = str(remote)
-        task = self._pulls.get(key)
-        if task is None:
-            t0 = time.monotonic()
-
-            async def run() -> object:
-                with trace.span("image.pull", **{"image.ref": key}):
-                    layer = await asyncio.to_thread(pull, self.images, image, _quiet)
-                log.info("image.pulled", ref=key, digest=layer.digest,
-                         seconds=round(time.monotonic() - t0, 3))  # fmt: skip
-                return layer
-
-            task = asyncio.get_running_loop().create_task(run())
-            self._pulls[key] = task
-            task.add_done_callback(lambda _: self._pulls.pop(key, None))
-        await asyncio.shield(task)
+    async def _fetched(self, req: CreateSandbox) -> None:
+        """Every layer the create names, fetched first if this node lacks it
+        (a registry reference, or one of the node's image sources has it)."""
+        refs = [("image", req.image)]
+        if req.workspace:
+            refs.append(("workspace", req.workspace))
+        refs += [(f"toolkit[{i}]", t) for i, t in enumerate(req.toolkit)]
+        for field, ref in refs:
+            await self.fetcher.ensure(ref, field)
 
     async def _create(self, req: CreateSandbox, state: Path | None) -> SandboxInfo:
         t0 = time.monotonic()
         runtime = self.runtime(req.kind)
-        await self._pulled(req.image)
+        await self._fetched(req)
         layers = self._resolve_layers(req)
         if req.network is not None:
             self.networks.network.check(req.network)
@@ -431,7 +412,3 @@ def _image_workdir(layers: list[Layer]) -> str | None:
     stack = list(itertools.takewhile(lambda x: bool(x.labels.get(STACK)), layers[1:]))
     image = [layers[0], *stack]  # the bottom layer, then those that stack on it
     return next((x.config.workdir for x in reversed(image) if x.config.workdir), None)
-
-
-def _quiet(task: str, done: float, total: float | None) -> None:
-    pass  # a pull on first use shows no progress bar: it is logged when done

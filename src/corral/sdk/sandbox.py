@@ -74,6 +74,22 @@ class AsyncSandbox:
         report = await self._service.audit(self.id)
         return rules.judge(report) if rules is not None else report
 
+    async def direct(self, ttl: int = 300) -> AsyncSandbox:
+        """This sandbox on a direct path to its node, past the gateway, for
+        `ttl` seconds (at most an hour): commands, files, the display, usage
+        and audit go straight to the node with a token the gateway signed
+        (docs/direct-path.md). Its lifetime (close, suspend, fork, TTL,
+        network, protect, commit) stays with this handle. When the token
+        expires, its calls raise Unauthenticated: call direct() again."""
+        from corral.api.http import HttpService
+
+        access = await self._service.direct(self.id, ttl)
+        path = HttpService(access.url, api_key=access.token)
+        adopt = getattr(self._service, "adopt", None)
+        if adopt is not None:
+            adopt(path)  # closed with the client
+        return AsyncSandbox(path, self.info.model_copy(update={"id": access.sandbox_id}))
+
     async def protect(self, paths: list[str]) -> None:
         """Protect paths (the task's tests, its grader) from now on: a
         later write to one, or under one, is a protected_write violation

@@ -360,6 +360,14 @@ class Sandbox:
         )
         return result
 
+    def direct(self, ttl: int = 300) -> Sandbox:
+        """This sandbox on a direct path to its node, past the gateway, for `ttl` seconds (at most
+        an hour): commands, files, the display, usage and audit go straight to the node with a
+        token the gateway signed (docs/direct-path.md). Its lifetime (close, suspend, fork, TTL,
+        network, protect, commit) stays with this handle. When the token expires, its calls
+        raise Unauthenticated: call direct() again."""
+        return Sandbox(self._portal, self._portal.call(self._inner.direct, ttl))
+
     @property
     def id(self) -> str:
         return self._inner.id
