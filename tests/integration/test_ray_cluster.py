@@ -20,7 +20,7 @@ import pytest
 import corral
 from corral.host import mounts
 
-from ..framework import IMAGE, IMAGES, free_port
+from ..framework import IMAGE, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_ray, pytest.mark.requires_postgres]
 
@@ -63,10 +63,12 @@ def _listener(port: int) -> int:
 def ray_cluster(data_root: Path) -> Iterator[dict[str, object]]:
     directory = data_root / "ray"
     up = _cli(
-        "cluster", "up", "--local-nodes", "3", "--dir", str(directory),
-        "--images", str(IMAGES), "--node-timeout", "5",
+        # As the README's quick start: no --images (the nodes fetch what
+        # they lack from this machine's image store).
+        "cluster", "up", "--local-nodes", "3", "--dir", str(directory), "--node-timeout", "5",
         "--ray-port", str(free_port()), "--pg-port", str(free_port()),
         "--gateway-port", str(free_port()), "--node-port", str(_free_run(3)),
+        "--dns-port", str(_free_run(3)),
     )  # fmt: skip
     try:
         assert up.returncode == 0, up.stdout + up.stderr

@@ -114,7 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway-host", default="127.0.0.1")
     p.add_argument("--gateway-port", type=int, default=7070)
     p.add_argument("--node-port", type=int, default=7100, help="first node agent's port")
+    p.add_argument(
+        "--dns-port", type=int, default=10053,
+        help="first node's DNS port (sandboxes' resolver; one per node, UDP and TCP)",
+    )  # fmt: skip
     p.add_argument("--node-timeout", type=float, default=10.0)
+    p.add_argument(
+        "--timeout", type=float, default=180.0,
+        help="seconds to wait for every node agent and the gateway to answer",
+    )  # fmt: skip
     p.add_argument("--images", type=Path, help="a layer store the local nodes share")
     p.add_argument(
         "--blobs",

@@ -64,8 +64,8 @@ def start(count: int, port: int, directory: Path, say: Say, timeout: float = 120
     address = f"127.0.0.1:{port}"
     common = ["--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats"]
     head = [
-        "--head", f"--port={port}", f"--ray-client-server-port={port + 1}",
-        f"--temp-dir={temp_dir(directory)}", "--include-dashboard=false",
+        "--head", f"--port={port}", f"--temp-dir={temp_dir(directory)}",
+        "--include-dashboard=false",
     ]  # fmt: skip
     say(f"starting a local Ray cluster of {count} nodes at {address}")
     env = {**ray_env(), MARKER: str(directory)}

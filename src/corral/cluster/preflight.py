@@ -55,9 +55,10 @@ def check_ports(ports: dict[str, tuple[str, int, bool]]) -> None:
         for proto in ("tcp", "udp") if udp else ("tcp",):
             err = port_free(host, port, udp=proto == "udp")
             if err == errno.EADDRINUSE:
+                option = "--" + flag.split()[0].replace("_", "-")
                 raise InvalidArgument(
-                    flag, f"must be a free port: {proto} {host}:{port} is in use{_holder(port)}",
-                    port,
+                    flag, f"must be a free port: {proto} {host}:{port} is in use"
+                    f"{_holder(port)}; choose another with {option}", port,
                 )  # fmt: skip
             if err is not None:
                 raise InvalidArgument(

@@ -56,6 +56,7 @@ def default_blobs() -> str | None:
 def _preflight(
     directory: Path, doc: dict[str, Any], *, local_nodes: int | None, state: str | None,
     pg_port: int, ray_port: int, gateway_host: str, gateway_port: int, node_port: int,
+    dns_port: int,
 ) -> None:  # fmt: skip
     """Ports and directories, before anything starts. Parts the journal
     already has (a second `up`) hold their ports: those are not checked."""
@@ -65,7 +66,6 @@ def _preflight(
         ports["pg_port"] = ("127.0.0.1", pg_port, False)
     if local_nodes is not None and "local_ray" not in doc:
         ports["ray_port"] = ("0.0.0.0", ray_port, False)
-        ports["ray_port + 1 (Ray's client server)"] = ("0.0.0.0", ray_port + 1, False)
     if "gateway" not in doc:
         ports["gateway_port"] = (gateway_host, gateway_port, False)
     if local_nodes is not None and "nodes" not in doc:
@@ -73,7 +73,9 @@ def _preflight(
             ports[f"node_port + {i} (node n{i})" if i else "node_port"] = (
                 "0.0.0.0", node_port + i, False,
             )  # fmt: skip
-            ports[f"node n{i}'s DNS port {10053 + i}"] = ("0.0.0.0", 10053 + i, True)
+            ports[f"dns_port + {i} (node n{i}'s DNS)" if i else "dns_port"] = (
+                "0.0.0.0", dns_port + i, True,
+            )  # fmt: skip
     preflight.check_ports(ports)
 
 
@@ -88,6 +90,7 @@ async def up(
     gateway_host: str = "127.0.0.1",
     gateway_port: int = 7070,
     node_port: int = 7100,
+    dns_port: int = 10053,
     node_timeout: float = 10.0,
     images: Path | None = None,
     blobs: str | None = None,
@@ -114,7 +117,7 @@ async def up(
     _preflight(
         directory, doc, local_nodes=local_nodes, state=state, pg_port=pg_port,
         ray_port=ray_port, gateway_host=gateway_host, gateway_port=gateway_port,
-        node_port=node_port,
+        node_port=node_port, dns_port=dns_port,
     )  # fmt: skip
     directory.mkdir(parents=True, exist_ok=True)
     doc.setdefault("node_key", "cn_" + secrets.token_urlsafe(24))
@@ -162,7 +165,7 @@ async def up(
 
         specs = await asyncio.to_thread(
             _deploy, ray_address, directory, state, doc["node_key"], local_nodes is not None,
-            node_port, images, blobs, gw, record, say,
+            node_port, dns_port, images, blobs, gw, record, say,
         )  # fmt: skip
         step = "waiting for the node agents and the gateway"
         say(f"waiting for {len(specs)} node agents and the gateway")
@@ -200,6 +203,7 @@ def _deploy(
     node_key: str,
     local: bool,
     node_port: int,
+    dns_port: int,
     images: Path | None,
     blobs: str | None,
     gw: GatewaySpec,
@@ -233,7 +237,7 @@ def _deploy(
                     node_key=node_key,
                     images=str(images) if images else None,
                     network_pool=f"10.{200 + i}.0.0/16",
-                    dns_port=10053 + i,
+                    dns_port=dns_port + i,
                     image_sources=[blobs] if blobs else [],
                     env={"CORRAL_BLOB_KEY": key} if key and blobs else {},
                 )

@@ -13,6 +13,7 @@ import glob
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -42,6 +43,9 @@ class LocalPostgres:
         self.data = directory / "data"
         self.port = port
         self.password_file = directory / "password"
+        # Present from before initdb until the role and database exist: a
+        # directory holding it is a half-made cluster (initdb cut short).
+        self.making = directory / "initdb-in-progress"
 
     @property
     def url(self) -> str:
@@ -72,10 +76,12 @@ class LocalPostgres:
         """Start (initialising on first use); returns the URL to reach it."""
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o755)
-        fresh = not (self.data / "PG_VERSION").exists()
+        fresh = not (self.data / "PG_VERSION").exists() or self.making.exists()
         if fresh:
+            self.stop()  # what a cut-short initdb may have left running
             if self.data.exists():
                 shutil.rmtree(self.data)  # a half-made cluster from a failed initdb
+            self.making.touch()
             self.data.mkdir()
             shutil.chown(self.data, "postgres", "postgres")
             self.password_file.write_text(secrets.token_urlsafe(18) + "\n")
@@ -104,6 +110,7 @@ class LocalPostgres:
             password = self.password_file.read_text().strip()
             self._psql(f"CREATE ROLE corral LOGIN PASSWORD '{password}'")
             self._psql("CREATE DATABASE corral OWNER corral")
+            self.making.unlink()
         log.info("postgres.started", dir=str(self.data), port=self.port)
         return self.url
 
@@ -114,9 +121,36 @@ class LocalPostgres:
         )  # fmt: skip
 
     def stop(self, mode: str = "fast") -> None:
-        if self.data.exists() and self.running():
-            self._as_postgres(_bin("pg_ctl"), "stop", "-w", "-m", mode, "-D", str(self.data))
-            log.info("postgres.stopped", dir=str(self.data))
+        if not self.data.exists():
+            return
+        if self.running():
+            r = self._as_postgres(
+                _bin("pg_ctl"), "stop", "-w", "-m", mode, "-D", str(self.data), check=False
+            )
+            if r.returncode == 0:
+                log.info("postgres.stopped", dir=str(self.data))
+                return
+        # Not a server pg_ctl stops: initdb's single-user backend, left by
+        # an initdb cut short (it ends when its input closes), or a
+        # postmaster pg_ctl cannot reach. Its pid is the lock file's first line.
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+                return  # a stale lock file: that pid is someone else's now
+        except OSError:
+            return
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        log.info("postgres.stopped", dir=str(self.data), pid=pid, how="signal")
 
     def restart(self) -> None:
         self.stop("immediate")

@@ -254,6 +254,10 @@ class GatewayView(Forwarding):
         # Placement first (in memory), then one transaction that finds the
         # key's row or makes it: a retry costs no more than a first try.
         try:
+            if gw.burst and await gw.busy():  # utilisation before this create
+                raise ResourceExhausted(
+                    f"local nodes are past the burst threshold ({gw.burst.threshold:.0%})"
+                )
             first = await gw.choose(
                 kind=req.kind, layers=_layers(req), memory=req.memory, exclude=set()
             )
@@ -263,13 +267,6 @@ class GatewayView(Forwarding):
                 return await self._spill(req, key, exc), "burst"
             row, new = found, False  # no room now, but this key's sandbox exists
         else:
-            if gw.burst and await gw.busy():
-                gw.release(first.name)
-                found = (await sandboxes.by_keys(gw.db, [key])).get(key)
-                if found is None or found.state == "failed":
-                    busy = ResourceExhausted("local nodes are past the burst threshold")
-                    return await self._spill(req, key, busy), "burst"
-                gw.hold(first.name)
             try:
                 [(row, new)] = await self._reserve([key], first.name, req.kind, req.cpu, req.memory)
             finally:
