@@ -75,9 +75,8 @@ def users_ray(data_root: Path) -> Iterator[int]:
          "--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats"],
         check=True, capture_output=True, env=localray.ray_env(),
     )  # fmt: skip
-    gcs = next(p for p in localray.processes(home) if b"gcs_server" in _cmd(p))
     try:
-        yield gcs
+        yield next(p for p in localray.processes(home) if b"gcs_server" in _cmd(p))
     finally:
         localray.stop(home)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import corral
+from corral.cluster import localray
 from corral.host import mounts
 
 from ..framework import IMAGE, free_port
@@ -81,8 +82,7 @@ def ray_cluster(data_root: Path) -> Iterator[dict[str, object]]:
     assert down.returncode == 0, down.stdout + down.stderr
     assert not (directory / "cluster.json").exists()
     assert mounts.mounts_under(directory) == []
-    alive = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::"], capture_output=True)
-    assert alive.stdout == b"", alive.stdout
+    assert localray.processes(directory) == []  # this cluster's Ray, and only it
     assert subprocess.run(["pgrep", "-f", f"postgres -D {directory}"]).returncode == 1
 
 
