@@ -135,8 +135,9 @@ def test_an_up_killed_at_any_step_is_stopped_whole_by_down(
     data_root: Path, users_ray: int, step: str
 ) -> None:
     directory = data_root / f"killed-{step.split()[-1].lower()}"
+    ports = _ports()
     proc = subprocess.Popen(
-        [*CORRAL, "cluster", "up", "--local-nodes", "2", "--dir", str(directory), *_ports()],
+        [*CORRAL, "cluster", "up", "--local-nodes", "2", "--dir", str(directory), *ports],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -149,6 +150,13 @@ def test_an_up_killed_at_any_step_is_stopped_whole_by_down(
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert any(step in line for line in seen), seen
+    if step == "starting a local Ray":
+        # Running `up` again instead: it stops what the killed one left,
+        # then starts afresh.
+        again = _cli("cluster", "up", "--local-nodes", "2", "--dir", str(directory), *ports)
+        out = again.stdout + again.stderr
+        assert again.returncode == 0, out
+        assert "did not finish: stopping what it started" in out and "cluster up:" in out, out
     down = _cli("cluster", "down", "--dir", str(directory))
     assert down.returncode == 0, down.stdout + down.stderr
     _nothing_left(directory)

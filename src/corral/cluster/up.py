@@ -113,6 +113,19 @@ async def up(
     elif local_nodes is not None and images is None:
         blobs = default_blobs()
     doc = journal.load_or_new(directory)
+    if doc and doc.get("phase") != journal.UP:
+        # An `up` that failed or was killed: what it left is stopped first,
+        # and this one starts from nothing.
+        from corral.cluster.down import ALL, teardown
+
+        say("a previous `cluster up` here did not finish: stopping what it started")
+        if not await teardown(directory, doc, parts=set(ALL), say=say):
+            raise Unavailable(
+                f"parts of the unfinished cluster in {directory} did not stop (above): "
+                "run `corral cluster down` and try again"
+            )
+        journal.remove(directory)
+        doc = {}
     fresh = not doc
     _preflight(
         directory, doc, local_nodes=local_nodes, state=state, pg_port=pg_port,
