@@ -19,7 +19,8 @@ import corral
 from corral.config import NodeConfig
 from corral.errors import ImageNotFound, InvalidArgument, SandboxNotFound, Unauthenticated
 
-from ..framework import IMAGE, IMAGES, Cluster
+from ..framework import IMAGE, IMAGES, Cluster, free_port
+from ..framework.blobd import Blobd
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_postgres]
 SPEC: dict[str, Any] = {"image": IMAGE, "memory": "256MiB", "cpu": 0.25}
@@ -38,7 +39,12 @@ def cluster(data_root: Path) -> Iterator[Cluster]:
     (damaged / "layers" / f"{top.removeprefix('sha256:')}.json").write_text(json.dumps(doc))
     (damaged / "tags" / "evil").mkdir(parents=True)
     (damaged / "tags" / "evil" / "1").write_text(top)
-    sources = [str(data_root / "no-such-store"), str(damaged), str(IMAGES)]
+    # The good one last, served over HTTP by `corral blobd`; before it a
+    # path that is no store, a store that is down, and the damaged one.
+    blobd = Blobd(IMAGES)
+    blobd.start()
+    down = f"http://127.0.0.1:{free_port()}"
+    sources = [str(data_root / "no-such-store"), down, str(damaged), blobd.url]
     c = Cluster(
         data_root / "dist",
         nodes=2,
@@ -51,6 +57,7 @@ def cluster(data_root: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+        blobd.kill()
     assert {n.name: n.leftovers() for n in c.nodes} == {n.name: {} for n in c.nodes}
     shutil.rmtree(c.root, ignore_errors=True)
 
@@ -112,8 +119,11 @@ async def test_an_image_no_source_has_or_a_damaged_one_is_refused_and_charges_no
     async with cluster.client(key) as c:
         with pytest.raises(ImageNotFound) as err:
             await c.sandboxes.create(image=image, memory="256MiB")
-    assert says in err.value.message and image in err.value.message
-    assert "image_sources[0]" in err.value.message or says == "is damaged"
+    msg = err.value.message
+    assert says in msg and image in msg, msg
+    if image == "nowhere:1":
+        assert "image_sources[0]" in msg and "is not a blob store" in msg, msg
+        assert "image_sources[1]" in msg and "unreachable" in msg, msg
     assert cluster.used("dist") == (0, 0.0, 0)
     assert cluster.rows().get("placing", 0) == 0
 

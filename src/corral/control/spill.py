@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 
 from corral import labels as platform_labels
+from corral import metrics
 from corral.api.models import CreateSandbox, SandboxInfo
 from corral.control import sandboxes
 from corral.control.burst import BurstRefused, home_id, remote_labels
@@ -56,6 +57,7 @@ async def create(
             )
         if await sandboxes.count_on_node(db, target.name) > target.cap:
             why = f"burst target {target.name} is at its cap of {target.cap} sandboxes"
+            metrics.GATEWAY_BURST.labels(target.name, "cap").inc()
             await sandboxes.finish(db, key, "failed", why)
             reasons.append(why)
             continue
@@ -69,6 +71,7 @@ async def create(
             info = await gw.burst.client(target.name).create(to_remote)
         except CorralError as exc:
             why = _why(target.name, exc)
+            metrics.GATEWAY_BURST.labels(target.name, exc.code).inc()
             await sandboxes.finish(db, key, "failed", why)
             log.warning("burst.refused", target=target.name, reason=why)
             reasons.append(why)
@@ -78,6 +81,7 @@ async def create(
             with contextlib.suppress(CorralError):
                 await gw.burst.client(target.name).close(info.id)
             raise SandboxLost(f"sandbox {home} was written off while it was being created")
+        metrics.GATEWAY_BURST.labels(target.name, "placed").inc()
         log.info("burst.placed", target=target.name, sandbox=home)
         return info.model_copy(update={"id": home})
     raise BurstRefused(reasons)

@@ -569,7 +569,7 @@ class GatewayView(Forwarding):
     def _no_layers(self) -> Unavailable:
         # A node's store is shared by every project placed on it: listing
         # or deleting its layers through a gateway would cross projects.
-        # Per-project images in a cluster are issue 23's.
+        # The cluster's images live in its blob store (docs/image-distribution.md).
         return Unavailable("layers are listed and deleted on a node, not through a gateway")
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult:

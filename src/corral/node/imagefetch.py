@@ -86,7 +86,7 @@ class ImageFetcher:
         problems: list[str] = []
         for i, url in enumerate(self.sources):
             try:
-                store = self._open(i, url)
+                store = self._open(url)
                 return registry.pull(self.images, ref, store, _quiet), url
             except ImageNotFound as exc:
                 if "does not match" in exc.message or "missing" in exc.message:
@@ -101,17 +101,15 @@ class ImageFetcher:
         raise ImageNotFound(
             f"{field} '{ref}' is not on this node nor in its image sources ("
             + "; ".join(problems)
-            + "); push it with `corral image push REF --to STORE`",
+            + "); push it with `corral image push REF STORE`",
             field=field,
             ref=ref,
         )
 
     @staticmethod
-    def _open(i: int, url: str) -> ObjectStore:
+    def _open(url: str) -> ObjectStore:
         store = open_store(url, operator_key() if url.startswith("http") else None)
         if isinstance(store, LocalObjects) and not (Path(url) / "layers").is_dir():
             # A typo'd path reads as an empty store; say what it is instead.
-            raise Unavailable(
-                f"image_sources[{i}]: {url} is not a blob store (it has no layers/ directory)"
-            )
+            raise Unavailable("is not a blob store (it has no layers/ directory)")
         return store
