@@ -28,7 +28,7 @@ from corral.images.pull import pull
 from corral.images.store import ImageStore
 from corral.log import get_logger
 
-log = get_logger("corral.images")
+log = get_logger("corral.node")
 
 
 def _quiet(task: str, done: float, total: float | None) -> None:
