@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from tests.framework.cluster import Cluster  # noqa: E402
 
 import corral  # noqa: E402
-from _common import IMAGE, IMAGES, fresh_dir, median, pct, table, write_result  # noqa: E402
+from _common import IMAGE, IMAGES, fresh_dir, median, pct, table, timed, write_result  # noqa: E402
 from cluster import cpu_seconds  # noqa: E402
 
 WORK = Path("/var/lib/corral-paths")
@@ -40,15 +40,6 @@ PAYLOAD = secrets.token_bytes(64 * 1024)
 
 def ms(values: list[float]) -> tuple[str, str]:
     return f"{median(values) * 1000:.2f}", f"{pct(values, 99) * 1000:.2f}"
-
-
-async def timed(n: int, op: Callable[[], Awaitable[object]]) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await op()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 async def rate(seconds: float, width: int, op: Callable[[], Awaitable[object]]) -> float:

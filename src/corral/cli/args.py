@@ -9,6 +9,7 @@ here: main imports the command modules, never the other way round.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from corral.config import NodeConfig
@@ -25,6 +26,18 @@ def parse_labels(items: list[str] | None) -> dict[str, str]:
             raise InvalidArgument("label", "must be key=value", item)
         out[key] = value
     return out
+
+
+def add_burst_args(p: argparse.ArgumentParser) -> None:
+    """A gateway's burst targets (`serve --gateway` and `cluster up`)."""
+    p.add_argument(
+        "--burst-targets", type=Path,
+        help="a JSON file of other Corral gateways to spill creates to (docs/bursting.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--burst-threshold", type=float, default=0.8,
+        help="burst when this share of the local slots or memory is in use",
+    )  # fmt: skip
 
 
 def add_sandbox_args(p: argparse.ArgumentParser) -> None:

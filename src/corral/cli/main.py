@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.cli import cluster, images, node, sandboxes, tasks
-from corral.cli.args import add_sandbox_args
+from corral.cli.args import add_burst_args, add_sandbox_args
 from corral.errors import CorralError
 from corral.log import configure
 from corral.version import __version__
@@ -72,14 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="gateway: the key node agents require (theirs is --api-key)",
     )
     p.add_argument("--node-timeout", type=float, default=10.0, help="gateway: silence = lost")
-    p.add_argument(
-        "--burst-targets", type=Path,
-        help="gateway: a JSON file of other Corral gateways to spill creates to",
-    )  # fmt: skip
-    p.add_argument(
-        "--burst-threshold", type=float, default=0.8,
-        help="gateway: burst when this share of the local slots or memory is in use",
-    )  # fmt: skip
+    add_burst_args(p)
 
     proj = cmd("project", None, "projects (org / team / job), quotas and API keys")
     psub = proj.add_subparsers(dest="project_command", required=True)
@@ -129,14 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the blob store nodes fetch images they lack from: a directory, http(s):// of "
         "`corral blobd`, or s3:// (default with --local-nodes: this machine's image store)",
     )
-    p.add_argument(
-        "--burst-targets", type=Path,
-        help="a JSON file of other Corral gateways to spill creates to (docs/bursting.md)",
-    )  # fmt: skip
-    p.add_argument(
-        "--burst-threshold", type=float, default=0.8,
-        help="burst when this share of the local slots or memory is in use",
-    )  # fmt: skip
+    add_burst_args(p)
     p = csub.add_parser("status", help="the nodes and their last heartbeat")
     p.set_defaults(handler=cluster.cluster_status)
     p = csub.add_parser("down", help="close every sandbox, stop what up started")

@@ -19,7 +19,10 @@ import threading
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corral.config import NodeConfig
 
 NAMESPACE = "corral"
 
@@ -41,6 +44,19 @@ class NodeSpec:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def config(self) -> NodeConfig:
+        """The node's config, as its actor and `cluster down`'s cleaning run it."""
+        from corral.config import NodeConfig
+
+        return NodeConfig.from_env(
+            data_dir=Path(self.data_dir),
+            node=self.node,
+            images=Path(self.images) if self.images else None,
+            network_pool=self.network_pool,
+            dns_port=self.dns_port,
+            image_sources=list(self.image_sources),
+        )
 
 
 @dataclass(frozen=True)
@@ -93,20 +109,11 @@ class NodeAgentActor(_Threaded):
         self._launch(self._serve)
 
     async def _serve(self) -> None:
-        from corral.config import NodeConfig
         from corral.server import serve
 
         s = self.spec
-        config = NodeConfig.from_env(
-            data_dir=Path(s.data_dir),
-            node=s.node,
-            images=Path(s.images) if s.images else None,
-            network_pool=s.network_pool,
-            dns_port=s.dns_port,
-            image_sources=list(s.image_sources),
-        )
         await serve(
-            config,
+            s.config(),
             host=s.host,
             port=s.port,
             api_key=s.node_key,

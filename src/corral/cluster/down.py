@@ -134,22 +134,13 @@ def _stop_actors(doc: dict[str, Any], say: Say) -> bool:
 async def _clean_node(spec: dict[str, Any], say: Say) -> bool:
     """Recover a node's data dir and leave it holding nothing."""
     from corral.cluster.actors import NodeSpec
-    from corral.config import NodeConfig
     from corral.node.agent import NodeAgent
 
     s = NodeSpec(**spec)
     if not Path(s.data_dir).exists():
         return True
-    config = NodeConfig.from_env(
-        data_dir=Path(s.data_dir),
-        node=s.node,
-        images=Path(s.images) if s.images else None,
-        network_pool=s.network_pool,
-        dns_port=s.dns_port,
-        image_sources=list(s.image_sources),
-    )
     try:
-        agent = NodeAgent(config)
+        agent = NodeAgent(s.config())
         await agent.start()
         try:
             left = await agent.list()
