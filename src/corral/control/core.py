@@ -57,6 +57,7 @@ class GatewayCore:
         self.view_ttl = view_ttl
         self.k = k
         self._view: tuple[float, list[NodeRow]] = (0.0, [])
+        self._reading: asyncio.Future[list[NodeRow]] | None = None
         self.inventory = placement.Inventory([])
         self._clients: dict[tuple[str, str], HttpService] = {}
         self.in_flight: dict[str, int] = {}
@@ -84,11 +85,25 @@ class GatewayCore:
     async def nodes(self, *, fresh: bool = False) -> list[NodeRow]:
         at, rows = self._view
         if fresh or time.monotonic() - at > self.view_ttl:
-            rows = await nodes.list_nodes(self.db)
-            self._view = (time.monotonic(), rows)
-            self.inventory = placement.Inventory(rows)
-            for state in (nodes.ALIVE, nodes.LOST, nodes.LEFT):
-                metrics.GATEWAY_NODES.labels(state).set(sum(n.state == state for n in rows))
+            # One read of the membership at a time: when the snapshot ages
+            # out, the requests in flight wait on one read instead of each
+            # making its own (a stampede at every expiry under load).
+            if self._reading is None:
+                self._reading = asyncio.ensure_future(self._read_nodes())
+            reading = self._reading
+            try:
+                rows = await asyncio.shield(reading)
+            finally:
+                if reading.done() and self._reading is reading:
+                    self._reading = None
+        return rows
+
+    async def _read_nodes(self) -> list[NodeRow]:
+        rows = await nodes.list_nodes(self.db)
+        self._view = (time.monotonic(), rows)
+        self.inventory = placement.Inventory(rows)
+        for state in (nodes.ALIVE, nodes.LOST, nodes.LEFT):
+            metrics.GATEWAY_NODES.labels(state).set(sum(n.state == state for n in rows))
         return rows
 
     async def node(self, name: str) -> NodeRow | None:

@@ -177,6 +177,7 @@ async def charge(
     if levels is None:
         row = await tx.fetchone(_CHAIN + " SELECT COUNT(*) FROM chain", (project,))
         levels = int(row[0]) if row else 0
+    await _lock_chain(tx, project)
     charged = await tx.fetchall(
         _CHAIN + " UPDATE projects SET used_sandboxes = used_sandboxes + 1,"
         " used_cpu = used_cpu + %s, used_memory = used_memory + %s"
@@ -216,7 +217,24 @@ async def charge(
     raise ResourceExhausted(f"quota of project {project!r} changed; retry", project=project)
 
 
+async def _lock_chain(tx: Tx, project: str) -> None:
+    """Lock the chain's rows by name, before changing them. An UPDATE over
+    the chain locks its rows in heap order, which moves with every update
+    (a new row version): two charges of one job then took them in opposite
+    orders and deadlocked (bench/results/cellsim.md found it). One order,
+    by name, for every charge and release: no deadlock. NO KEY UPDATE, the
+    lock an UPDATE of non-key columns takes anyway, so inserting a sandbox
+    (whose foreign key share-locks its project) never waits on it."""
+    if tx.dialect == "postgresql":  # SQLite has one writer at a time
+        await tx.fetchall(
+            _CHAIN + " SELECT name FROM projects WHERE name IN (SELECT name FROM chain)"
+            " ORDER BY name FOR NO KEY UPDATE",
+            (project,),
+        )
+
+
 async def release(tx: Tx, project: str, cpu: float, memory: int) -> None:
+    await _lock_chain(tx, project)
     await tx.execute(
         _CHAIN + " UPDATE projects SET used_sandboxes = used_sandboxes - 1,"
         " used_cpu = used_cpu - %s, used_memory = used_memory - %s"
