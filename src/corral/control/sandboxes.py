@@ -206,6 +206,16 @@ async def ready_on(db: Database, node: str, project: str) -> list[SandboxRow]:
     return [_row(r) for r in rows]
 
 
+async def counts_by_node(db: Database) -> dict[str, int]:
+    """Charged rows per node (and burst target)."""
+    async with db.transaction() as tx:
+        rows = await tx.fetchall(
+            "SELECT node, COUNT(*) FROM sandboxes WHERE state IN ('placing', 'ready')"
+            " GROUP BY node"
+        )
+    return {str(n): int(c) for n, c in rows}
+
+
 async def count_on_node(db: Database, node: str) -> int:
     async with db.transaction() as tx:
         row = await tx.fetchone(
