@@ -154,16 +154,7 @@ class Cluster:
 
     def project(self, name: str, parent: str | None = None, **limits: Any) -> str:
         """Create a project; returns an API key of it."""
-
-        async def go() -> str:
-            db = await self.db()
-            try:
-                await quotas.create_project(db, name, parent=parent, **limits)
-                return await quotas.create_key(db, name)
-            finally:
-                await db.aclose()
-
-        return run_sync(go())
+        return make_project(self.state, name, parent, **limits)
 
     def used(self, name: str) -> tuple[int, float, int]:
         """(sandboxes, cpu, memory) a project is charged for."""
@@ -193,6 +184,20 @@ class Cluster:
                 await db.aclose()
 
         return run_sync(go())
+
+
+def make_project(state: str, name: str, parent: str | None = None, **limits: Any) -> str:
+    """Create a project in the state store at `state`; returns an API key of it."""
+
+    async def go() -> str:
+        db = await connect(state)
+        try:
+            await quotas.create_project(db, name, parent=parent, **limits)
+            return await quotas.create_key(db, name)
+        finally:
+            await db.aclose()
+
+    return run_sync(go())
 
 
 async def _close_all(client: corral.AsyncClient) -> None:
