@@ -24,6 +24,7 @@ from ..framework.blobd import Blobd
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_postgres]
 SPEC: dict[str, Any] = {"image": IMAGE, "memory": "256MiB", "cpu": 0.25}
+OTHER = "fncall:bookworm"  # another image of the machine's store
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +92,27 @@ async def test_a_node_fetches_an_image_it_lacks_once_and_placement_then_prefers_
         for s in sbxs:
             r = await s.commands.run("python3 -c 'print(6 * 7)'")
             assert (r.exit_code, r.stdout.strip()) == (0, "42")
+        # Four creates on two nodes: one node took two or more, and each
+        # fetched the image once.
         holders = {s.id.split("-")[0] for s in sbxs}
         for name in holders:
             assert _fetches(cluster, name) == 1
             store = cluster.node(name).config.images_dir
             assert (store / "tags" / IMAGE.replace(":", "/")).exists()
-            assert (store / "origins").iterdir()  # the data is fetched lazily
-        # Its next create goes where the layers already are (by digest),
-        # once that node has heartbeaten them.
+            assert any((store / "origins").iterdir())  # the data is read lazily
+        await asyncio.gather(*(s.close() for s in sbxs))
+        # Another image, on one node first: once that node has heartbeaten
+        # its layers, the next creates of it all go there (by digest).
+        other = {**SPEC, "image": OTHER}
+        first = await c.sandboxes.create(**other)
         await asyncio.sleep(1.5)
-        again = await c.sandboxes.create(**SPEC)
-        assert again.id.split("-")[0] in holders
-        await asyncio.gather(*(s.close() for s in [*sbxs, again]))
+        more = await c.sandboxes.create_many(other, count=4, key="more")
+        assert {s.id.split("-")[0] for s in more if isinstance(s, corral.AsyncSandbox)} == {
+            first.id.split("-")[0]
+        }, more
+        await asyncio.gather(
+            first.close(), *(s.close() for s in more if isinstance(s, corral.AsyncSandbox))
+        )
     assert cluster.used("dist") == (0, 0.0, 0)
 
 

@@ -210,8 +210,7 @@ async def counts_by_node(db: Database) -> dict[str, int]:
     """Charged rows per node (and burst target)."""
     async with db.transaction() as tx:
         rows = await tx.fetchall(
-            "SELECT node, COUNT(*) FROM sandboxes WHERE state IN ('placing', 'ready')"
-            " GROUP BY node"
+            "SELECT node, COUNT(*) FROM sandboxes WHERE state IN ('placing', 'ready') GROUP BY node"
         )
     return {str(n): int(c) for n, c in rows}
 
