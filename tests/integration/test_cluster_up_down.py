@@ -20,7 +20,7 @@ import pytest
 from corral.cluster import localray
 from corral.host import mounts
 
-from ..framework import free_port
+from ..framework import IMAGES, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_ray, pytest.mark.requires_postgres]
 CORRAL = [sys.executable, "-m", "corral.cli.main"]
@@ -117,9 +117,15 @@ def test_a_dir_postgres_cannot_enter_is_refused_with_the_reason(data_root: Path)
 
 def test_an_up_that_fails_half_way_stops_what_it_started(data_root: Path) -> None:
     directory = data_root / "halfway"
-    # PostgreSQL and Ray start; the nodes cannot be ready within 1 s.
-    up = _cli("cluster", "up", "--local-nodes", "1", "--dir", str(directory), "--timeout", "1",
-              *_ports())  # fmt: skip
+    # PostgreSQL and Ray start; the node agents cannot (a setting they read
+    # from the environment Ray gives them is malformed), so they never
+    # heartbeat and `up` gives up waiting.
+    argv = [*CORRAL, "cluster", "up", "--local-nodes", "1", "--dir", str(directory),
+            "--blobs", str(IMAGES), "--timeout", "20", *_ports()]  # fmt: skip
+    env = {**os.environ, "CORRAL_FNCALL_WORKERS": "not-a-number"}
+    up = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    if up.returncode == 0:
+        _cli("cluster", "down", "--dir", str(directory))
     out = up.stdout + up.stderr
     assert up.returncode != 0 and "Traceback" not in out, out
     assert "cluster up failed while waiting for the node agents" in out, out

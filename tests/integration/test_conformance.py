@@ -146,6 +146,11 @@ def _reseeds(kernel: str) -> float:
     return value or 0.0
 
 
+def _until(path: str, seconds: int = 30) -> str:
+    """A shell loop that waits (at most `seconds`) for `path` to exist."""
+    return f"for i in $(seq {seconds * 20}); do [ -e {path} ] && break; sleep 0.05; done"
+
+
 @pytest.mark.requires_qemu
 @pytest.mark.parametrize("kind", VM_KINDS)
 async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str) -> None:
@@ -165,8 +170,10 @@ async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str)
             '        open("/tmp/answer", "w").write(secret); os.remove("/tmp/ask")\n'
             "    time.sleep(0.05)\n'"
         )
-        await asyncio.sleep(1)
-        await src.commands.run("touch /tmp/ask; sleep 0.5")
+        # Waits for the server's answers, not for fixed times: a TCG guest
+        # under load starts python in seconds.
+        await src.commands.run(_until("/tmp/pid"))
+        await src.commands.run("touch /tmp/ask; " + _until("/tmp/answer"))
         secret = await src.files.read("/tmp/answer")
         reseeded = _reseeds("guest")
         copies = await embedded.sandboxes.fork(src, 2 if kind == "fullvm" else 3)
@@ -182,7 +189,7 @@ async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str)
             assert c.info.kind == kind and c.info.state.value == "running"
             assert await c.files.read("/work/note") == b"before the fork"
             # The same process, with the same memory, still serving.
-            await c.commands.run("rm -f /tmp/answer; touch /tmp/ask; sleep 0.5")
+            await c.commands.run("rm -f /tmp/answer; touch /tmp/ask; " + _until("/tmp/answer"))
             assert await c.files.read("/tmp/answer") == secret
             pid = (await c.commands.run("cat /tmp/pid")).stdout
             assert (await c.commands.run(f"kill -0 {pid} && echo up")).stdout == "up\n"

@@ -84,7 +84,9 @@ class GatewayCore:
 
     async def nodes(self, *, fresh: bool = False) -> list[NodeRow]:
         at, rows = self._view
-        if fresh or time.monotonic() - at > self.view_ttl:
+        if fresh:  # a read begun after this call (a node that just joined)
+            return await self._read_nodes()
+        if time.monotonic() - at > self.view_ttl:
             # One read of the membership at a time: when the snapshot ages
             # out, the requests in flight wait on one read instead of each
             # making its own (a stampede at every expiry under load).
