@@ -162,6 +162,11 @@ def _trainer(
         return subprocess.Popen([*argv, str(out)], stderr=log_file, env=env)
 
 
+def _log_tail(out: Path) -> str:
+    """The end of the trainer's stderr: why it failed."""
+    return out.with_suffix(".log").read_text(errors="replace")[-2000:]
+
+
 async def _logged(service: SandboxService, job: str, rollouts: int) -> list[int]:
     names = [rollout_name(job, i) for i in range(rollouts)]
     return [len(s) for s in await asyncio.gather(*(service.rollout_steps(n) for n in names))]
@@ -195,7 +200,9 @@ async def survive(
                 if sum(counts) >= kill_at and min(counts) >= 1:
                     break
                 if trainer.poll() is not None:
-                    raise RuntimeError(f"the trainer ended (exit {trainer.returncode}) early")
+                    raise RuntimeError(
+                        f"the trainer ended (exit {trainer.returncode}) early: {_log_tail(out)}"
+                    )
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the trainer made no progress: {counts}")
                 await asyncio.sleep(0.05)
@@ -211,8 +218,7 @@ async def survive(
         restarted = _trainer(url, job, rollouts, steps, out, api_key)
         code = await asyncio.to_thread(restarted.wait, 600)
         if code != 0:
-            tail = out.with_suffix(".log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the restarted trainer failed (exit {code}): {tail}")
+            raise RuntimeError(f"the restarted trainer failed (exit {code}): {_log_tail(out)}")
         results = json.loads(out.read_text())
         refused = sorted({o.error.message for o in outcomes if o.error is not None})
         return Survival(rollouts, steps, killed_at, preempted, preempt_s, check(results, steps),
