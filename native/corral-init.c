@@ -30,6 +30,7 @@
 #include <ftw.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -502,6 +503,13 @@ static int handle_exec(int conn, struct cursor *c) {
         if (oom >= 0) {
             if (write(oom, "300", 3) < 0) { /* best effort */ }
             close(oom);
+        }
+        if (flags & EXEC_IDLE) {
+            /* Best effort: the cgroup's idle class is what holds a background
+             * sandbox back from its neighbours; this orders the commands of
+             * one sandbox among themselves. */
+            struct sched_param sp = {0};
+            if (sched_setscheduler(0, SCHED_IDLE, &sp) < 0) { /* an old kernel */ }
         }
         int rfd = report[1];
         if (rfd > 3) {

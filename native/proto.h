@@ -75,6 +75,8 @@ enum {
 #define EXEC_STDIN_STREAM 0x1u  /* REQ_STDIN frames follow; otherwise stdin is /dev/null */
 #define EXEC_PTY 0x2u           /* a terminal: u32 rows, u32 cols follow env; stdio is its slave,
                                  * output comes as RSP_STDOUT, input as REQ_STDIN */
+#define EXEC_IDLE 0x4u          /* background CPU class: the command runs at SCHED_IDLE (its
+                                 * children inherit it; it cannot leave it without CAP_SYS_NICE) */
 
 /* REQ_WRITE / REQ_MKDIR / REQ_REMOVE flags */
 #define FILE_MKDIRS 0x1u

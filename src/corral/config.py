@@ -73,6 +73,13 @@ class NodeConfig:
     # sandbox writes megabytes where it is promised gibibytes: 128 lets a
     # 64 GiB pool hold 4,096 sandboxes of the SDK's default 2 GiB.
     disk_overcommit: float = 128.0
+    # CPU classes (docs/cpu-classes.md): background sandboxes and commands
+    # yield to interactive ones (an idle cgroup, SCHED_IDLE) and, while
+    # background work runs, keep to cores of their own. Off: every sandbox
+    # is weighed alike by its `cpu`.
+    cpu_classes: bool = True
+    # Cores kept for interactive work whenever background work runs.
+    cpu_interactive_cores: int = 1
     # Per-sandbox ceilings on block I/O to the scratch pool, bytes/s (0: none):
     # one sandbox streaming to disk leaves the device to its neighbours too.
     disk_read_bps: int = 128 * 1024**2
@@ -224,6 +231,12 @@ class NodeConfig:
             after = getattr(self, name)
             if not 0 <= after <= 30 * 86400:
                 raise InvalidArgument(name, "must be 0 (off) or seconds up to 30 days", after)
+        if not 1 <= self.cpu_interactive_cores <= 4096:
+            raise InvalidArgument(
+                "cpu_interactive_cores",
+                "must be a number of cores from 1 to 4096",
+                self.cpu_interactive_cores,
+            )
         if not 0 <= self.swap_size <= 1 << 40:
             raise InvalidArgument(
                 "swap_size", "must be 0 (off) or bytes up to 1 TiB", self.swap_size
@@ -270,6 +283,7 @@ class NodeConfig:
                 "inotify_instances",
                 "inotify_watches",
                 "aio_events",
+                "cpu_interactive_cores",
             ):
                 values[f.name] = int(raw)
             elif f.name in ("disk_read_bps", "disk_write_bps", "swap_size"):
@@ -287,7 +301,9 @@ class NodeConfig:
                 "fncall_cpu",
             ):
                 values[f.name] = float(raw)
-            elif f.name in ("lazy", "seccomp", "userns", "vm_pmem", "vm_free_page_reporting"):
+            elif f.name in (
+                "lazy", "seccomp", "userns", "vm_pmem", "vm_free_page_reporting", "cpu_classes"
+            ):  # fmt: skip
                 values[f.name] = raw.lower() not in ("0", "false", "no", "off")
             else:
                 values[f.name] = raw

@@ -39,6 +39,9 @@ GOOD_SANDBOX = {"image": "debian-python:bookworm"}
         ({"idempotency_key": "has space"}, "idempotency_key", "1-128 characters"),
         ({"labels": {"corral.pool": "fncall"}}, "labels", "node's own workers"),
         ({"idempotency_key": "k" * 129}, "idempotency_key", "1-128 characters"),
+        ({"cpu_class": "realtime"}, "cpu_class", "'interactive'"),
+        ({"cpu_class": ""}, "cpu_class", "'background'"),
+        ({"cpu_class": None}, "cpu_class", "valid string"),
     ],
 )
 def test_create_sandbox_rejects(change: dict[str, Any], field: str, rule_part: str) -> None:
@@ -73,6 +76,8 @@ def test_create_sandbox_defaults_and_sizes() -> None:
         ({"stdout_limit": -1}, "stdout_limit", "between 0"),
         ({"stdin": b"x" * (65 * 2**20)}, "stdin", "64 MiB"),
         ({"env": {"A=B": "1"}}, "env", "must match"),
+        ({"cpu_class": "urgent"}, "cpu_class", "'interactive'"),
+        ({"cpu_class": 3}, "cpu_class", "valid string"),
     ],
 )
 def test_exec_request_rejects(change: dict[str, Any], field: str, rule_part: str) -> None:

@@ -26,6 +26,7 @@ from corral.api.models_base import (
     GiB,
     MiB,
     StrictModel,
+    check_cpu_class,
     check_env,
     check_path,
     check_ref,
@@ -169,6 +170,15 @@ class CreateSandbox(StrictModel):
     # Paths the task protects (its tests, its grader): a write to one, or
     # under one, is a `protected_write` violation in the sandbox's report.
     protected: list[str] = Field(default_factory=list)
+    # "interactive" (an agent waits on its commands) or "background"
+    # (builds, test suites: yields the CPU to interactive work); a command
+    # may override it (docs/cpu-classes.md).
+    cpu_class: str = "interactive"
+
+    @field_validator("cpu_class")
+    @classmethod
+    def _cpu_class(cls, v: str) -> str:
+        return check_cpu_class(v)
 
     @field_validator("protected", mode="before")
     @classmethod
@@ -330,6 +340,7 @@ class SandboxInfo(BaseModel):
     address: str | None = None
     display_size: tuple[int, int] | None = None  # a full VM's screen
     suspended: Literal["freeze", "disk"] | None = None  # a suspended sandbox's depth
+    cpu_class: str = "interactive"
 
 
 class CommitRequest(StrictModel):

@@ -40,6 +40,15 @@ def check_ref(value: object, field: str) -> str:
     return value
 
 
+CPU_CLASSES = ("interactive", "background")
+
+
+def check_cpu_class(value: str) -> str:
+    if value not in CPU_CLASSES:
+        raise ValueError("must be 'interactive' (an agent waits on it) or 'background'")
+    return value
+
+
 def check_env(value: dict[str, str]) -> dict[str, str]:
     """Environment variables: names a shell accepts, values without NUL."""
     for k, v in value.items():

@@ -8,7 +8,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from corral.api.models_base import USER, MiB, StrictModel, check_env, check_path
+from corral.api.models_base import (
+    USER,
+    MiB,
+    StrictModel,
+    check_cpu_class,
+    check_env,
+    check_path,
+)
 from corral.errors import InvalidArgument
 
 _KEY = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
@@ -39,6 +46,14 @@ class ExecRequest(StrictModel):
     # At most once per key in a sandbox: the same key again returns the
     # first run's output (node/keyed.py); a rollout's step.
     key: str | None = None
+    # The command's CPU class, overriding its sandbox's (None: the
+    # sandbox's); containers only (docs/cpu-classes.md).
+    cpu_class: str | None = None
+
+    @field_validator("cpu_class")
+    @classmethod
+    def _cpu_class(cls, v: str | None) -> str | None:
+        return None if v is None else check_cpu_class(v)
 
     @field_validator("cmd")
     @classmethod

@@ -275,6 +275,7 @@ class ExecdClient:
         stdin: bytes | None,
         stdin_open: bool = False,
         pty: tuple[int, int] | None = None,
+        idle: bool = False,
     ) -> ExecSession:
         """Start a command; the session yields its output and exit. With
         `stdin_open` its stdin stays open for ExecSession.send_stdin."""
@@ -291,6 +292,7 @@ class ExecdClient:
                     stderr_cap=stderr_cap,
                     stdin_stream=stdin is not None or stdin_open,
                     pty=pty,
+                    idle=idle,
                 )
             )
             if stdin is not None or stdin_open:

@@ -55,6 +55,7 @@ ERR_EXEC = 3
 
 EXEC_STDIN_STREAM = 0x1
 EXEC_PTY = 0x2
+EXEC_IDLE = 0x4  # the background CPU class: SCHED_IDLE
 FILE_MKDIRS = 0x1
 FILE_APPEND = 0x2
 FILE_NOFOLLOW = 0x4  # no symbolic link in any component of the path
@@ -98,8 +99,10 @@ def exec_request(
     stderr_cap: int,
     stdin_stream: bool,
     pty: tuple[int, int] | None = None,
+    idle: bool = False,
 ) -> bytes:
     flags = (EXEC_STDIN_STREAM if stdin_stream else 0) | (EXEC_PTY if pty else 0)
+    flags |= EXEC_IDLE if idle else 0
     body = (
         u32(flags)
         + struct.pack("<q", timeout_ms)

@@ -68,6 +68,16 @@ class IoLimit:
         return [("io.max", f"{self.major}:{self.minor} {' '.join(rates)}")] if rates else []
 
 
+def cpu_shares(cpu: float) -> int:
+    """A sandbox's v1 weight: 1024 per core it asked for."""
+    return max(2, int(1024 * cpu))
+
+
+def shares_to_weight(shares: int) -> int:
+    """v1 shares [2, 262144] onto v2 weight [1, 10000], as crun and runc map them."""
+    return 1 + ((shares - 2) * 9999) // 262142
+
+
 class Cgroups:
     def __init__(self, parent: str, mode: Mode | None = None) -> None:
         self.parent = parent.strip("/")
@@ -143,6 +153,41 @@ class Cgroups:
         order = [memsw, mem] if limit > current else [mem, memsw]
         for f in order:
             f.write_text(str(limit))
+
+    # ------------------------------------------------------------ CPU classes
+
+    def set_cpu_class(self, sandbox_id: str, background: bool, cpus: str, cpu: float) -> None:
+        """Make the sandbox's group idle (background) or not, and confine
+        it to `cpus`. An idle group yields to any non-idle sibling at once
+        (cpu.idle, Linux 5.15+); where the kernel lacks it, the smallest
+        weight is the nearest thing (v1 shares 2, v2 weight 1), and the
+        weight of `cpu` cores (as at create) is put back."""
+        d = self._dir("cpu", sandbox_id)
+        if d is None:
+            return
+        idle = d / "cpu.idle"
+        if idle.exists():
+            idle.write_text("1" if background else "0")
+        else:
+            shares = 2 if background else cpu_shares(cpu)
+            if self.mode is Mode.V2:
+                (d / "cpu.weight").write_text(str(shares_to_weight(shares)))
+            else:
+                (d / "cpu.shares").write_text(str(shares))
+        self.set_cpuset(sandbox_id, cpus)
+
+    def cpu_idle(self, sandbox_id: str) -> bool | None:
+        """Whether the sandbox's group is idle now (None: no such group)."""
+        d = self._dir("cpu", sandbox_id)
+        try:
+            return (d / "cpu.idle").read_text().strip() == "1"  # type: ignore[operator]
+        except (OSError, TypeError):
+            return None
+
+    def set_cpuset(self, sandbox_id: str, cpus: str) -> None:
+        d = self._dir("cpuset", sandbox_id)
+        if d is not None and (d / "cpuset.cpus").exists():
+            (d / "cpuset.cpus").write_text(cpus)
 
     def memory_usage(self, sandbox_id: str) -> int | None:
         return self._read_int("memory", sandbox_id, "memory.usage_in_bytes", "memory.current")
@@ -251,7 +296,7 @@ class Cgroups:
                            ("memory.swappiness", "0")],
                 "cpu": [("cpu.cfs_period_us", str(period)),
                         ("cpu.cfs_quota_us", str(int(cpu * period))),
-                        ("cpu.shares", str(max(2, int(1024 * cpu))))],
+                        ("cpu.shares", str(cpu_shares(cpu)))],
                 "pids": [("pids.max", str(pids))],
                 "devices": [("devices.deny", "a"), *(("devices.allow", r) for r in self._DEVICES)],
                 "blkio": io.v1() if io else [],

@@ -24,6 +24,7 @@ from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.node.activity import Activity
 from corral.node.children import Children
+from corral.node.cpuclasses import CpuClasses
 from corral.node.lifecycle import Lifecycle, control_path
 from corral.node.recovery import GcReport, Recovery, init_alive, orphan_worker
 from corral.node.snapshots import Snapshots
@@ -48,6 +49,7 @@ class Housekeeping:
         layers: LayerMounts,
         activity: Activity,
         children: Children,
+        cpu: CpuClasses,
         on_lead: Callable[[], Awaitable[None]],
         on_tick: Callable[[], None],
         snapshots: Snapshots,
@@ -61,6 +63,7 @@ class Housekeeping:
         self.layers = layers
         self.activity = activity
         self.children = children
+        self.cpu = cpu
         self._on_lead = on_lead  # what only the leader runs (the node's DNS)
         self._on_tick = on_tick  # the leader's batched writes (the DNS refusals)
         self.snapshots = snapshots
@@ -134,7 +137,11 @@ class Housekeeping:
         if check_liveness:
             self._last_liveness = now
             await self._check_loader()
-        for rec in db.list(["running"]):
+        running = db.list(["running"])
+        # The cores follow the load: off the loop (a full pass writes a
+        # file per sandbox).
+        await asyncio.to_thread(self.cpu.rebalance, [r.id for r in running], now)
+        for rec in running:
             idle = rec.spec.get("idle_timeout")
             if rec.expires_at is not None and now >= rec.expires_at:
                 await lc.retire(rec.id, reason="ttl expired")

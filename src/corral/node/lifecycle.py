@@ -40,6 +40,7 @@ from corral.node.activity import Activity
 from corral.node.admission import Admission, AlreadyCreated
 from corral.node.audit import Audit
 from corral.node.children import Children
+from corral.node.cpuclasses import CpuClasses
 from corral.node.imagefetch import ImageFetcher
 from corral.node.ledger import Ledger
 from corral.node.network import SandboxNetworks
@@ -139,6 +140,7 @@ class Lifecycle:
         audit: Audit,
         activity: Activity,
         children: Children,
+        cpu: CpuClasses,
         end_sessions: Callable[[str], None],
     ) -> None:
         self.config = config
@@ -156,6 +158,7 @@ class Lifecycle:
         self.audit = audit
         self.activity = activity
         self.children = children
+        self.cpu = cpu
         self._end_sessions = end_sessions
 
     def runtime(self, kind: str) -> Runtime:
@@ -307,6 +310,7 @@ class Lifecycle:
             started = await runtime.start(runtime_spec(rec), prep, Boot(state=state, net=net))
             phase("start")
             self.children.add(started.pid)
+            self.cpu.place(rec.id, req.cpu_class, req.cpu)
             try:
                 await wait_ready(rec.id, prep.control)
             except SandboxFailed as exc:
@@ -357,6 +361,7 @@ class Lifecycle:
         self._end_sessions(sandbox_id)
         self.children.reap()
         self.activity.forget(sandbox_id)
+        self.cpu.forget(sandbox_id)
         error = (reason + ("; " + "; ".join(errors) if errors else "")) or None
         # Released while closing (closed or failed), or by a create that failed.
         froms = [s for s in ("creating", "closing") if states.allowed(s, final_state)]

@@ -100,6 +100,7 @@ class Records:
             workdir=rec.workdir,
             display_size=s.get("display_size"),
             suspended=rec.suspended if rec.state == "suspended" else None,  # type: ignore[arg-type]
+            cpu_class=s.get("cpu_class", "interactive"),
             **self._net_info(rec.id),
         )
 

@@ -8,7 +8,7 @@ import asyncio
 import builtins
 import signal as signals
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Literal
 
 from corral import metrics, trace
@@ -28,10 +28,12 @@ from corral.host import platform as plat
 from corral.log import get_logger
 from corral.node.activity import Activity
 from corral.node.audit import Audit
+from corral.node.cpuclasses import BACKGROUND, INTERACTIVE, CpuClasses
 from corral.node.fncall.pool import reset_worker
 from corral.node.lifecycle import merge_env
 from corral.node.records import Records
 from corral.node.store import SandboxRecord, Store
+from corral.runtimes.base import HostCommands, Runtime
 
 log = get_logger("corral.node")
 
@@ -47,6 +49,8 @@ class Sessions:
         activity: Activity,
         audit: Audit,
         execd: Callable[[str], ExecdClient],
+        cpu: CpuClasses,
+        runtimes: Mapping[str, Runtime],
     ) -> None:
         self.config = config
         self.store = store
@@ -54,6 +58,8 @@ class Sessions:
         self.activity = activity
         self.audit = audit
         self._execd = execd
+        self.cpu = cpu
+        self.runtimes = runtimes
         self._sessions: dict[tuple[str, int], ExecSession] = {}
 
     def end(self, sandbox_id: str) -> None:
@@ -70,10 +76,22 @@ class Sessions:
         sandbox_id = rec.id
         argv = [plat.SHELL, "-c", req.cmd] if isinstance(req.cmd, str) else list(req.cmd)
         env = merge_env(rec.image_env, rec.spec.get("env", {}), req.env)
+        if req.cpu_class is not None and not isinstance(self.runtimes.get(rec.kind), HostCommands):
+            raise InvalidArgument(
+                "cpu_class",
+                "a command's own class needs a kind whose commands are host processes "
+                "(container); give a VM its class at create",
+                f"{req.cpu_class} on kind {rec.kind}",
+            )
+        default_class = rec.spec.get("cpu_class", INTERACTIVE)
+        cpu_class = self.cpu.command_class(sandbox_id, req.cpu_class, default_class)
         t0 = time.monotonic()
         # Request to exit, with the exit code. Never made current: this is
         # an async generator, run in its consumer's context between yields.
         span = trace.start("sandbox.exec", **{"sandbox.id": sandbox_id, "sandbox.kind": rec.kind})
+        # The sandbox takes the command's class before it starts: its first
+        # instructions already run with the right weight and cores.
+        self.cpu.begin(sandbox_id, cpu_class, default_class, rec.spec.get("cpu", 1.0))
         try:
             session = await self._execd(sandbox_id).start(
                 argv,
@@ -86,12 +104,16 @@ class Sessions:
                 stdin=req.stdin,
                 stdin_open=req.stdin_open or req.pty is not None,
                 pty=req.pty,
+                idle=cpu_class == BACKGROUND
+                and isinstance(self.runtimes.get(rec.kind), HostCommands),
             )
         except Unavailable:
+            self.cpu.end(sandbox_id, cpu_class)
             gone = self.records.gone(sandbox_id)
             span.end(gone)
             raise gone from None
         except BaseException as exc:
+            self.cpu.end(sandbox_id, cpu_class)
             span.end(exc)
             raise
         span.set("exec.pid", session.pid)
@@ -172,6 +194,7 @@ class Sessions:
             span.end(error)
             session.close()
             self._sessions.pop(key, None)
+            self.cpu.end(sandbox_id, cpu_class)
             self.audit.account(sandbox_id, argv, req, outcome, exit_event, t0)
             if not self.activity.end(sandbox_id) and rec.kind == "fncall" and exit_event is None:
                 await self._reset_stateless(sandbox_id)

@@ -43,6 +43,7 @@ from corral.log import get_logger
 from corral.node import signing
 from corral.node.activity import Activity
 from corral.node.children import Children
+from corral.node.cpuclasses import INTERACTIVE
 from corral.node.lifecycle import Lifecycle, control_path, wait_ready
 from corral.node.network import SandboxNetworks
 from corral.node.records import Records
@@ -242,6 +243,10 @@ class Snapshots:
             started = await runtime.resume(sandbox_id, mode)
             if started is not None:
                 self.children.add(started.pid)
+                # A new cgroup (a restored checkpoint's): its class again.
+                self.lifecycle.cpu.place(
+                    sandbox_id, rec.spec.get("cpu_class", INTERACTIVE), rec.spec.get("cpu", 1.0)
+                )
                 await wait_ready(sandbox_id, control_path(self.config.run_dir, sandbox_id))
                 await self.networks.reconnect(
                     sandbox_id, started.pid, self.runtimes[rec.kind].net_tap

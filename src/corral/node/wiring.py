@@ -39,6 +39,7 @@ from corral.node.admission import Admission
 from corral.node.audit import Audit
 from corral.node.children import Children
 from corral.node.commit import Commits
+from corral.node.cpuclasses import CpuClasses
 from corral.node.display import Displays
 from corral.node.events import EventBus
 from corral.node.files import Files
@@ -78,6 +79,7 @@ class NodeParts:
     audit: Audit
     events: EventBus
     activity: Activity
+    cpu: CpuClasses
     children: Children
     lifecycle: Lifecycle
     snapshots: Snapshots
@@ -231,6 +233,9 @@ async def start_parts(
         return ExecdClient(str(control_path(cfg.run_dir, sandbox_id)))
 
     activity = Activity(store)
+    cpu = CpuClasses(
+        cgroups, cfg.run_dir, enabled=cfg.cpu_classes, interactive_cores=cfg.cpu_interactive_cores
+    )
     children = Children(reap_children)
     records = Records(store, cfg.node, network, activity)
     admission = Admission(cfg, store, host_memory(), network.capacity)
@@ -255,11 +260,11 @@ async def start_parts(
 
     store.on_transition = on_transition
     # Sessions end when their sandbox is released: made first, handed over.
-    sessions = Sessions(cfg, store, records, activity, audit, execd)
+    sessions = Sessions(cfg, store, records, activity, audit, execd, cpu, runtimes)
     lifecycle = Lifecycle(
         cfg, store, owner=owner, records=records, admission=admission, ledger=ledger,
         runtimes=runtimes, layers=layers, scratch=scratch, networks=networks, audit=audit,
-        activity=activity, children=children, end_sessions=sessions.end,
+        activity=activity, children=children, cpu=cpu, end_sessions=sessions.end,
     )  # fmt: skip
     snapshots = Snapshots(
         cfg, store, records=records, lifecycle=lifecycle, runtimes=runtimes, layers=layers,
@@ -272,7 +277,7 @@ async def start_parts(
     parts = NodeParts(
         config=cfg, store=store, cgroups=cgroups, seccompd=seccompd, runtimes=runtimes,
         records=records, admission=admission, ledger=ledger, networks=networks, audit=audit,
-        events=events, activity=activity, children=children, lifecycle=lifecycle,
+        events=events, activity=activity, cpu=cpu, children=children, lifecycle=lifecycle,
         snapshots=snapshots, sessions=sessions,
         keyed=KeyedExecs(store, sessions.exec),
         steplog=StepLog(SqliteDatabase(f"sqlite://{store.path}", inline=True)),
@@ -285,7 +290,7 @@ async def start_parts(
         housekeeping=Housekeeping(
             cfg, store, owner=owner, lifecycle=lifecycle, recovery=recovery, runtimes=runtimes,
             layers=layers,
-            activity=activity, children=children, on_lead=networks.start_resolver,
+            activity=activity, children=children, cpu=cpu, on_lead=networks.start_resolver,
             on_tick=networks.flush_resolver, snapshots=snapshots,
         ),
     )  # fmt: skip

@@ -107,6 +107,15 @@ class Runtime(Protocol):
         ...
 
 
+@runtime_checkable
+class HostCommands(Protocol):
+    """Its commands are processes of the host's kernel, started by
+    corral-init in the sandbox's cgroup, so the node can schedule each one
+    apart: a command's own CPU class (a VM's run in its guest's kernel)."""
+
+    commands_on_host: bool
+
+
 @dataclass(frozen=True)
 class Suspension:
     """What a suspend left: the bytes it wrote to disk (a machine state, a

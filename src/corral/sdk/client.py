@@ -78,6 +78,7 @@ class AsyncSandboxes:
         idempotency_key: str | None = None,
         display_size: str | tuple[int, int] | None = None,
         protected: list[str] | None = None,
+        cpu_class: str = "interactive",
     ) -> AsyncSandbox:
         """Create a sandbox and return once it accepts commands.
 
@@ -91,7 +92,9 @@ class AsyncSandboxes:
         `cpu` and `memory` default to 1 core and 1 GiB; a `fullvm` gets 2
         cores, 2 GiB and a `display_size` of 1024x768 unless given.
         `protected` paths (the task's tests) are watched from the start: a
-        write to one is a violation in the sandbox's report (audit())."""
+        write to one is a violation in the sandbox's report (audit()).
+        `cpu_class` "background" makes its commands yield the CPU to
+        interactive sandboxes' (docs/cpu-classes.md)."""
         req = _create_request(
             kind=kind,
             image=image,
@@ -108,6 +111,7 @@ class AsyncSandboxes:
             network=network,
             display_size=display_size,
             protected=protected,
+            cpu_class=cpu_class,
         )
         if idempotency_key is not None:
             req = validated(CreateSandbox, {**req.model_dump(), "idempotency_key": idempotency_key})

@@ -190,6 +190,7 @@ class AsyncCommands:
         stdout_limit: int = MiB,
         stderr_limit: int = MiB,
         key: str | None = None,
+        cpu_class: str | None = None,
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's
         own static bash (`bash -c`; programs still come from the image's
@@ -200,7 +201,10 @@ class AsyncCommands:
         With `key`, the command runs at most once in this sandbox: running
         the same key again (after a lost connection, a restarted caller)
         returns the first run's result, waiting for it if it still runs;
-        Ambiguous if it started under an agent that died before it ended."""
+        Ambiguous if it started under an agent that died before it ended.
+
+        `cpu_class` ("interactive" or "background") overrides the
+        sandbox's for this command (docs/cpu-classes.md)."""
         req = self._request(
             cmd,
             False,
@@ -212,6 +216,7 @@ class AsyncCommands:
             stdout_limit=stdout_limit,
             stderr_limit=stderr_limit,
             key=key,
+            cpu_class=cpu_class,
         )
         collector = _Collector(on_stdout, on_stderr)
         async for ev in self._sandbox._service.exec(self._sandbox.id, req):
@@ -231,8 +236,10 @@ class AsyncCommands:
         on_stderr: OutputCallback | None = None,
         stdout_limit: int = MiB,
         stderr_limit: int = MiB,
+        cpu_class: str | None = None,
     ) -> AsyncCommandHandle:
-        """Start a command and return once it runs (its pid is known)."""
+        """Start a command and return once it runs (its pid is known).
+        `cpu_class` as for run()."""
         req = self._request(
             cmd,
             True,
@@ -243,6 +250,7 @@ class AsyncCommands:
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
             stdout_limit=stdout_limit,
             stderr_limit=stderr_limit,
+            cpu_class=cpu_class,
         )
         collector = _Collector(on_stdout, on_stderr)
         events = aiter(self._sandbox._service.exec(self._sandbox.id, req))

@@ -25,6 +25,7 @@ def create_request(
     network: NetworkPolicy | dict[str, Any] | None = None,
     display_size: str | tuple[int, int] | None = None,
     protected: list[str] | None = None,
+    cpu_class: str = "interactive",
 ) -> CreateSandbox:
     # cpu, memory, display_size: None is the kind's default (a full VM's is
     # bigger), so they are left out rather than sent as a value.
@@ -45,5 +46,6 @@ def create_request(
             "labels": labels or {},
             "network": network.model_dump() if isinstance(network, NetworkPolicy) else network,
             "protected": protected or [],
+            "cpu_class": cpu_class,
         },
     )

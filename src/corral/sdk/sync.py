@@ -254,6 +254,7 @@ class Commands:
         stdout_limit: int = MiB,
         stderr_limit: int = MiB,
         key: str | None = None,
+        cpu_class: str | None = None,
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's own static bash (`bash
         -c`; programs still come from the image's PATH), a list runs as given. `user` defaults
@@ -272,6 +273,7 @@ class Commands:
             stdout_limit=stdout_limit,
             stderr_limit=stderr_limit,
             key=key,
+            cpu_class=cpu_class,
         )
         return result
 
@@ -288,8 +290,9 @@ class Commands:
         on_stderr: OutputCallback | None = None,
         stdout_limit: int = MiB,
         stderr_limit: int = MiB,
+        cpu_class: str | None = None,
     ) -> CommandHandle:
-        """Start a command and return once it runs (its pid is known)."""
+        """Start a command and return once it runs (its pid is known). `cpu_class` as for run()."""
         result = self._portal.call(
             self._inner.start,
             cmd,
@@ -302,6 +305,7 @@ class Commands:
             on_stderr=on_stderr,
             stdout_limit=stdout_limit,
             stderr_limit=stderr_limit,
+            cpu_class=cpu_class,
         )
         return CommandHandle(self._portal, result)
 
@@ -448,6 +452,7 @@ class Sandboxes:
         idempotency_key: str | None = None,
         display_size: str | tuple[int, int] | None = None,
         protected: list[str] | None = None,
+        cpu_class: str = 'interactive',
     ) -> Sandbox:
         """Create a sandbox and return once it accepts commands."""
         result = self._portal.call(
@@ -468,6 +473,7 @@ class Sandboxes:
             idempotency_key=idempotency_key,
             display_size=display_size,
             protected=protected,
+            cpu_class=cpu_class,
         )
         return Sandbox(self._portal, result)
 

@@ -31,6 +31,7 @@ from corral.runtimes.container.relisten import relisten
 class ContainerRuntime:
     kind = "container"
     net_tap: str | None = None
+    commands_on_host = True  # HostCommands
     readonly_root = False
     tmpfs: tuple[tuple[str, int], ...] = ()
 
