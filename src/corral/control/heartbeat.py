@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from corral.control import nodes
 from corral.db import Database
@@ -41,10 +42,23 @@ class Heartbeat:
 
     async def _loop(self) -> None:
         failing = False
+        last = time.monotonic()
         while True:
             await asyncio.sleep(self.interval)
             try:
+                t0 = time.monotonic()
                 await self.beat()
+                now = time.monotonic()
+                if now - last > 2 * self.interval:
+                    # Gateways write a node off after their node timeout of
+                    # silence: a late beat says how close this one came.
+                    log.warning(
+                        "heartbeat.late",
+                        node=self.agent.config.node,
+                        since_last_s=round(now - last, 2),
+                        beat_s=round(now - t0, 2),
+                    )
+                last = now
                 if failing:
                     log.info("heartbeat.recovered", node=self.agent.config.node)
                 failing = False
