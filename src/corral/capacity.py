@@ -20,6 +20,11 @@ class NodeCapacity:
     memory_budget: int = 0  # bytes: host memory x memory_overcommit
     memory_promised: int = 0  # bytes promised to active sandboxes
     cpus: int = 1
+    cpu_budget: float = 0.0  # cpus x cpu_overcommit (0: an older node, unknown)
+    cpu_promised: float = 0.0
+    # Why the host refuses creates now (memory_free, pressure), "" when it
+    # does not: placement skips such a node until a heartbeat clears it.
+    overloaded: str = ""
     kinds: tuple[str, ...] = ()
     vm_accel: str | None = None
     images: tuple[str, ...] = field(default=())
@@ -36,6 +41,10 @@ class NodeCapacity:
     @property
     def free_memory(self) -> int:
         return self.memory_budget - self.memory_promised
+
+    @property
+    def free_cpu(self) -> float:
+        return self.cpu_budget - self.cpu_promised if self.cpu_budget else float("inf")
 
     def to_wire(self) -> dict[str, Any]:
         doc = asdict(self)

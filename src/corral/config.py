@@ -66,6 +66,19 @@ class NodeConfig:
     # Sandboxes are mostly idle (DSec: ~90% use < 5% of what they ask for),
     # so admission lets promised memory exceed the host's by this factor.
     memory_overcommit: float = 8.0
+    # The same for CPUs: the cores promised (each sandbox's `cpu`) may be
+    # this many times the node's. DSec: ~90% of sandboxes use under 5% of
+    # what they ask; 32 holds 3,200 one-core sandboxes on a 100-core host.
+    cpu_overcommit: float = 32.0
+    # Promises are not use: admission also asks the host (docs/admission.md).
+    # It refuses while the kernel's free memory (MemAvailable) is under
+    # memory_reserve, or while a pressure stall average over 10 s (PSI, in
+    # percent) is at or over its limit: cpu's `some` (a runnable task waited),
+    # memory's and io's `full` (every task stalled at once).
+    memory_reserve: int = 1024**3
+    pressure_limits: dict[str, float] = field(
+        default_factory=lambda: {"cpu": 95.0, "memory": 20.0, "io": 60.0}
+    )
     scratch_size: int = 64 * 1024**3
     # The same rule for writable space: the disk promised to sandboxes may
     # exceed the scratch pool by this factor, and no one sandbox may ask for
@@ -200,7 +213,7 @@ class NodeConfig:
             )
         if not self.data_dir.is_absolute():
             raise InvalidArgument("data_dir", "must be an absolute path", str(self.data_dir))
-        for name in ("memory_overcommit", "disk_overcommit"):
+        for name in ("memory_overcommit", "disk_overcommit", "cpu_overcommit"):
             ratio = getattr(self, name)
             if not 1.0 <= ratio <= MAX_OVERCOMMIT:
                 raise InvalidArgument(
@@ -231,6 +244,25 @@ class NodeConfig:
             after = getattr(self, name)
             if not 0 <= after <= 30 * 86400:
                 raise InvalidArgument(name, "must be 0 (off) or seconds up to 30 days", after)
+        if not isinstance(self.pressure_limits, dict):
+            raise InvalidArgument(
+                "pressure_limits", "must map cpu, memory or io to a percent", self.pressure_limits
+            )
+        for res, limit in self.pressure_limits.items():
+            if res not in ("cpu", "memory", "io"):
+                raise InvalidArgument(
+                    "pressure_limits", "keys must be 'cpu', 'memory' or 'io'", res
+                )
+            if not isinstance(limit, int | float) or not 0 < limit <= 100:
+                raise InvalidArgument(
+                    f"pressure_limits.{res}",
+                    "must be a percent of stalled time above 0 and at most 100",
+                    limit,
+                )
+        if not 0 <= self.memory_reserve <= 1 << 50:
+            raise InvalidArgument(
+                "memory_reserve", "must be 0 (off) or bytes up to 1 PiB", self.memory_reserve
+            )
         if not 1 <= self.cpu_interactive_cores <= 4096:
             raise InvalidArgument(
                 "cpu_interactive_cores",
@@ -259,6 +291,7 @@ class NodeConfig:
                 "log_quota",
                 "fncall_tmpfs",
                 "fncall_max_memory",
+                "memory_reserve",
             ):
                 values[f.name] = parse_size(raw, f"CORRAL_{f.name.upper()}")
             elif f.name in (
@@ -270,6 +303,7 @@ class NodeConfig:
                 "image_sources",
                 "e2b_templates",
                 "fncall_toolkit",
+                "pressure_limits",
             ):
                 values[f.name] = json.loads(raw)
             elif f.name in (
@@ -291,6 +325,7 @@ class NodeConfig:
             elif f.name in (
                 "memory_overcommit",
                 "disk_overcommit",
+                "cpu_overcommit",
                 "reaper_interval",
                 "lazy_deadline",
                 "liveness_interval",

@@ -1,15 +1,21 @@
-"""Node configuration of admission: overcommit ratios are refused by name
-outside their range, from code and from the environment."""
+"""Node configuration of admission: overcommit ratios, the memory reserve
+and pressure limits are refused by name outside their range, from code and
+from the environment; and the host's measured load refuses by its rule."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from corral.config import NodeConfig
 from corral.errors import InvalidArgument
+from corral.host import pressure as psi
+from corral.host.pressure import Stall
+from corral.node.admission import HostLoad, overloaded
 
 
-@pytest.mark.parametrize("field", ["memory_overcommit", "disk_overcommit"])
+@pytest.mark.parametrize("field", ["memory_overcommit", "disk_overcommit", "cpu_overcommit"])
 @pytest.mark.parametrize("value", [0.0, 0.5, -1.0, 1001.0, 1e9])
 def test_an_overcommit_outside_1_to_1000_is_refused(field: str, value: float) -> None:
     with pytest.raises(InvalidArgument) as exc:
@@ -36,3 +42,70 @@ def test_stores_are_named_and_local_is_always_one() -> None:
         with pytest.raises(InvalidArgument) as exc:
             NodeConfig(**bad)  # type: ignore[arg-type]
         assert exc.value.field in ("stores", "store_keys")
+
+
+@pytest.mark.parametrize(
+    ("limits", "field", "rule_part"),
+    [
+        ({"gpu": 50.0}, "pressure_limits", "'cpu', 'memory' or 'io'"),
+        ({"cpu": 0}, "pressure_limits.cpu", "above 0 and at most 100"),
+        ({"memory": 150.0}, "pressure_limits.memory", "at most 100"),
+        ({"io": "high"}, "pressure_limits.io", "percent"),
+        (["cpu"], "pressure_limits", "must map"),
+    ],
+)
+def test_bad_pressure_limits_are_refused(limits: object, field: str, rule_part: str) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        NodeConfig(pressure_limits=limits)  # type: ignore[arg-type]
+    assert exc.value.field == field and rule_part in exc.value.rule
+
+
+def test_admission_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_CPU_OVERCOMMIT", "4")
+    monkeypatch.setenv("CORRAL_MEMORY_RESERVE", "2GiB")
+    monkeypatch.setenv("CORRAL_PRESSURE_LIMITS", '{"memory": 5}')
+    cfg = NodeConfig.from_env()
+    assert (cfg.cpu_overcommit, cfg.memory_reserve, cfg.pressure_limits) == (
+        4.0,
+        2 << 30,
+        {"memory": 5},
+    )
+    monkeypatch.setenv("CORRAL_MEMORY_RESERVE", "-1")
+    with pytest.raises(InvalidArgument, match="MEMORY_RESERVE"):
+        NodeConfig.from_env()
+
+
+def load(free: int | None = 8 << 30, **avg: tuple[float, float]) -> HostLoad:
+    return HostLoad(free, {res: Stall(*v) for res, v in avg.items()})
+
+
+LIMITS = {"cpu": 90.0, "memory": 20.0, "io": 50.0}
+
+
+@pytest.mark.parametrize(
+    ("host", "reason", "says"),
+    [
+        (load(), None, ""),
+        (load(None), None, ""),  # no /proc/meminfo: nothing to judge by
+        (load(512 << 20), "memory_free", "under memory_reserve"),
+        (load(cpu=(95.0, 0.0)), "pressure", "cpu pressure (some avg10) is 95.00%"),
+        (load(cpu=(50.0, 99.0)), None, ""),  # cpu's full is not judged
+        (load(memory=(90.0, 10.0)), None, ""),  # memory's some is not judged
+        (load(memory=(90.0, 25.0)), "pressure", "memory pressure (full avg10)"),
+        (load(io=(80.0, 50.0)), "pressure", "at or over its limit 50%"),
+    ],
+)
+def test_the_host_refuses_when_it_measures_too_much(
+    host: HostLoad, reason: str | None, says: str
+) -> None:
+    over = overloaded(host, 1 << 30, LIMITS)
+    assert (over[0] if over else None) == reason
+    assert says in (over[1] if over else "")
+
+
+def test_psi_files_are_parsed_and_absent_ones_skipped(tmp_path: Path) -> None:
+    (tmp_path / "io").write_text(
+        "some avg10=12.50 avg60=1.00 avg300=0.00 total=9\nfull avg10=3.25 avg60=0 avg300=0 total=1\n"
+    )
+    assert psi.read(tmp_path) == {"io": Stall(12.5, 3.25)}
+    assert psi.read(tmp_path / "absent") == {}

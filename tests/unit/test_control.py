@@ -282,15 +282,18 @@ def test_placement_filters_and_says_why_nothing_fits() -> None:
         _node("b", active=10),
         _node("c", kinds=["fncall"]),
         _node("d", memory_promised=100 * GiB),
+        _node("f", cpu_budget=8.0, cpu_promised=7.5),
+        _node("g", overloaded="io pressure (full avg10) is 70.00%"),
         _node("e"),
     ]
     with pytest.raises(ResourceExhausted) as err:
-        placement.choose(fleet, kind="container", memory=GiB, exclude={"e"})
+        placement.choose(fleet, kind="container", memory=GiB, cpu=1.0, exclude={"e"})
     msg = err.value.message
-    for reason in ("1 lost", "1 full", "1 no container backend", "1 not enough memory"):
+    for reason in ("1 lost", "1 full", "1 no container backend", "1 not enough memory",
+                   "1 not enough CPU", "1 overloaded"):  # fmt: skip
         assert reason in msg
     assert "1 already refused" in msg
-    assert placement.choose(fleet, kind="container", memory=GiB).name == "e"
+    assert placement.choose(fleet, kind="container", memory=GiB, cpu=1.0).name == "e"
 
 
 BASE, TOP, NEXT = ("sha256:" + c * 64 for c in "abc")

@@ -121,7 +121,13 @@ class GatewayCore:
         return self._clients[key]
 
     async def choose(
-        self, *, kind: str, layers: Sequence[str], memory: int, exclude: set[str]
+        self,
+        *,
+        kind: str,
+        layers: Sequence[str],
+        memory: int,
+        exclude: set[str],
+        cpu: float = 0.0,
     ) -> NodeRow:
         """A node for one sandbox (made of `layers`: references, base first),
         counted in flight to it until release(): the count is taken in the
@@ -134,6 +140,7 @@ class GatewayCore:
                 kind=kind,
                 want=self.inventory.wanted(layers),
                 memory=memory,
+                cpu=cpu,
                 in_flight=self.in_flight,
                 exclude=exclude,
                 k=self.k,

@@ -2,10 +2,12 @@
 
 Filter: the node is alive, runs the sandbox's kind, and (by its last
 heartbeat, less what this gateway has in flight to it) has a free slot and
-the memory to promise. Among the survivors, nodes that already hold the
-most bytes of the sandbox's layers are preferred: layers are known by
-digest (each node reports its tags and its layers), so a node that holds an
-image under another tag, or the base layers of a new version, counts.
+the memory and CPUs to promise, and its host did not say it is overloaded
+(free memory under its reserve, or a pressure stall at its limit). Among
+the survivors, nodes that already hold the most bytes of the sandbox's
+layers are preferred: layers are known by digest (each node reports its
+tags and its layers), so a node that holds an image under another tag, or
+the base layers of a new version, counts.
 Then k of them are drawn at random and the one with the most free slots
 wins. Capacity comes from heartbeats, so it is
 stale by up to an interval; drawing k instead of taking the global best
@@ -62,6 +64,7 @@ def choose(
     *,
     kind: str,
     memory: int,
+    cpu: float = 0.0,
     want: Mapping[str, int] | None = None,
     in_flight: Mapping[str, int] | None = None,
     exclude: Collection[str] = (),
@@ -88,6 +91,10 @@ def choose(
             return why("full")
         if n.capacity.free_memory < memory:
             return why("not enough memory to promise")
+        if n.capacity.free_cpu < cpu:
+            return why("not enough CPU to promise")
+        if n.capacity.overloaded:
+            return why("overloaded")
         return True
 
     candidates = [n for n in nodes if fits(n)]

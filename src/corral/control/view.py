@@ -259,7 +259,7 @@ class GatewayView(Forwarding):
                     f"local nodes are past the burst threshold ({gw.burst.threshold:.0%})"
                 )
             first = await gw.choose(
-                kind=req.kind, layers=_layers(req), memory=req.memory, exclude=set()
+                kind=req.kind, layers=_layers(req), memory=req.memory, cpu=req.cpu, exclude=set()
             )
         except ResourceExhausted as exc:
             found = (await sandboxes.by_keys(gw.db, [key])).get(key)
@@ -332,7 +332,11 @@ class GatewayView(Forwarding):
                 metrics.GATEWAY_ELSEWHERE.labels(why).inc()
                 try:
                     nxt = await gw.choose(
-                        kind=req.kind, layers=_layers(req), memory=req.memory, exclude=refused
+                        kind=req.kind,
+                        layers=_layers(req),
+                        memory=req.memory,
+                        cpu=req.cpu,
+                        exclude=refused,
                     )
                 except ResourceExhausted:
                     await sandboxes.finish(gw.db, row.key, "failed", exc.message)

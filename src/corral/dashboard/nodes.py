@@ -11,27 +11,16 @@ from corral.control.nodes import NodeRow
 from corral.control.quotas import Project
 from corral.dashboard.render import Safe, badge, size, table, tag
 from corral.dashboard.scope import Scope, subtree
+from corral.host import pressure as psi
 
-PRESSURE = Path("/proc/pressure")
 
-
-def pressure(root: Path = PRESSURE) -> dict[str, str]:
-    """The kernel's pressure stall averages (PSI), `some` (and `full`) over
+def pressure(root: Path = psi.PRESSURE) -> dict[str, str]:
+    """The kernel's pressure stall averages (PSI), `some` and `full` over
     10 s, per resource; empty where the kernel has no PSI."""
-    out: dict[str, str] = {}
-    for res in ("cpu", "memory", "io"):
-        try:
-            text = (root / res).read_text()
-        except OSError:
-            continue
-        parts = []
-        for line in text.splitlines():
-            kind, *fields = line.split()
-            avg = dict(f.split("=", 1) for f in fields if "=" in f).get("avg10")
-            if avg is not None:
-                parts.append(f"{kind} {avg}%")
-        out[res] = ", ".join(parts)
-    return out
+    return {
+        res: f"some {stall.some:.2f}%, full {stall.full:.2f}%"
+        for res, stall in psi.read(root).items()
+    }
 
 
 def _pressure_cell(psi: dict[str, str]) -> str:

@@ -2,22 +2,30 @@
 
 A create is admitted and recorded, with every resource it will hold, in one
 BEGIN IMMEDIATE transaction before any of them exists: the count of
-sandboxes, the memory promised and the idempotency key are read and written
-under one write lock, so two processes admitting at once on one node cannot
-both take the last slot. A refusal is NodeFull (with its reason): a gateway
-then places the sandbox on another node.
+sandboxes, the memory and CPUs promised and the idempotency key are read
+and written under one write lock, so two processes admitting at once on one
+node cannot both take the last slot. Promises may exceed the host by the
+overcommit ratios (most sandboxes idle); what the host measures decides
+too: free memory under its reserve, or a pressure stall average at its
+limit, refuses before neighbours suffer (docs/admission.md). A refusal is
+NodeFull with its reason: a gateway then places the sandbox on another
+node.
 """
 
 from __future__ import annotations
 
 import builtins
 import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from corral import labels, metrics
 from corral.api.models import CreateSandbox
 from corral.capacity import NodeCapacity
 from corral.config import NodeConfig
 from corral.errors import NodeFull
+from corral.host import pressure as psi
 from corral.node.store import SandboxRecord, Store
 from corral.runtimes.container.bundle import IDS
 
@@ -35,14 +43,67 @@ class AlreadyCreated(Exception):
         self.sandbox_id = sandbox_id
 
 
+# PSI's averages move over seconds: the host is asked at most this often.
+MEASURE_EVERY = 0.5
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """What the host measures: free memory and stall averages."""
+
+    mem_available: int | None
+    stalls: dict[str, psi.Stall]
+
+    @classmethod
+    def read(cls) -> HostLoad:
+        return cls(psi.mem_available(), psi.read())
+
+
+def overloaded(load: HostLoad, reserve: int, limits: dict[str, float]) -> tuple[str, str] | None:
+    """(reason, message) when the host is too loaded to take one more
+    sandbox, else None. cpu is judged by `some` (a runnable task waited for
+    a core), memory and io by `full` (every task stalled at once): a busy
+    CPU is what overcommit is for, a stalled memory or disk is not."""
+    if reserve and load.mem_available is not None and load.mem_available < reserve:
+        return "memory_free", (
+            f"{load.mem_available} bytes of memory free, under memory_reserve {reserve}"
+        )
+    for res, limit in sorted(limits.items()):
+        stall = load.stalls.get(res)
+        if stall is None:
+            continue
+        value, which = (stall.some, "some") if res == "cpu" else (stall.full, "full")
+        if value >= limit:
+            return "pressure", (
+                f"{res} pressure ({which} avg10) is {value:.2f}%, at or over its limit {limit:g}% "
+                "(pressure_limits)"
+            )
+    return None
+
+
 class Admission:
     def __init__(
-        self, config: NodeConfig, store: Store, host_memory: int, net_capacity: int
+        self,
+        config: NodeConfig,
+        store: Store,
+        host_memory: int,
+        net_capacity: int,
+        measure: Callable[[], HostLoad] = HostLoad.read,
     ) -> None:
         self.config = config
         self.store = store
         self.memory_budget = int(host_memory * config.memory_overcommit)
+        self.cpus = os.cpu_count() or 1
+        self.cpu_budget = self.cpus * config.cpu_overcommit
         self.net_capacity = net_capacity
+        self._measure = measure
+        self._load: tuple[float, HostLoad] | None = None
+
+    def host_load(self) -> HostLoad:
+        now = time.monotonic()
+        if self._load is None or now - self._load[0] >= MEASURE_EVERY:
+            self._load = (now, self._measure())
+        return self._load[1]
 
     def earlier(self, key: str | None) -> str | None:
         """The sandbox an earlier create with this key made, unless that
@@ -75,6 +136,17 @@ class Admission:
                     f"(host memory x memory_overcommit {cfg.memory_overcommit})",
                     "memory",
                 )
+            cpu_promised = db.cpu_promised()
+            if cpu_promised + req.cpu > self.cpu_budget + 1e-9:
+                raise self._full(
+                    f"node {cfg.node} cannot promise {req.cpu:g} more CPUs: "
+                    f"{cpu_promised:g} promised of {self.cpu_budget:g} "
+                    f"({self.cpus} CPUs x cpu_overcommit {cfg.cpu_overcommit:g})",
+                    "cpu",
+                )
+            over = overloaded(self.host_load(), cfg.memory_reserve, cfg.pressure_limits)
+            if over is not None:
+                raise self._full(f"node {cfg.node} is too loaded: {over[1]}", over[0])
             self._admit_disk(req.disk)
             key = req.idempotency_key
             if key is not None:
@@ -138,13 +210,18 @@ class Admission:
         """What this node can still take, for placement (its heartbeat).
         `held` counts the sandboxes a gateway made (labelled with a project)."""
         count, promised = self.store.count_active()
+        cfg = self.config
+        over = overloaded(self.host_load(), cfg.memory_reserve, cfg.pressure_limits)
         return NodeCapacity(
-            max_sandboxes=self.config.max_sandboxes,
+            max_sandboxes=cfg.max_sandboxes,
             active=count,
             held=self.store.count_labelled(labels.PROJECT),
             memory_budget=self.memory_budget,
             memory_promised=promised,
-            cpus=os.cpu_count() or 1,
+            cpus=self.cpus,
+            cpu_budget=self.cpu_budget,
+            cpu_promised=self.store.cpu_promised(),
+            overloaded="" if over is None else over[1],
             kinds=tuple(sorted(kinds)),
             vm_accel=vm_accel,
             images=tuple(images),

@@ -24,7 +24,7 @@ from corral.errors import ResourceExhausted
 from corral.node import findlog, steplog
 from corral.node import states as st
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -106,6 +106,11 @@ _MIGRATIONS: dict[int, str] = {
     + steplog.DDL
     + ";",
     8: findlog.DDL,
+    # The CPUs promised, summed by admission as memory is.
+    9: """
+    ALTER TABLE sandboxes ADD COLUMN cpu REAL NOT NULL DEFAULT 0;
+    UPDATE sandboxes SET cpu = COALESCE(json_extract(spec, '$.cpu'), 0);
+    """,
 }
 
 # Every state but the final ones (node/states.py draws the machine).
@@ -137,7 +142,7 @@ class SandboxRecord:
 _COLUMNS = (
     "id, kind, state, spec, layers, image_env, workdir, created_at, expires_at, "
     "last_active, owner, init_pid, init_start, error, closed_at, memory, image_user, disk, "
-    "suspended"
+    "suspended, cpu"
 )
 
 
@@ -213,7 +218,7 @@ class Store:
 
     def insert(self, rec: SandboxRecord) -> None:
         self.db.execute(
-            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO sandboxes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 rec.id,
                 rec.kind,
@@ -234,6 +239,7 @@ class Store:
                 rec.image_user,
                 int(rec.spec.get("disk", 0)),
                 rec.suspended,
+                float(rec.spec.get("cpu", 0.0)),
             ),
         )
         self.db.executemany(
@@ -309,6 +315,15 @@ class Store:
             ACTIVE_STATES,
         ).fetchone()
         return int(n), int(mem)
+
+    def cpu_promised(self) -> float:
+        """CPUs promised to active sandboxes."""
+        (n,) = self.db.execute(
+            "SELECT COALESCE(SUM(cpu), 0) "
+            f"FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
+            ACTIVE_STATES,
+        ).fetchone()
+        return float(n)
 
     def disk_promised(self) -> int:
         """Bytes of writable space promised to active sandboxes."""
