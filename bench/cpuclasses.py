@@ -120,7 +120,7 @@ async def _run(n: int) -> tuple[dict[tuple[str, str], list[float]], dict[str, fl
                     r = await boxes[step.split()[0]].commands.run(cmd, timeout=120)
                     out[(step, mode)].append(time.perf_counter() - start)
                     assert r.exit_code == 0, (step, r.stderr)
-            load[mode].append((used(busy) - c0) / (time.monotonic() - w0) / os.cpu_count())
+            load[mode].append((used(busy) - c0) / (time.monotonic() - w0) / (os.cpu_count() or 1))
             for h in handles:
                 await h.kill()
                 await h.wait()

@@ -19,7 +19,7 @@ SANDBOX_CREATE_FAILURES = Counter(
 )
 NODE_FULL = Counter(
     "corral_node_full_total",
-    "Creates this node refused for want of room (slots, memory, disk)",
+    "Creates this node refused for want of room (slots, memory, cpu, disk) or as overloaded",
     ["reason"],
     registry=REGISTRY,
 )
@@ -176,5 +176,10 @@ GATEWAY_RECONCILED = Counter(
     "corral_gateway_reconciled_total",
     "Disagreements between a node and the store, repaired, by action",
     ["action"],
+    registry=REGISTRY,
+)
+MEMORY_RECLAIMED = Counter(
+    "corral_memory_reclaimed_bytes_total",
+    "Memory idle sandboxes gave back (reclaim_after): page cache dropped, the rest to swap",
     registry=REGISTRY,
 )

@@ -364,3 +364,50 @@ async def test_a_suspended_container_outlives_its_agent(fresh_node: Node, mode: 
         await again.close()
         assert fresh_node.resources(sbx.id) == []
         assert _live_tasks(fresh_node.agent.parts.cgroups.dirs(sbx.id)) == []
+
+
+RESIDENT = """
+import os, time
+x = bytearray(os.urandom(1 << 20)) * 64   # 64 MiB, touched, incompressible-ish
+want = sum(x[::4096])
+os.mkfifo("/tmp/ask")
+while True:
+    with open("/tmp/ask") as f:
+        f.read()
+    with open("/tmp/answer.tmp", "w") as f:
+        f.write("intact" if sum(x[::4096]) == want else "changed")
+    os.replace("/tmp/answer.tmp", "/tmp/answer")
+"""
+
+
+async def test_an_idle_container_gives_its_memory_back_and_gets_it_again(
+    fresh_node: Node,
+) -> None:
+    """reclaim_after: a running container with no command for that long
+    gives its memory to (z)swap, still running; its next command faults
+    back what it touches, contents intact."""
+    node = fresh_node.with_config(swap_size=1 << 30, reclaim_after=1.0)
+    async with node.client() as c:
+        if not swap.active(node.config.data_dir / "swap"):
+            pytest.skip("the host refused a swap file (swapon): nothing to reclaim to")
+        sbx = await c.sandboxes.create(image=IMAGE, memory="256MiB")
+        await sbx.files.write("/tmp/resident.py", RESIDENT.encode())
+        # A daemon, not a running command: a sandbox running a command is busy.
+        await sbx.commands.run("nohup python3 /tmp/resident.py >/dev/null 2>&1 &")
+        cg = node.agent.parts.cgroups
+        peak = 0
+        for _ in range(200):
+            peak = max(peak, cg.memory_usage(sbx.id) or 0)
+            if (cg.memory_usage(sbx.id) or 0) < 16 << 20 and peak > 64 << 20:
+                break
+            await asyncio.sleep(0.1)
+        assert peak > 64 << 20, f"the resident process never held its 64 MiB ({peak})"
+        assert (cg.memory_usage(sbx.id) or 0) < 16 << 20, "the idle sandbox kept its memory"
+        assert (await c.sandboxes.get(sbx.id)).info.state == "running"
+        r = await sbx.commands.run(
+            "echo x > /tmp/ask; for i in $(seq 100); do [ -f /tmp/answer ] && break; sleep 0.1; done;"
+            " cat /tmp/answer",
+            timeout=60,
+        )
+        assert r.stdout == "intact"  # every page read back, from (z)swap
+        await sbx.close()

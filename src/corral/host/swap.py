@@ -3,13 +3,16 @@
 Enabled when a node agent starts and left on while the node has any
 sandbox: a frozen one may hold pages in it at any moment, and agents come
 and go (an embedded client per trainer). The last agent of a node with no
-sandbox turns it off and removes it. Running sandboxes never use it: their memory cgroup keeps
-memory+swap equal to memory (v2: swap.max 0; v1: swappiness 0), and only a
-freeze's reclaim (host/cgroups.py) pushes pages out.
+sandbox turns it off and removes it. A running sandbox's own memory
+pressure never swaps (memory+swap equal to memory; v2: swap.max 0, v1:
+swappiness 0): only the node's reclaim (host/cgroups.py), of a frozen
+sandbox or one idle for reclaim_after, pushes pages out, through zswap
+where the host has it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from pathlib import Path
@@ -38,6 +41,23 @@ def host_swap_bytes() -> int:
     except (OSError, ValueError):
         pass
     return total
+
+
+ZSWAP = Path("/sys/module/zswap/parameters")
+
+
+def enable_zswap(params: Path = ZSWAP) -> bool:
+    """Compress pages on their way to swap (lz4 where the kernel has it,
+    else its default). False where the kernel has no zswap."""
+    try:
+        if (params / "enabled").read_text().strip() != "Y":
+            with contextlib.suppress(OSError):  # lz4 not built: keep the default
+                (params / "compressor").write_text("lz4")
+            (params / "enabled").write_text("Y")
+    except OSError as exc:
+        log.info("zswap.unavailable", error=str(exc))
+        return False
+    return True
 
 
 def ensure(path: Path, size: int) -> bool:

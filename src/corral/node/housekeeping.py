@@ -20,6 +20,7 @@ from corral.api.models import VM_KINDS
 from corral.config import NodeConfig
 from corral.errors import CorralError
 from corral.execd.client import ExecdClient
+from corral.host.cgroups import Cgroups
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.node.activity import Activity
@@ -34,6 +35,9 @@ from corral.runtimes.base import Diagnosable, Runtime, Suspendable
 log = get_logger("corral.maintenance")
 
 GC_EVERY = 60.0
+# A tick reclaims at most this many sandboxes (each a cgroup-wide reclaim,
+# tens of ms): the rest wait for the next tick.
+RECLAIM_PER_TICK = 64
 
 
 class Housekeeping:
@@ -50,6 +54,7 @@ class Housekeeping:
         activity: Activity,
         children: Children,
         cpu: CpuClasses,
+        cgroups: Cgroups,
         on_lead: Callable[[], Awaitable[None]],
         on_tick: Callable[[], None],
         snapshots: Snapshots,
@@ -64,6 +69,10 @@ class Housekeeping:
         self.activity = activity
         self.children = children
         self.cpu = cpu
+        self.cgroups = cgroups
+        # Sandbox -> the last_active its memory was reclaimed at: once per
+        # idle spell (a command, any agent's, moves last_active on).
+        self._reclaimed: dict[str, float] = {}
         self._on_lead = on_lead  # what only the leader runs (the node's DNS)
         self._on_tick = on_tick  # the leader's batched writes (the DNS refusals)
         self.snapshots = snapshots
@@ -154,12 +163,35 @@ class Housekeeping:
         if check_liveness:
             await self._check_guests(now)
             self._bound_logs()
+        if self.config.reclaim_after:
+            await self._reclaim_idle(running, now)
         if self.config.suspend_after:
             await self._suspend_idle(now)
         metrics.SANDBOXES_ACTIVE.set(db.count_active()[0])
         if now - self._last_gc >= GC_EVERY:
             self._last_gc = now
             await self.recovery.gc()
+
+    async def _reclaim_idle(self, running: list[SandboxRecord], now: float) -> None:
+        """Memory back from containers idle for reclaim_after (no command,
+        on any agent: Activity flushes busy sandboxes as used each tick),
+        once per idle spell, at most RECLAIM_PER_TICK a tick. They keep
+        running: the next command faults back what it touches."""
+        after = self.config.reclaim_after
+        live = {r.id for r in running}
+        self._reclaimed = {k: v for k, v in self._reclaimed.items() if k in live}
+        due = [
+            r
+            for r in running
+            if r.kind == "container"
+            and now - r.last_active >= after
+            and self._reclaimed.get(r.id) != r.last_active
+            and not self.activity.running(r.id)
+        ][:RECLAIM_PER_TICK]
+        for rec in due:
+            self._reclaimed[rec.id] = rec.last_active
+            freed = await asyncio.to_thread(self.cgroups.reclaim, rec.id)
+            metrics.MEMORY_RECLAIMED.inc(freed)
 
     async def _suspend_idle(self, now: float) -> None:
         """The idle policy (config.suspend_after): frozen first where a kind

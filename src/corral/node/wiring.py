@@ -188,8 +188,9 @@ def _runtimes(
               "max_inotify_watches": cfg.inotify_watches}  # fmt: skip
     limits = {k: v for k, v in shares.items() if v}  # 0: not set (the host account is shared)
     raise_host_limits(cfg)
-    if cfg.swap_size:
-        swap.ensure(cfg.data_dir / "swap", cfg.swap_size)  # once per node start
+    swapping = cfg.swap_size and swap.ensure(cfg.data_dir / "swap", cfg.swap_size)  # per start
+    if swapping and cfg.zswap:
+        swap.enable_zswap()
     runtimes: dict[str, Runtime] = {
         "container": ContainerRuntime(
             oci, cgroups, platform, listener, io, limits, sandboxes_dir=cfg.sandboxes_dir
@@ -290,7 +291,8 @@ async def start_parts(
         housekeeping=Housekeeping(
             cfg, store, owner=owner, lifecycle=lifecycle, recovery=recovery, runtimes=runtimes,
             layers=layers,
-            activity=activity, children=children, cpu=cpu, on_lead=networks.start_resolver,
+            activity=activity, children=children, cpu=cpu, cgroups=cgroups,
+            on_lead=networks.start_resolver,
             on_tick=networks.flush_resolver, snapshots=snapshots,
         ),
     )  # fmt: skip
