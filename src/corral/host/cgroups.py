@@ -189,6 +189,24 @@ class Cgroups:
         if d is not None and (d / "cpuset.cpus").exists():
             (d / "cpuset.cpus").write_text(cpus)
 
+    def set_limits(
+        self, sandbox_id: str, *, cpu: float, memory: int, pids: int, period: int
+    ) -> None:
+        """A running sandbox's CPU, memory and pids ceilings, changed as
+        create() writes them (a claimed warm sandbox takes its claimant's)."""
+        self.set_memory(sandbox_id, memory)
+        quota = str(int(cpu * period))
+        if self.mode is Mode.V2:
+            writes = [("", "cpu.max", f"{quota} {period}"), ("", "pids.max", str(pids))]
+        else:
+            writes = [("cpu", "cpu.cfs_quota_us", quota), ("pids", "pids.max", str(pids))]
+            if not self.cpu_idle(sandbox_id):  # an idle group's shares are the kernel's
+                writes.append(("cpu", "cpu.shares", str(cpu_shares(cpu))))
+        for controller, name, value in writes:
+            base = CGROUP_ROOT if self.mode is Mode.V2 else self._controller(controller)
+            if base is not None:
+                (base / self.parent / sandbox_id / name).write_text(value)
+
     def memory_usage(self, sandbox_id: str) -> int | None:
         return self._read_int("memory", sandbox_id, "memory.usage_in_bytes", "memory.current")
 

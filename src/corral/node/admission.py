@@ -15,6 +15,7 @@ node.
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +34,15 @@ from corral.runtimes.container.bundle import IDS
 # above the ids a host gives its own users and services.
 ID_BASE = 1 << 20
 ID_SLOTS = ((1 << 32) - ID_BASE) // IDS
+
+
+# The pool label's value of a warm sandbox (node/warmpool.py).
+WARM = "warm"
+
+
+class NotWarm(Exception):
+    """Control flow inside a claim: the warm sandbox was taken or closed
+    meanwhile; the pool tries its next one. Never raised out of the node."""
 
 
 class AlreadyCreated(Exception):
@@ -129,33 +139,9 @@ class Admission:
                     f"max_sandboxes is {cfg.max_sandboxes}",
                     "slots",
                 )
-            if promised + req.memory > self.memory_budget:
-                raise self._full(
-                    f"node {cfg.node} cannot promise {req.memory} more bytes of memory: "
-                    f"{promised} promised of {self.memory_budget} "
-                    f"(host memory x memory_overcommit {cfg.memory_overcommit})",
-                    "memory",
-                )
-            cpu_promised = db.cpu_promised()
-            if cpu_promised + req.cpu > self.cpu_budget + 1e-9:
-                raise self._full(
-                    f"node {cfg.node} cannot promise {req.cpu:g} more CPUs: "
-                    f"{cpu_promised:g} promised of {self.cpu_budget:g} "
-                    f"({self.cpus} CPUs x cpu_overcommit {cfg.cpu_overcommit:g})",
-                    "cpu",
-                )
-            over = overloaded(self.host_load(), cfg.memory_reserve, cfg.pressure_limits)
-            if over is not None:
-                raise self._full(f"node {cfg.node} is too loaded: {over[1]}", over[0])
-            self._admit_disk(req.disk)
+            self._promise(req, promised, db.cpu_promised(), 0, 0.0, 0)
             key = req.idempotency_key
-            if key is not None:
-                made = db.idempotent(key)
-                earlier = db.get(made) if made is not None else None
-                if earlier is not None and earlier.state == "failed":
-                    db.idempotent_drop(key, earlier.id)  # a failed create may be retried
-                elif made is not None:
-                    raise AlreadyCreated(made)
+            self._key_free(key)
             db.insert(rec)
             if key is not None:
                 db.idempotent_put(key, rec.id)
@@ -169,11 +155,94 @@ class Admission:
             db.add_resource(rec.id, "net", rec.id)
             return db.net_allocate(rec.id, req.network.model_dump_json(), self.net_capacity)
 
+    def claim(self, req: CreateSandbox, sandbox_id: str) -> int | None:
+        """A warm sandbox (node/warmpool.py) becomes the claimant's, in one
+        transaction: the budgets are checked for what changes (its CPU,
+        memory and disk were promised when it was made) and the host as for
+        any create, the idempotency key is taken, and its record becomes
+        the claimant's (spec, sizes, labels, times). Returns the network
+        block, as admit() does. NotWarm: it was taken or closed meanwhile."""
+        db = self.store
+        with db.transaction():
+            rec = db.get(sandbox_id)
+            if rec is None or rec.state != "running" or rec.labels.get(labels.POOL) != WARM:
+                raise NotWarm(sandbox_id)
+            _, promised = db.count_active()
+            was = rec.spec
+            self._promise(req, promised, db.cpu_promised(), was["memory"], was["cpu"], was["disk"])
+            key = req.idempotency_key
+            self._key_free(key)
+            if key is not None:
+                db.idempotent_put(key, sandbox_id)
+            now = time.time()
+            db.update(
+                sandbox_id,
+                spec=json.dumps(req.model_dump()),
+                memory=req.memory,
+                cpu=req.cpu,
+                disk=req.disk,
+                created_at=now,
+                last_active=now,
+                expires_at=now + req.ttl if req.ttl else None,
+            )
+            db.set_labels(sandbox_id, dict(req.labels))
+            if req.network is None:
+                return None
+            db.add_resource(sandbox_id, "net", sandbox_id)
+            return db.net_allocate(sandbox_id, req.network.model_dump_json(), self.net_capacity)
+
+    def _key_free(self, key: str | None) -> None:
+        """Raise AlreadyCreated if an earlier create with `key` made a
+        sandbox; one whose create failed gives its key up (a retry may try
+        again). Inside the admitting transaction."""
+        if key is None:
+            return
+        db = self.store
+        made = db.idempotent(key)
+        earlier = db.get(made) if made is not None else None
+        if earlier is not None and earlier.state == "failed":
+            db.idempotent_drop(key, earlier.id)
+        elif made is not None:
+            raise AlreadyCreated(made)
+
+    def _promise(
+        self,
+        req: CreateSandbox,
+        memory_promised: int,
+        cpu_promised: float,
+        *already: float,
+    ) -> None:
+        """Memory, CPUs and disk may be promised up to their budgets, and the
+        host must not measure itself overloaded. `already`: the memory, CPUs
+        and disk the sandbox holds now (a warm one's, counted in the sums)."""
+        cfg = self.config
+        was_memory, was_cpu, was_disk = already
+        memory_promised -= int(was_memory)
+        if memory_promised + req.memory > self.memory_budget:
+            raise self._full(
+                f"node {cfg.node} cannot promise {req.memory} more bytes of memory: "
+                f"{memory_promised} promised of {self.memory_budget} "
+                f"(host memory x memory_overcommit {cfg.memory_overcommit})",
+                "memory",
+            )
+        cpu_promised -= was_cpu
+        if cpu_promised + req.cpu > self.cpu_budget + 1e-9:
+            raise self._full(
+                f"node {cfg.node} cannot promise {req.cpu:g} more CPUs: "
+                f"{cpu_promised:g} promised of {self.cpu_budget:g} "
+                f"({self.cpus} CPUs x cpu_overcommit {cfg.cpu_overcommit:g})",
+                "cpu",
+            )
+        self._admit_disk(req.disk, already=int(was_disk))
+        over = overloaded(self.host_load(), cfg.memory_reserve, cfg.pressure_limits)
+        if over is not None:
+            raise self._full(f"node {cfg.node} is too loaded: {over[1]}", over[0])
+
     def _full(self, message: str, reason: str) -> NodeFull:
         metrics.NODE_FULL.labels(reason).inc()
         return NodeFull(message, node=self.config.node, reason=reason)
 
-    def _admit_disk(self, disk: int) -> None:
+    def _admit_disk(self, disk: int, already: int = 0) -> None:
         """Writable space, by the memory rule: what is promised may exceed
         the scratch pool by disk_overcommit (each sandbox is held to its own
         quota, and most write little), but no one sandbox may be promised
@@ -187,7 +256,7 @@ class Admission:
                 "disk",
             )
         budget = int(pool * cfg.disk_overcommit)
-        promised = self.store.disk_promised()
+        promised = self.store.disk_promised() - already  # a claim's own promise is in it
         if promised + disk > budget:
             raise self._full(
                 f"node {cfg.node} cannot promise {disk} more bytes of disk: {promised} "

@@ -176,7 +176,8 @@ class NodeAgent:
     # ---------------------------------------------------------------- sandboxes
 
     async def create(self, req: CreateSandbox) -> SandboxInfo:
-        return await self.parts.lifecycle.create(req)
+        p = self.parts
+        return await p.warm.claim(req) or await p.lifecycle.create(req)
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         p = self.parts

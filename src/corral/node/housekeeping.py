@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from corral import metrics
+from corral import labels, metrics
 from corral.api.models import VM_KINDS
 from corral.config import NodeConfig
 from corral.errors import CorralError
@@ -201,6 +201,8 @@ class Housekeeping:
         for rec in self.store.list(["running", "suspended"]):
             runtime = self.runtimes.get(rec.kind)
             if not isinstance(runtime, Suspendable) or self.activity.running(rec.id):
+                continue
+            if labels.POOL in rec.labels:  # a pool's: idle by design, claimed running
                 continue
             idle = now - rec.last_active
             modes = runtime.suspend_modes

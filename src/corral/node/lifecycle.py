@@ -51,9 +51,11 @@ from corral.runtimes.base import (
     Diagnosable,
     GuestNet,
     Prepared,
+    Resizable,
     Runtime,
     RuntimeSpec,
     diagnose,
+    unsupported,
 )
 
 MAX_TTL = 30 * 86400  # as CreateSandbox allows
@@ -171,7 +173,7 @@ class Lifecycle:
 
     # ---------------------------------------------------------------- create
 
-    def _resolve_layers(self, req: CreateSandbox) -> list[Layer]:
+    def resolve_layers(self, req: CreateSandbox) -> list[Layer]:
         """Base first (a pulled image: all its layers, bottom first), then
         workspace, then toolkits in the order given."""
         layers = self.images.chain(self.images.resolve(req.image, "image"))
@@ -196,6 +198,41 @@ class Lifecycle:
                 return await self._create(req, state)
             except AlreadyCreated as dup:  # a concurrent create with the same key won
                 return await self._made_by_key(dup.sandbox_id)
+
+    async def claim(self, sandbox_id: str, req: CreateSandbox) -> SandboxInfo:
+        """Make the warm sandbox `sandbox_id` (node/warmpool.py) the one
+        `req` asks for: its record first (admission's claim), then its
+        ceilings, disk quota, CPU class and network, as a cold create would
+        have started it. It ran nothing before: its upper layer is empty.
+        A claim that fails half-way closes the sandbox (nothing of it is
+        handed out) and raises; NotWarm if it was taken meanwhile."""
+        t0 = time.monotonic()
+        runtime = self.runtime(req.kind)
+        net_index = self.admission.claim(req, sandbox_id)
+        try:
+            if not isinstance(runtime, Resizable):
+                raise unsupported(req.kind, "warm sandboxes are containers")
+            runtime.resize(sandbox_id, req.cpu, req.memory, req.pids)
+            self.scratch.create(sandbox_id, req.disk)  # the claimant's quota
+            self.cpu.place(sandbox_id, req.cpu_class, req.cpu)
+            if req.network is not None and net_index is not None:
+                rec = self.records.get(sandbox_id)
+                assert rec.init_pid is not None
+                await self.networks.connect(
+                    sandbox_id, rec.init_pid, net_index, req.network, runtime.net_tap
+                )
+        except BaseException as exc:
+            await self.retire(sandbox_id, f"claim failed: {exc}")
+            if req.idempotency_key is not None:
+                self.store.idempotent_drop(req.idempotency_key, sandbox_id)
+            raise
+        if self.store.on_transition is not None:  # subscribers by label see it now
+            self.store.on_transition(sandbox_id, "running")
+        elapsed = time.monotonic() - t0
+        metrics.SANDBOXES_CREATED.labels(req.kind).inc()
+        metrics.CREATE_SECONDS.labels(req.kind).observe(elapsed)
+        log.info("sandbox.claimed", sandbox=sandbox_id, ms=round(elapsed * 1000, 2))
+        return self.records.info(self.records.get(sandbox_id))
 
     async def _made_by_key(self, sandbox_id: str) -> SandboxInfo:
         """The sandbox an earlier create with the same key made, once ready."""
@@ -252,7 +289,7 @@ class Lifecycle:
         t0 = time.monotonic()
         runtime = self.runtime(req.kind)
         await self._fetched(req)
-        layers = self._resolve_layers(req)
+        layers = self.resolve_layers(req)
         if req.network is not None:
             self.networks.network.check(req.network)
         rec = self._record(req, layers)

@@ -43,9 +43,10 @@ class Records:
     @staticmethod
     def not_a_worker(rec: SandboxRecord) -> None:
         if labels.POOL in rec.labels:
+            use = "client.fncall" if rec.labels[labels.POOL] == "fncall" else "sandboxes.create"
             raise PermissionDenied(
-                f"sandbox {rec.id} is one of the node's function-call workers: "
-                "use client.fncall, not the sandbox API",
+                f"sandbox {rec.id} is one of the node's pooled sandboxes, not handed out: "
+                f"use {use}, not the sandbox API",
                 sandbox=rec.id,
             )
 

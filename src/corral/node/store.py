@@ -255,6 +255,15 @@ class Store:
         cols = ", ".join(f"{k}=?" for k in values)
         self.db.execute(f"UPDATE sandboxes SET {cols} WHERE id=?", (*values.values(), sandbox_id))
 
+    def set_labels(self, sandbox_id: str, labels: dict[str, str]) -> None:
+        """Replace the sandbox's labels (a claimed warm sandbox takes its
+        claimant's)."""
+        self.db.execute("DELETE FROM labels WHERE sandbox_id=?", (sandbox_id,))
+        self.db.executemany(
+            "INSERT INTO labels (sandbox_id, key, value) VALUES (?,?,?)",
+            [(sandbox_id, k, v) for k, v in labels.items()],
+        )
+
     def transition(
         self, sandbox_id: str, from_states: Iterable[str], to_state: str, **values: Any
     ) -> bool:

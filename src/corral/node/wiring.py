@@ -56,6 +56,7 @@ from corral.node.sessions import Sessions
 from corral.node.snapshots import Snapshots
 from corral.node.steplog import StepLog
 from corral.node.store import Store
+from corral.node.warmpool import WarmPool
 from corral.runtimes.base import Reattachable, Releaser, Runtime
 from corral.runtimes.container.oci import OciRuntime
 from corral.runtimes.container.runtime import ContainerRuntime
@@ -90,6 +91,7 @@ class NodeParts:
     displays: Displays
     commits: Commits
     fncall: FnCalls
+    warm: WarmPool
     recovery: Recovery
     housekeeping: Housekeeping
 
@@ -97,6 +99,7 @@ class NodeParts:
         """Stop every part; the sandboxes run on. Returns how many remain
         active on the node."""
         was_leader = self.housekeeping.is_leader
+        await self.warm.aclose()
         await self.fncall.pool.aclose()
         await self.housekeeping.stop()
         self.networks.stop_resolver()
@@ -287,6 +290,7 @@ async def start_parts(
         commits=Commits(cfg, store, layers.store, scratch, admission, platform.nsexec),
         fncall=FnCalls(cfg, layers.store, cgroups, create=lifecycle.create,
                        retire=lifecycle.retire, execd=execd),
+        warm=WarmPool(cfg, lifecycle),
         recovery=recovery,
         housekeeping=Housekeeping(
             cfg, store, owner=owner, lifecycle=lifecycle, recovery=recovery, runtimes=runtimes,

@@ -108,6 +108,14 @@ class Runtime(Protocol):
 
 
 @runtime_checkable
+class Resizable(Protocol):
+    """Can change a running sandbox's CPU, memory and pids ceilings (a
+    warm sandbox claimed by a create takes the create's)."""
+
+    def resize(self, sandbox_id: str, cpu: float, memory: int, pids: int) -> None: ...
+
+
+@runtime_checkable
 class HostCommands(Protocol):
     """Its commands are processes of the host's kernel, started by
     corral-init in the sandbox's cgroup, so the node can schedule each one

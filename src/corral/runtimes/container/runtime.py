@@ -179,6 +179,11 @@ class ContainerRuntime:
     # A command's connection to the agent cannot be checkpointed (criu.py).
     disk_needs_idle = True
 
+    def resize(self, sandbox_id: str, cpu: float, memory: int, pids: int) -> None:
+        self.cgroups.set_limits(
+            sandbox_id, cpu=cpu, memory=memory, pids=pids, period=bundle.CPU_PERIOD
+        )
+
     async def suspend(self, sandbox_id: str, mode: str) -> Suspension:
         """freeze: every process stops where it stands (the cgroup
         freezer: no signal, nothing inside can tell), then the host takes
