@@ -4,6 +4,7 @@ reach), a recording upstream DNS server, an attacker and a neighbour."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,7 @@ from corral.config import NodeConfig
 from corral.images.build import build_from_dir
 from corral.images.store import ImageStore
 
-from ..framework import IMAGE
+from ..framework import IMAGE, agent_of
 from .attacks import Neighbour
 from .standins import Standin, UpstreamDNS, standin_hosts
 
@@ -104,11 +106,33 @@ async def neighbour(rt_client: corral.AsyncClient) -> AsyncIterator[Neighbour]:
     await n.stop()
 
 
-@pytest.fixture
-async def attacker(rt_client: corral.AsyncClient) -> corral.AsyncSandbox:
-    return await rt_client.sandboxes.create(
-        image=IMAGE, cpu=0.5, memory="128MiB", pids=64, disk="64MiB", labels={"role": "attacker"}
-    )
+ATTACKER: dict[str, Any] = {
+    "image": IMAGE, "cpu": 0.5, "memory": "128MiB", "pids": 64, "disk": "64MiB",
+    "labels": {"role": "attacker"},
+}  # fmt: skip
+
+
+@pytest.fixture(params=["cold", "warm"])
+async def attacker(
+    request: pytest.FixtureRequest, rt_client: corral.AsyncClient, rt_config: NodeConfig
+) -> AsyncIterator[corral.AsyncSandbox]:
+    """The attacker's sandbox, started cold, or claimed from a warm pool
+    (node/warmpool.py) by a second agent of the node: every attack runs
+    against both, and the guard must hold alike."""
+    if request.param == "cold":
+        yield await rt_client.sandboxes.create(**ATTACKER)
+        return
+    async with corral.AsyncClient(config=replace(rt_config, warm_pool=1)) as pooled:
+        pool = agent_of(pooled).parts.warm
+        await (await pooled.sandboxes.create(image=IMAGE, memory="64MiB")).close()  # demand
+        for _ in range(600):
+            if pool.held() and not sum(pool._making.values()):
+                break
+            await asyncio.sleep(0.05)
+        warm = {i for q in pool._ready.values() for i in q}
+        claimed = await pooled.sandboxes.create(**ATTACKER)
+        assert claimed.id in warm, "the attacker was not claimed from the warm pool"
+        yield await rt_client.sandboxes.get(claimed.id)
 
 
 @pytest.fixture(autouse=True)
