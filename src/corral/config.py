@@ -66,10 +66,12 @@ class NodeConfig:
     # Sandboxes are mostly idle (DSec: ~90% use < 5% of what they ask for),
     # so admission lets promised memory exceed the host's by this factor.
     memory_overcommit: float = 8.0
-    # The same for CPUs: the cores promised (each sandbox's `cpu`) may be
-    # this many times the node's. DSec: ~90% of sandboxes use under 5% of
-    # what they ask; 32 holds 3,200 one-core sandboxes on a 100-core host.
-    cpu_overcommit: float = 32.0
+    # The same for CPUs, if set: the cores promised (each sandbox's `cpu`)
+    # may be this many times the node's. None (the default): CPU is judged
+    # by what the host measures only (pressure_limits), since CPU is
+    # compressible: overcommitted, it slows sandboxes, it kills none, and
+    # thousands of idle one-core sandboxes on a few cores is the point.
+    cpu_overcommit: float | None = None
     # Promises are not use: admission also asks the host (docs/admission.md).
     # It refuses while the kernel's free memory (MemAvailable) is under
     # memory_reserve, or while a pressure stall average over 10 s (PSI, in
@@ -97,6 +99,10 @@ class NodeConfig:
     cpu_classes: bool = True
     # Cores kept for interactive work whenever background work runs.
     cpu_interactive_cores: int = 1
+    # Interactive sandboxes keep off the background cores too (a cache of
+    # their own), instead of using every core and preempting background
+    # work there at once. Measured on 2 cores (bench/cpuclasses.py).
+    cpu_confine_interactive: bool = False
     # Per-sandbox ceilings on block I/O to the scratch pool, bytes/s (0: none):
     # one sandbox streaming to disk leaves the device to its neighbours too.
     disk_read_bps: int = 128 * 1024**2
@@ -228,7 +234,9 @@ class NodeConfig:
             raise InvalidArgument("data_dir", "must be an absolute path", str(self.data_dir))
         for name in ("memory_overcommit", "disk_overcommit", "cpu_overcommit"):
             ratio = getattr(self, name)
-            if not 1.0 <= ratio <= MAX_OVERCOMMIT:
+            if ratio is None and name == "cpu_overcommit":
+                continue
+            if not isinstance(ratio, int | float) or not 1.0 <= ratio <= MAX_OVERCOMMIT:
                 raise InvalidArgument(
                     name, f"must be a ratio between 1 and {MAX_OVERCOMMIT:g}", ratio
                 )
@@ -359,7 +367,7 @@ class NodeConfig:
                 values[f.name] = float(raw)
             elif f.name in (
                 "lazy", "seccomp", "userns", "vm_pmem", "vm_free_page_reporting", "cpu_classes",
-                "zswap",
+                "zswap", "cpu_confine_interactive",
             ):  # fmt: skip
                 values[f.name] = raw.lower() not in ("0", "false", "no", "off")
             else:

@@ -52,11 +52,14 @@ def test_background_cores_follow_the_load(busy: float, n: int, reserve: int, k: 
 
 
 def test_a_partition_gives_background_the_last_cores() -> None:
-    p = partition(list(range(8)), 3)
+    p = partition(list(range(8)), 3, confine=True)
     assert (p.interactive, p.background, p.k) == ("0-4", "5-7", 3)
     assert p.cpus(BACKGROUND) == "5-7" and p.cpus(INTERACTIVE) == "0-4"
     shared = partition(list(range(8)), 0)
     assert shared.interactive == shared.background == "0-7"
+    # Not confined (the default): interactive work may use every core.
+    spill = partition(list(range(8)), 3)
+    assert (spill.interactive, spill.background) == ("0-7", "5-7")
 
 
 class FakeCgroups:
@@ -77,9 +80,15 @@ class FakeCgroups:
         self.cpus[sid] = cpus
 
 
-def classes(tmp_path: Path) -> tuple[CpuClasses, FakeCgroups]:
+def classes(tmp_path: Path, confine: bool = True) -> tuple[CpuClasses, FakeCgroups]:
     cg = FakeCgroups()
-    c = CpuClasses(cg, tmp_path, enabled=True, interactive_cores=1)  # type: ignore[arg-type]
+    c = CpuClasses(
+        cg,  # type: ignore[arg-type]
+        tmp_path,
+        enabled=True,
+        interactive_cores=1,
+        confine_interactive=confine,
+    )
     c.cpus = [0, 1]
     return c, cg
 

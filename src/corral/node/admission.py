@@ -104,7 +104,8 @@ class Admission:
         self.store = store
         self.memory_budget = int(host_memory * config.memory_overcommit)
         self.cpus = os.cpu_count() or 1
-        self.cpu_budget = self.cpus * config.cpu_overcommit
+        # 0: CPUs promised are not checked (config.cpu_overcommit None).
+        self.cpu_budget = self.cpus * (config.cpu_overcommit or 0.0)
         self.net_capacity = net_capacity
         self._measure = measure
         self._load: tuple[float, HostLoad] | None = None
@@ -226,7 +227,7 @@ class Admission:
                 "memory",
             )
         cpu_promised -= was_cpu
-        if cpu_promised + req.cpu > self.cpu_budget + 1e-9:
+        if self.cpu_budget and cpu_promised + req.cpu > self.cpu_budget + 1e-9:
             raise self._full(
                 f"node {cfg.node} cannot promise {req.cpu:g} more CPUs: "
                 f"{cpu_promised:g} promised of {self.cpu_budget:g} "

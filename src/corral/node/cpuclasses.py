@@ -80,12 +80,15 @@ class Partition:
         return self.background if cls == BACKGROUND else self.interactive
 
 
-def partition(cpus: list[int], k: int) -> Partition:
-    """Background work on the last k cores, interactive on the others."""
+def partition(cpus: list[int], k: int, confine: bool = False) -> Partition:
+    """Background work on the last k cores; interactive on the others, or
+    (confine False) on every core, preempting background work at once on
+    its k (an idle group yields to any other)."""
     every = cpu_list(cpus)
     if k <= 0 or k >= len(cpus):
         return Partition(every, every, 0)
-    return Partition(cpu_list(cpus[: len(cpus) - k]), cpu_list(cpus[len(cpus) - k :]), k)
+    interactive = cpu_list(cpus[: len(cpus) - k]) if confine else every
+    return Partition(interactive, cpu_list(cpus[len(cpus) - k :]), k)
 
 
 def background_cores(busy_cpu: float, n: int, reserve: int) -> int:
@@ -99,10 +102,17 @@ def background_cores(busy_cpu: float, n: int, reserve: int) -> int:
 
 class CpuClasses:
     def __init__(
-        self, cgroups: Cgroups, run_dir: Path, *, enabled: bool, interactive_cores: int
+        self,
+        cgroups: Cgroups,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        interactive_cores: int,
+        confine_interactive: bool = False,
     ) -> None:
         self.cgroups = cgroups
         self.enabled = enabled
+        self.confine = confine_interactive
         self.cpus = sorted(os.sched_getaffinity(0))
         self.reserve = interactive_cores
         self.partition_file = run_dir / "cpu-partition"
@@ -192,13 +202,13 @@ class CpuClasses:
         try:
             mtime = self.partition_file.stat().st_mtime
         except OSError:
-            return partition(self.cpus, 0)
+            return partition(self.cpus, 0, self.confine)
         if self._cached is None or self._cached[0] != mtime:
             try:
                 k = int(self.partition_file.read_text().split()[0])
             except (OSError, ValueError, IndexError):
                 k = 0
-            self._cached = (mtime, partition(self.cpus, k))
+            self._cached = (mtime, partition(self.cpus, k, self.confine))
         return self._cached[1]
 
     def busy_cpu(self) -> float:

@@ -325,23 +325,21 @@ class Store:
         ).fetchone()
         return int(n), int(mem)
 
-    def cpu_promised(self) -> float:
-        """CPUs promised to active sandboxes."""
+    def _active_sum(self, column: str) -> float:
         (n,) = self.db.execute(
-            "SELECT COALESCE(SUM(cpu), 0) "
+            f"SELECT COALESCE(SUM({column}), 0) "
             f"FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
             ACTIVE_STATES,
         ).fetchone()
         return float(n)
 
+    def cpu_promised(self) -> float:
+        """CPUs promised to active sandboxes."""
+        return self._active_sum("cpu")
+
     def disk_promised(self) -> int:
         """Bytes of writable space promised to active sandboxes."""
-        (n,) = self.db.execute(
-            "SELECT COALESCE(SUM(disk), 0) "
-            f"FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
-            ACTIVE_STATES,
-        ).fetchone()
-        return int(n)
+        return int(self._active_sum("disk"))
 
     def count_labelled(self, key: str) -> int:
         """Active sandboxes carrying label `key` (any value)."""

@@ -81,6 +81,13 @@ class WarmPool:
                 raise
         return None
 
+    def expect(self, req: CreateSandbox, n: int) -> None:
+        """Count `n` asks for `req`'s stack now: the pool grows toward n
+        (up to its size) ahead of a burst the caller knows is coming."""
+        stack = self._stack(req)
+        for _ in range(n if stack is not None else 0):
+            self._note(stack, req)  # type: ignore[arg-type]
+
     def _note(self, stack: Stack, req: CreateSandbox) -> None:
         now = time.monotonic()
         asked = self._asked.setdefault(stack, deque())

@@ -238,8 +238,10 @@ async def start_parts(
 
     activity = Activity(store)
     cpu = CpuClasses(
-        cgroups, cfg.run_dir, enabled=cfg.cpu_classes, interactive_cores=cfg.cpu_interactive_cores
-    )
+        cgroups, cfg.run_dir, enabled=cfg.cpu_classes,
+        interactive_cores=cfg.cpu_interactive_cores,
+        confine_interactive=cfg.cpu_confine_interactive,
+    )  # fmt: skip
     children = Children(reap_children)
     records = Records(store, cfg.node, network, activity)
     admission = Admission(cfg, store, host_memory(), network.capacity)
