@@ -122,6 +122,13 @@ async def phase(
     return host / 2**30, cg / 2**30, nexts, every, reclaimed
 
 
+def zswap_compressor() -> str:
+    try:
+        return (swap.ZSWAP / "compressor").read_text().strip()
+    except OSError:
+        return "no zswap"
+
+
 HEADER = [
     "reclaim", "host GiB·s", "host MiB per sandbox (mean)", "cgroups GiB·s",
     "next command p50 (ms)", "next command p99 (ms)", "any command p50 (ms)",
@@ -155,9 +162,9 @@ def main() -> None:
         f"that ended). For {secs:.0f} s each follows a seeded agent trace: think (exponential, "
         f"mean {THINK_MEAN:.0f} s), then three commands 0.3 s apart (a Python one-liner, ls, "
         f"cat). `on`: reclaim_after {RECLAIM_AFTER:.0f} s, a 4 GiB swap file through zswap "
-        "(lz4); `off`: the same node and swap file, no reclaim. Memory is integrated over the "
-        "trace: the host's (MemTotal - MemAvailable, less before the sandboxes; the zswap "
-        "pool included) and the sandboxes' cgroups'.",
+        f"({zswap_compressor()}); `off`: the same node and swap file, no reclaim. Memory is "
+        "integrated over the trace: the host's (MemTotal - MemAvailable, less before the "
+        "sandboxes; the zswap pool included) and the sandboxes' cgroups'.",
         table(HEADER, rows),
         f"Saved with reclaim: **{saved_host:.1%}** of host memory over time "
         f"({saved_cg:.1%} of the sandboxes' own); {on[4] / 2**20:.0f} MiB reclaimed in all. "

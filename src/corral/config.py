@@ -159,6 +159,12 @@ class NodeConfig:
     vm_pmem: bool = True
     # Guests report the pages they free, and the host takes them back.
     vm_free_page_reporting: bool = True
+    # The kernel merges identical guest pages across VMs (KSM; QEMU marks
+    # guest RAM mergeable): 27% less host memory per idle microVM here
+    # (bench/results/ksm.md), for ksmd's CPU. Off by default: a host
+    # setting, and page merging is a timing side channel between guests
+    # (a write to a merged page is slower), which hostile sandboxes can use.
+    vm_ksm: bool = False
     # Layers are read through the node's lazy loader (FUSE), chunk by chunk.
     lazy: bool = True
     chunk_cache_size: int = 20 * 1024**3
@@ -367,7 +373,7 @@ class NodeConfig:
                 values[f.name] = float(raw)
             elif f.name in (
                 "lazy", "seccomp", "userns", "vm_pmem", "vm_free_page_reporting", "cpu_classes",
-                "zswap", "cpu_confine_interactive",
+                "zswap", "cpu_confine_interactive", "vm_ksm",
             ):  # fmt: skip
                 values[f.name] = raw.lower() not in ("0", "false", "no", "off")
             else:

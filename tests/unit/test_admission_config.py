@@ -11,6 +11,7 @@ import pytest
 from corral.config import NodeConfig
 from corral.errors import InvalidArgument
 from corral.host import pressure as psi
+from corral.host import swap
 from corral.host.pressure import Stall
 from corral.node.admission import HostLoad, overloaded
 
@@ -109,3 +110,17 @@ def test_psi_files_are_parsed_and_absent_ones_skipped(tmp_path: Path) -> None:
     )
     assert psi.read(tmp_path) == {"io": Stall(12.5, 3.25)}
     assert psi.read(tmp_path / "absent") == {}
+
+
+def test_zswap_and_ksm_are_turned_on_where_the_kernel_has_them(tmp_path: Path) -> None:
+    zswap, ksm = tmp_path / "zswap", tmp_path / "ksm"
+    zswap.mkdir()
+    ksm.mkdir()
+    (zswap / "enabled").write_text("N\n")
+    (zswap / "compressor").write_text("lzo\n")
+    (ksm / "run").write_text("0\n")
+    assert swap.enable_zswap(zswap) and swap.enable_ksm(ksm)
+    assert (zswap / "enabled").read_text() == "Y" and (ksm / "run").read_text() == "1"
+    assert (zswap / "compressor").read_text() == "lz4"
+    assert not swap.enable_zswap(tmp_path / "absent")
+    assert not swap.enable_ksm(tmp_path / "absent")

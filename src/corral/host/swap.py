@@ -1,4 +1,5 @@
-"""The node's own swap file, where frozen sandboxes' memory goes.
+"""The node's own swap file, where frozen and idle sandboxes' memory goes,
+and the host's memory savers it turns on (zswap, KSM).
 
 Enabled when a node agent starts and left on while the node has any
 sandbox: a frozen one may hold pages in it at any moment, and agents come
@@ -94,3 +95,18 @@ def disable(path: Path) -> None:
             log.warning("swap.swapoff_failed", path=str(path), error=proc.stderr.strip())
             return
     path.unlink(missing_ok=True)
+
+
+KSM = Path("/sys/kernel/mm/ksm")
+
+
+def enable_ksm(ksm: Path = KSM) -> bool:
+    """Start the kernel's same-page merging (left on: a host setting that
+    other nodes of the host may rely on). False where the kernel lacks it."""
+    try:
+        if (ksm / "run").read_text().strip() != "1":
+            (ksm / "run").write_text("1")
+    except OSError as exc:
+        log.info("ksm.unavailable", error=str(exc))
+        return False
+    return True

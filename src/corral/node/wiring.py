@@ -201,6 +201,8 @@ def _runtimes(
         "fncall": FnCallRuntime(oci, cgroups, platform, listener, cfg.fncall_tmpfs, limits),
     }
     if vm_capable():
+        if cfg.vm_ksm:
+            swap.enable_ksm()
         fpr = cfg.vm_free_page_reporting
         runtimes["microvm"] = MicroVMRuntime(
             layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr
