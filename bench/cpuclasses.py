@@ -35,7 +35,7 @@ from corral.node.agent import NodeAgent  # noqa: E402
 
 WORK = Path("/var/lib/corral-bench-cpuclasses")
 BLOCK = 5
-MODES = ("alone", "loaded, classes off", "loaded, classes on", "loaded, classes on, confined")
+MODES = ("alone", "loaded, classes off", "loaded, classes on", "loaded, classes on, not confined")
 LOADERS = 4
 LOAD = (
     "python3 -c 'import time\n"
@@ -109,7 +109,7 @@ async def _run(n: int) -> tuple[dict[tuple[str, str], list[float]], dict[str, fl
 
         async def block(mode: str) -> None:
             handles, busy = [], []
-            agent.parts.cpu.confine = mode.endswith("confined")
+            agent.parts.cpu.confine = not mode.endswith("not confined")
             agent.parts.cpu._cached = None  # the partition is read again, with that
             if mode != "alone":
                 busy = loaders["interactive" if mode.endswith("off") else "background"]
@@ -163,9 +163,9 @@ def main() -> None:
         "(nominally 1.6 cores), started at the beginning of each block and killed "
         "at its end; `classes off`: the loaders are `interactive` sandboxes (weighed like "
         "the step's, every core shared); `classes on`: they are `background` ones (idle "
-        "cgroup, SCHED_IDLE, and while busy the node keeps them on the last core; the step's "
-        "sandbox may use both cores and preempts them at once); `confined`: the same, with "
-        "the step's sandbox kept off their core (cpu_confine_interactive). "
+        "cgroup, SCHED_IDLE, and while busy the node keeps them on the last core and the "
+        "step's sandbox on the other); `not confined`: the same, but the step's sandbox may "
+        "use both cores, preempting them on theirs (cpu_confine_interactive off). "
         f"Blocks of {BLOCK} runs per step, modes alternating. "
         "`load` is the CPU the loaders got during the block, as a share of the node "
         "(their cgroups' usage).",

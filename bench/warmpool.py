@@ -81,8 +81,14 @@ async def sustained(client: corral.AsyncClient, total: int) -> float:
 
 async def run(n: int, total: int) -> list[str]:
     store = ImageStore(IMAGES)
-    lower = LayerMounts(store, fresh_dir(WORK / "peer-m")).ensure(store.resolve(IMAGE))
-    crun = Peer("crun", lower)
+    peer_mounts = LayerMounts(store, fresh_dir(WORK / "peer-m"))
+    try:
+        return await _run(n, total, Peer("crun", peer_mounts.ensure(store.resolve(IMAGE))))
+    finally:
+        peer_mounts.release_unused([])
+
+
+async def _run(n: int, total: int, crun: Peer) -> list[str]:
     lat: dict[str, list[float]] = {}
     rates: dict[str, float] = {}
     for name, size in (("Corral, cold", 0), ("Corral, warm pool of 64", 64)):

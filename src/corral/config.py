@@ -99,10 +99,10 @@ class NodeConfig:
     cpu_classes: bool = True
     # Cores kept for interactive work whenever background work runs.
     cpu_interactive_cores: int = 1
-    # Interactive sandboxes keep off the background cores too (a cache of
+    # Interactive sandboxes keep off the background cores too (caches of
     # their own), instead of using every core and preempting background
-    # work there at once. Measured on 2 cores (bench/cpuclasses.py).
-    cpu_confine_interactive: bool = False
+    # work there. Measured both ways on 2 cores (bench/cpuclasses.py).
+    cpu_confine_interactive: bool = True
     # Per-sandbox ceilings on block I/O to the scratch pool, bytes/s (0: none):
     # one sandbox streaming to disk leaves the device to its neighbours too.
     disk_read_bps: int = 128 * 1024**2

@@ -52,13 +52,13 @@ def test_background_cores_follow_the_load(busy: float, n: int, reserve: int, k: 
 
 
 def test_a_partition_gives_background_the_last_cores() -> None:
-    p = partition(list(range(8)), 3, confine=True)
+    p = partition(list(range(8)), 3)
     assert (p.interactive, p.background, p.k) == ("0-4", "5-7", 3)
     assert p.cpus(BACKGROUND) == "5-7" and p.cpus(INTERACTIVE) == "0-4"
     shared = partition(list(range(8)), 0)
     assert shared.interactive == shared.background == "0-7"
-    # Not confined (the default): interactive work may use every core.
-    spill = partition(list(range(8)), 3)
+    # Not confined: interactive work may use every core.
+    spill = partition(list(range(8)), 3, confine=False)
     assert (spill.interactive, spill.background) == ("0-7", "5-7")
 
 

@@ -80,7 +80,7 @@ class Partition:
         return self.background if cls == BACKGROUND else self.interactive
 
 
-def partition(cpus: list[int], k: int, confine: bool = False) -> Partition:
+def partition(cpus: list[int], k: int, confine: bool = True) -> Partition:
     """Background work on the last k cores; interactive on the others, or
     (confine False) on every core, preempting background work at once on
     its k (an idle group yields to any other)."""
@@ -108,7 +108,7 @@ class CpuClasses:
         *,
         enabled: bool,
         interactive_cores: int,
-        confine_interactive: bool = False,
+        confine_interactive: bool = True,
     ) -> None:
         self.cgroups = cgroups
         self.enabled = enabled
