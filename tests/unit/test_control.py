@@ -638,3 +638,19 @@ async def test_a_function_call_skips_nodes_that_are_full(db: Database) -> None:
     assert result.stdout == "c"
     assert gw.in_flight == {}
     await gw.aclose()
+
+
+async def test_a_node_that_joined_after_the_snapshot_is_placed_on_at_once(db: Database) -> None:
+    """The membership snapshot is cached; a create that finds no node in it
+    looks once more at the membership as it is now (a preempted job's
+    sandboxes restored right after their new host joined)."""
+    from corral.control.gateway import Gateway
+
+    gw = await Gateway(db, node_key="nk").start(sweep=False)
+    assert await gw.nodes() == []  # the snapshot: nobody
+    cap = NodeCapacity(max_sandboxes=10, memory_budget=100 * GiB, kinds=("container",))
+    await nodes.heartbeat(db, "late", "http://late", cap)
+    node = await gw.choose(kind="container", layers=(), memory=GiB, exclude=set())
+    assert node.name == "late" and gw.in_flight == {"late": 1}
+    gw.release("late")
+    await gw.aclose()

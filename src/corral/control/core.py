@@ -22,7 +22,7 @@ from corral.control import nodes, placement, quotas
 from corral.control.burst import DEFAULT_THRESHOLD, Targets, utilisation
 from corral.control.nodes import NodeRow
 from corral.db import Database
-from corral.errors import Unavailable
+from corral.errors import ResourceExhausted, Unavailable
 from corral.node.steplog import StepLog
 
 T = TypeVar("T")
@@ -134,17 +134,26 @@ class GatewayCore:
         same step as the choice (no await between), so a burst of concurrent
         creates sees each other's picks."""
         with trace.span("gateway.place", **{"sandbox.kind": kind}) as span:
-            fleet = await self.nodes()
-            node = placement.choose(
-                fleet,
-                kind=kind,
-                want=self.inventory.wanted(layers),
-                memory=memory,
-                cpu=cpu,
-                in_flight=self.in_flight,
-                exclude=exclude,
-                k=self.k,
-            )
+
+            def pick(fleet: list[NodeRow]) -> NodeRow:
+                return placement.choose(
+                    fleet,
+                    kind=kind,
+                    want=self.inventory.wanted(layers),
+                    memory=memory,
+                    cpu=cpu,
+                    in_flight=self.in_flight,
+                    exclude=exclude,
+                    k=self.k,
+                )
+
+            try:
+                node = pick(await self.nodes())
+            except ResourceExhausted:
+                # The snapshot may predate a node that just joined or came
+                # back (a preempted job restored onto new hosts): once more,
+                # on the membership as it is now, before saying no.
+                node = pick(await self.nodes(fresh=True))
             span.set("node", node.name)
         self.hold(node.name)
         return node

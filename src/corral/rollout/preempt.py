@@ -217,10 +217,13 @@ async def survive(
         t0 = time.monotonic()
         restarted = _trainer(url, job, rollouts, steps, out, api_key)
         code = await asyncio.to_thread(restarted.wait, 600)
-        if code != 0:
-            raise RuntimeError(f"the restarted trainer failed (exit {code}): {_log_tail(out)}")
-        results = json.loads(out.read_text())
         refused = sorted({o.error.message for o in outcomes if o.error is not None})
+        if code != 0:
+            raise RuntimeError(
+                f"the restarted trainer failed (exit {code}): {_log_tail(out)}\n"
+                f"the preemption hook's refusals: {refused or 'none'}"
+            )
+        results = json.loads(out.read_text())
         return Survival(rollouts, steps, killed_at, preempted, preempt_s, check(results, steps),
                         refused, time.monotonic() - t0, results)  # fmt: skip
 
