@@ -68,6 +68,15 @@ class IoLimit:
         return [("io.max", f"{self.major}:{self.minor} {' '.join(rates)}")] if rates else []
 
 
+def _write_if_changed(path: Path, value: str) -> None:
+    """Write a cgroup file only when its value differs: a cpuset write
+    takes the kernel's global cpuset lock even for the value it holds, and
+    every create places its sandbox (most often on the cores it already
+    has)."""
+    if path.read_text().strip() != value:
+        path.write_text(value)
+
+
 def cpu_shares(cpu: float) -> int:
     """A sandbox's v1 weight: 1024 per core it asked for."""
     return max(2, int(1024 * cpu))
@@ -167,7 +176,7 @@ class Cgroups:
             return
         idle = d / "cpu.idle"
         if idle.exists():
-            idle.write_text("1" if background else "0")
+            _write_if_changed(idle, "1" if background else "0")
         else:
             shares = 2 if background else cpu_shares(cpu)
             if self.mode is Mode.V2:
@@ -187,7 +196,7 @@ class Cgroups:
     def set_cpuset(self, sandbox_id: str, cpus: str) -> None:
         d = self._dir("cpuset", sandbox_id)
         if d is not None and (d / "cpuset.cpus").exists():
-            (d / "cpuset.cpus").write_text(cpus)
+            _write_if_changed(d / "cpuset.cpus", cpus)
 
     def set_limits(
         self, sandbox_id: str, *, cpu: float, memory: int, pids: int, period: int
