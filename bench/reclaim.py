@@ -1,8 +1,8 @@
-"""DSec's second memory experiment, for containers: the time-integrated host
-memory of a population of idle-heavy sandboxes, with idle reclaim off and
-on, and what it costs the agent's next command.
+"""DSec's second memory experiment, for containers or microVMs: the
+time-integrated host memory of a population of idle-heavy sandboxes, with
+idle reclaim off and on, and what it costs the agent's next command.
 
-    python bench/reclaim.py [--sandboxes 40] [--seconds 120] [--quick]
+    python bench/reclaim.py [--kind container|microvm] [--sandboxes N] [--seconds 120] [--quick]
 
 Each sandbox runs a Python process that imported a few packages and built
 its state (a daemon, as an agent's REPL or server would be), then follows
@@ -34,6 +34,7 @@ from corral import metrics  # noqa: E402
 from corral.config import NodeConfig  # noqa: E402
 from corral.host import swap  # noqa: E402
 from corral.node.agent import NodeAgent  # noqa: E402
+from corral.runtimes.vm.qemu import accelerator  # noqa: E402
 
 WORK = Path("/var/lib/corral-bench-reclaim")
 RESIDENT = (
@@ -53,7 +54,7 @@ RECLAIM_AFTER = 5.0
 
 
 async def phase(
-    reclaim: bool, sandboxes: int, seconds: float
+    kind: str, reclaim: bool, sandboxes: int, seconds: float
 ) -> tuple[float, float, list[float], list[float], float]:
     """(host GiB·s over baseline, sandboxes' cgroup GiB·s, next-command
     latencies, all latencies, bytes reclaimed)."""
@@ -72,7 +73,9 @@ async def phase(
         reclaimed_before = metrics.MEMORY_RECLAIMED._value.get()
         boxes = []
         for i in range(sandboxes):
-            s = await client.sandboxes.create(image=IMAGE, memory="256MiB", idle_timeout=None)
+            s = await client.sandboxes.create(
+                kind=kind, image=IMAGE, memory="256MiB", idle_timeout=None
+            )
             await s.commands.run(RESIDENT)
             boxes.append(s)
             print(f"{'on' if reclaim else 'off'}: {i + 1}/{sandboxes} sandboxes", file=sys.stderr)
@@ -138,13 +141,16 @@ HEADER = [
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--sandboxes", type=int, default=40)
+    p.add_argument("--kind", choices=["container", "microvm"], default="container")
+    p.add_argument("--sandboxes", type=int, default=0, help="40 containers or 8 microVMs")
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
-    n, secs = (16, 60.0) if a.quick else (a.sandboxes, a.seconds)
-    off = asyncio.run(phase(False, n, secs))
-    on = asyncio.run(phase(True, n, secs))
+    vm = a.kind == "microvm"
+    n = a.sandboxes or (8 if vm else 40)
+    n, secs = (min(n, 4 if vm else 16), 60.0) if a.quick else (n, a.seconds)
+    off = asyncio.run(phase(a.kind, False, n, secs))
+    on = asyncio.run(phase(a.kind, True, n, secs))
     rows = []
     for name, r in (("off", off), ("on", on)):
         rows.append([
@@ -155,8 +161,14 @@ def main() -> None:
         ])  # fmt: skip
     saved_host = 1 - on[0] / off[0]
     saved_cg = 1 - on[1] / off[1]
+    what = (
+        f"{n} microVMs ({accelerator()}, debian-python, 256 MiB of guest memory, a "
+        f"{NodeConfig().vm_tcg_cache_mib} MiB code cache), each with"
+        if vm
+        else f"{n} containers (debian-python, 256 MiB limit), each with"
+    )
     sections = [
-        f"{n} containers (debian-python, 256 MiB limit), each with a resident Python process "
+        f"{what} a resident Python process "
         "that imported json, decimal, email, http.client, xml.dom, sqlite3, asyncio, logging, "
         "argparse and unittest and holds 120,000 small dicts (a daemon started by a command "
         f"that ended). For {secs:.0f} s each follows a seeded agent trace: think (exponential, "
@@ -164,7 +176,8 @@ def main() -> None:
         f"cat). `on`: reclaim_after {RECLAIM_AFTER:.0f} s, a 4 GiB swap file through zswap "
         f"({zswap_compressor()}); `off`: the same node and swap file, no reclaim. Memory is "
         "integrated over the trace: the host's (MemTotal - MemAvailable, less before the "
-        "sandboxes; the zswap pool included) and the sandboxes' cgroups'.",
+        "sandboxes; the zswap pool included) and the sandboxes' cgroups'"
+        + (" (a VM's holds its QEMU: guest memory and the emulator's own)." if vm else "."),
         table(HEADER, rows),
         f"Saved with reclaim: **{saved_host:.1%}** of host memory over time "
         f"({saved_cg:.1%} of the sandboxes' own); {on[4] / 2**20:.0f} MiB reclaimed in all. "
@@ -173,7 +186,10 @@ def main() -> None:
         "Python's libraries, from page cache or the lazy loader's chunk cache; the resident's "
         "heap stays out until it runs). DSec: 21.2% for VMs. Target (issue 20): >= 25%.",
     ]
-    write_result("reclaim", "Memory back from idle containers", sections)
+    if vm:
+        write_result("reclaim-microvm", "Memory back from idle microVMs", sections)
+    else:
+        write_result("reclaim", "Memory back from idle containers", sections)
 
 
 if __name__ == "__main__":

@@ -160,6 +160,11 @@ class NodeConfig:
     vm_pmem: bool = True
     # Guests report the pages they free, and the host takes them back.
     vm_free_page_reporting: bool = True
+    # Under TCG, the cache of translated guest code per VM, MiB. QEMU's own
+    # default (1 GiB) fills with a boot's and a session's one-off code and
+    # stays resident: ~110 MiB per VM after a Python session here. 64 MiB
+    # keeps that session's speed (bench/results/vmidle.md). 0: QEMU's.
+    vm_tcg_cache_mib: int = 64
     # The kernel merges identical guest pages across VMs (KSM; QEMU marks
     # guest RAM mergeable): 27% less host memory per idle microVM here
     # (bench/results/ksm.md), for ksmd's CPU. Off by default: a host
@@ -291,6 +296,12 @@ class NodeConfig:
             raise InvalidArgument(
                 "memory_reserve", "must be 0 (off) or bytes up to 1 PiB", self.memory_reserve
             )
+        if not (self.vm_tcg_cache_mib == 0 or 8 <= self.vm_tcg_cache_mib <= 4096):
+            raise InvalidArgument(
+                "vm_tcg_cache_mib",
+                "must be 0 (QEMU's default) or MiB from 8 to 4096",
+                self.vm_tcg_cache_mib,
+            )
         if not 0 <= self.warm_pool <= self.max_sandboxes:
             raise InvalidArgument(
                 "warm_pool",
@@ -353,6 +364,7 @@ class NodeConfig:
                 "aio_events",
                 "cpu_interactive_cores",
                 "warm_pool",
+                "vm_tcg_cache_mib",
             ):
                 values[f.name] = int(raw)
             elif f.name in ("disk_read_bps", "disk_write_bps", "swap_size"):

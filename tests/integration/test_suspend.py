@@ -411,3 +411,31 @@ async def test_an_idle_container_gives_its_memory_back_and_gets_it_again(
         )
         assert r.stdout == "intact"  # every page read back, from (z)swap
         await sbx.close()
+
+
+@pytest.mark.requires_qemu
+async def test_an_idle_microvm_gives_its_memory_back_and_gets_it_again(
+    fresh_node: Node,
+) -> None:
+    """reclaim_after on a VM: its cgroup holds QEMU, so the guest's memory
+    (and the emulator's) goes to (z)swap while the guest runs on; the next
+    command finds a file the guest wrote before, intact."""
+    node = fresh_node.with_config(swap_size=1 << 30, reclaim_after=2.0)
+    async with node.client() as c:
+        if not swap.active(node.config.data_dir / "swap"):
+            pytest.skip("the host refused a swap file (swapon): nothing to reclaim to")
+        sbx = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+        r = await sbx.commands.run("head -c 48M /dev/urandom > /tmp/blob && md5sum < /tmp/blob")
+        assert r.exit_code == 0, r.stderr
+        digest = r.stdout.split()[0]
+        cg = node.agent.parts.cgroups
+        peak = cg.memory_usage(sbx.id) or 0
+        assert peak > 96 << 20, f"the guest never held its 48 MiB file ({peak})"
+        for _ in range(300):
+            if (cg.memory_usage(sbx.id) or 0) < peak // 2:
+                break
+            await asyncio.sleep(0.1)
+        assert (cg.memory_usage(sbx.id) or 0) < peak // 2, "the idle VM kept its memory"
+        r = await sbx.commands.run("md5sum < /tmp/blob", timeout=120)
+        assert r.stdout.split()[0] == digest  # read back from (z)swap
+        await sbx.close()

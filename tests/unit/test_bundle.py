@@ -41,3 +41,19 @@ def test_isolation_defaults() -> None:
     assert "/proc/sys" in cfg["linux"]["readonlyPaths"]
     platform = [m for m in cfg["mounts"] if m["destination"] == "/.corral"]
     assert platform and "ro" in platform[0]["options"]
+
+
+def test_masked_directories_are_bound_to_one_empty_directory(tmp_path: Path) -> None:
+    """No tmpfs of their own (a superblock each, costly per memory cgroup):
+    the directories bind the platform's empty one, read-only; masked files
+    stay crun's (/dev/null over each)."""
+    masked, binds = bundle.masks(tmp_path)
+    dirs = {b["destination"] for b in binds}
+    assert dirs and all(Path(d).is_dir() for d in dirs)
+    assert not dirs & set(masked)
+    assert set(masked) | dirs == set(bundle.profile.MASKED_PATHS)
+    for b in binds:
+        assert b["source"] == str(tmp_path) and b["type"] == "bind"
+        assert {"ro", "nosuid", "nodev", "noexec"} <= set(b["options"])
+    # Without one (an older platform), crun masks everything itself.
+    assert bundle.masks(None) == (list(bundle.profile.MASKED_PATHS), [])

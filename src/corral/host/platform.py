@@ -52,6 +52,9 @@ class Platform:
     nsexec: Path  # host-side helper that runs crun in a private mount namespace
     seccompd: Path  # host-side daemon answering and counting refused syscalls
     relisten: Path  # host-side helper: a restored sandbox's seccomp listeners back
+    # Empty, root's, read-only: what masked directories are bound to (it is
+    # also /.corral/empty in every sandbox).
+    empty_dir: Path
 
 
 def install(src_bin: Path, dest_root: Path) -> Platform:
@@ -93,4 +96,13 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
             os.rename(tmp, dest)
         except OSError:  # another process installed the same version first
             shutil.rmtree(tmp, ignore_errors=True)
-    return Platform(layer_dir=dest, nsexec=nsexec, seccompd=seccompd, relisten=relisten)
+    # Inside the layer: a checkpoint carries the masks as binds of the
+    # platform mount it already carries (runtimes/container/criu.py).
+    empty = dest / "empty"
+    empty.mkdir(mode=0o555, exist_ok=True)
+    if any(empty.iterdir()):  # it must hide, not show: never trust what is there
+        raise Unavailable(f"{empty} must be empty (masked directories are bound to it)")
+    os.chmod(empty, 0o555)
+    return Platform(
+        layer_dir=dest, nsexec=nsexec, seccompd=seccompd, relisten=relisten, empty_dir=empty
+    )

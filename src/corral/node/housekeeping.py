@@ -173,17 +173,20 @@ class Housekeeping:
             await self.recovery.gc()
 
     async def _reclaim_idle(self, running: list[SandboxRecord], now: float) -> None:
-        """Memory back from containers idle for reclaim_after (no command,
+        """Memory back from sandboxes idle for reclaim_after (no command,
         on any agent: Activity flushes busy sandboxes as used each tick),
         once per idle spell, at most RECLAIM_PER_TICK a tick. They keep
-        running: the next command faults back what it touches."""
+        running: the next command faults back what it touches. A VM's
+        cgroup holds its QEMU, so its whole guest memory goes out (the
+        kernels here have no cold-page finder to pick within it: see
+        docs/memory-reclaim.md)."""
         after = self.config.reclaim_after
         live = {r.id for r in running}
         self._reclaimed = {k: v for k, v in self._reclaimed.items() if k in live}
         due = [
             r
             for r in running
-            if r.kind == "container"
+            if r.kind in ("container", *VM_KINDS)
             and now - r.last_active >= after
             and self._reclaimed.get(r.id) != r.last_active
             and not self.activity.running(r.id)

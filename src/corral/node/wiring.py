@@ -204,11 +204,12 @@ def _runtimes(
         if cfg.vm_ksm:
             swap.enable_ksm()
         fpr = cfg.vm_free_page_reporting
+        tb = cfg.vm_tcg_cache_mib
         runtimes["microvm"] = MicroVMRuntime(
-            layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr
+            layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr, tcg_cache_mib=tb
         )
         runtimes["fullvm"] = FullVMRuntime(
-            layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr,
+            layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr, tcg_cache_mib=tb,
             pmem_dir=cfg.data_dir / "pmem" if cfg.vm_pmem else None,
         )  # fmt: skip
     return runtimes

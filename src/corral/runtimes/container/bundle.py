@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ class BundleSpec:
     # out of swap (the host may have some for suspended ones); v2 has no
     # such knob (its swap.max is 0 through memory+swap == memory).
     swappiness: int | None = None
+    # An empty read-only host directory: masked directories are bound to
+    # it instead of each getting a tmpfs of its own (see masks()).
+    empty_dir: Path | None = None
 
 
 def _nofile_limit() -> int:
@@ -59,7 +63,32 @@ def _has_cap_sys_resource() -> bool:
 CAN_PROTECT_INIT = _has_cap_sys_resource()
 
 
+def masks(empty_dir: Path | None) -> tuple[list[str], list[dict[str, Any]]]:
+    """(maskedPaths for crun, bind mounts): with `empty_dir`, the masked
+    directories this kernel has are bound read-only to it rather than left
+    to crun, which mounts a tmpfs on each. A tmpfs is a superblock, and the
+    kernel keeps, in every memory cgroup, a slot for every superblock on
+    the host (its memcg-aware shrinkers): four per sandbox, times one
+    cgroup per sandbox, is memory that grows with the square of the
+    sandboxes held (docs/memory-reclaim.md). A bind of one host directory
+    adds no superblock, and hides the directory's contents as well."""
+    if empty_dir is None:
+        return list(profile.MASKED_PATHS), []
+    dirs = [p for p in profile.MASKED_PATHS if os.path.isdir(p)]
+    binds = [
+        {
+            "destination": d,
+            "type": "bind",
+            "source": str(empty_dir),
+            "options": ["bind", "ro", "nosuid", "nodev", "noexec"],
+        }
+        for d in dirs
+    ]
+    return [p for p in profile.MASKED_PATHS if p not in dirs], binds
+
+
 def config(spec: BundleSpec) -> dict[str, Any]:
+    masked, mask_binds = masks(spec.empty_dir)
     caps = list(profile.CAPABILITIES)
     nofile = _nofile_limit()
     memory: dict[str, Any] = {"limit": spec.memory}
@@ -151,6 +180,7 @@ def config(spec: BundleSpec) -> dict[str, Any]:
                 "source": str(spec.platform_dir),
                 "options": ["rbind", "ro", "nosuid", "nodev"],
             },
+            *mask_binds,
         ],
         "linux": {
             "namespaces": [
@@ -182,7 +212,7 @@ def config(spec: BundleSpec) -> dict[str, Any]:
                 "devices": [{"allow": False, "access": "rwm"}],
                 **({"blockIO": spec.io.oci()} if spec.io and spec.io.oci() else {}),
             },
-            "maskedPaths": list(profile.MASKED_PATHS),
+            "maskedPaths": masked,
             "readonlyPaths": list(profile.READONLY_PATHS),
             **({"seccomp": spec.seccomp} if spec.seccomp else {}),
         },

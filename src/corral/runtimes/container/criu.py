@@ -16,7 +16,8 @@ What CRIU cannot take across, and how each is handled:
   checkpoint works).
 - bind mounts from the host (the platform layer, /dev/null over masked
   /proc files, device nodes) are declared external and bound again at
-  restore; init's stdout/stderr (oci.out, outside the sandbox's mounts) is
+  restore (a masked directory binds the platform layer's empty one, which
+  CRIU carries as a bind of /.corral); init's stdout/stderr (oci.out, outside the sandbox's mounts) is
   an external file, given back as the restoring criu's fd 1.
 - a command's connection to the agent, a network interface, and the
   seccomp listener held by seccompd are not carried: a sandbox running a
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import SandboxFailed
+from corral.guard import profile
 from corral.log import get_logger
 
 log = get_logger("corral.criu")
@@ -99,6 +101,10 @@ def _externals(pid: int, platform_dir: str) -> tuple[list[str], dict[str, str], 
     mounts = _mountinfo(pid)
     for _id, root, mp, fstype in mounts:
         if mp == "/" or fstype in _OWN_FS:
+            continue
+        if mp in profile.MASKED_PATHS:
+            # A masked directory binds the platform layer's empty one
+            # (bundle.masks): CRIU restores it as a bind of /.corral.
             continue
         if mp == "/.corral":
             cookie, src = "platform", platform_dir

@@ -104,6 +104,7 @@ class ContainerRuntime:
                 tmpfs=self.tmpfs,
                 io=self.io,
                 swappiness=None if self.cgroups.mode is Mode.V2 else 0,
+                empty_dir=self.platform.empty_dir,
             )
         )
         if key in self._bpf:

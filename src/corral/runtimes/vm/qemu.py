@@ -70,6 +70,9 @@ class MicroVM:
     # A NIC on a tap of this name, which QEMU makes in its own network
     # namespace; the node bridges it to the sandbox's veth there.
     tap: str | None = None
+    # TCG's translated-code cache, MiB (QEMU's own default is 1 GiB, which
+    # it fills with every boot's one-off code and never gives back).
+    tb_mib: int = 0
 
     def argv(self) -> list[str]:
         append = f"console=ttyS0 panic=-1 quiet {self.cmdline}".strip()
@@ -84,13 +87,16 @@ class MicroVM:
         if self.accel == "tcg":
             append += f" {TCG_CMDLINE}"
         reporting = "on" if self.free_page_reporting else "off"
+        accel = self.accel
+        if accel == "tcg" and self.tb_mib:
+            accel += f",tb-size={self.tb_mib}"
         # microvm's virtio devices sit on MMIO ("-device"), q35's on PCI.
         bus = "device" if self.display is None else "pci"
         machine = "microvm,x-option-roms=off,rtc=on" if self.display is None else "q35"
         argv = [
             qemu_binary(),
             "-M", machine,
-            "-accel", self.accel,
+            "-accel", accel,
             "-cpu", "max" if self.accel == "tcg" else "host",
             "-m", memory,
             "-smp", str(self.cpus),

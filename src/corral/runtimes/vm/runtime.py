@@ -79,9 +79,11 @@ class MicroVMRuntime:
         sandboxes_dir: Path,
         *,
         free_page_reporting: bool = True,
+        tcg_cache_mib: int = 0,
     ) -> None:
         self.layers = layers
         self.free_page_reporting = free_page_reporting
+        self.tcg_cache_mib = tcg_cache_mib
         self.cgroups = cgroups
         self.sandboxes_dir = sandboxes_dir
         self.channels: dict[str, AgentChannel] = {}
@@ -162,6 +164,7 @@ class MicroVMRuntime:
             pmem=pmem,
             free_page_reporting=self.free_page_reporting,
             tap=TAP if net is not None else None,
+            tb_mib=self.tcg_cache_mib,
         )
         for cg in self.cgroups.dirs(spec.id):
             cg.mkdir(parents=True, exist_ok=True)
@@ -369,9 +372,16 @@ class FullVMRuntime(MicroVMRuntime):
         sandboxes_dir: Path,
         *,
         free_page_reporting: bool = True,
+        tcg_cache_mib: int = 0,
         pmem_dir: Path | None = None,
     ) -> None:
-        super().__init__(layers, cgroups, sandboxes_dir, free_page_reporting=free_page_reporting)
+        super().__init__(
+            layers,
+            cgroups,
+            sandboxes_dir,
+            free_page_reporting=free_page_reporting,
+            tcg_cache_mib=tcg_cache_mib,
+        )
         self.displays: dict[str, Display] = {}
         self.pmem_dir = pmem_dir  # None: every layer on virtio-blk
         self._pmem_locks: dict[str, asyncio.Lock] = {}

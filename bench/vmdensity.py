@@ -1,0 +1,136 @@
+"""Idle microVMs held at once, and host memory per idle VM, with the node's
+memory savers on (a bounded TCG code cache, free page reporting, idle
+reclaim to zswap) and, side by side in the same run, with QEMU's defaults
+(its 1 GiB code cache, no reclaim).
+
+    python bench/vmdensity.py [--max 40] [--baseline 8] [--deadline 20]
+
+Each VM (256 MiB, debian-python) runs one Python command after its boot,
+then idles. Host memory is MemTotal - MemAvailable less before the VMs,
+per VM, 15 s after each checkpoint (the zswap pool counts: it is host
+memory); the cgroup figure is what the kernel charges the VMs' QEMUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import corral
+from _common import IMAGE, IMAGES, fresh_dir, leak_counts, mem_used, pct, table, write_result
+from corral.config import NodeConfig
+from corral.host import swap
+from corral.node.agent import NodeAgent
+from corral.runtimes.vm.qemu import accelerator
+
+WORK = Path("/var/lib/corral-vmdensity")
+SETTLE = 15.0
+RECLAIM_AFTER = 5.0
+
+
+async def hold(savers: bool, maximum: int, deadline: float) -> tuple[list[list[str]], str]:
+    """Rows per checkpoint, and what stopped the run."""
+    cfg = NodeConfig.from_env(
+        data_dir=WORK / ("on" if savers else "off"), images=IMAGES, node="vmd",
+        scratch_size=16 * 2**30, swap_size=16 * 2**30, memory_overcommit=64.0,
+        reclaim_after=RECLAIM_AFTER if savers else 0.0, reaper_interval=0.5,
+        vm_tcg_cache_mib=NodeConfig().vm_tcg_cache_mib if savers else 0,
+    )  # fmt: skip
+    fresh_dir(cfg.data_dir)
+    label = "savers on" if savers else "QEMU defaults, no reclaim"
+    steps = [n for n in (4, 8, 16, 24, 32, 48, 64, 96, 128) if n < maximum] + [maximum]
+    rows: list[list[str]] = []
+    stopped = f"none: the run's --max ({maximum}) was reached"
+    boxes: list[corral.AsyncSandbox] = []
+    async with corral.AsyncClient(config=cfg) as c:
+        if savers and not swap.active(cfg.data_dir / "swap"):
+            raise SystemExit("the host refused a swap file: nothing to reclaim to")
+        agent = c.service
+        assert isinstance(agent, NodeAgent)
+        cgroups = agent.parts.cgroups
+        base = mem_used()
+        t0 = time.monotonic()
+        sem = asyncio.Semaphore(2)  # TCG boots are CPU: two at a time on two cores
+        refused: list[str] = []
+
+        async def one() -> None:
+            async with sem:
+                if refused:
+                    return
+                try:
+                    s = await c.sandboxes.create(
+                        kind="microvm", image=IMAGE, memory="256MiB", idle_timeout=None
+                    )
+                except corral.CorralError as exc:
+                    refused.append(f"{type(exc).__name__}: {exc}")
+                    return
+                await s.commands.run("python3 -c 'import json, email, http.client'")
+                boxes.append(s)
+
+        try:
+            for cp in steps:
+                await asyncio.gather(*(one() for _ in range(cp - len(boxes))))
+                if not boxes:
+                    raise SystemExit(refused[0] if refused else "no VM started")
+                await asyncio.sleep(SETTLE)
+                n = len(boxes)
+                host = (mem_used() - base) / n / 2**20
+                cg = sum(cgroups.memory_usage(b.id) or 0 for b in boxes) / n / 2**20
+                lat = []
+                for s in boxes[:: max(1, n // 8)]:
+                    t = time.perf_counter()
+                    await s.commands.run(["true"])
+                    lat.append((time.perf_counter() - t) * 1000)
+                rows.append([label, str(n), f"{host:.0f}", f"{cg:.0f}",
+                             f"{pct(lat, 50):.0f}", f"{pct(lat, 99):.0f}"])  # fmt: skip
+                print(rows[-1], flush=True)
+                if refused:
+                    stopped = refused[0]
+                    break
+                if time.monotonic() - t0 > deadline and cp < maximum:
+                    stopped = f"the run's deadline ({deadline / 60:.0f} min) at {n} VMs"
+                    break
+        finally:
+            await asyncio.gather(*(s.close() for s in boxes), return_exceptions=True)
+    return rows, stopped
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--max", type=int, default=40)
+    p.add_argument("--baseline", type=int, default=8, help="VMs held with QEMU's defaults")
+    p.add_argument("--deadline", type=float, default=20.0, help="minutes of creating")
+    a = p.parse_args()
+    before = leak_counts(WORK)
+    off, _ = asyncio.run(hold(False, a.baseline, a.deadline * 60))
+    on, stopped = asyncio.run(hold(True, a.max, a.deadline * 60))
+    after = leak_counts(WORK)
+    header = ["node", "VMs held", "host MiB per VM", "cgroup MiB per VM",
+              "exec p50 (ms)", "exec p99 (ms)"]  # fmt: skip
+    sections = [
+        f"microVMs ({accelerator()}), 256 MiB of guest memory each, debian-python; each runs "
+        "`python3 -c 'import json, email, http.client'` once after its boot, then idles. "
+        f"`savers on`: a {NodeConfig().vm_tcg_cache_mib} MiB TCG code cache, free page "
+        f"reporting, reclaim_after {RECLAIM_AFTER:.0f} s into a swap file through zswap. "
+        f"Host memory is MemTotal - MemAvailable less before the VMs, {SETTLE:.0f} s after "
+        "each checkpoint, per VM (the zswap pool included); cgroup is what the kernel charges "
+        "the VMs' QEMUs (guest memory and the emulator's own). Exec: `true` on a sample of up "
+        "to 8 of the held VMs.",
+        table(header, off + on),
+        f"What stopped the savers' run: {stopped}. Target (issue 20): <= 64 MiB per idle "
+        "microVM (199 before this work, bench/results/vm.md).",
+        "## Leftovers (host-wide, before the run vs after)\n\n"
+        + table(
+            ["object", "before", "after"], [[k, str(before[k]), str(after[k])] for k in before]
+        ),
+    ]
+    write_result("vmdensity", "Idle microVMs per host", sections)
+
+
+if __name__ == "__main__":
+    main()
