@@ -17,8 +17,9 @@ What CRIU cannot take across, and how each is handled:
 - bind mounts from the host (the platform layer, /dev/null over masked
   /proc files, device nodes) are declared external and bound again at
   restore (a masked directory binds the platform layer's empty one, which
-  CRIU carries as a bind of /.corral); init's stdout/stderr (oci.out, outside the sandbox's mounts) is
-  an external file, given back as the restoring criu's fd 1.
+  CRIU carries as a bind of /.corral); init's stdout/stderr (oci.out,
+  outside the sandbox's mounts) is an external file, given back as the
+  restoring criu's fd 1.
 - a command's connection to the agent, a network interface, and the
   seccomp listener held by seccompd are not carried: a sandbox running a
   command or with a network is refused (node/snapshots.py), and after a
