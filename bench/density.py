@@ -100,7 +100,6 @@ def limits_held(held: int) -> list[list[str]]:
             int(Path("/proc/sys/user/max_user_namespaces").read_text())),
         row("host mounts (fs.mount-max)", mounts, int(Path("/proc/sys/fs/mount-max").read_text())),
         row("agent open files (RLIMIT_NOFILE)", len(os.listdir("/proc/self/fd")), soft),
-        row("sandboxes (max_sandboxes)", held, held_ceiling(held)),
     ]  # fmt: skip
 
 
@@ -267,7 +266,11 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
             ],
             rows,
         )
-        + f"\n\nTarget (issue 20): {maximum} held at once, <= 0.8 MiB of host memory each.",
+        + f"\n\nTarget (issue 20): {maximum} held at once, <= 0.8 MiB of host memory each. "
+        "Most of a held sandbox's cost is kernel memory, and part of it is set by the boot's "
+        "high-water mark of superblocks, which every new memory cgroup pays for (a slot per "
+        "superblock, docs/memory-reclaim.md): after a run that held thousands, the first "
+        "hundred cost what the thousands did. Compare the two systems within one run.",
         "## Holding them\n\n"
         + table(
             [
