@@ -10,10 +10,28 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
+
+from corral.errors import CorralError
+
+T = TypeVar("T")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMAGES = Path(os.environ.get("CORRAL_IMAGES", "/var/lib/corral/images"))
 IMAGE = "debian-python:bookworm"
+
+
+async def unless_full(make: Callable[[], Awaitable[T]], refused: list[str]) -> T | None:
+    """One create for a density record: the node's refusal is the record's
+    end, kept in `refused`, not raised; once one is kept, nothing more is
+    tried (None)."""
+    if refused:
+        return None
+    try:
+        return await make()
+    except CorralError as exc:
+        refused.append(f"{type(exc).__name__}: {exc}")
+        return None
 
 
 def pct(values: list[float], q: float) -> float:

@@ -35,6 +35,7 @@ from _common import (
     meminfo,
     pct,
     table,
+    unless_full,
     write_result,
 )
 from container import BASE, Peer
@@ -151,16 +152,14 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
 
         async def one() -> None:
             async with sem:
-                if refused:
-                    return
-                try:
-                    boxes.append(
-                        await client.sandboxes.create(
-                            image=IMAGE, memory="64MiB", disk="256MiB", ttl=7200, idle_timeout=None
-                        )
-                    )
-                except corral.CorralError as exc:  # the node is full: that is the record
-                    refused.append(f"{type(exc).__name__}: {exc}")
+                s = await unless_full(
+                    lambda: client.sandboxes.create(
+                        image=IMAGE, memory="64MiB", disk="256MiB", ttl=7200, idle_timeout=None
+                    ),
+                    refused,
+                )
+                if s is not None:
+                    boxes.append(s)
 
         t0 = time.perf_counter()
         step = Step()

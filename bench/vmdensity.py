@@ -22,7 +22,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corral
-from _common import IMAGE, IMAGES, fresh_dir, leak_counts, mem_used, pct, table, write_result
+from _common import (
+    IMAGE,
+    IMAGES,
+    fresh_dir,
+    leak_counts,
+    mem_used,
+    pct,
+    table,
+    unless_full,
+    write_result,
+)
 from corral.config import NodeConfig
 from corral.host import swap
 from corral.node.agent import NodeAgent
@@ -60,14 +70,13 @@ async def hold(savers: bool, maximum: int, deadline: float) -> tuple[list[list[s
 
         async def one() -> None:
             async with sem:
-                if refused:
-                    return
-                try:
-                    s = await c.sandboxes.create(
+                s = await unless_full(
+                    lambda: c.sandboxes.create(
                         kind="microvm", image=IMAGE, memory="256MiB", idle_timeout=None
-                    )
-                except corral.CorralError as exc:
-                    refused.append(f"{type(exc).__name__}: {exc}")
+                    ),
+                    refused,
+                )
+                if s is None:
                     return
                 await s.commands.run("python3 -c 'import json, email, http.client'")
                 boxes.append(s)
