@@ -1,7 +1,8 @@
 """Idle microVMs held at once, and host memory per idle VM, with the node's
 memory savers on (a bounded TCG code cache, free page reporting, idle
 reclaim to zswap) and, side by side in the same run, with QEMU's defaults
-(its 1 GiB code cache, no reclaim).
+(its 1 GiB code cache, no reclaim) and with the savers swapping straight
+to the file (zswap off for that part, then put back).
 
     python bench/vmdensity.py [--max 40] [--baseline 8] [--deadline 20]
 
@@ -43,16 +44,25 @@ SETTLE = 15.0
 RECLAIM_AFTER = 5.0
 
 
-async def hold(savers: bool, maximum: int, deadline: float) -> tuple[list[list[str]], str]:
+LABELS = {
+    "defaults": "QEMU defaults, no reclaim",
+    "zswap": "savers on, swap through zswap",
+    "swap": "savers on, swap file without zswap",
+}
+
+
+async def hold(mode: str, maximum: int, deadline: float) -> tuple[list[list[str]], str]:
     """Rows per checkpoint, and what stopped the run."""
+    savers = mode != "defaults"
     cfg = NodeConfig.from_env(
-        data_dir=WORK / ("on" if savers else "off"), images=IMAGES, node="vmd",
+        data_dir=WORK / mode, images=IMAGES, node="vmd",
         scratch_size=16 * 2**30, swap_size=16 * 2**30, memory_overcommit=64.0,
         reclaim_after=RECLAIM_AFTER if savers else 0.0, reaper_interval=0.5,
         vm_tcg_cache_mib=NodeConfig().vm_tcg_cache_mib if savers else 0,
+        zswap=mode == "zswap",
     )  # fmt: skip
     fresh_dir(cfg.data_dir)
-    label = "savers on" if savers else "QEMU defaults, no reclaim"
+    label = LABELS[mode]
     steps = [n for n in (4, 8, 16, 24, 32, 48, 64, 96, 128) if n < maximum] + [maximum]
     rows: list[list[str]] = []
     stopped = f"none: the run's --max ({maximum}) was reached"
@@ -112,12 +122,19 @@ async def hold(savers: bool, maximum: int, deadline: float) -> tuple[list[list[s
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--max", type=int, default=40)
-    p.add_argument("--baseline", type=int, default=8, help="VMs held with QEMU's defaults")
+    p.add_argument("--baseline", type=int, default=8, help="VMs held in the other two modes")
     p.add_argument("--deadline", type=float, default=20.0, help="minutes of creating")
     a = p.parse_args()
     before = leak_counts(WORK)
-    off, _ = asyncio.run(hold(False, a.baseline, a.deadline * 60))
-    on, stopped = asyncio.run(hold(True, a.max, a.deadline * 60))
+    off, _ = asyncio.run(hold("defaults", a.baseline, a.deadline * 60))
+    on, stopped = asyncio.run(hold("zswap", a.max, a.deadline * 60))
+    # zswap is a host setting: off for this run only, then as it was.
+    enabled = (swap.ZSWAP / "enabled").read_text().strip()
+    try:
+        (swap.ZSWAP / "enabled").write_text("N")
+        plain, _ = asyncio.run(hold("swap", a.baseline, a.deadline * 60))
+    finally:
+        (swap.ZSWAP / "enabled").write_text(enabled)
     after = leak_counts(WORK)
     header = ["node", "VMs held", "host MiB per VM", "cgroup MiB per VM",
               "exec p50 (ms)", "exec p99 (ms)"]  # fmt: skip
@@ -125,12 +142,13 @@ def main() -> None:
         f"microVMs ({accelerator()}), 256 MiB of guest memory each, debian-python; each runs "
         "`python3 -c 'import json, email, http.client'` once after its boot, then idles. "
         f"`savers on`: a {NodeConfig().vm_tcg_cache_mib} MiB TCG code cache, free page "
-        f"reporting, reclaim_after {RECLAIM_AFTER:.0f} s into a swap file through zswap. "
+        f"reporting, reclaim_after {RECLAIM_AFTER:.0f} s into a swap file, through zswap "
+        "(compressed in memory) or straight to the file (zswap turned off for that part). "
         f"Host memory is MemTotal - MemAvailable less before the VMs, {SETTLE:.0f} s after "
         "each checkpoint, per VM (the zswap pool included); cgroup is what the kernel charges "
         "the VMs' QEMUs (guest memory and the emulator's own). Exec: `true` on a sample of up "
         "to 8 of the held VMs.",
-        table(header, off + on),
+        table(header, off + on + plain),
         f"What stopped the savers' run: {stopped}. Target (issue 20): <= 64 MiB per idle "
         "microVM (199 before this work, bench/results/vm.md).",
         "## Leftovers (host-wide, before the run vs after)\n\n"
