@@ -11,6 +11,7 @@ pixels, with no help from inside the guest.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -71,13 +72,10 @@ async def test_open_a_terminal_by_clicking_type_and_read_the_screen(
 ) -> None:
     assert desk.display.size == (1024, 768)
     bg = desktop.DESKTOP_RGB
-    # The desktop is up when its background fills the screen and the
-    # launcher sits in the top-left corner.
-    rows = await _wait_screen(
-        desk,
-        lambda rows: _pixel(rows, 900, 700) == bg and _box(rows, 0, 0, 160, 100, bg),
-        "the desktop",
-    )
+    # Ready means drawn: the first screenshot after create shows the
+    # desktop's background and the launcher in the top-left corner.
+    _, _, rows = png_pixels(await desk.display.screenshot())
+    assert _pixel(rows, 900, 700) == bg
     box = _box(rows, 0, 0, 160, 100, bg)
     assert box is not None
     x0, y0, x1, y1 = box
@@ -122,3 +120,103 @@ async def test_other_kinds_have_no_display(embedded: corral.AsyncClient) -> None
         assert e.value.field == "kind"
     finally:
         await box.close()
+
+
+def _xev_events(log: str) -> list[str]:
+    """xev's button and key events, in order: 'press 3', 'release shift'..."""
+    out = []
+    pattern = (
+        r"(ButtonPress|ButtonRelease|KeyPress|KeyRelease) event.*?\n.*?\n.*?"
+        r"(?:button (\d+)|keycode \d+ \(keysym 0x[0-9a-f]+, (\w+)\))"
+    )
+    for kind, button, key in re.findall(pattern, log):
+        verb = "press" if kind.endswith("Press") else "release"
+        out.append(f"{verb} {button or key}")
+    return out
+
+
+@pytest.mark.requires_qemu
+async def test_every_pointer_and_key_action_reaches_a_program_in_order(
+    desk: corral.AsyncSandbox,
+) -> None:
+    """xev, a standard X program, prints each event it gets: the whole
+    action set is checked against what a program in the guest saw."""
+    d = desk.display
+    apps = {a.id: a for a in await d.apps()}
+    assert apps["debian-xterm"].command == "xterm"
+    await desk.commands.start(
+        "DISPLAY=:0 xev -geometry 400x300+300+200 -event button -event keyboard >/tmp/xev.log"
+    )
+    deadline = time.monotonic() + 60
+    while not [w for w in await d.windows() if w.title == "Event Tester"]:
+        assert time.monotonic() < deadline, "xev's window never appeared"
+        await asyncio.sleep(0.5)
+    (tester,) = [w for w in await d.windows() if w.title == "Event Tester"]
+    assert (tester.width, tester.height) == (400, 300)
+    assert 300 <= tester.x <= 310 and 200 <= tester.y <= 230  # twm's border and title
+    cx, cy = tester.x + 200, tester.y + 150
+    await d.right_click(cx, cy)
+    await d.middle_click()  # where the pointer is
+    await d.double_click(cx, cy)
+    await d.scroll(2)
+    await d.scroll(-1, x=cx, y=cy)
+    await d.scroll(dx=1)
+    await d.mouse_down(cx - 50, cy)
+    await d.move(cx - 40, cy + 10)
+    await d.mouse_up()
+    assert await d.cursor() == (cx - 40, cy + 10)
+    await d.drag([(cx, cy), (cx + 30, cy + 30)])
+    await d.key_down("shift")
+    await d.type("a")
+    await d.key_up("shift")
+    await d.key("ctrl+b")
+    await d.wait(2)
+    events = _xev_events((await desk.files.read("/tmp/xev.log")).decode())
+    pointer = [
+        "press 3", "release 3", "press 2", "release 2",
+        "press 1", "release 1", "press 1", "release 1",  # double
+        "press 5", "release 5", "press 5", "release 5", "press 4", "release 4",
+        "press Shift_L", "press 5", "release 5", "release Shift_L",  # dx: shift + wheel
+        "press 1", "release 1",  # mouse_down, move, mouse_up
+        "press 1", "release 1",  # drag
+    ]  # fmt: skip
+    assert events[: len(pointer)] == pointer, events
+    keys = events[len(pointer) :]
+    # Shift held while 'a' is pressed types 'A'; when each key goes up
+    # (send-key's hold time against key_up) is the guest's to order.
+    assert [e for e in keys if e.startswith("press")] == [
+        "press Shift_L", "press A", "press Control_L", "press b"
+    ], events  # fmt: skip
+    assert len(keys) == 8 and keys.index("release Shift_L") < keys.index("press Control_L")
+
+
+@pytest.mark.requires_qemu
+async def test_launch_apps_list_windows_and_cut_screenshots(desk: corral.AsyncSandbox) -> None:
+    d = desk.display
+    started = await d.launch("XTerm")  # by name, any case
+    assert started.id == "debian-xterm"
+    deadline = time.monotonic() + 60
+    while not [w for w in await d.windows() if w.title == "xterm"]:
+        assert time.monotonic() < deadline, "xterm's window never appeared"
+        await asyncio.sleep(0.5)
+    (term,) = [w for w in await d.windows() if w.title == "xterm"]
+    assert term.width > 100 and term.height > 100
+    with pytest.raises(corral.InvalidArgument) as e:
+        await d.launch("gimp")
+    assert e.value.field == "app" and "debian-xterm" in str(e.value)
+    # A region and a scaled copy, cut from the same screen on the host.
+    w, h, _ = png_pixels(await d.screenshot(region=(10, 20, 300, 200)))
+    assert (w, h) == (300, 200)
+    w, h, small = png_pixels(await d.screenshot(scale=0.5))
+    assert (w, h) == (512, 384)
+    assert _pixel(small, 450, 350) == desktop.DESKTOP_RGB
+    for kwargs, field in [
+        ({"region": (1000, 0, 100, 100)}, "width"),
+        ({"region": (0, 800, 10, 10)}, "y"),
+        ({"region": (0, 0, 0, 10)}, "region"),
+        ({"scale": 0.01}, "scale"),
+        ({"scale": 2.0}, "scale"),
+    ]:
+        with pytest.raises(corral.InvalidArgument) as e:
+            await d.screenshot(**kwargs)  # type: ignore[arg-type]
+        assert e.value.field == field, kwargs

@@ -17,10 +17,12 @@ import corral
 from corral.api.app import create_app
 from corral.api.http import HttpService
 from corral.api.models import (
+    App,
     AuditReport,
     CommitRequest,
     CreateSandbox,
     DisplayInput,
+    DisplayState,
     ExecEvent,
     ExecExit,
     ExecOutput,
@@ -30,12 +32,14 @@ from corral.api.models import (
     FnCallRequest,
     FnCallResult,
     ForkRequest,
+    LaunchRequest,
     LayerInfo,
     NetworkPolicy,
     SandboxInfo,
     SandboxState,
     SavedState,
     SaveRequest,
+    Window,
 )
 from corral.errors import SandboxNotFound
 
@@ -185,8 +189,24 @@ class FakeService:
         self.calls.append(("restore", req))
         return await self.create(CreateSandbox(image="img:1"))
 
-    async def screenshot(self, sandbox_id: str) -> bytes:
+    async def screenshot(
+        self, sandbox_id: str, percent: int = 100, x: int = 0, y: int = 0, width: int = 0,
+        height: int = 0,
+    ) -> bytes:  # fmt: skip
+        self.calls.append(("screenshot", sandbox_id, (percent, x, y, width, height)))
         return b"\x89PNG"
+
+    async def display_state(self, sandbox_id: str) -> DisplayState:
+        return DisplayState(width=1024, height=768, cursor_x=1, cursor_y=2)
+
+    async def display_windows(self, sandbox_id: str) -> list[Window]:
+        return [Window(id="0x1", title="t", x=0, y=0, width=1, height=1)]
+
+    async def display_apps(self, sandbox_id: str) -> list[App]:
+        return [App(id="a", name="A", command="a")]
+
+    async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:
+        return App(id=req.app, name=req.app, command=req.app)
 
     async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
         self.calls.append(("display_input", sandbox_id, req))
@@ -351,6 +371,11 @@ async def test_the_wire_is_what_clients_already_speak() -> None:
     await svc.restore(SavedState(store="local", key="vmstates/fake-00000000000000aa"))
     await svc.display_input(sid, DisplayInput(action="type", text="hi"))
     assert await svc.screenshot(sid) == b"\x89PNG"
+    assert await svc.screenshot(sid, 50, 1, 2, 30, 40) == b"\x89PNG"
+    assert (await svc.display_state(sid)).cursor_y == 2
+    assert [w.title for w in await svc.display_windows(sid)] == ["t"]
+    assert [a.id for a in await svc.display_apps(sid)] == ["a"]
+    assert (await svc.display_launch(sid, LaunchRequest(app="xterm"))).id == "xterm"
     result = await svc.run_call(FnCallRequest(language="python", code="1", files={"f": b"ab"}))
     assert result.files == {"f": b"ba"}
     with pytest.raises(corral.SandboxNotFound):
@@ -386,7 +411,20 @@ async def test_the_wire_is_what_clients_already_speak() -> None:
         (f"POST /v1/sandboxes/{sid}/fork", 200, "application/json"),
         ("POST /v1/restore", 200, "application/json"),
         (f"POST /v1/sandboxes/{sid}/display/input", 204, None),
-        (f"GET /v1/sandboxes/{sid}/display/screenshot", 200, "image/png"),
+        (
+            f"GET /v1/sandboxes/{sid}/display/screenshot?percent=100&x=0&y=0&width=0&height=0",
+            200,
+            "image/png",
+        ),
+        (
+            f"GET /v1/sandboxes/{sid}/display/screenshot?percent=50&x=1&y=2&width=30&height=40",
+            200,
+            "image/png",
+        ),
+        (f"GET /v1/sandboxes/{sid}/display", 200, "application/json"),
+        (f"GET /v1/sandboxes/{sid}/display/windows", 200, "application/json"),
+        (f"GET /v1/sandboxes/{sid}/display/apps", 200, "application/json"),
+        (f"POST /v1/sandboxes/{sid}/display/launch", 200, "application/json"),
         ("POST /v1/fncall", 200, "application/json"),
         ("GET /v1/sandboxes/fake-99", 404, "application/json"),
     ]
@@ -408,6 +446,8 @@ async def test_the_wire_is_what_clients_already_speak() -> None:
         "action": "type",
         "button": "left",
         "count": 1,
+        "dx": 0,
+        "dy": 0,
         "text": "hi",
     }
     fncall = by_request[("POST /v1/fncall", 200)]

@@ -18,7 +18,7 @@ from corral.api.models import (
     validated,
 )
 from corral.errors import InvalidArgument
-from corral.runtimes.vm import display
+from corral.runtimes.vm import display, pixels
 from corral.runtimes.vm.qemu import MicroVM
 
 
@@ -95,12 +95,28 @@ async def test_clicks_outside_the_screen_are_refused_before_qemu(tmp_path: Path)
         await d.type("x" * (display.MAX_TEXT + 1))
     with pytest.raises(InvalidArgument, match="text"):
         await d.type("ok then ünicode")
+    bad: list[tuple[str, Any]] = [
+        ("path", lambda: d.drag([(1, 1)])),
+        ("x", lambda: d.drag([(1, 1), (2000, 1)])),
+        ("dy", lambda: d.scroll(0, 0)),
+        ("dx", lambda: d.scroll(99, 0)),
+        ("y", lambda: d.scroll(0, 1, 5, None)),
+        ("button", lambda: d.button("thumb", True)),
+        ("keys", lambda: d.hold("hyper", True)),
+        ("percent", lambda: d.screenshot(percent=4)),
+        ("width", lambda: d.screenshot(region=pixels.Region(1000, 0, 25, 10))),
+        ("height", lambda: d.screenshot(region=pixels.Region(0, 0, 10, 0))),
+    ]
+    for field, call in bad:
+        with pytest.raises(InvalidArgument) as e:
+            await call()
+        assert e.value.field == field
 
 
 def test_png_size() -> None:
-    assert display.png_size(_png(1280, 800)) == (1280, 800)
+    assert pixels.png_size(_png(1280, 800)) == (1280, 800)
     with pytest.raises(ValueError):
-        display.png_size(b"GIF89a" + b"\0" * 30)
+        pixels.png_size(b"GIF89a" + b"\0" * 30)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +126,16 @@ def test_png_size() -> None:
         ({"action": "move", "y": 1}, "x"),
         ({"action": "type"}, "text"),
         ({"action": "key"}, "keys"),
-        ({"action": "scroll"}, "action"),
+        ({"action": "scroll"}, "dy"),
+        ({"action": "scroll", "dy": 51}, "dy"),
+        ({"action": "scroll", "dx": -51}, "dx"),
+        ({"action": "drag"}, "path"),
+        ({"action": "drag", "path": [[1, 1]]}, "path"),
+        ({"action": "drag", "path": [[1, 1]] * 65}, "path"),
+        ({"action": "key_down"}, "keys"),
+        ({"action": "click", "x": 1}, "y"),
+        ({"action": "button_down", "y": 4}, "x"),
+        ({"action": "wiggle"}, "action"),
         ({"action": "click", "x": 1, "y": 1, "count": 4}, "count"),
         ({"action": "click", "x": 1, "y": 1, "button": "thumb"}, "button"),
         ({"action": "type", "text": "x" * 4097}, "text"),
@@ -227,3 +252,60 @@ def test_saved_states_are_signed_over_their_name_and_record(tmp_path: Path) -> N
     assert not states.verify(key, "vmstates/b-0123456789abcdef", b'{"spec": 1}', mac)
     assert not states.verify(b"x" * 32, "vmstates/a-0123456789abcdef", b'{"spec": 1}', mac)
     assert not states.verify(key, "vmstates/a-0123456789abcdef", b'{"spec": 1}', "00")
+
+
+def _rgb(w: int, h: int) -> pixels.Rgb:
+    """Pixel (x, y) is (x, y, 7): where a pixel came from is in its value."""
+    return pixels.Rgb(w, h, bytes(v for y in range(h) for x in range(w) for v in (x, y, 7)))
+
+
+def _ppm(image: pixels.Rgb) -> bytes:
+    return b"P6\n# QEMU\n%d %d\n255\n" % (image.width, image.height) + image.data
+
+
+def test_ppm_parses_cuts_and_scales() -> None:
+    image = pixels.parse_ppm(_ppm(_rgb(40, 30)))
+    assert (image.width, image.height) == (40, 30)
+    part = pixels.cut(image, pixels.Region(5, 6, 10, 4))
+    assert (part.width, part.height) == (10, 4)
+    assert part.row(0)[:6] == bytes([5, 6, 7, 6, 6, 7]) and part.row(3)[-3:] == bytes([14, 9, 7])
+    half = pixels.scaled(image, 50)
+    assert (half.width, half.height) == (20, 15)
+    # Nearest pixel: output (i, j) comes from source (2i + 1, 2j + 1).
+    assert half.row(0)[:3] == bytes([1, 1, 7]) and half.row(14)[-3:] == bytes([39, 29, 7])
+    assert pixels.scaled(image, 100) is image
+    tiny = pixels.scaled(pixels.Rgb(1, 1, b"abc"), 5)
+    assert (tiny.width, tiny.height, tiny.data) == (1, 1, b"abc")
+    for bad in (b"P5\n1 1\n255\n\0", b"P6\n2 2\n255\n\0\0", b"P6\n", b"P6 1 1 65535\n\0\0"):
+        with pytest.raises(ValueError):
+            pixels.parse_ppm(bad)
+
+
+def test_png_round_trip_and_colour_count() -> None:
+    image = _rgb(33, 17)
+    data = pixels.png(image)
+    assert pixels.png_size(data) == (33, 17)
+    ihdr_end = 8 + 8 + 13 + 4
+    idat_len = struct.unpack(">I", data[ihdr_end : ihdr_end + 4])[0]
+    raw = zlib.decompress(data[ihdr_end + 8 : ihdr_end + 8 + idat_len])
+    rows = [raw[y * (1 + 33 * 3) : (y + 1) * (1 + 33 * 3)] for y in range(17)]
+    assert all(r[0] == 0 for r in rows) and b"".join(r[1:] for r in rows) == image.data
+    black = pixels.Rgb(64, 48, bytes(64 * 48 * 3))
+    assert pixels.distinct_colours(black, 2) == 1
+    assert pixels.distinct_colours(image, 2) == 2
+
+
+@pytest.mark.parametrize(
+    ("region", "field"),
+    [
+        (pixels.Region(-1, 0, 1, 1), "x"),
+        (pixels.Region(0, 768, 1, 1), "y"),
+        (pixels.Region(1000, 0, 25, 1), "width"),
+        (pixels.Region(0, 0, 1, 0), "height"),
+        (pixels.Region(0, 700, 1, 69), "height"),
+    ],
+)
+def test_bad_regions_name_the_field(region: pixels.Region, field: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        region.check((1024, 768))
+    assert e.value.field == field

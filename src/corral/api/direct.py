@@ -37,6 +37,7 @@ ALLOWED = frozenset(
         "get", "exec", "kill", "resize_pty", "send_stdin", "read_file", "write_file",
         "list_files", "stat_file", "make_dir", "set_xattrs", "remove_file", "upload_tar",
         "download_tar", "usage", "audit", "command_log", "screenshot", "display_input",
+        "display_state", "display_windows", "display_apps", "display_launch",
     }
 )  # fmt: skip
 

@@ -14,16 +14,19 @@ from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from corral.api.models import (
+    App,
     AuditReport,
     CommitRequest,
     CreateSandbox,
     DirectAccess,
     DisplayInput,
+    DisplayState,
     ExecRequest,
     FileEntry,
     FnCallRequest,
     FnCallResult,
     ForkRequest,
+    LaunchRequest,
     LayerInfo,
     LogLine,
     NetworkPolicy,
@@ -34,6 +37,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    Window,
     XattrRequest,
 )
 from corral.api.routes import MAX_BODY
@@ -234,9 +238,35 @@ def add_routes(app: FastAPI) -> None:
         return await svc.restore(req)
 
     @app.get("/v1/sandboxes/{sandbox_id}/display/screenshot", status_code=200)
-    async def screenshot(svc: Svc, sandbox_id: str) -> Response:
-        data = await svc.screenshot(sandbox_id)
+    async def screenshot(
+        svc: Svc,
+        sandbox_id: str,
+        percent: int = 100,
+        x: int = 0,
+        y: int = 0,
+        width: int = 0,
+        height: int = 0,
+    ) -> Response:
+        data = await svc.screenshot(sandbox_id, percent, x, y, width, height)
         return Response(data, media_type="image/png")
+
+    @app.get("/v1/sandboxes/{sandbox_id}/display", status_code=200)
+    async def display_state(svc: Svc, sandbox_id: str) -> DisplayState:
+        return await svc.display_state(sandbox_id)
+
+    @app.get("/v1/sandboxes/{sandbox_id}/display/windows", status_code=200)
+    async def display_windows(svc: Svc, sandbox_id: str) -> dict[str, builtins.list[Window]]:
+        result = await svc.display_windows(sandbox_id)
+        return {"windows": result}
+
+    @app.get("/v1/sandboxes/{sandbox_id}/display/apps", status_code=200)
+    async def display_apps(svc: Svc, sandbox_id: str) -> dict[str, builtins.list[App]]:
+        result = await svc.display_apps(sandbox_id)
+        return {"apps": result}
+
+    @app.post("/v1/sandboxes/{sandbox_id}/display/launch", status_code=200)
+    async def display_launch(svc: Svc, sandbox_id: str, req: LaunchRequest) -> App:
+        return await svc.display_launch(sandbox_id, req)
 
     @app.post("/v1/sandboxes/{sandbox_id}/display/input", status_code=204)
     async def display_input(svc: Svc, sandbox_id: str, req: DisplayInput) -> Response:

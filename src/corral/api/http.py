@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator
 
 from corral import ids
 from corral.api.models import (
+    App,
     AuditReport,
     CommitRequest,
     CreateSandbox,
     DirectAccess,
     DisplayInput,
+    DisplayState,
     Event,
     ExecEvent,
     ExecRequest,
@@ -24,6 +26,7 @@ from corral.api.models import (
     FnCallRequest,
     FnCallResult,
     ForkRequest,
+    LaunchRequest,
     LayerInfo,
     LogLine,
     NetworkPolicy,
@@ -34,6 +37,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    Window,
     XattrRequest,
 )
 from corral.api.transport import HttpTransport
@@ -293,12 +297,41 @@ class HttpService(HttpTransport):
         )
         return SandboxInfo.model_validate_json(resp.content)
 
-    async def screenshot(self, sandbox_id: str) -> bytes:
+    async def screenshot(
+        self,
+        sandbox_id: str,
+        percent: int = 100,
+        x: int = 0,
+        y: int = 0,
+        width: int = 0,
+        height: int = 0,
+    ) -> bytes:
         resp = await self._send(
             "GET",
             f"/v1/sandboxes/{ids.segment(sandbox_id)}/display/screenshot",
+            params=[("percent", percent), ("x", x), ("y", y), ("width", width), ("height", height)],
         )
         return resp.content
+
+    async def display_state(self, sandbox_id: str) -> DisplayState:
+        resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/display")
+        return DisplayState.model_validate_json(resp.content)
+
+    async def display_windows(self, sandbox_id: str) -> builtins.list[Window]:
+        resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/display/windows")
+        return [Window.model_validate(x) for x in resp.json()["windows"]]
+
+    async def display_apps(self, sandbox_id: str) -> builtins.list[App]:
+        resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/display/apps")
+        return [App.model_validate(x) for x in resp.json()["apps"]]
+
+    async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:
+        resp = await self._send(
+            "POST",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/display/launch",
+            json_body=req.model_dump_json(),
+        )
+        return App.model_validate_json(resp.content)
 
     async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
         await self._send(

@@ -53,7 +53,16 @@ from corral.api.models_report import (
     Verdict,
 )
 from corral.api.models_rollout import ROLLOUT_NAME, ROLLOUT_NAME_RULE, RolloutStep
-from corral.api.models_vm import DisplayInput, ForkRequest, SavedState, SaveRequest
+from corral.api.models_vm import (
+    App,
+    DisplayInput,
+    DisplayState,
+    ForkRequest,
+    LaunchRequest,
+    SavedState,
+    SaveRequest,
+    Window,
+)
 from corral.errors import InvalidArgument
 from corral.guard.policy import NetworkPolicy
 from corral.images.layer import RegistryRef
@@ -73,11 +82,13 @@ __all__ = [
     "ROLLOUT_NAME",
     "ROLLOUT_NAME_RULE",
     "VM_KINDS",
+    "App",
     "AuditReport",
     "CommitRequest",
     "CreateSandbox",
     "DirectAccess",
     "DisplayInput",
+    "DisplayState",
     "Event",
     "ExecEvent",
     "ExecExit",
@@ -92,6 +103,7 @@ __all__ = [
     "FnCallStatus",
     "ForkRequest",
     "GiB",
+    "LaunchRequest",
     "LayerInfo",
     "LogLine",
     "MiB",
@@ -106,6 +118,7 @@ __all__ = [
     "Severity",
     "Usage",
     "Verdict",
+    "Window",
     "XattrRequest",
     "check_call_file_name",
     "check_path",

@@ -11,26 +11,93 @@ from pydantic import Field, model_validator
 from corral.api.models_base import StrictModel
 from corral.errors import InvalidArgument
 
+DisplayAction = Literal[
+    "click", "move", "button_down", "button_up", "drag", "scroll",
+    "type", "key", "key_down", "key_up",
+]  # fmt: skip
+Button = Literal["left", "middle", "right", "wheel", "back", "forward"]
+
 
 class DisplayInput(StrictModel):
-    """One input to a full VM's display: a pointer move or click at (x, y),
-    text typed on a US keyboard, or a key combination like 'ctrl+c'."""
+    """One input to a desktop sandbox's display (docs/display.md):
 
-    action: Literal["click", "move", "type", "key"]
+    - click: at (x, y), or where the pointer is; `count` 2 is a double
+      click, 3 a triple click; any `button`;
+    - move: the pointer to (x, y);
+    - button_down / button_up: press or release `button` (at (x, y) if
+      given): the parts of a drag an agent times itself;
+    - drag: press at `path`'s first point, move through it, release;
+    - scroll: `dy` wheel notches down (negative: up), `dx` right
+      (negative: left), at (x, y) if given;
+    - type: `text` typed on a US keyboard;
+    - key: a combination like 'ctrl+c' pressed and released;
+    - key_down / key_up: hold the keys of a combination, or let them go.
+    """
+
+    action: DisplayAction
     x: int | None = None
     y: int | None = None
-    button: Literal["left", "middle", "right"] = "left"
-    count: int = Field(default=1, ge=1, le=3)  # 2: a double click
+    button: Button = "left"
+    count: int = Field(default=1, ge=1, le=3)
+    path: list[tuple[int, int]] | None = Field(default=None, min_length=2, max_length=64)
+    dx: int = Field(default=0, ge=-50, le=50)
+    dy: int = Field(default=0, ge=-50, le=50)
     text: str | None = Field(default=None, max_length=4096)
     keys: str | None = Field(default=None, max_length=64)
 
     @model_validator(mode="after")
     def _complete(self) -> DisplayInput:
-        need = {"click": ("x", "y"), "move": ("x", "y"), "type": ("text",), "key": ("keys",)}
-        for name in need[self.action]:
+        need: dict[str, tuple[str, ...]] = {
+            "move": ("x", "y"), "drag": ("path",), "type": ("text",),
+            "key": ("keys",), "key_down": ("keys",), "key_up": ("keys",),
+        }  # fmt: skip
+        for name in need.get(self.action, ()):
             if getattr(self, name) is None:
                 raise InvalidArgument(name, f"is required for action {self.action!r}", None)
+        if (self.x is None) != (self.y is None):
+            missing = "x" if self.x is None else "y"
+            raise InvalidArgument(missing, "must be given with the other coordinate", None)
+        if self.action == "scroll" and self.dx == 0 and self.dy == 0:
+            raise InvalidArgument("dy", "or dx must be non-zero for action 'scroll'", 0)
         return self
+
+
+class DisplayState(StrictModel):
+    """A display's size and where Corral last put the pointer."""
+
+    width: int
+    height: int
+    cursor_x: int
+    cursor_y: int
+
+
+class Window(StrictModel):
+    """A top-level window the window manager shows: its X id, title and
+    geometry in screen pixels (the client area, without decorations)."""
+
+    id: str
+    title: str
+    x: int
+    y: int
+    width: int
+    height: int
+
+
+class App(StrictModel):
+    """An application installed in the desktop image (a desktop entry in
+    /usr/share/applications): `id` is the entry's file name without
+    `.desktop`, `name` its Name, `command` its Exec without field codes."""
+
+    id: str
+    name: str
+    command: str
+
+
+class LaunchRequest(StrictModel):
+    """Start an installed application by its id, its name or its command's
+    program name (any case)."""
+
+    app: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._+-]*$")
 
 
 class ForkRequest(StrictModel):

@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from corral.api.models import (
+    App,
     AuditReport,
     CommitRequest,
     CreateSandbox,
     DirectAccess,
     DisplayInput,
+    DisplayState,
     Event,
     ExecEvent,
     ExecRequest,
@@ -28,6 +30,7 @@ from corral.api.models import (
     FnCallRequest,
     FnCallResult,
     ForkRequest,
+    LaunchRequest,
     LayerInfo,
     LogLine,
     NetworkPolicy,
@@ -38,6 +41,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    Window,
     XattrRequest,
 )
 
@@ -157,9 +161,35 @@ class SandboxService(Protocol):
 
     async def restore(self, req: SavedState) -> SandboxInfo: ...
 
-    async def screenshot(self, sandbox_id: str) -> bytes: ...
+    async def screenshot(
+        self,
+        sandbox_id: str,
+        percent: int = 100,
+        x: int = 0,
+        y: int = 0,
+        width: int = 0,
+        height: int = 0,
+    ) -> bytes:
+        """The screen as a PNG; with a width and height, only the region
+        at (x, y) of that size; with `percent` below 100, that much
+        smaller (the nearest pixel)."""
+        ...
 
     async def display_input(self, sandbox_id: str, req: DisplayInput) -> None: ...
+
+    async def display_state(self, sandbox_id: str) -> DisplayState: ...
+
+    async def display_windows(self, sandbox_id: str) -> builtins.list[Window]:
+        """The windows the desktop shows, with titles and geometry."""
+        ...
+
+    async def display_apps(self, sandbox_id: str) -> builtins.list[App]:
+        """The applications installed in the desktop image."""
+        ...
+
+    async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:
+        """Start an installed application on the display; returns what was started."""
+        ...
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult: ...
 

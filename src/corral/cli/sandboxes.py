@@ -52,7 +52,7 @@ async def _run_in(sbx: AsyncSandbox, a: argparse.Namespace, cmd: str | list[str]
 
 
 async def screenshot(a: argparse.Namespace) -> int:
-    from corral.runtimes.vm.display import png_size
+    from corral.runtimes.vm.pixels import png_size
 
     async with open_client(a) as client:
         sbx = await client.sandboxes.get(a.id)

@@ -13,10 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from corral.api.models import (
+    App,
     AuditReport,
     CommitRequest,
     DisplayInput,
+    DisplayState,
     FileEntry,
+    LaunchRequest,
     LayerInfo,
     LogLine,
     NetworkPolicy,
@@ -25,6 +28,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    Window,
     XattrRequest,
 )
 from corral.api.service import SandboxService
@@ -152,8 +156,31 @@ class Forwarding(ABC):
     async def save(self, sandbox_id: str, req: SaveRequest) -> SavedState:
         return await self._forward(sandbox_id, lambda node: node.save(sandbox_id, req))
 
-    async def screenshot(self, sandbox_id: str) -> bytes:
-        return await self._forward(sandbox_id, lambda node: node.screenshot(sandbox_id))
+    async def screenshot(
+        self,
+        sandbox_id: str,
+        percent: int = 100,
+        x: int = 0,
+        y: int = 0,
+        width: int = 0,
+        height: int = 0,
+    ) -> bytes:
+        return await self._forward(
+            sandbox_id,
+            lambda node: node.screenshot(sandbox_id, percent, x, y, width, height),
+        )
+
+    async def display_state(self, sandbox_id: str) -> DisplayState:
+        return await self._forward(sandbox_id, lambda node: node.display_state(sandbox_id))
+
+    async def display_windows(self, sandbox_id: str) -> builtins.list[Window]:
+        return await self._forward(sandbox_id, lambda node: node.display_windows(sandbox_id))
+
+    async def display_apps(self, sandbox_id: str) -> builtins.list[App]:
+        return await self._forward(sandbox_id, lambda node: node.display_apps(sandbox_id))
+
+    async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:
+        return await self._forward(sandbox_id, lambda node: node.display_launch(sandbox_id, req))
 
     async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
         await self._forward(sandbox_id, lambda node: node.display_input(sandbox_id, req))

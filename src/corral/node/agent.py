@@ -20,11 +20,13 @@ from collections.abc import AsyncIterator, Mapping
 from corral.api import verdict
 from corral.api.models import (
     MAX_PROTECTED,
+    App,
     AuditReport,
     CommitRequest,
     CreateSandbox,
     DirectAccess,
     DisplayInput,
+    DisplayState,
     Event,
     ExecEvent,
     ExecRequest,
@@ -32,6 +34,7 @@ from corral.api.models import (
     FnCallRequest,
     FnCallResult,
     ForkRequest,
+    LaunchRequest,
     LayerInfo,
     LogLine,
     NetworkPolicy,
@@ -42,6 +45,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    Window,
     XattrRequest,
 )
 from corral.capacity import NodeCapacity
@@ -359,8 +363,23 @@ class NodeAgent:
 
     # ---------------------------------------------------------------- display
 
-    async def screenshot(self, sandbox_id: str) -> bytes:
-        return await self.parts.displays.screenshot(sandbox_id)
+    async def screenshot(
+        self, sandbox_id: str, percent: int = 100, x: int = 0, y: int = 0, width: int = 0,
+        height: int = 0,
+    ) -> bytes:  # fmt: skip
+        return await self.parts.displays.screenshot(sandbox_id, percent, x, y, width, height)
 
     async def display_input(self, sandbox_id: str, req: DisplayInput) -> None:
         await self.parts.displays.input(sandbox_id, req)
+
+    async def display_state(self, sandbox_id: str) -> DisplayState:
+        return await self.parts.displays.state(sandbox_id)
+
+    async def display_windows(self, sandbox_id: str) -> builtins.list[Window]:
+        return await self.parts.displays.windows(sandbox_id)
+
+    async def display_apps(self, sandbox_id: str) -> builtins.list[App]:
+        return await self.parts.displays.apps(sandbox_id)
+
+    async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:
+        return await self.parts.displays.launch(sandbox_id, req)

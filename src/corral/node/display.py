@@ -1,28 +1,46 @@
 """A desktop sandbox's screen and input, for the runtimes that have one
 (runtimes/base.py HasDisplay): the node finds the screen, the runtime
-drives it."""
+drives it; windows and applications are asked of the desktop inside
+(guestdesktop.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from corral import metrics
-from corral.api.models import DisplayInput
-from corral.errors import InvalidArgument
+from corral.api.models import (
+    App,
+    DisplayInput,
+    DisplayState,
+    ExecEvent,
+    ExecExit,
+    ExecOutput,
+    ExecRequest,
+    LaunchRequest,
+    Window,
+)
+from corral.errors import Conflict, InvalidArgument
+from corral.node import guestdesktop
 from corral.node.activity import Activity
 from corral.node.store import SandboxRecord
 from corral.runtimes.base import HasDisplay, Runtime, Screen
+from corral.runtimes.vm.pixels import Region
 
 Awake = Callable[[str], Awaitable[SandboxRecord]]
+Exec = Callable[[SandboxRecord, ExecRequest], AsyncIterator[ExecEvent]]
+GUEST_TIMEOUT = 30.0
 
 
 class Displays:
-    def __init__(self, awake: Awake, runtimes: Mapping[str, Runtime], activity: Activity) -> None:
+    def __init__(
+        self, awake: Awake, runtimes: Mapping[str, Runtime], activity: Activity, exec_: Exec
+    ) -> None:
         self._awake = awake
         self.runtimes = runtimes
         self.activity = activity
+        self._exec = exec_
 
-    async def _screen(self, sandbox_id: str) -> Screen:
+    async def _desktop(self, sandbox_id: str) -> tuple[SandboxRecord, Screen]:
         rec = await self._awake(sandbox_id)
         runtime = self.runtimes.get(rec.kind)
         if not isinstance(runtime, HasDisplay):
@@ -30,25 +48,88 @@ class Displays:
                 "kind", "has no display: only fullvm sandboxes have one", rec.kind
             )
         w, h = rec.spec["display_size"]
-        return runtime.display(sandbox_id, (int(w), int(h)))
+        return rec, runtime.display(sandbox_id, (int(w), int(h)))
 
-    async def screenshot(self, sandbox_id: str) -> bytes:
-        """The screen as the machine shows it, a PNG."""
-        png = await (await self._screen(sandbox_id)).screenshot()
+    async def screenshot(
+        self, sandbox_id: str, percent: int = 100, x: int = 0, y: int = 0, width: int = 0,
+        height: int = 0,
+    ) -> bytes:  # fmt: skip
+        """The screen as the machine shows it, a PNG: whole, or the region
+        at (x, y) of width x height; at `percent` of its size."""
+        _, screen = await self._desktop(sandbox_id)
+        region = None
+        if width or height or x or y:
+            region = Region(x, y, width, height)
+        png = await screen.screenshot(percent, region)
         metrics.DISPLAY_OPS.labels("screenshot").inc()
         return png
 
+    async def state(self, sandbox_id: str) -> DisplayState:
+        _, screen = await self._desktop(sandbox_id)
+        (w, h), (cx, cy) = screen.size, screen.cursor
+        return DisplayState(width=w, height=h, cursor_x=cx, cursor_y=cy)
+
     async def input(self, sandbox_id: str, req: DisplayInput) -> None:
-        screen = await self._screen(sandbox_id)
-        if req.action == "click":
-            assert req.x is not None and req.y is not None
+        _, screen = await self._desktop(sandbox_id)
+        action = req.action
+        if action == "click":
             await screen.click(req.x, req.y, req.button, req.count)
-        elif req.action == "move":
+        elif action == "move":
             assert req.x is not None and req.y is not None
             await screen.move(req.x, req.y)
-        elif req.action == "type":
+        elif action in ("button_down", "button_up"):
+            await screen.button(req.button, action == "button_down", req.x, req.y)
+        elif action == "drag":
+            assert req.path is not None
+            await screen.drag(list(req.path), req.button)
+        elif action == "scroll":
+            await screen.scroll(req.dx, req.dy, req.x, req.y)
+        elif action == "type":
             await screen.type(req.text or "")
-        else:
+        elif action == "key":
             await screen.key(req.keys or "")
-        metrics.DISPLAY_OPS.labels(req.action).inc()
+        else:
+            await screen.hold(req.keys or "", action == "key_down")
+        metrics.DISPLAY_OPS.labels(action).inc()
         self.activity.touch(sandbox_id)
+
+    async def _guest(self, rec: SandboxRecord, script: str, *args: str) -> str:
+        """Run a platform shell script on the sandbox's desktop; its stdout."""
+        req = ExecRequest(
+            cmd=["/bin/sh", "-c", script, "sh", *args],
+            env=guestdesktop.DISPLAY_ENV,
+            user="root",
+            timeout=GUEST_TIMEOUT,
+            stdout_limit=guestdesktop.OUTPUT_LIMIT,
+            stderr_limit=4096,
+        )
+        out: list[bytes] = []
+        err: list[bytes] = []
+        code = -1
+        async for ev in self._exec(rec, req):
+            if isinstance(ev, ExecOutput):
+                (out if ev.type == "stdout" else err).append(ev.data)
+            elif isinstance(ev, ExecExit):
+                code = ev.exit_code
+        if code != 0:
+            why = b"".join(err).decode(errors="replace").strip()[-300:] or f"exit {code}"
+            raise Conflict(f"sandbox {rec.id}: its desktop did not answer: {why}")
+        return b"".join(out).decode(errors="replace")
+
+    async def windows(self, sandbox_id: str) -> list[Window]:
+        rec, _ = await self._desktop(sandbox_id)
+        text = await self._guest(rec, guestdesktop.WINDOWS_SCRIPT)
+        metrics.DISPLAY_OPS.labels("windows").inc()
+        return guestdesktop.parse_windows(text)
+
+    async def apps(self, sandbox_id: str) -> list[App]:
+        rec, _ = await self._desktop(sandbox_id)
+        return guestdesktop.parse_apps(await self._guest(rec, guestdesktop.APPS_SCRIPT))
+
+    async def launch(self, sandbox_id: str, req: LaunchRequest) -> App:
+        rec, _ = await self._desktop(sandbox_id)
+        app = guestdesktop.pick_app(await self.apps(sandbox_id), req.app)
+        await self._guest(rec, guestdesktop.LAUNCH_SCRIPT, app.command)
+        metrics.DISPLAY_OPS.labels("launch").inc()
+        self.activity.touch(sandbox_id)
+        return app

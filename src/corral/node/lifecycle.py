@@ -50,6 +50,7 @@ from corral.runtimes.base import (
     Boot,
     Diagnosable,
     GuestNet,
+    HasDisplay,
     Prepared,
     Resizable,
     Runtime,
@@ -356,6 +357,11 @@ class Lifecycle:
                 # A guest that never answered: its console says why.
                 raise SandboxFailed(diagnose(runtime, rec.id, exc.message), sandbox=rec.id) from exc
             phase("ready")
+            if isinstance(runtime, HasDisplay) and state is None and req.display_size:
+                # Ready means drawn: a GUI agent's first screenshot shows
+                # the desktop (a restored or forked one already had it).
+                await runtime.wait_drawn(rec.id, prep.control, req.display_size)
+                phase("drawn")
             if req.network is not None and net_index is not None:
                 await self.networks.connect(
                     rec.id, started.pid, net_index, req.network, runtime.net_tap

@@ -19,9 +19,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from corral.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from corral.runtimes.vm.pixels import Region
 
 
 @dataclass(frozen=True)
@@ -175,20 +178,44 @@ class Snapshottable(Protocol):
 
 
 class Screen(Protocol):
-    async def screenshot(self) -> bytes: ...
+    """A display's screen and input (runtimes/vm/display.py); every
+    coordinate is checked against `size` before anything is sent."""
 
-    async def click(self, x: int, y: int, button: str = "left", count: int = 1) -> None: ...
+    size: tuple[int, int]
+    cursor: tuple[int, int]
+
+    async def screenshot(self, percent: int = 100, region: Region | None = None) -> bytes: ...
+
+    async def click(
+        self, x: int | None = None, y: int | None = None, button: str = "left", count: int = 1
+    ) -> None: ...
 
     async def move(self, x: int, y: int) -> None: ...
+
+    async def button(
+        self, button: str, down: bool, x: int | None = None, y: int | None = None
+    ) -> None: ...
+
+    async def drag(self, path: list[tuple[int, int]], button: str = "left") -> None: ...
+
+    async def scroll(
+        self, dx: int = 0, dy: int = 0, x: int | None = None, y: int | None = None
+    ) -> None: ...
 
     async def type(self, text: str) -> None: ...
 
     async def key(self, combo: str) -> None: ...
 
+    async def hold(self, combo: str, down: bool) -> None: ...
+
 
 @runtime_checkable
 class HasDisplay(Protocol):
     def display(self, sandbox_id: str, size: tuple[int, int]) -> Screen: ...
+
+    async def wait_drawn(self, sandbox_id: str, control: Path, size: tuple[int, int]) -> None:
+        """Until a freshly booted sandbox's desktop is on its screen."""
+        ...
 
 
 @runtime_checkable

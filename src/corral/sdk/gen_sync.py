@@ -280,7 +280,9 @@ from pathlib import Path
 from typing import Any
 
 from corral.api.models import (
+    App,
     AuditReport,
+    DisplayState,
     Event,
     FileEntry,
     FnCallRequest,
@@ -291,6 +293,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     Usage,
+    Window,
 )
 from corral.api.service import SandboxService
 from corral.api.verdict import Rules

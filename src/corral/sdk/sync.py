@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from corral.api.models import (
+    App,
     AuditReport,
+    DisplayState,
     Event,
     FileEntry,
     FnCallRequest,
@@ -25,6 +27,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     Usage,
+    Window,
 )
 from corral.api.service import SandboxService
 from corral.api.verdict import Rules
@@ -167,29 +170,120 @@ class Display:
         self._portal = portal
         self._inner = inner
 
-    def click(self, x: int, y: int, *, button: str = 'left', count: int = 1) -> None:
-        """Move the pointer to (x, y) and click (count=2: double click)."""
+    def apps(self) -> list[App]:
+        """The applications installed in the desktop image."""
+        return self._portal.call(self._inner.apps)
+
+    def click(
+        self,
+        x: int | None = None,
+        y: int | None = None,
+        *,
+        button: str = 'left',
+        count: int = 1,
+    ) -> None:
+        """Click at (x, y) (count=2: double, 3: triple click); `button` is left, middle, right,
+        wheel (middle), back or forward."""
         return self._portal.call(self._inner.click, x, y, button=button, count=count)
+
+    def cursor(self) -> tuple[int, int]:
+        """Where the pointer is (where Corral last put it: the tablet is absolute, so only a
+        program warping its own cursor moves it)."""
+        return self._portal.call(self._inner.cursor)
+
+    def double_click(self, x: int | None = None, y: int | None = None) -> None:
+        return self._portal.call(self._inner.double_click, x, y)
+
+    def drag(self, path: list[tuple[int, int]], *, button: str = 'left') -> None:
+        """Press at path[0], move through the points, release at the last."""
+        return self._portal.call(self._inner.drag, path, button=button)
 
     def key(self, keys: str) -> None:
         """Press a key or a combination, like 'enter' or 'ctrl+c'."""
         return self._portal.call(self._inner.key, keys)
 
+    def key_down(self, keys: str) -> None:
+        """Press the keys of a combination ('shift', 'ctrl+alt') and hold them."""
+        return self._portal.call(self._inner.key_down, keys)
+
+    def key_up(self, keys: str) -> None:
+        """Release keys held with key_down."""
+        return self._portal.call(self._inner.key_up, keys)
+
+    def launch(self, app: str) -> App:
+        """Start an installed application (by id, name or program, any case); returns what was
+        started. Its window appears when it has drawn it: wait for it in `windows()`."""
+        return self._portal.call(self._inner.launch, app)
+
+    def middle_click(self, x: int | None = None, y: int | None = None) -> None:
+        return self._portal.call(self._inner.middle_click, x, y)
+
+    def mouse_down(
+        self,
+        x: int | None = None,
+        y: int | None = None,
+        *,
+        button: str = 'left',
+    ) -> None:
+        """Press `button` and keep it pressed (a drag's start)."""
+        return self._portal.call(self._inner.mouse_down, x, y, button=button)
+
+    def mouse_up(self, x: int | None = None, y: int | None = None, *, button: str = 'left') -> None:
+        """Release `button` (a drag's end)."""
+        return self._portal.call(self._inner.mouse_up, x, y, button=button)
+
     def move(self, x: int, y: int) -> None:
         """Move the pointer to (x, y) without clicking."""
         return self._portal.call(self._inner.move, x, y)
 
-    def screenshot(self) -> bytes:
-        """The screen as the VM shows it now, PNG bytes."""
-        return self._portal.call(self._inner.screenshot)
+    def right_click(self, x: int | None = None, y: int | None = None) -> None:
+        return self._portal.call(self._inner.right_click, x, y)
+
+    def screenshot(
+        self,
+        *,
+        scale: float = 1.0,
+        region: tuple[int, int, int, int] | None = None,
+    ) -> bytes:
+        """The screen as the VM shows it now, PNG bytes; only `region` (x, y, width, height) of it
+        if given; `scale` (0.05..1) times its size (nearest pixel), so an agent can see a
+        1280x800 screen at the size its model takes."""
+        return self._portal.call(self._inner.screenshot, scale=scale, region=region)
+
+    def scroll(
+        self,
+        dy: int = 0,
+        dx: int = 0,
+        *,
+        x: int | None = None,
+        y: int | None = None,
+    ) -> None:
+        """Turn the wheel `dy` notches down (negative: up) and `dx` right (negative: left), at (x,
+        y) or where the pointer is."""
+        return self._portal.call(self._inner.scroll, dy, dx, x=x, y=y)
 
     @property
     def size(self) -> tuple[int, int] | None:
         return self._inner.size
 
+    def state(self) -> DisplayState:
+        """The screen's size and the pointer's position."""
+        return self._portal.call(self._inner.state)
+
+    def triple_click(self, x: int | None = None, y: int | None = None) -> None:
+        return self._portal.call(self._inner.triple_click, x, y)
+
     def type(self, text: str) -> None:
         """Type `text` on a US keyboard ('\n' is Enter)."""
         return self._portal.call(self._inner.type, text)
+
+    def wait(self, seconds: float) -> None:
+        """Let the screen settle (computer-use tools' `wait`); at most a minute."""
+        return self._portal.call(self._inner.wait, seconds)
+
+    def windows(self) -> list[Window]:
+        """The windows the desktop shows: id, title and geometry."""
+        return self._portal.call(self._inner.windows)
 
 
 class CommandHandle:

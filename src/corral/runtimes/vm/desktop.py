@@ -37,6 +37,9 @@ PACKAGES = [
     "x11-utils",
 ]
 DESKTOP_RGB = (0x3B, 0x6E, 0x8F)
+# What a desktop session writes once it has drawn (node/lifecycle.py waits).
+SESSION_PATH = "/etc/corral/session"
+DRAWN_PATH = "/run/corral/desktop-drawn"
 
 SESSION = """#!/bin/sh
 # Corral's desktop on a full VM, started by the guest's init.
@@ -94,6 +97,17 @@ xsetroot -solid "@RGB@"
 # twm's fonts are the core "fixed" ones; a UTF-8 locale would want a fontset.
 LANG=C twm &
 cd /root
+# Drawn: the launcher is on the screen. The node's create waits for this
+# file (and for QEMU's framebuffer to show it) before it returns.
+(
+  for i in $(seq 1 600); do
+    if xwininfo -name xmessage 2>/dev/null | grep -q IsViewable; then
+      mkdir -p /run/corral && : > @DRAWN@
+      break
+    fi
+    sleep 0.05
+  done
+) &
 while :; do
   # xmessage exits with the clicked button's value (0 here) or fails if X went.
   if xmessage -geometry +0+0 -buttons " Terminal :0" -default " Terminal " "Corral"; then
@@ -119,7 +133,8 @@ IconManagerFont "fixed"
 
 
 def _toolkit_version() -> str:
-    return hashlib.sha256((SESSION + TWMRC + _hex(DESKTOP_RGB)).encode()).hexdigest()[:12]
+    text = SESSION + TWMRC + _hex(DESKTOP_RGB) + DRAWN_PATH
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _hex(rgb: tuple[int, int, int]) -> str:
@@ -143,7 +158,9 @@ def ensure(store: ImageStore, progress: ProgressFn) -> tuple[Layer, Layer]:
     try:
         session = stage / "etc" / "corral" / "session"
         session.parent.mkdir(parents=True)
-        session.write_text(SESSION.replace("@RGB@", _hex(DESKTOP_RGB)))
+        session.write_text(
+            SESSION.replace("@RGB@", _hex(DESKTOP_RGB)).replace("@DRAWN@", DRAWN_PATH)
+        )
         session.chmod(0o755)
         (stage / "root").mkdir(mode=0o700)
         (stage / "root" / ".twmrc").write_text(TWMRC)

@@ -14,15 +14,28 @@ characters a US keyboard types, keys QEMU knows.
 from __future__ import annotations
 
 import asyncio
-import struct
+import itertools
+import time
 from pathlib import Path
+from typing import Any
 
 from corral.errors import InvalidArgument
+from corral.runtimes.vm import pixels
 from corral.runtimes.vm.qmp import Qmp
 
 MAX_TEXT = 4096
+MAX_PATH = 64  # points in a drag
+MAX_SCROLL = 50  # wheel notches in one scroll
+DRAG_STRIDE = 16  # a drag moves at most this far (pixels) between motion events
+DRAG_STEPS = 32  # ...and in at most this many steps between two points
+DEVICE_ORDER_PAUSE = 0.05  # s between events on two devices that must arrive in order
 TABLET_MAX = 0x7FFF  # QEMU scales absolute axes to 0..32767
-BUTTONS = ("left", "middle", "right")
+# Button names a caller uses, to QEMU's (OpenAI's computer use calls the
+# middle button "wheel" and the side buttons "back" and "forward").
+BUTTONS = {
+    "left": "left", "middle": "middle", "right": "right", "wheel": "middle",
+    "back": "side", "forward": "extra",
+}  # fmt: skip
 
 # Named keys a caller may use in key("ctrl+alt+t"), to QEMU's qcodes.
 _NAMED = {
@@ -83,64 +96,160 @@ def combo_keys(combo: str) -> list[str]:
     return list(dict.fromkeys(out))  # "shift+A" presses shift once
 
 
-def png_size(png: bytes) -> tuple[int, int]:
-    """(width, height) from a PNG's IHDR chunk."""
-    if len(png) < 24 or png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
-        raise ValueError("not a PNG")
-    w, h = struct.unpack(">II", png[16:24])
-    return int(w), int(h)
-
-
 class Display:
     """One guest's display. QEMU serves one QMP client at a time, so calls
-    on a display are serialised; suspend takes the same lock."""
+    on a display are serialised; suspend takes the same lock.
+
+    `cursor` is where Corral last put the pointer. The tablet is absolute:
+    the guest cannot move it, so that is where the pointer is unless a
+    program in the guest warped its own cursor (X starts it mid-screen)."""
 
     def __init__(self, qmp_socket: Path, shot_path: Path, size: tuple[int, int]) -> None:
         self.qmp_socket = qmp_socket
         self.shot_path = shot_path
         self.size = size
+        self.cursor = (size[0] // 2, size[1] // 2)
         self.lock = asyncio.Lock()
+        self._last_device: str | None = None
+        self._last_at = 0.0
 
     async def _run(self, *commands: tuple[str, dict[str, object]]) -> None:
         async with self.lock:
             qmp = await Qmp.connect(self.qmp_socket, timeout=10)
             try:
                 for name, args in commands:
+                    device = _device(name, args)
+                    if device is not None:
+                        # Keyboard and tablet are two devices the guest reads
+                        # apart: an event on one right after the other's may
+                        # overtake it (shift held around a wheel turn would not
+                        # be). A switch waits until the last event is old.
+                        since = time.monotonic() - self._last_at
+                        if device != self._last_device and since < DEVICE_ORDER_PAUSE:
+                            await asyncio.sleep(DEVICE_ORDER_PAUSE - since)
+                        self._last_device = device
                     await qmp.execute(name, **args)
+                    if device is not None:
+                        self._last_at = time.monotonic()
             finally:
                 qmp.close()
 
-    async def screenshot(self) -> bytes:
-        tmp = self.shot_path.with_suffix(".tmp")
-        await self._run(("screendump", {"filename": str(tmp), "format": "png"}))
+    async def _dump(self, fmt: str) -> bytes:
+        tmp = self.shot_path.with_suffix(f".{fmt}.tmp")
+        await self._run(("screendump", {"filename": str(tmp), "format": fmt}))
         data = await asyncio.to_thread(tmp.read_bytes)
         tmp.unlink(missing_ok=True)
-        self.size = png_size(data)
         return data
 
-    def _check_point(self, x: int, y: int) -> None:
+    async def frame(self) -> pixels.Rgb:
+        """The screen's pixels now."""
+        image = pixels.parse_ppm(await self._dump("ppm"))
+        self.size = (image.width, image.height)
+        return image
+
+    async def screenshot(self, percent: int = 100, region: pixels.Region | None = None) -> bytes:
+        """A PNG of the screen, or of `region`, at `percent` of its size
+        (both checked before QEMU is asked)."""
+        pixels.check_percent(percent)
+        if region is not None:
+            region.check(self.size)
+        if region is None and percent >= 100:
+            data = await self._dump("png")  # QEMU encodes it: no copy through Python
+            self.size = pixels.png_size(data)
+            return data
+        image = await self.frame()
+        if region is not None:
+            region.check(self.size)  # the guest may have changed its mode since
+            image = pixels.cut(image, region)
+        return await asyncio.to_thread(lambda: pixels.png(pixels.scaled(image, percent)))
+
+    def check_point(self, x: int, y: int) -> None:
         w, h = self.size
         if not 0 <= x < w:
             raise InvalidArgument("x", f"must be within the screen's width 0..{w - 1}", x)
         if not 0 <= y < h:
             raise InvalidArgument("y", f"must be within the screen's height 0..{h - 1}", y)
 
-    async def click(self, x: int, y: int, button: str = "left", count: int = 1) -> None:
-        self._check_point(x, y)
-        if button not in BUTTONS:
-            raise InvalidArgument("button", f"must be one of {', '.join(BUTTONS)}", button)
+    def _at(self, x: int | None, y: int | None) -> tuple[int, int]:
+        """(x, y) checked, or the cursor where both are None."""
+        if x is None and y is None:
+            return self.cursor
+        if x is None or y is None:
+            raise InvalidArgument("x" if x is None else "y", "must be given with the other", None)
+        self.check_point(x, y)
+        return x, y
+
+    async def click(
+        self, x: int | None = None, y: int | None = None, button: str = "left", count: int = 1
+    ) -> None:
+        """Click `count` times (2: double, 3: triple) at (x, y), or where
+        the pointer is."""
+        at = self._at(x, y)
+        qbutton = _button(button)
         if not 1 <= count <= 3:
-            raise InvalidArgument("count", "must be 1 (click), 2 (double) or 3", count)
-        steps = [self._pointer_to(x, y)]
+            raise InvalidArgument("count", "must be 1 (click), 2 (double) or 3 (triple)", count)
+        steps = [self._pointer_to(*at)]
         for _ in range(count):
-            for down in (True, False):
-                event = {"type": "btn", "data": {"down": down, "button": button}}
-                steps.append(("input-send-event", {"events": [event]}))
+            steps += [_btn(qbutton, True), _btn(qbutton, False)]
         await self._run(*steps)
+        self.cursor = at
+
+    async def button(
+        self, button: str, down: bool, x: int | None = None, y: int | None = None
+    ) -> None:
+        """Press (down) or release a button, at (x, y) or where the pointer is."""
+        at = self._at(x, y)
+        await self._run(self._pointer_to(*at), _btn(_button(button), down))
+        self.cursor = at
 
     async def move(self, x: int, y: int) -> None:
-        self._check_point(x, y)
+        self.check_point(x, y)
         await self._run(self._pointer_to(x, y))
+        self.cursor = (x, y)
+
+    async def drag(self, path: list[tuple[int, int]], button: str = "left") -> None:
+        """Press at the path's first point, move through the others (in
+        steps a program sees as motion), release at the last."""
+        if not 2 <= len(path) <= MAX_PATH:
+            raise InvalidArgument("path", f"must be 2..{MAX_PATH} points", len(path))
+        for px, py in path:
+            self.check_point(px, py)
+        qbutton = _button(button)
+        steps = [self._pointer_to(*path[0]), _btn(qbutton, True)]
+        for (ax, ay), (bx, by) in itertools.pairwise(path):
+            n = max(1, min(DRAG_STEPS, max(abs(bx - ax), abs(by - ay)) // DRAG_STRIDE))
+            steps += [
+                self._pointer_to(ax + (bx - ax) * i // n, ay + (by - ay) * i // n)
+                for i in range(1, n + 1)
+            ]
+        steps.append(_btn(qbutton, False))
+        await self._run(*steps)
+        self.cursor = path[-1]
+
+    async def scroll(
+        self, dx: int = 0, dy: int = 0, x: int | None = None, y: int | None = None
+    ) -> None:
+        """Turn the wheel `dy` notches down (negative: up) and `dx` right
+        (negative: left; sent as shift + wheel), at (x, y) or where the
+        pointer is."""
+        at = self._at(x, y)
+        for name, value in (("dx", dx), ("dy", dy)):
+            if not -MAX_SCROLL <= value <= MAX_SCROLL:
+                raise InvalidArgument(name, f"must be -{MAX_SCROLL}..{MAX_SCROLL} notches", value)
+        if dx == 0 and dy == 0:
+            raise InvalidArgument("dy", "or dx must be non-zero (notches to scroll)", 0)
+        steps = [self._pointer_to(*at), *_wheel(dy)]
+        if dx:
+            # QEMU 7.2's virtio tablet has no horizontal wheel (its
+            # wheel-left/right never reach the guest): shift + wheel is
+            # the horizontal scroll of GTK, Qt, Chromium, Firefox and
+            # LibreOffice.
+            shift = {"type": "key", "data": {"key": {"type": "qcode", "data": "shift"}}}
+            steps.append(("input-send-event", {"events": [_down(shift, True)]}))
+            steps += _wheel(dx)
+            steps.append(("input-send-event", {"events": [_down(shift, False)]}))
+        await self._run(*steps)
+        self.cursor = at
 
     def _pointer_to(self, x: int, y: int) -> tuple[str, dict[str, object]]:
         w, h = self.size
@@ -167,7 +276,48 @@ class Display:
         await self._run(*[("send-key", _send_key(k)) for k in keys])
 
     async def key(self, combo: str) -> None:
+        """Press the keys of `combo` together and release them."""
         await self._run(("send-key", _send_key(combo_keys(combo))))
+
+    async def hold(self, combo: str, down: bool) -> None:
+        """Press (down) the keys of `combo` and keep them pressed, or
+        release them (in the reverse order)."""
+        keys = combo_keys(combo)
+        events = [
+            {"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": q}}}
+            for q in (keys if down else reversed(keys))
+        ]
+        await self._run(("input-send-event", {"events": events}))
+
+
+def _button(name: str) -> str:
+    if name not in BUTTONS:
+        raise InvalidArgument("button", f"must be one of {', '.join(BUTTONS)}", name)
+    return BUTTONS[name]
+
+
+def _wheel(notches: int) -> list[tuple[str, dict[str, object]]]:
+    """Wheel clicks: down (positive) or up."""
+    wheel = "wheel-down" if notches > 0 else "wheel-up"
+    return [step for _ in range(abs(notches)) for step in (_btn(wheel, True), _btn(wheel, False))]
+
+
+def _device(name: str, args: dict[str, Any]) -> str | None:
+    """Which input device a QMP command drives, if any."""
+    if name == "send-key":
+        return "keyboard"
+    if name == "input-send-event":
+        return "keyboard" if args["events"][0]["type"] == "key" else "tablet"
+    return None
+
+
+def _down(event: dict[str, Any], down: bool) -> dict[str, Any]:
+    return {"type": event["type"], "data": {**event["data"], "down": down}}
+
+
+def _btn(qbutton: str, down: bool) -> tuple[str, dict[str, object]]:
+    event = {"type": "btn", "data": {"down": down, "button": qbutton}}
+    return ("input-send-event", {"events": [event]})
 
 
 def _send_key(qcodes: list[str]) -> dict[str, object]:

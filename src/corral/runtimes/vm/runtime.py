@@ -26,15 +26,16 @@ import signal
 import subprocess
 from pathlib import Path
 
-from corral.errors import SandboxFailed
+from corral.errors import FileNotFound, SandboxFailed
 from corral.execd import protocol as p
+from corral.execd.client import ExecdClient
 from corral.host.cgroups import Cgroups
 from corral.host.procs import process_start_time
 from corral.images.layer import Layer
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
-from corral.runtimes.vm import guest
+from corral.runtimes.vm import desktop, guest, pixels
 from corral.runtimes.vm.channel import AgentChannel
 from corral.runtimes.vm.display import Display
 from corral.runtimes.vm.qemu import QEMU, Drive, MicroVM, accelerator
@@ -51,6 +52,7 @@ TAP = "tap0"  # in the VM's own network namespace: one name for every VM
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 PMEM_ALIGN = 128 * 2**20
+DRAWN_TIMEOUT = 90.0  # TCG, a loaded host, several desktops booting at once
 CONSOLE_MAX = 1 << 20  # a guest's console log on the host, at most (then trimmed)
 CONSOLE_KEEP = 256 << 10  # what is kept of it: the lines a failure report shows
 FALLOC_FL_COLLAPSE_RANGE = 0x08
@@ -359,8 +361,8 @@ class FullVMRuntime(MicroVMRuntime):
     """Also HasDisplay. A q35 guest with a display: the same layers, agent and channel as a
     microVM, plus a screen, a tablet and a keyboard (display.py). The
     image's /etc/corral/session, when it has one, is started by the guest's
-    init (the desktop); the sandbox is ready when its agent answers, which
-    may be before the desktop has drawn its first frame."""
+    init (the desktop); the sandbox is ready when its desktop is drawn
+    (wait_drawn), so an agent's first screenshot shows it."""
 
     kind = "fullvm"
     resource = "fullvm"
@@ -420,6 +422,40 @@ class FullVMRuntime(MicroVMRuntime):
     def display_size(self, spec: RuntimeSpec) -> tuple[int, int] | None:
         w, h = spec.display_size or DEFAULT_DISPLAY
         return int(w), int(h)
+
+    async def wait_drawn(self, sandbox_id: str, control: Path, size: tuple[int, int]) -> None:
+        """Until the image's desktop session says it has drawn (it writes
+        desktop.DRAWN_PATH) and QEMU's framebuffer shows more than one
+        colour. An image without a session has no desktop to wait for: its
+        screen is the console, ready with the agent."""
+        client = ExecdClient(str(control))
+        try:
+            await client.stat("root", desktop.SESSION_PATH)
+        except FileNotFound:
+            return
+        deadline = asyncio.get_running_loop().time() + DRAWN_TIMEOUT
+        said, colours = False, 0
+        while asyncio.get_running_loop().time() < deadline:
+            if not said:
+                with contextlib.suppress(FileNotFound):
+                    await client.stat("root", desktop.DRAWN_PATH)
+                    said = True
+            if said:
+                frame = await self.display(sandbox_id, size).frame()
+                colours = pixels.distinct_colours(frame, 2)
+                if colours >= 2:
+                    return
+            await asyncio.sleep(0.05)
+        x_log = ""
+        with contextlib.suppress(Exception):
+            tail = await client.read("root", "/tmp/corral-session.log", 1 << 16)
+            x_log = " | ".join(tail.decode(errors="replace").strip().splitlines()[-5:])
+        what = "the screen stayed one colour" if said else f"{desktop.DRAWN_PATH} never appeared"
+        raise SandboxFailed(
+            f"sandbox {sandbox_id}: its desktop ({desktop.SESSION_PATH}) never came up within "
+            f"{DRAWN_TIMEOUT:.0f}s: {what}; session log: {x_log or 'empty'}",
+            sandbox=sandbox_id,
+        )
 
     def display(self, sandbox_id: str, size: tuple[int, int]) -> Display:
         d = self._dir(sandbox_id)
