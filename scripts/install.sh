@@ -33,7 +33,8 @@ APT_PACKAGES=(
   ca-certificates curl tar
   skopeo zstd               # OCI registries: their protocol (pulls), zstd layers
   docker-registry           # a real registry for the tests, started by them on loopback
-  chromium chromium-driver  # the dashboard's browser test (tests/integration/test_dashboard.py)
+  chromium chromium-driver  # the browser tests (tests/integration/test_dashboard.py, test_liveview.py)
+  novnc                     # the desktops' live view in a browser (api/liveview.py)
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

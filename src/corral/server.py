@@ -16,6 +16,7 @@ import uvicorn
 from corral import trace
 from corral.api.app import create_app
 from corral.api.h2c import H2cOrHttp11
+from corral.api.liveview import add_live_view
 from corral.config import NodeConfig, e2b_templates
 from corral.dashboard import add_dashboard
 from corral.errors import InvalidArgument
@@ -120,6 +121,9 @@ async def serve(
     warming = asyncio.create_task(_warm(agent)) if config.fncall_warm else None
     app = create_app(agent, api_key=key, e2b_templates=config.e2b_templates, node=config.node)
     add_dashboard(app, app.state.resolve, agent=agent)  # /ui, behind the same key
+    # /view/<token>: a desktop's live view (the token is its own key).
+    agent.parts.displays.served = True
+    add_live_view(app, agent.parts.displays.open_view)
     # The node's layer store, readable by other nodes (image pull, lazy loading).
     create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs")
     beat = None

@@ -8,7 +8,6 @@ Each page's screenshot is saved to build/artefacts/dashboard/<page>.png.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -22,22 +21,13 @@ import corral
 from corral.config import NodeConfig
 
 from ..framework import IMAGE, Node
+from ..framework.browser import chromium
 
 pytestmark = pytest.mark.integration
 
 KEY = "dashboard-test-key"
 EVIL = "<script>window.pwned=1</script>"
 ARTEFACTS = Path(__file__).resolve().parents[2] / "build" / "artefacts" / "dashboard"
-CHROMIUM = ("/usr/bin/chromium", "chromium")
-DRIVER = ("/usr/bin/chromedriver", "chromedriver")
-
-
-def _which(candidates: tuple[str, ...]) -> str | None:
-    for c in candidates:
-        found = shutil.which(c)
-        if found:
-            return found
-    return None
 
 
 @dataclass
@@ -87,27 +77,9 @@ def site(node_config: NodeConfig, data_root: Path) -> Iterator[Site]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    chromium, driver = _which(CHROMIUM), _which(DRIVER)
-    missing = [
-        name for name, path in (("chromium", chromium), ("chromedriver", driver)) if not path
-    ]
-    if missing:
-        pytest.skip(
-            f"{' and '.join(missing)} not installed (apt-get install chromium chromium-driver)"
-        )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(chromium)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1400,2400", "--disable-gpu"):  # fmt: skip
-        opts.add_argument(arg)
-    b = webdriver.Chrome(service=Service(str(driver)), options=opts)
-    b.set_page_load_timeout(30)
-    ARTEFACTS.mkdir(parents=True, exist_ok=True)
-    yield b
-    b.quit()
+    with chromium((1400, 2400)) as b:
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        yield b
 
 
 def _wait(what: str, ok: Callable[[], bool], timeout: float = 15.0) -> None:

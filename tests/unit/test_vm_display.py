@@ -60,6 +60,14 @@ def test_characters_map_to_us_keys(ch: str, keys: list[str]) -> None:
         ("super", ["meta_l"]),
         ("+", ["shift", "equal"]),
         ("f12", ["f12"]),
+        # xdotool's names (Anthropic's `key`) and browser names (OpenAI's `keypress`)
+        ("alt+Tab", ["alt", "tab"]),
+        ("Return", ["ret"]),
+        ("KP_0", ["kp_0"]),
+        ("Page_Down", ["pgdn"]),
+        ("super_l", ["meta_l"]),
+        ("CTRL+ArrowLeft", ["ctrl", "left"]),
+        ("ctrl+bracketleft", ["ctrl", "bracket_left"]),
     ],
 )
 def test_key_combinations(combo: str, keys: list[str]) -> None:

@@ -37,6 +37,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    ViewAccess,
     Window,
     XattrRequest,
 )
@@ -263,6 +264,15 @@ def add_routes(app: FastAPI) -> None:
     async def display_apps(svc: Svc, sandbox_id: str) -> dict[str, builtins.list[App]]:
         result = await svc.display_apps(sandbox_id)
         return {"apps": result}
+
+    @app.post("/v1/sandboxes/{sandbox_id}/display/view", status_code=200)
+    async def display_view(
+        svc: Svc,
+        sandbox_id: str,
+        interactive: bool = False,
+        ttl: int = 300,
+    ) -> ViewAccess:
+        return await svc.display_view(sandbox_id, interactive, ttl)
 
     @app.post("/v1/sandboxes/{sandbox_id}/display/launch", status_code=200)
     async def display_launch(svc: Svc, sandbox_id: str, req: LaunchRequest) -> App:

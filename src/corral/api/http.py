@@ -37,6 +37,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    ViewAccess,
     Window,
     XattrRequest,
 )
@@ -324,6 +325,19 @@ class HttpService(HttpTransport):
     async def display_apps(self, sandbox_id: str) -> builtins.list[App]:
         resp = await self._send("GET", f"/v1/sandboxes/{ids.segment(sandbox_id)}/display/apps")
         return [App.model_validate(x) for x in resp.json()["apps"]]
+
+    async def display_view(
+        self,
+        sandbox_id: str,
+        interactive: bool = False,
+        ttl: int = 300,
+    ) -> ViewAccess:
+        resp = await self._send(
+            "POST",
+            f"/v1/sandboxes/{ids.segment(sandbox_id)}/display/view",
+            params=[("interactive", interactive), ("ttl", ttl)],
+        )
+        return ViewAccess.model_validate_json(resp.content)
 
     async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:
         resp = await self._send(

@@ -61,6 +61,7 @@ from corral.api.models_vm import (
     LaunchRequest,
     SavedState,
     SaveRequest,
+    ViewAccess,
     Window,
 )
 from corral.errors import InvalidArgument
@@ -118,6 +119,7 @@ __all__ = [
     "Severity",
     "Usage",
     "Verdict",
+    "ViewAccess",
     "Window",
     "XattrRequest",
     "check_call_file_name",

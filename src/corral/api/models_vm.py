@@ -93,6 +93,21 @@ class App(StrictModel):
     command: str
 
 
+class ViewAccess(StrictModel):
+    """A live view of a desktop sandbox's screen: open `path` (with
+    `token` in it) on the server that issued it, in a browser, until
+    `expires_at` (Unix seconds). Read-only unless `interactive`."""
+
+    sandbox_id: str
+    path: str
+    token: str
+    interactive: bool
+    expires_at: float
+    # The page's full address, filled in by an SDK talking to a server
+    # (the server does not know the address its callers reach it by).
+    url: str | None = None
+
+
 class LaunchRequest(StrictModel):
     """Start an installed application by its id, its name or its command's
     program name (any case)."""

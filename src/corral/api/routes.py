@@ -271,6 +271,14 @@ ROUTES: tuple[Route, ...] = (
     Route("display_windows", "GET", f"{_SBX}/display/windows", Json("windows"), forward=True),
     Route("display_apps", "GET", f"{_SBX}/display/apps", Json("apps"), forward=True),
     Route(
+        "display_view",
+        "POST",
+        f"{_SBX}/display/view",
+        Json(),
+        {"interactive": _Q, "ttl": _Q},
+        forward=True,
+    ),
+    Route(
         "display_launch",
         "POST",
         f"{_SBX}/display/launch",

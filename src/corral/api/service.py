@@ -41,6 +41,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    ViewAccess,
     Window,
     XattrRequest,
 )
@@ -185,6 +186,13 @@ class SandboxService(Protocol):
 
     async def display_apps(self, sandbox_id: str) -> builtins.list[App]:
         """The applications installed in the desktop image."""
+        ...
+
+    async def display_view(
+        self, sandbox_id: str, interactive: bool = False, ttl: int = 300
+    ) -> ViewAccess:
+        """A live view of the screen (a browser opens its path on the
+        server that issued it); read-only unless `interactive`."""
         ...
 
     async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:

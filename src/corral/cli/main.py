@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("-o", "--output", type=Path, help="file to write (default: ID.png)")
 
+    p = cmd("view", sandboxes.view, "print the URL of a full VM's live view (noVNC)")
+    p.add_argument("id")
+    p.add_argument("--interactive", action="store_true", help="let the viewer type and click")
+    p.add_argument("--ttl", type=int, default=300, help="seconds the URL works (at most 3600)")
+
     p = cmd("suspend", sandboxes.suspend, "save a VM sandbox to disk and stop it")
     p.add_argument("id")
     p = cmd("resume", sandboxes.resume, "bring a suspended sandbox back")

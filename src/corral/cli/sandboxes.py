@@ -1,4 +1,4 @@
-"""`corral create/run/exec/ls/rm/call/screenshot/suspend/resume`: sandboxes,
+"""`corral create/run/exec/ls/rm/call/screenshot/view/suspend/resume`: sandboxes,
 through the SDK client (embedded or --url)."""
 
 from __future__ import annotations
@@ -61,6 +61,14 @@ async def screenshot(a: argparse.Namespace) -> int:
     out.write_bytes(png)
     w, h = png_size(png)
     emit(a, {"path": str(out), "width": w, "height": h, "bytes": len(png)}, f"{out} {w}x{h}")
+    return 0
+
+
+async def view(a: argparse.Namespace) -> int:
+    async with open_client(a) as client:
+        sbx = await client.sandboxes.get(a.id)
+        access = await sbx.display.view(interactive=a.interactive, ttl=a.ttl)
+    emit(a, access.model_dump(mode="json"), access.url or access.path)
     return 0
 
 

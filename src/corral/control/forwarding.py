@@ -28,6 +28,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    ViewAccess,
     Window,
     XattrRequest,
 )
@@ -178,6 +179,17 @@ class Forwarding(ABC):
 
     async def display_apps(self, sandbox_id: str) -> builtins.list[App]:
         return await self._forward(sandbox_id, lambda node: node.display_apps(sandbox_id))
+
+    async def display_view(
+        self,
+        sandbox_id: str,
+        interactive: bool = False,
+        ttl: int = 300,
+    ) -> ViewAccess:
+        return await self._forward(
+            sandbox_id,
+            lambda node: node.display_view(sandbox_id, interactive, ttl),
+        )
 
     async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:
         return await self._forward(sandbox_id, lambda node: node.display_launch(sandbox_id, req))

@@ -45,6 +45,7 @@ from corral.api.models import (
     SavedState,
     SaveRequest,
     Usage,
+    ViewAccess,
     Window,
     XattrRequest,
 )
@@ -380,6 +381,11 @@ class NodeAgent:
 
     async def display_apps(self, sandbox_id: str) -> builtins.list[App]:
         return await self.parts.displays.apps(sandbox_id)
+
+    async def display_view(
+        self, sandbox_id: str, interactive: bool = False, ttl: int = 300
+    ) -> ViewAccess:
+        return await self.parts.displays.view(sandbox_id, interactive, ttl)
 
     async def display_launch(self, sandbox_id: str, req: LaunchRequest) -> App:
         return await self.parts.displays.launch(sandbox_id, req)

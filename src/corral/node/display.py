@@ -6,8 +6,10 @@ drives it; windows and applications are asked of the desktop inside
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 
 from corral import metrics
+from corral.api import viewtoken
 from corral.api.models import (
     App,
     DisplayInput,
@@ -17,10 +19,11 @@ from corral.api.models import (
     ExecOutput,
     ExecRequest,
     LaunchRequest,
+    ViewAccess,
     Window,
 )
 from corral.errors import Conflict, InvalidArgument
-from corral.node import guestdesktop
+from corral.node import guestdesktop, signing
 from corral.node.activity import Activity
 from corral.node.store import SandboxRecord
 from corral.runtimes.base import HasDisplay, Runtime, Screen
@@ -33,22 +36,62 @@ GUEST_TIMEOUT = 30.0
 
 class Displays:
     def __init__(
-        self, awake: Awake, runtimes: Mapping[str, Runtime], activity: Activity, exec_: Exec
+        self,
+        awake: Awake,
+        runtimes: Mapping[str, Runtime],
+        activity: Activity,
+        exec_: Exec,
+        *,
+        node: str,
+        view_key: Path,
     ) -> None:
         self._awake = awake
         self.runtimes = runtimes
         self.activity = activity
         self._exec = exec_
+        self.node = node
+        self.view_key = view_key
+        # Set by `corral serve`: the views this node issues have a server
+        # to be opened on (an embedded node has none).
+        self.served = False
 
-    async def _desktop(self, sandbox_id: str) -> tuple[SandboxRecord, Screen]:
+    async def _runtime(self, sandbox_id: str) -> tuple[SandboxRecord, HasDisplay]:
         rec = await self._awake(sandbox_id)
         runtime = self.runtimes.get(rec.kind)
         if not isinstance(runtime, HasDisplay):
             raise InvalidArgument(
                 "kind", "has no display: only fullvm sandboxes have one", rec.kind
             )
+        return rec, runtime
+
+    async def _desktop(self, sandbox_id: str) -> tuple[SandboxRecord, Screen]:
+        rec, runtime = await self._runtime(sandbox_id)
         w, h = rec.spec["display_size"]
         return rec, runtime.display(sandbox_id, (int(w), int(h)))
+
+    async def view(self, sandbox_id: str, interactive: bool, ttl: int) -> ViewAccess:
+        """A token to watch (or, `interactive`, drive) the screen in a
+        browser at /view/<token> on this node's server."""
+        viewtoken.check_ttl(ttl)
+        await self._runtime(sandbox_id)
+        if not self.served:
+            raise Conflict(
+                "a live view is served over HTTP: run the node with `corral serve` "
+                "(an embedded node has no server to open it on)"
+            )
+        key = signing.load_key(self.view_key)
+        token, expires = viewtoken.issue(key, sandbox_id, self.node, interactive, ttl)
+        metrics.DISPLAY_OPS.labels("view").inc()
+        return ViewAccess(
+            sandbox_id=sandbox_id, path=f"/view/{token}", token=token,
+            interactive=interactive, expires_at=expires,
+        )  # fmt: skip
+
+    async def open_view(self, token: str) -> tuple[viewtoken.ViewGrant, Path]:
+        """What a view token grants here, and the screen's VNC socket."""
+        grant = viewtoken.verify(signing.load_key(self.view_key), token, self.node)
+        _, runtime = await self._runtime(grant.sandbox_id)
+        return grant, runtime.vnc_socket(grant.sandbox_id)
 
     async def screenshot(
         self, sandbox_id: str, percent: int = 100, x: int = 0, y: int = 0, width: int = 0,

@@ -291,7 +291,10 @@ async def start_parts(
         keyed=KeyedExecs(store, sessions.exec),
         steplog=StepLog(SqliteDatabase(f"sqlite://{store.path}", inline=True)),
         files=Files(cfg, snapshots.awake, execd, sessions),
-        displays=Displays(snapshots.awake, runtimes, activity, sessions.exec),
+        displays=Displays(
+            snapshots.awake, runtimes, activity, sessions.exec, node=cfg.node,
+            view_key=cfg.data_dir / "view.key",
+        ),
         commits=Commits(cfg, store, layers.store, scratch, admission, platform.nsexec),
         fncall=FnCalls(cfg, layers.store, cgroups, create=lifecycle.create,
                        retire=lifecycle.retire, execd=execd),

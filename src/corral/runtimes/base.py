@@ -217,6 +217,10 @@ class HasDisplay(Protocol):
         """Until a freshly booted sandbox's desktop is on its screen."""
         ...
 
+    def vnc_socket(self, sandbox_id: str) -> Path:
+        """Where the sandbox's screen is served over VNC (RFB)."""
+        ...
+
 
 @runtime_checkable
 class Reattachable(Protocol):

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
-from corral.api.models import App, DisplayInput, DisplayState, LaunchRequest, Window, validated
+from corral.api.models import (
+    App,
+    DisplayInput,
+    DisplayState,
+    LaunchRequest,
+    ViewAccess,
+    Window,
+    validated,
+)
 from corral.errors import InvalidArgument
 from corral.sdk.handle import SandboxHandle
 
@@ -140,6 +148,16 @@ class AsyncDisplay:
         drawn it: wait for it in `windows()`."""
         req = validated(LaunchRequest, {"app": app})
         return await self._sandbox._service.display_launch(self._sandbox.id, req)
+
+    async def view(self, *, interactive: bool = False, ttl: int = 300) -> ViewAccess:
+        """A live view of the screen for a browser: `url` (the server's
+        /view/<token> page, noVNC) until `expires_at`; read-only unless
+        `interactive`. Needs a server (`corral serve`)."""
+        access = await self._sandbox._service.display_view(self._sandbox.id, interactive, ttl)
+        base = getattr(self._sandbox._service, "url", None)
+        if isinstance(base, str):
+            access = access.model_copy(update={"url": base.rstrip("/") + access.path})
+        return access
 
     async def _send(self, fields: dict[str, object]) -> None:
         req = validated(DisplayInput, {k: v for k, v in fields.items() if v is not None})

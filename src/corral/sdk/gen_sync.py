@@ -293,6 +293,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     Usage,
+    ViewAccess,
     Window,
 )
 from corral.api.service import SandboxService

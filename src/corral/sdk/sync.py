@@ -27,6 +27,7 @@ from corral.api.models import (
     SandboxInfo,
     SavedState,
     Usage,
+    ViewAccess,
     Window,
 )
 from corral.api.service import SandboxService
@@ -276,6 +277,11 @@ class Display:
     def type(self, text: str) -> None:
         """Type `text` on a US keyboard ('\n' is Enter)."""
         return self._portal.call(self._inner.type, text)
+
+    def view(self, *, interactive: bool = False, ttl: int = 300) -> ViewAccess:
+        """A live view of the screen for a browser: `url` (the server's /view/<token> page, noVNC)
+        until `expires_at`; read-only unless `interactive`. Needs a server (`corral serve`)."""
+        return self._portal.call(self._inner.view, interactive=interactive, ttl=ttl)
 
     def wait(self, seconds: float) -> None:
         """Let the screen settle (computer-use tools' `wait`); at most a minute."""

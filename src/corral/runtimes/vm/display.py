@@ -46,6 +46,24 @@ _NAMED = {
     "insert": "insert", "home": "home", "end": "end", "pageup": "pgup", "pagedown": "pgdn",
     "up": "up", "down": "down", "left": "left", "right": "right",
     **{f"f{i}": f"f{i}" for i in range(1, 13)},
+    # X keysym names (xdotool's, which Anthropic's computer-use `key` takes)
+    # and browser key names (OpenAI's `keypress`), lowercased.
+    "shift_l": "shift", "shift_r": "shift_r", "control_l": "ctrl", "control_r": "ctrl_r",
+    "ctrl_l": "ctrl", "ctrl_r": "ctrl_r", "alt_l": "alt", "alt_r": "alt_r",
+    "super_l": "meta_l", "super_r": "meta_r", "cmd": "meta_l", "command": "meta_l",
+    "option": "alt", "altgr": "alt_r", "meta_l": "meta_l", "meta_r": "meta_r",
+    "page_up": "pgup", "page_down": "pgdn", "prior": "pgup", "next": "pgdn",
+    "arrowup": "up", "arrowdown": "down", "arrowleft": "left", "arrowright": "right",
+    "caps_lock": "caps_lock", "capslock": "caps_lock", "num_lock": "num_lock",
+    "scroll_lock": "scroll_lock", "print": "print", "printscreen": "print",
+    "pause": "pause", "menu": "menu", "contextmenu": "menu",
+    "kp_enter": "kp_enter", "kp_add": "kp_add", "kp_subtract": "kp_subtract",
+    "kp_multiply": "kp_multiply", "kp_divide": "kp_divide", "kp_decimal": "kp_decimal",
+    **{f"kp_{i}": f"kp_{i}" for i in range(10)},
+    "minus": "minus", "equal": "equal", "comma": "comma", "period": "dot",
+    "slash": "slash", "semicolon": "semicolon", "apostrophe": "apostrophe",
+    "bracketleft": "bracket_left", "bracketright": "bracket_right",
+    "backslash": "backslash", "grave": "grave_accent",
 }  # fmt: skip
 # Unshifted punctuation and the shifted character on the same key.
 _PUNCT = {

@@ -62,6 +62,7 @@ class MicroVM:
     cmdline: str = ""
     accel: str = "tcg"
     display: tuple[int, int] | None = None  # (width, height): a full VM
+    vnc_socket: Path | None = None  # a full VM's screen over VNC (the live view)
     # A flat EROFS image mapped into the guest by virtio-pmem (q35 only:
     # microvm in QEMU 7.2 maps it at address 0 and the guest fails).
     pmem: Path | None = None
@@ -129,6 +130,12 @@ class MicroVM:
                 "-device", "virtio-tablet-pci",
                 "-device", "virtio-keyboard-pci",
             ]  # fmt: skip
+            if self.vnc_socket is not None:
+                # Root-only socket in the sandbox's dir, no VNC auth: the
+                # node's live view (api/liveview.py) is the only client and
+                # checks the viewer's token; force-shared lets viewers
+                # coexist without one disconnecting the others.
+                argv += ["-vnc", f"unix:{self.vnc_socket},share=force-shared"]
         if self.tap is not None:
             argv += [
                 "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no",

@@ -163,6 +163,7 @@ class MicroVMRuntime:
             cmdline=cmdline,
             accel=accelerator(),
             display=display,
+            vnc_socket=d / "vnc.sock" if display is not None else None,
             pmem=pmem,
             free_page_reporting=self.free_page_reporting,
             tap=TAP if net is not None else None,
@@ -456,6 +457,10 @@ class FullVMRuntime(MicroVMRuntime):
             f"{DRAWN_TIMEOUT:.0f}s: {what}; session log: {x_log or 'empty'}",
             sandbox=sandbox_id,
         )
+
+    def vnc_socket(self, sandbox_id: str) -> Path:
+        """The sandbox's screen over VNC (QEMU's server, no auth: root only)."""
+        return self._dir(sandbox_id) / "vnc.sock"
 
     def display(self, sandbox_id: str, size: tuple[int, int]) -> Display:
         d = self._dir(sandbox_id)

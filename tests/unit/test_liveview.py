@@ -1,0 +1,97 @@
+"""The live view's parts that need no VM: its tokens and the read-only
+filter over the viewer's RFB stream."""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Any
+
+import pytest
+
+from corral.api import viewtoken
+from corral.api.rfb import ViewerStream
+from corral.errors import InvalidArgument, Unauthenticated
+
+KEY = b"k" * 32
+HANDSHAKE = b"RFB 003.008\n" + b"\x01" + b"\x00"  # version, security None, ClientInit exclusive
+SET_ENCODINGS = struct.pack(">BBHii", 2, 0, 2, 0, -258)
+UPDATE = struct.pack(">BBHHHH", 3, 1, 0, 0, 1024, 768)
+PIXEL_FORMAT = bytes([0, 0, 0, 0]) + bytes(16)
+KEY_EVENT = struct.pack(">BBHI", 4, 1, 0, 0x61)
+POINTER = struct.pack(">BBHH", 5, 1, 10, 20)
+CUT = struct.pack(">BxxxI", 6, 3) + b"abc"
+EXT_CLIPBOARD = struct.pack(">Bxxxi", 6, -8) + bytes(8)  # noVNC's extended clipboard caps
+QEMU_KEY = struct.pack(">BBHII", 255, 0, 1, 0x61, 0x1E)
+FENCE = struct.pack(">BxxxIB", 248, 0, 2) + b"xy"
+
+
+def test_a_read_only_view_passes_what_asks_to_see_and_drops_input() -> None:
+    s = ViewerStream(interactive=False)
+    out = s.feed(HANDSHAKE)
+    assert out == b"RFB 003.008\n\x01\x01"  # ClientInit forced to shared
+    stream = (
+        PIXEL_FORMAT + SET_ENCODINGS + EXT_CLIPBOARD + UPDATE + KEY_EVENT + POINTER + CUT
+        + QEMU_KEY + FENCE + UPDATE
+    )  # fmt: skip
+    assert s.feed(stream) == PIXEL_FORMAT + SET_ENCODINGS + UPDATE + FENCE + UPDATE
+
+
+def test_an_interactive_view_passes_everything_framed_byte_by_byte() -> None:
+    s = ViewerStream(interactive=True)
+    stream = HANDSHAKE + PIXEL_FORMAT + KEY_EVENT + POINTER + CUT + QEMU_KEY + UPDATE
+    out = b"".join(s.feed(stream[i : i + 1]) for i in range(len(stream)))
+    assert out == stream[:13] + b"\x01" + stream[14:]
+
+
+def test_rfb_3_3_has_no_security_choice() -> None:
+    s = ViewerStream(interactive=False)
+    assert s.feed(b"RFB 003.003\n\x00" + POINTER + UPDATE) == b"RFB 003.003\n\x01" + UPDATE
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"HTTP/1.1 200 OK\r\n\r\n",  # not RFB
+        HANDSHAKE + b"\x07" + bytes(16),  # an unknown message type
+        HANDSHAKE + struct.pack(">BBHII", 255, 1, 0, 0, 0),  # a QEMU message we cannot frame
+        HANDSHAKE + struct.pack(">BxxxI", 6, 1 << 30),  # 1 GiB of "clipboard"
+    ],
+)
+def test_streams_a_view_cannot_frame_end_it(stream: bytes) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        ViewerStream(interactive=False).feed(stream)
+    assert e.value.field == "rfb"
+
+
+def test_view_tokens_grant_one_sandbox_on_one_node_until_they_expire() -> None:
+    token, expires = viewtoken.issue(KEY, "sbx-1", "node-a", False, 60)
+    grant = viewtoken.verify(KEY, token, "node-a")
+    assert (grant.sandbox_id, grant.interactive, grant.expires_at) == ("sbx-1", False, expires)
+    live, _ = viewtoken.issue(KEY, "sbx-1", "node-a", True, 60)
+    assert viewtoken.verify(KEY, live, "node-a").interactive
+    payload, mac = token.removeprefix("vt1.").split(".")
+    bad: list[tuple[str, str, Any]] = [
+        (token, "node-b", "for node node-a"),
+        (token.replace("vt1.", "dt1."), "node-a", "vt1.<payload>.<mac>"),
+        (f"vt1.{payload}", "node-a", "vt1.<payload>.<mac>"),
+        (f"vt1.{payload}.{mac[::-1]}", "node-a", "signature"),
+        (f"vt1.{live.split('.')[1]}.{mac}", "node-a", "signature"),  # read-only mac, live grant
+        ("vt1.bm90IGpzb24.x", "node-a", "signature"),
+    ]
+    for text, node, why in bad:
+        with pytest.raises(Unauthenticated, match=why):
+            viewtoken.verify(KEY, text, node)
+    with pytest.raises(Unauthenticated, match="signature"):
+        viewtoken.verify(b"other" * 7, token, "node-a")
+
+
+def test_expired_view_tokens_and_bad_ttls(monkeypatch: pytest.MonkeyPatch) -> None:
+    token, expires = viewtoken.issue(KEY, "sbx-1", "node-a", False, 1)
+    monkeypatch.setattr(time, "time", lambda: expires + 5)
+    with pytest.raises(Unauthenticated, match="expired 5 s ago"):
+        viewtoken.verify(KEY, token, "node-a")
+    for ttl in (0, -1, 3601, True, 1.5):
+        with pytest.raises(InvalidArgument) as e:
+            viewtoken.issue(KEY, "s", "n", False, ttl)  # type: ignore[arg-type]
+        assert e.value.field == "ttl"
