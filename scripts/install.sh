@@ -172,6 +172,9 @@ say "images: e2b-code-interpreter:bookworm (E2B's code-interpreter template: Jup
 say "images: debian-desktop:bookworm + corral-desktop (the full-VM desktop: X, twm, xterm; cached)"
 .venv/bin/corral image build debian-desktop:bookworm --desktop
 
+say "images: debian-xfce:bookworm + corral-xfce (XFCE, Chromium, Firefox, LibreOffice; a Dockerfile build, cached)"
+.venv/bin/corral image build debian-xfce:bookworm --desktop xfce
+
 say "images: pytest toolkit and the demo's project workspaces (PyPI sdists, pinned; cached)"
 .venv/bin/python -m corral.rollout.demo_images
 

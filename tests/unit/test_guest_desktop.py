@@ -44,6 +44,18 @@ def test_windows_are_the_managed_ones_with_absolute_geometry() -> None:
     ]
 
 
+def test_windows_off_the_screen_are_left_out() -> None:
+    tree = (
+        '     0x1 "panel": ("p" "P")  1280x27+0+0  +0+0\n'
+        '     0x2 "helper": ("h" "H")  3x3+-9999+-9999  +-9999+-9999\n'
+        '     0x3 "half": ("h" "H")  100x100+-50+-50  +-50+-50\n'
+        '     0x4 "below": ("b" "B")  10x10+0+800  +0+800\n'
+    )
+    states = "0x1 Normal\n0x2 Normal\n0x3 Normal\n0x4 Normal\n"
+    wins = guestdesktop.parse_windows(tree + "-- states\n" + states, (1280, 800))
+    assert [w.title for w in wins] == ["panel", "half"]
+
+
 def test_window_lists_are_bounded() -> None:
     line = '     0x{:x} "{}": ("a" "A")  10x10+0+0  +0+0'
     n = guestdesktop.MAX_WINDOWS + 50

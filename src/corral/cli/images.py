@@ -47,6 +47,8 @@ async def image_build(a: argparse.Namespace) -> int:
         return await _image_run(a)
     if a.file:
         return await _image_dockerfile(a)
+    if a.desktop == "xfce":
+        return await _image_xfce(a)
     with progress_bar(disable=a.json) as progress:
         if a.from_oci:
             from corral.images.oci import import_oci
@@ -99,6 +101,22 @@ async def image_build(a: argparse.Namespace) -> int:
         f"{a.ref} {layer.digest} "
         f"({format_size(layer.content_size)} content, {format_size(layer.meta_size)} metadata)",
     )
+    return 0
+
+
+async def _image_xfce(a: argparse.Namespace) -> int:
+    """The XFCE desktop: its base from its Dockerfile (Corral's builder, on
+    the small desktop's base), then its session toolkit."""
+    from corral.runtimes.vm import desktop, xfce
+
+    store = _store(a)
+    with progress_bar(disable=a.json) as progress:
+        await asyncio.to_thread(desktop.ensure, store, progress)
+        toolkit = await asyncio.to_thread(xfce.ensure_toolkit, store, progress)
+    a.file, a.cmd = xfce.DOCKERFILE, [str(xfce.DOCKERFILE.parent)]
+    a.build_arg, a.no_cache = [], False
+    await _image_dockerfile(a)
+    emit(a, _layer_doc(toolkit), f"{xfce.TOOLKIT} {toolkit.digest}")
     return 0
 
 

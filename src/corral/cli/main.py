@@ -211,8 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--debootstrap", metavar="SUITE")
     src.add_argument(
         "--desktop",
-        action="store_true",
-        help="Corral's full-VM desktop: REF is its base, its toolkit is corral-desktop:latest",
+        nargs="?",
+        const="twm",
+        choices=["twm", "xfce"],
+        help="Corral's full-VM desktop, REF its base: twm (small; toolkit corral-desktop:latest) "
+        "or xfce (XFCE, Chromium, Firefox, LibreOffice; toolkit corral-xfce:latest)",
     )
     src.add_argument(
         "--from-oci",

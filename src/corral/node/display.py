@@ -31,7 +31,7 @@ from corral.runtimes.vm.pixels import Region
 
 Awake = Callable[[str], Awaitable[SandboxRecord]]
 Exec = Callable[[SandboxRecord, ExecRequest], AsyncIterator[ExecEvent]]
-GUEST_TIMEOUT = 30.0
+GUEST_TIMEOUT = 120.0  # a TCG guest busy starting an app answers slowly
 
 
 class Displays:
@@ -160,10 +160,10 @@ class Displays:
         return b"".join(out).decode(errors="replace")
 
     async def windows(self, sandbox_id: str) -> list[Window]:
-        rec, _ = await self._desktop(sandbox_id)
+        rec, screen = await self._desktop(sandbox_id)
         text = await self._guest(rec, guestdesktop.WINDOWS_SCRIPT)
         metrics.DISPLAY_OPS.labels("windows").inc()
-        return guestdesktop.parse_windows(text)
+        return guestdesktop.parse_windows(text, screen.size)
 
     async def apps(self, sandbox_id: str) -> list[App]:
         rec, _ = await self._desktop(sandbox_id)

@@ -61,7 +61,9 @@ _TREE_LINE = re.compile(
 _FIELD_CODE = re.compile(r"%[%fFuUdDnNickvm]")  # the Exec key's field codes; %% is '%'
 
 
-def parse_windows(text: str) -> list[Window]:
+def parse_windows(text: str, screen: tuple[int, int] | None = None) -> list[Window]:
+    """The managed windows in `text`; with `screen`, only those on it (a
+    toolkit parks helper windows at -9999)."""
     tree, _, states_text = text.partition("\n-- states\n")
     states: dict[str, str] = {}
     for line in states_text.splitlines():
@@ -73,12 +75,18 @@ def parse_windows(text: str) -> list[Window]:
         if m is None or states.get(m.group(1)) != "Normal":
             continue
         wid, title, w, h, x, y = m.groups()
+        if screen is not None and not _on_screen(int(x), int(y), int(w), int(h), screen):
+            continue
         windows.append(
             Window(id=wid, title=title[:MAX_TITLE], x=int(x), y=int(y), width=int(w), height=int(h))
         )
         if len(windows) >= MAX_WINDOWS:
             break
     return windows
+
+
+def _on_screen(x: int, y: int, w: int, h: int, screen: tuple[int, int]) -> bool:
+    return x < screen[0] and y < screen[1] and x + w > 0 and y + h > 0
 
 
 def parse_apps(text: str) -> list[App]:

@@ -41,8 +41,8 @@ DESKTOP_RGB = (0x3B, 0x6E, 0x8F)
 SESSION_PATH = "/etc/corral/session"
 DRAWN_PATH = "/run/corral/desktop-drawn"
 
-SESSION = """#!/bin/sh
-# Corral's desktop on a full VM, started by the guest's init.
+X_START = """#!/bin/sh
+# A Corral desktop on a full VM, started by the guest's init: X first.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root DISPLAY=:0 LANG=C.UTF-8
 # No udev in the guest: find the VM's keyboard and tablet by name.
@@ -93,22 +93,30 @@ CONF
 Xorg :0 -config /tmp/xorg.conf -nolisten tcp -noreset -novtswitch vt1 \\
   >/var/log/corral-x.log 2>&1 &
 for i in $(seq 1 300); do xdpyinfo >/dev/null 2>&1 && break; sleep 0.1; done
-xsetroot -solid "@RGB@"
-# twm's fonts are the core "fixed" ones; a UTF-8 locale would want a fontset.
-LANG=C twm &
-cd /root
-# Drawn: the launcher is on the screen. The node's create waits for this
-# file (and for QEMU's framebuffer to show it) before it returns.
-(
-  for i in $(seq 1 600); do
-    if xwininfo -name xmessage 2>/dev/null | grep -q IsViewable; then
-      mkdir -p /run/corral && : > @DRAWN@
+"""
+
+
+def drawn_when(test: str) -> str:
+    """Shell that writes DRAWN_PATH once `test` succeeds (within 60 s): the
+    node's create waits for this file (and for QEMU's framebuffer to show
+    more than one colour) before it returns."""
+    return f"""(
+  for i in $(seq 1 1200); do
+    if {test}; then
+      mkdir -p /run/corral && : > {DRAWN_PATH}
       break
     fi
     sleep 0.05
   done
 ) &
-while :; do
+"""
+
+
+TWM_SESSION = """xsetroot -solid "@RGB@"
+# twm's fonts are the core "fixed" ones; a UTF-8 locale would want a fontset.
+LANG=C twm &
+cd /root
+@DRAWN_WHEN@while :; do
   # xmessage exits with the clicked button's value (0 here) or fails if X went.
   if xmessage -geometry +0+0 -buttons " Terminal :0" -default " Terminal " "Corral"; then
     xterm -geometry 80x24+120+60 &
@@ -132,8 +140,15 @@ IconManagerFont "fixed"
 """
 
 
+def session() -> str:
+    """/etc/corral/session of the twm desktop."""
+    drawn = drawn_when("xwininfo -name xmessage 2>/dev/null | grep -q IsViewable")
+    tail = TWM_SESSION.replace("@RGB@", _hex(DESKTOP_RGB)).replace("@DRAWN_WHEN@", drawn)
+    return X_START + tail
+
+
 def _toolkit_version() -> str:
-    text = SESSION + TWMRC + _hex(DESKTOP_RGB) + DRAWN_PATH
+    text = session() + TWMRC
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -156,12 +171,10 @@ def ensure(store: ImageStore, progress: ProgressFn) -> tuple[Layer, Layer]:
         return base, found
     stage = store.tmpdir("desktop")
     try:
-        session = stage / "etc" / "corral" / "session"
-        session.parent.mkdir(parents=True)
-        session.write_text(
-            SESSION.replace("@RGB@", _hex(DESKTOP_RGB)).replace("@DRAWN@", DRAWN_PATH)
-        )
-        session.chmod(0o755)
+        script = stage / "etc" / "corral" / "session"
+        script.parent.mkdir(parents=True)
+        script.write_text(session())
+        script.chmod(0o755)
         (stage / "root").mkdir(mode=0o700)
         (stage / "root" / ".twmrc").write_text(TWMRC)
         toolkit = build_from_dir(

@@ -28,6 +28,7 @@ MAX_PATH = 64  # points in a drag
 MAX_SCROLL = 50  # wheel notches in one scroll
 DRAG_STRIDE = 16  # a drag moves at most this far (pixels) between motion events
 DRAG_STEPS = 32  # ...and in at most this many steps between two points
+KEY_HOLD_MS = 20  # how long QEMU holds each key of send-key down
 DEVICE_ORDER_PAUSE = 0.05  # s between events on two devices that must arrive in order
 TABLET_MAX = 0x7FFF  # QEMU scales absolute axes to 0..32767
 # Button names a caller uses, to QEMU's (OpenAI's computer use calls the
@@ -149,6 +150,14 @@ class Display:
                     await qmp.execute(name, **args)
                     if device is not None:
                         self._last_at = time.monotonic()
+                # QEMU answers send-key at once and plays the keys from its
+                # queue, each held KEY_HOLD_MS: the call returns when they
+                # are typed, so the next input (a click elsewhere) cannot
+                # overtake the tail of the text.
+                typed = sum(1 for name, _ in commands if name == "send-key")
+                if typed:
+                    await asyncio.sleep(typed * KEY_HOLD_MS / 1000)
+                    self._last_at = time.monotonic()
             finally:
                 qmp.close()
 
@@ -339,4 +348,4 @@ def _btn(qbutton: str, down: bool) -> tuple[str, dict[str, object]]:
 
 
 def _send_key(qcodes: list[str]) -> dict[str, object]:
-    return {"keys": [{"type": "qcode", "data": q} for q in qcodes], "hold-time": 20}
+    return {"keys": [{"type": "qcode", "data": q} for q in qcodes], "hold-time": KEY_HOLD_MS}

@@ -1,0 +1,214 @@
+"""The full desktop driven the way a computer-use agent drives it: by
+screenshots, clicks and keys alone.
+
+Chromium opens a form served from inside the sandbox; the agent finds the
+fields on the screen by their colours, clicks and types into them, submits,
+and the result is checked on the screen (the page turns green) and in the
+page's server log. LibreOffice Calc gets numbers and a formula typed into
+it and saves them with ctrl+s; a command checks the saved file. Then four
+desktops run at once, each driven to its own state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+import corral
+from corral.api.models import Window
+from corral.runtimes.vm import desktop, xfce
+
+from ..framework import png_pixels, require_image
+
+pytestmark = [pytest.mark.integration, pytest.mark.requires_qemu]
+
+STEP = 240.0  # s for one step of a GUI under TCG (an app's first start)
+FORM = """<!doctype html><html><head><title>Corral form</title><style>
+body { margin: 0; background: #ffffff; }
+input { position: absolute; left: 60px; width: 360px; height: 56px; border: 0;
+        font-size: 28px; }
+#name { top: 40px; background: #ff00ff; } #age { top: 140px; background: #00ffff; }
+#go { top: 240px; width: 200px; background: #ffff00; }
+</style></head><body><form method="post" action="/submit">
+<input id="name" name="name"><input id="age" name="age">
+<input id="go" type="submit" value="Send"></form></body></html>"""
+SERVER = """import http.server, urllib.parse
+FORM = open('/tmp/form/index.html', 'rb').read()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header('Content-Type', 'text/html')
+        self.end_headers(); self.wfile.write(FORM)
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers['Content-Length'])).decode()
+        with open('/tmp/form/log.txt', 'a') as f:
+            f.write(body + '\\n')
+        self.send_response(200); self.send_header('Content-Type', 'text/html'); self.end_headers()
+        self.wfile.write(b'<html><head><title>Thanks</title></head>'
+                         b'<body style="background:#00ff00"></body></html>')
+http.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()
+"""
+CHECK_ODS = """import re, zipfile
+x = zipfile.ZipFile('/root/sheet.ods').read('content.xml').decode()
+cells = re.findall(r'<table:table-cell[^>]*office:value="([0-9.]+)"', x)
+print(' '.join(cells)); print('formula' if 'of:=[.A1]*[.A2]+1' in x else 'no formula')
+"""
+
+
+@pytest.fixture
+async def xdesk(embedded: corral.AsyncClient) -> AsyncIterator[corral.AsyncSandbox]:
+    require_image(xfce.BASE)
+    s = await embedded.sandboxes.create(
+        kind="fullvm", image=xfce.BASE, toolkit=[xfce.TOOLKIT], memory="2GiB",
+        display_size="1280x800",
+    )  # fmt: skip
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def _find(rows: list[bytes], rgb: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """(x, y, count): the centre of the pixels of one colour, sampled."""
+    target, xs, ys = bytes(rgb), [], []
+    for y in range(0, len(rows), 4):
+        row = rows[y]
+        for x in range(0, len(row) // 3, 4):
+            if row[3 * x : 3 * x + 3] == target:
+                xs.append(x)
+                ys.append(y)
+    if len(xs) < 20:
+        return None
+    return sum(xs) // len(xs), sum(ys) // len(ys), len(xs)
+
+
+async def _until(
+    what: str, probe: Callable[[], Awaitable[object]], timeout: float = STEP
+) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = await probe()
+        except corral.Conflict:  # the desktop too busy to answer (an app starting): again
+            got = None
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(1)
+
+
+async def _on_screen(s: corral.AsyncSandbox, rgb: tuple[int, int, int]) -> tuple[int, int, int]:
+    async def look() -> tuple[int, int, int] | None:
+        return _find(png_pixels(await s.display.screenshot())[2], rgb)
+
+    found = await _until(f"colour {rgb} on the screen", look)
+    assert isinstance(found, tuple)
+    return found
+
+
+async def _window(s: corral.AsyncSandbox, part: str) -> Window:
+    async def look() -> Window | None:
+        return next((w for w in await s.display.windows() if part in w.title), None)
+
+    found = await _until(f"a window titled *{part}*", look)
+    assert isinstance(found, Window)
+    return found
+
+
+@pytest.mark.timeout(1200)
+async def test_an_agent_fills_a_form_in_chromium_and_a_sheet_in_calc(
+    xdesk: corral.AsyncSandbox,
+) -> None:
+    d = xdesk.display
+    await xdesk.files.write("/tmp/form/index.html", FORM.encode())
+    await xdesk.files.write("/tmp/form/server.py", SERVER.encode())
+    await xdesk.commands.start("python3 /tmp/form/server.py")
+
+    # Chromium, the address typed like a person would.
+    await d.launch("chromium")
+    await _window(xdesk, "Chromium")
+    await d.key("ctrl+l")
+    await d.type("http://127.0.0.1:8000/\n")
+    await _window(xdesk, "Corral form")
+    # As an agent looks before it types: a field takes its focus when the
+    # browser gets to the click (seconds, under TCG).
+    x, y, _ = await _on_screen(xdesk, (255, 0, 255))
+    await d.click(x, y)
+    await d.wait(3)
+    await d.type("Ada Lovelace")
+    x, y, _ = await _on_screen(xdesk, (0, 255, 255))
+    await d.click(x, y)
+    await d.wait(3)
+    await d.type("36")
+    await d.wait(2)
+    x, y, _ = await _on_screen(xdesk, (255, 255, 0))
+    await d.click(x, y)
+    # The result, on the screen and in the server's log.
+    _, _, green = await _on_screen(xdesk, (0, 255, 0))
+    assert green > 5000  # most of the page
+    log = (await xdesk.files.read("/tmp/form/log.txt")).decode()
+    assert log.strip() == "name=Ada+Lovelace&age=36"
+
+    # LibreOffice Calc: numbers, a formula, ctrl+s, a path, Enter.
+    await d.launch("libreoffice-calc")
+    calc = await _window(xdesk, "LibreOffice Calc")
+    await d.wait(5)
+    # A new window may not have the keyboard (focus stealing prevention):
+    # click into the sheet, then ctrl+Home to A1.
+    await d.click(calc.x + calc.width // 2, calc.y + calc.height // 2)
+    await d.wait(2)
+    await d.key("ctrl+home")
+    await d.wait(4)
+    await d.type("3\n4\n=A1*A2+1\n")
+    await d.wait(3)
+    await d.key("ctrl+s")
+    await _window(xdesk, "Save")
+    await d.wait(2)
+    await d.key("ctrl+a")
+    await d.type("/root/sheet.ods\n")
+
+    async def saved() -> bool:
+        r = await xdesk.commands.run("test -s /root/sheet.ods")
+        return r.exit_code == 0
+
+    await _until("the saved sheet", saved)
+    await d.wait(3)  # the file is written whole before the title changes
+    r = await xdesk.commands.run(["python3", "-c", CHECK_ODS])
+    assert r.stdout.split("\n")[:2] == ["3 4 13", "formula"], r.stdout + r.stderr
+
+
+@pytest.mark.timeout(900)
+async def test_four_desktops_at_once_each_driven_to_its_own_state(
+    embedded: corral.AsyncClient,
+) -> None:
+    require_image(desktop.BASE)
+    colours = ["#ff0000", "#00ff00", "#0000ff", "#ffff00"]
+    boxes = await asyncio.gather(
+        *(
+            embedded.sandboxes.create(
+                kind="fullvm", image=desktop.BASE, toolkit=[desktop.TOOLKIT], memory="1GiB"
+            )
+            for _ in colours
+        )
+    )
+    try:
+
+        async def drive(s: corral.AsyncSandbox, colour: str) -> None:
+            await s.display.launch("xterm")
+            term = await _window(s, "xterm")
+            await s.display.click(term.x + term.width // 2, term.y + term.height // 2)
+            await s.display.type(f"xsetroot -solid '{colour}'\n")
+
+        await asyncio.gather(*(drive(s, c) for s, c in zip(boxes, colours, strict=True)))
+        for s, colour in zip(boxes, colours, strict=True):
+            rgb = tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+
+            async def shows(s: corral.AsyncSandbox = s, rgb: tuple[int, ...] = rgb) -> bool:
+                _, _, rows = png_pixels(await s.display.screenshot())
+                return bytes(rows[700][900 * 3 : 900 * 3 + 3]) == bytes(rgb)
+
+            await _until(f"{s.id} showing {colour}", shows)
+    finally:
+        await asyncio.gather(*(s.close() for s in boxes))
