@@ -166,11 +166,9 @@ async def main(a: argparse.Namespace) -> None:
             ["object", "before", "after"], [[k, str(before[k]), str(after[k])] for k in before]
         ),
     ]
-    print(
-        write_result(
-            "desktop", "Desktop sandboxes: create to drawn, screenshots, actions", sections
-        )
-    )
+    name = "desktop" if a.image == desktop.BASE else "desktop-xfce"
+    title = f"Desktop sandboxes ({a.image}): create to drawn, screenshots, actions"
+    print(write_result(name, title, sections))
     print(json.dumps({"create_p50": pct(create_t, 50)}))
 
 
