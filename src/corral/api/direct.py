@@ -42,16 +42,17 @@ ALLOWED = frozenset(
 )  # fmt: skip
 
 
-def _b64(data: bytes) -> str:
+def b64url(data: bytes) -> str:
+    """Unpadded URL-safe base64: a token part that needs no escaping."""
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def _unb64(text: str) -> bytes:
+def unb64url(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def _mac(secret: str, payload: str) -> str:
-    return _b64(
+    return b64url(
         hmac.new(secret.encode(), b"corral-direct\0" + payload.encode(), hashlib.sha256).digest()
     )
 
@@ -65,7 +66,7 @@ def check_ttl(ttl: int) -> int:
 def issue(secret: str, sandbox_id: str, node: str, ttl: int) -> tuple[str, float]:
     """A token for `sandbox_id` on `node`, and when it expires."""
     expires = round(time.time() + check_ttl(ttl), 3)
-    payload = _b64(json.dumps({"s": sandbox_id, "n": node, "e": expires}).encode())
+    payload = b64url(json.dumps({"s": sandbox_id, "n": node, "e": expires}).encode())
     return f"{PREFIX}{payload}.{_mac(secret, payload)}", expires
 
 
@@ -83,7 +84,7 @@ def verify(secret: str, token: str, node: str) -> str:
     if not hmac.compare_digest(mac.encode(), _mac(secret, payload).encode()):
         raise Unauthenticated("the direct token's signature does not match")
     try:
-        doc = json.loads(_unb64(payload))
+        doc = json.loads(unb64url(payload))
         sandbox, where, expires = str(doc["s"]), str(doc["n"]), float(doc["e"])
     except (ValueError, KeyError, TypeError):
         raise Unauthenticated("the direct token's payload is malformed") from None

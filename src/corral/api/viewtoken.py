@@ -11,13 +11,13 @@ no other token of Corral's verifies as one).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
 import time
 from dataclasses import dataclass
 
+from corral.api.direct import b64url, unb64url
 from corral.errors import InvalidArgument, Unauthenticated
 
 PREFIX = "vt1."
@@ -32,16 +32,8 @@ class ViewGrant:
     expires_at: float
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def _mac(key: bytes, payload: str) -> str:
-    return _b64(hmac.new(key, b"corral-view\0" + payload.encode(), hashlib.sha256).digest())
+    return b64url(hmac.new(key, b"corral-view\0" + payload.encode(), hashlib.sha256).digest())
 
 
 def check_ttl(ttl: int) -> int:
@@ -53,7 +45,7 @@ def check_ttl(ttl: int) -> int:
 def issue(key: bytes, sandbox_id: str, node: str, interactive: bool, ttl: int) -> tuple[str, float]:
     expires = round(time.time() + check_ttl(ttl), 3)
     doc = {"s": sandbox_id, "n": node, "i": bool(interactive), "e": expires}
-    payload = _b64(json.dumps(doc).encode())
+    payload = b64url(json.dumps(doc).encode())
     return f"{PREFIX}{payload}.{_mac(key, payload)}", expires
 
 
@@ -66,7 +58,7 @@ def verify(key: bytes, token: str, node: str) -> ViewGrant:
     if not hmac.compare_digest(mac.encode(), _mac(key, payload).encode()):
         raise Unauthenticated("the view token's signature does not match")
     try:
-        doc = json.loads(_unb64(payload))
+        doc = json.loads(unb64url(payload))
         grant = ViewGrant(str(doc["s"]), bool(doc["i"]), float(doc["e"]))
         where = str(doc["n"])
     except (ValueError, KeyError, TypeError):
