@@ -160,14 +160,19 @@ async def test_fork_copies_a_running_vm(embedded: corral.AsyncClient, kind: str)
     copies: list[corral.AsyncSandbox] = []
     try:
         await src.files.write("/work/note", b"before the fork")
-        # A process that holds a number only in memory and serves it.
+        # A process that holds a number only in memory and serves it. Its
+        # files appear whole (written aside, then renamed): the test waits
+        # for them to exist, and a loaded guest can be seen between the
+        # create and the write.
         server = await src.commands.start(
             "python3 -c 'import os, time\n"
+            "def put(path, text):\n"
+            '    open(path + ".new", "w").write(text); os.rename(path + ".new", path)\n'
             "secret = os.urandom(8).hex()\n"
-            'open("/tmp/pid", "w").write(str(os.getpid()))\n'
+            'put("/tmp/pid", str(os.getpid()))\n'
             "while True:\n"
             '    if os.path.exists("/tmp/ask"):\n'
-            '        open("/tmp/answer", "w").write(secret); os.remove("/tmp/ask")\n'
+            '        put("/tmp/answer", secret); os.remove("/tmp/ask")\n'
             "    time.sleep(0.05)\n'"
         )
         # Waits for the server's answers, not for fixed times: a TCG guest

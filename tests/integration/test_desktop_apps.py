@@ -6,7 +6,8 @@ fields on the screen by their colours, clicks and types into them, submits,
 and the result is checked on the screen (the page turns green) and in the
 page's server log. LibreOffice Calc gets numbers and a formula typed into
 it and saves them with ctrl+s; a command checks the saved file. Then four
-desktops run at once, each driven to its own state.
+desktops run at once, each driven to its own state. Each test runs on a
+full VM's desktop and on a container's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from corral.runtimes.vm import desktop, xfce
 
 from ..framework import png_pixels, require_image
 
-pytestmark = [pytest.mark.integration, pytest.mark.requires_qemu]
+pytestmark = pytest.mark.integration
+# A full VM's desktop (QEMU), and a container's (Xvfb): one API, one test.
+KINDS = [pytest.param("fullvm", marks=pytest.mark.requires_qemu), "container"]
+
 
 STEP = 240.0  # s for one step of a GUI under TCG (an app's first start)
 FORM = """<!doctype html><html><head><title>Corral form</title><style>
@@ -57,11 +61,13 @@ print(' '.join(cells)); print('formula' if 'of:=[.A1]*[.A2]+1' in x else 'no for
 """
 
 
-@pytest.fixture
-async def xdesk(embedded: corral.AsyncClient) -> AsyncIterator[corral.AsyncSandbox]:
+@pytest.fixture(params=KINDS)
+async def xdesk(
+    embedded: corral.AsyncClient, request: pytest.FixtureRequest
+) -> AsyncIterator[corral.AsyncSandbox]:
     require_image(xfce.BASE)
     s = await embedded.sandboxes.create(
-        kind="fullvm", image=xfce.BASE, toolkit=[xfce.TOOLKIT], memory="2GiB",
+        kind=request.param, image=xfce.BASE, toolkit=[xfce.TOOLKIT], memory="2GiB",
         display_size="1280x800",
     )  # fmt: skip
     try:
@@ -180,15 +186,20 @@ async def test_an_agent_fills_a_form_in_chromium_and_a_sheet_in_calc(
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("kind", KINDS)
 async def test_four_desktops_at_once_each_driven_to_its_own_state(
-    embedded: corral.AsyncClient,
+    embedded: corral.AsyncClient, kind: str
 ) -> None:
     require_image(desktop.BASE)
     colours = ["#ff0000", "#00ff00", "#0000ff", "#ffff00"]
     boxes = await asyncio.gather(
         *(
             embedded.sandboxes.create(
-                kind="fullvm", image=desktop.BASE, toolkit=[desktop.TOOLKIT], memory="1GiB"
+                kind=kind,
+                image=desktop.BASE,
+                toolkit=[desktop.TOOLKIT],
+                memory="1GiB",
+                display_size="1024x768",
             )
             for _ in colours
         )

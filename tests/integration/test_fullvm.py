@@ -25,12 +25,17 @@ from ..framework import png_pixels, require_image
 GREEN = (0, 255, 0)
 
 
-@pytest.fixture
-async def desk(embedded: corral.AsyncClient) -> AsyncIterator[corral.AsyncSandbox]:
+@pytest.fixture(params=[pytest.param("fullvm", marks=pytest.mark.requires_qemu), "container"])
+async def desk(
+    embedded: corral.AsyncClient, request: pytest.FixtureRequest
+) -> AsyncIterator[corral.AsyncSandbox]:
+    """The small desktop on a full VM (QEMU's screen) and in a container
+    (Xvfb's): every test of the display runs on both."""
     require_image(desktop.BASE)
     s = await embedded.sandboxes.create(
-        kind="fullvm", image=desktop.BASE, toolkit=[desktop.TOOLKIT], memory="1GiB"
-    )
+        kind=request.param, image=desktop.BASE, toolkit=[desktop.TOOLKIT], memory="1GiB",
+        display_size="1024x768",
+    )  # fmt: skip
     yield s
     await s.close()
 
@@ -66,7 +71,6 @@ async def _wait_screen(
         await asyncio.sleep(1)
 
 
-@pytest.mark.requires_qemu
 async def test_open_a_terminal_by_clicking_type_and_read_the_screen(
     desk: corral.AsyncSandbox,
 ) -> None:
@@ -99,27 +103,54 @@ async def test_open_a_terminal_by_clicking_type_and_read_the_screen(
     await _wait_screen(
         desk, lambda rows: _pixel(rows, 900, 700) == (0, 0, 255), "blue after ctrl+c"
     )
-    # Bad input is refused by name, before QEMU hears of it.
+    # Bad input is refused by name, before the screen hears of it.
     with pytest.raises(corral.InvalidArgument) as e:
         await desk.display.click(5000, 10)
     assert e.value.field == "x"
-    with pytest.raises(corral.InvalidArgument) as e:
-        await desk.display.type("naïve")
-    assert e.value.field == "text"
+    if desk.info.kind == "fullvm":
+        # QEMU's keyboard is a US one: what it has no key for is refused.
+        with pytest.raises(corral.InvalidArgument) as e:
+            await desk.display.type("naïve")
+        assert e.value.field == "text"
+    else:
+        # XTEST types any character (xdotool maps a spare key to it).
+        await desk.display.type("echo naïve €5 > /tmp/u\n")
+        await _until_file(desk, "/tmp/u", "naïve €5\n".encode())
+        with pytest.raises(corral.InvalidArgument) as e:
+            await desk.display.type("\x1b[2J")
+        assert e.value.field == "text"
     with pytest.raises(corral.InvalidArgument) as e:
         await desk.display.key("ctrl+nothing")
     assert e.value.field == "keys"
 
 
-async def test_other_kinds_have_no_display(embedded: corral.AsyncClient) -> None:
+async def _until_file(sbx: corral.AsyncSandbox, path: str, want: bytes) -> None:
+    deadline = time.monotonic() + 60
+    while (r := await sbx.commands.run(f"cat {path}")).stdout.encode() != want:
+        assert time.monotonic() < deadline, f"{path} holds {r.stdout!r}, not {want!r}"
+        await asyncio.sleep(0.5)
+
+
+async def test_a_sandbox_without_a_display_says_so(embedded: corral.AsyncClient) -> None:
     box = await embedded.sandboxes.create(image="debian-python:bookworm")
     try:
         assert box.display.size is None
         with pytest.raises(corral.InvalidArgument) as e:
             await box.display.screenshot()
-        assert e.value.field == "kind"
+        assert e.value.field == "display_size"
     finally:
         await box.close()
+
+
+async def test_a_container_desktop_needs_an_image_with_a_session(
+    embedded: corral.AsyncClient,
+) -> None:
+    """Asked for on an image with no desktop: a clear error, nothing left."""
+    before = {s.id for s in await embedded.sandboxes.list()}
+    with pytest.raises(corral.InvalidArgument) as e:
+        await embedded.sandboxes.create(image="debian-python:bookworm", display_size="800x600")
+    assert e.value.field == "display_size" and "/etc/corral/session" in str(e.value)
+    assert {s.id for s in await embedded.sandboxes.list()} == before
 
 
 def _xev_events(log: str) -> list[str]:
@@ -135,7 +166,6 @@ def _xev_events(log: str) -> list[str]:
     return out
 
 
-@pytest.mark.requires_qemu
 async def test_every_pointer_and_key_action_reaches_a_program_in_order(
     desk: corral.AsyncSandbox,
 ) -> None:
@@ -190,7 +220,6 @@ async def test_every_pointer_and_key_action_reaches_a_program_in_order(
     assert len(keys) == 8 and keys.index("release Shift_L") < keys.index("press Control_L")
 
 
-@pytest.mark.requires_qemu
 async def test_launch_apps_list_windows_and_cut_screenshots(desk: corral.AsyncSandbox) -> None:
     d = desk.display
     started = await d.launch("XTerm")  # by name, any case
@@ -204,6 +233,9 @@ async def test_launch_apps_list_windows_and_cut_screenshots(desk: corral.AsyncSa
     with pytest.raises(corral.InvalidArgument) as e:
         await d.launch("gimp")
     assert e.value.field == "app" and "debian-xterm" in str(e.value)
+    if desk.info.kind == "container":
+        with pytest.raises(corral.Conflict, match="live view is served for fullvm"):
+            await d.view()
     # A region and a scaled copy, cut from the same screen on the host.
     w, h, _ = png_pixels(await d.screenshot(region=(10, 20, 300, 200)))
     assert (w, h) == (300, 200)

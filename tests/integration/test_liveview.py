@@ -165,6 +165,6 @@ async def test_a_view_needs_a_display_and_a_server(embedded: corral.AsyncClient)
     try:
         with pytest.raises(corral.InvalidArgument) as e:
             await box.display.view()
-        assert e.value.field == "kind"
+        assert e.value.field == "display_size"
     finally:
         await box.close()

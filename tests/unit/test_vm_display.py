@@ -169,7 +169,8 @@ def test_fullvm_defaults_and_display_size() -> None:
 @pytest.mark.parametrize(
     "fields",
     [
-        {"kind": "container", "display_size": "800x600"},
+        {"kind": "fncall", "display_size": "800x600"},
+        {"kind": "container", "display_size": "10x10"},
         {"kind": "microvm", "display_size": "800x600"},
         {"kind": "fullvm", "display_size": "100x100"},
         {"kind": "fullvm", "display_size": "4096x2160"},

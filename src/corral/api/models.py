@@ -180,7 +180,8 @@ class CreateSandbox(StrictModel):
     # A retried create with the same key returns the sandbox the first one
     # made, instead of making another (create_many's per-item keys).
     idempotency_key: str | None = None
-    # A full VM's screen, (width, height) or "WxH"; default 1024x768.
+    # A desktop's screen, (width, height) or "WxH": a full VM always has one
+    # (default 1024x768); a container has one (Xvfb) when this is given.
     display_size: tuple[int, int] | None = None
     # Paths the task protects (its tests, its grader): a write to one, or
     # under one, is a `protected_write` violation in the sandbox's report.
@@ -207,8 +208,10 @@ class CreateSandbox(StrictModel):
     @field_validator("display_size", mode="before")
     @classmethod
     def _display_size(cls, v: object, info: Any) -> object:
-        if v is not None and info.data.get("kind") != "fullvm":
-            raise ValueError(f"is for kind 'fullvm' only, not {info.data.get('kind')!r}")
+        if v is not None and info.data.get("kind") not in ("fullvm", "container"):
+            raise ValueError(
+                f"is for kinds 'fullvm' and 'container' (a desktop), not {info.data.get('kind')!r}"
+            )
         if isinstance(v, str):
             m = re.fullmatch(r"(\d{1,5})x(\d{1,5})", v)
             if m is None:

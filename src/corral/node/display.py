@@ -41,11 +41,13 @@ class Displays:
         runtimes: Mapping[str, Runtime],
         activity: Activity,
         exec_: Exec,
+        control: Callable[[str], Path],
         *,
         node: str,
         view_key: Path,
     ) -> None:
         self._awake = awake
+        self.control = control
         self.runtimes = runtimes
         self.activity = activity
         self._exec = exec_
@@ -58,22 +60,26 @@ class Displays:
     async def _runtime(self, sandbox_id: str) -> tuple[SandboxRecord, HasDisplay]:
         rec = await self._awake(sandbox_id)
         runtime = self.runtimes.get(rec.kind)
-        if not isinstance(runtime, HasDisplay):
+        if not isinstance(runtime, HasDisplay) or not rec.spec.get("display_size"):
             raise InvalidArgument(
-                "kind", "has no display: only fullvm sandboxes have one", rec.kind
+                "display_size",
+                f"was not given: sandbox {sandbox_id} ({rec.kind}) has no display (a fullvm "
+                "has one; a container has one when created with display_size)",
+                None,
             )
         return rec, runtime
 
     async def _desktop(self, sandbox_id: str) -> tuple[SandboxRecord, Screen]:
         rec, runtime = await self._runtime(sandbox_id)
         w, h = rec.spec["display_size"]
-        return rec, runtime.display(sandbox_id, (int(w), int(h)))
+        return rec, runtime.display(sandbox_id, (int(w), int(h)), self.control(sandbox_id))
 
     async def view(self, sandbox_id: str, interactive: bool, ttl: int) -> ViewAccess:
         """A token to watch (or, `interactive`, drive) the screen in a
         browser at /view/<token> on this node's server."""
         viewtoken.check_ttl(ttl)
-        await self._runtime(sandbox_id)
+        _, runtime = await self._runtime(sandbox_id)
+        runtime.vnc_socket(sandbox_id)  # a screen with no VNC server says so here
         if not self.served:
             raise Conflict(
                 "a live view is served over HTTP: run the node with `corral serve` "
@@ -109,7 +115,8 @@ class Displays:
 
     async def state(self, sandbox_id: str) -> DisplayState:
         _, screen = await self._desktop(sandbox_id)
-        (w, h), (cx, cy) = screen.size, screen.cursor
+        cx, cy = await screen.pointer()
+        w, h = screen.size
         return DisplayState(width=w, height=h, cursor_x=cx, cursor_y=cy)
 
     async def input(self, sandbox_id: str, req: DisplayInput) -> None:

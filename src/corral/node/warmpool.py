@@ -53,8 +53,8 @@ class WarmPool:
         self._task: asyncio.Task[None] | None = None
 
     def _stack(self, req: CreateSandbox) -> Stack | None:
-        if self.size <= 0 or req.kind != "container":
-            return None
+        if self.size <= 0 or req.kind != "container" or req.display_size is not None:
+            return None  # (a desktop's session starts at create: not a warm one's)
         try:
             return tuple(layer.digest for layer in self.lifecycle.resolve_layers(req))
         except CorralError:

@@ -292,7 +292,8 @@ async def start_parts(
         steplog=StepLog(SqliteDatabase(f"sqlite://{store.path}", inline=True)),
         files=Files(cfg, snapshots.awake, execd, sessions),
         displays=Displays(
-            snapshots.awake, runtimes, activity, sessions.exec, node=cfg.node,
+            snapshots.awake, runtimes, activity, sessions.exec,
+            lambda sid: control_path(cfg.run_dir, sid), node=cfg.node,
             view_key=cfg.data_dir / "view.key",
         ),
         commits=Commits(cfg, store, layers.store, scratch, admission, platform.nsexec),

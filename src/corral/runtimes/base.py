@@ -186,6 +186,8 @@ class Screen(Protocol):
 
     async def screenshot(self, percent: int = 100, region: Region | None = None) -> bytes: ...
 
+    async def pointer(self) -> tuple[int, int]: ...
+
     async def click(
         self, x: int | None = None, y: int | None = None, button: str = "left", count: int = 1
     ) -> None: ...
@@ -211,7 +213,9 @@ class Screen(Protocol):
 
 @runtime_checkable
 class HasDisplay(Protocol):
-    def display(self, sandbox_id: str, size: tuple[int, int]) -> Screen: ...
+    def display(self, sandbox_id: str, size: tuple[int, int], control: Path) -> Screen:
+        """The sandbox's screen; `control` is its agent's socket."""
+        ...
 
     async def wait_drawn(self, sandbox_id: str, control: Path, size: tuple[int, int]) -> None:
         """Until a freshly booted sandbox's desktop is on its screen."""

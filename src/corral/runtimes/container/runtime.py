@@ -15,17 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.errors import Conflict, SandboxFailed
+from corral.errors import Conflict, InvalidArgument, SandboxFailed
 from corral.execd.client import ExecdClient
 from corral.execd.protocol import VERSION as PROTO_VERSION
 from corral.guard import seccomp
 from corral.host.cgroups import Cgroups, IoLimit, Mode
 from corral.host.platform import Platform
 from corral.host.procs import process_start_time
+from corral.runtimes import drawn
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
-from corral.runtimes.container import bundle, criu
+from corral.runtimes.container import bundle, criu, xscreen
 from corral.runtimes.container.oci import OciRuntime, Overlay
 from corral.runtimes.container.relisten import relisten
+from corral.runtimes.container.xscreen import XScreen
+from corral.runtimes.vm import desktop
 
 
 class ContainerRuntime:
@@ -333,6 +336,37 @@ class ContainerRuntime:
         await self._relisten(sandbox_id)
         shutil.rmtree(d / "checkpoint", ignore_errors=True)
         return Started(pid=pid, pid_start=started)
+
+    def display(self, sandbox_id: str, size: tuple[int, int], control: Path) -> XScreen:
+        return XScreen(sandbox_id, control, size)
+
+    async def wait_drawn(self, sandbox_id: str, control: Path, size: tuple[int, int]) -> None:
+        """Start the image's desktop session on Xvfb, then wait until it has
+        drawn (runtimes/drawn.py)."""
+        client = ExecdClient(str(control))
+        deadline = asyncio.get_running_loop().time() + drawn.DRAWN_TIMEOUT
+        if not await drawn.has(sandbox_id, client, desktop.SESSION_PATH, deadline):
+            raise InvalidArgument(
+                "display_size",
+                f"needs an image with a desktop session ({desktop.SESSION_PATH}), like "
+                f"image={desktop.BASE!r} with toolkit=[{desktop.TOOLKIT!r}]",
+                f"{size[0]}x{size[1]}",
+            )
+        env = [*xscreen.ENV, f"CORRAL_XVFB={size[0]}x{size[1]}"]
+        session = await client.start(
+            ["/bin/sh", "-c", f'setsid "$0" </dev/null >{drawn.SESSION_LOG} 2>&1 &',
+             desktop.SESSION_PATH],
+            env, user="root", cwd="/", timeout=30, stdout_cap=4096, stderr_cap=4096, stdin=None,
+        )  # fmt: skip
+        async for _ in session.events():
+            pass
+        await drawn.wait(sandbox_id, client, self.display(sandbox_id, size, control))
+
+    def vnc_socket(self, sandbox_id: str) -> Path:
+        raise Conflict(
+            f"sandbox {sandbox_id} is a container desktop: a live view is served for "
+            "fullvm sandboxes only (for now)"
+        )
 
     def releasers(self) -> dict[str, Releaser]:
         # The cgroup is the node's to release (host/cgroups.py), like a VM's.

@@ -35,6 +35,10 @@ PACKAGES = [
     "xfonts-base",
     "x11-xserver-utils",
     "x11-utils",
+    # A container desktop's X server (no devices: a framebuffer in a file)
+    # and its input (XTEST), runtimes/container/xscreen.py.
+    "xvfb",
+    "xdotool",
 ]
 DESKTOP_RGB = (0x3B, 0x6E, 0x8F)
 # What a desktop session writes once it has drawn (node/lifecycle.py waits).
@@ -42,9 +46,17 @@ SESSION_PATH = "/etc/corral/session"
 DRAWN_PATH = "/run/corral/desktop-drawn"
 
 X_START = """#!/bin/sh
-# A Corral desktop on a full VM, started by the guest's init: X first.
+# A Corral desktop: on a full VM started by the guest's init, in a container
+# by the node (with CORRAL_XVFB=WIDTHxHEIGHT). X first.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root DISPLAY=:0 LANG=C.UTF-8
+if [ -n "$CORRAL_XVFB" ]; then
+  # A container has no screen device: Xvfb keeps the screen in a file
+  # (XWD) the node reads, and takes input through XTEST (xdotool).
+  mkdir -p /run/corral/fb /var/log
+  Xvfb :0 -screen 0 "${CORRAL_XVFB}x24" -fbdir /run/corral/fb -nolisten tcp -noreset \\
+    >/var/log/corral-x.log 2>&1 &
+else
 # No udev in the guest: find the VM's keyboard and tablet by name.
 kbd="" ptr=""
 for i in $(seq 1 100); do
@@ -92,6 +104,7 @@ EndSection
 CONF
 Xorg :0 -config /tmp/xorg.conf -nolisten tcp -noreset -novtswitch vt1 \\
   >/var/log/corral-x.log 2>&1 &
+fi
 for i in $(seq 1 300); do xdpyinfo >/dev/null 2>&1 && break; sleep 0.1; done
 """
 

@@ -115,24 +115,199 @@ def combo_keys(combo: str) -> list[str]:
     return list(dict.fromkeys(out))  # "shift+A" presses shift once
 
 
-class Display:
-    """One guest's display. QEMU serves one QMP client at a time, so calls
-    on a display are serialised; suspend takes the same lock.
+Command = tuple[str, dict[str, object]]
 
-    `cursor` is where Corral last put the pointer. The tablet is absolute:
-    the guest cannot move it, so that is where the pointer is unless a
-    program in the guest warped its own cursor (X starts it mid-screen)."""
 
-    def __init__(self, qmp_socket: Path, shot_path: Path, size: tuple[int, int]) -> None:
-        self.qmp_socket = qmp_socket
-        self.shot_path = shot_path
+class InputScreen:
+    """A screen's actions, checked, then put into input commands. The
+    commands are QMP's (a full VM's own language): `input-send-event`
+    (the pointer's position, buttons and keys down or up) and `send-key`
+    (keys pressed together and released). Each kind of screen sends them
+    its own way (_run) and reads its frames its own way (frame).
+
+    `cursor` is where Corral last put the pointer."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
         self.size = size
         self.cursor = (size[0] // 2, size[1] // 2)
         self.lock = asyncio.Lock()
+
+    async def _run(self, *commands: Command) -> None:
+        raise NotImplementedError
+
+    async def frame(self) -> pixels.Rgb:
+        """The screen's pixels now."""
+        raise NotImplementedError
+
+    async def _whole_png(self) -> bytes:
+        image = await self.frame()
+        return await asyncio.to_thread(pixels.png, image)
+
+    async def screenshot(self, percent: int = 100, region: pixels.Region | None = None) -> bytes:
+        """A PNG of the screen, or of `region`, at `percent` of its size
+        (both checked before the screen is read)."""
+        pixels.check_percent(percent)
+        if region is not None:
+            region.check(self.size)
+        if region is None and percent >= 100:
+            return await self._whole_png()
+        image = await self.frame()
+        if region is not None:
+            region.check(self.size)  # the guest may have changed its mode since
+            image = pixels.cut(image, region)
+        return await asyncio.to_thread(lambda: pixels.png(pixels.scaled(image, percent)))
+
+    async def pointer(self) -> tuple[int, int]:
+        """Where the pointer is."""
+        return self.cursor
+
+    def check_point(self, x: int, y: int) -> None:
+        w, h = self.size
+        if not 0 <= x < w:
+            raise InvalidArgument("x", f"must be within the screen's width 0..{w - 1}", x)
+        if not 0 <= y < h:
+            raise InvalidArgument("y", f"must be within the screen's height 0..{h - 1}", y)
+
+    def _at(self, x: int | None, y: int | None) -> tuple[int, int] | None:
+        """(x, y) checked, or None (where the pointer is) when both are."""
+        if x is None and y is None:
+            return None
+        if x is None or y is None:
+            raise InvalidArgument("x" if x is None else "y", "must be given with the other", None)
+        self.check_point(x, y)
+        return x, y
+
+    def _go(self, at: tuple[int, int] | None) -> list[tuple[str, dict[str, object]]]:
+        """The pointer's move to `at` (none: a button acts where it is)."""
+        if at is None:
+            return []
+        self.cursor = at
+        return [self._pointer_to(*at)]
+
+    async def click(
+        self, x: int | None = None, y: int | None = None, button: str = "left", count: int = 1
+    ) -> None:
+        """Click `count` times (2: double, 3: triple) at (x, y), or where
+        the pointer is."""
+        at = self._at(x, y)
+        qbutton = _button(button)
+        if not 1 <= count <= 3:
+            raise InvalidArgument("count", "must be 1 (click), 2 (double) or 3 (triple)", count)
+        steps = self._go(at)
+        for _ in range(count):
+            steps += [_btn(qbutton, True), _btn(qbutton, False)]
+        await self._run(*steps)
+
+    async def button(
+        self, button: str, down: bool, x: int | None = None, y: int | None = None
+    ) -> None:
+        """Press (down) or release a button, at (x, y) or where the pointer is."""
+        at = self._at(x, y)
+        await self._run(*self._go(at), _btn(_button(button), down))
+
+    async def move(self, x: int, y: int) -> None:
+        self.check_point(x, y)
+        await self._run(self._pointer_to(x, y))
+        self.cursor = (x, y)
+
+    async def drag(self, path: list[tuple[int, int]], button: str = "left") -> None:
+        """Press at the path's first point, move through the others (in
+        steps a program sees as motion), release at the last."""
+        if not 2 <= len(path) <= MAX_PATH:
+            raise InvalidArgument("path", f"must be 2..{MAX_PATH} points", len(path))
+        for px, py in path:
+            self.check_point(px, py)
+        qbutton = _button(button)
+        steps = [self._pointer_to(*path[0]), _btn(qbutton, True)]
+        for (ax, ay), (bx, by) in itertools.pairwise(path):
+            n = max(1, min(DRAG_STEPS, max(abs(bx - ax), abs(by - ay)) // DRAG_STRIDE))
+            steps += [
+                self._pointer_to(ax + (bx - ax) * i // n, ay + (by - ay) * i // n)
+                for i in range(1, n + 1)
+            ]
+        steps.append(_btn(qbutton, False))
+        await self._run(*steps)
+        self.cursor = path[-1]
+
+    async def scroll(
+        self, dx: int = 0, dy: int = 0, x: int | None = None, y: int | None = None
+    ) -> None:
+        """Turn the wheel `dy` notches down (negative: up) and `dx` right
+        (negative: left; sent as shift + wheel), at (x, y) or where the
+        pointer is."""
+        at = self._at(x, y)
+        for name, value in (("dx", dx), ("dy", dy)):
+            if not -MAX_SCROLL <= value <= MAX_SCROLL:
+                raise InvalidArgument(name, f"must be -{MAX_SCROLL}..{MAX_SCROLL} notches", value)
+        if dx == 0 and dy == 0:
+            raise InvalidArgument("dy", "or dx must be non-zero (notches to scroll)", 0)
+        steps = [*self._go(at), *_wheel(dy)]
+        if dx:
+            # QEMU 7.2's virtio tablet has no horizontal wheel (its
+            # wheel-left/right never reach the guest): shift + wheel is
+            # the horizontal scroll of GTK, Qt, Chromium, Firefox and
+            # LibreOffice.
+            shift = {"type": "key", "data": {"key": {"type": "qcode", "data": "shift"}}}
+            steps.append(("input-send-event", {"events": [_down(shift, True)]}))
+            steps += _wheel(dx)
+            steps.append(("input-send-event", {"events": [_down(shift, False)]}))
+        await self._run(*steps)
+
+    def _pointer_to(self, x: int, y: int) -> tuple[str, dict[str, object]]:
+        w, h = self.size
+        return (
+            "input-send-event",
+            {
+                "events": [
+                    {
+                        "type": "abs",
+                        "data": {"axis": "x", "value": x * TABLET_MAX // max(1, w - 1)},
+                    },
+                    {
+                        "type": "abs",
+                        "data": {"axis": "y", "value": y * TABLET_MAX // max(1, h - 1)},
+                    },
+                ]
+            },
+        )
+
+    async def type(self, text: str) -> None:
+        if len(text) > MAX_TEXT:
+            raise InvalidArgument("text", f"must be at most {MAX_TEXT} characters", len(text))
+        keys = [char_keys(ch) for ch in text]  # all checked before any is sent
+        await self._run(*[("send-key", _send_key(k)) for k in keys])
+
+    async def key(self, combo: str) -> None:
+        """Press the keys of `combo` together and release them."""
+        await self._run(("send-key", _send_key(combo_keys(combo))))
+
+    async def hold(self, combo: str, down: bool) -> None:
+        """Press (down) the keys of `combo` and keep them pressed, or
+        release them (in the reverse order)."""
+        keys = combo_keys(combo)
+        events = [
+            {"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": q}}}
+            for q in (keys if down else reversed(keys))
+        ]
+        await self._run(("input-send-event", {"events": events}))
+
+
+class Display(InputScreen):
+    """A full VM's display, through QMP. QEMU serves one QMP client at a
+    time, so calls on a display are serialised; suspend takes the same lock.
+
+    The tablet is absolute: the guest cannot move it, so the pointer is
+    where Corral last put it unless a program in the guest warped its own
+    cursor (X starts it mid-screen)."""
+
+    def __init__(self, qmp_socket: Path, shot_path: Path, size: tuple[int, int]) -> None:
+        super().__init__(size)
+        self.qmp_socket = qmp_socket
+        self.shot_path = shot_path
         self._last_device: str | None = None
         self._last_at = 0.0
 
-    async def _run(self, *commands: tuple[str, dict[str, object]]) -> None:
+    async def _run(self, *commands: Command) -> None:
         async with self.lock:
             qmp = await Qmp.connect(self.qmp_socket, timeout=10)
             try:
@@ -174,147 +349,10 @@ class Display:
         self.size = (image.width, image.height)
         return image
 
-    async def screenshot(self, percent: int = 100, region: pixels.Region | None = None) -> bytes:
-        """A PNG of the screen, or of `region`, at `percent` of its size
-        (both checked before QEMU is asked)."""
-        pixels.check_percent(percent)
-        if region is not None:
-            region.check(self.size)
-        if region is None and percent >= 100:
-            data = await self._dump("png")  # QEMU encodes it: no copy through Python
-            self.size = pixels.png_size(data)
-            return data
-        image = await self.frame()
-        if region is not None:
-            region.check(self.size)  # the guest may have changed its mode since
-            image = pixels.cut(image, region)
-        return await asyncio.to_thread(lambda: pixels.png(pixels.scaled(image, percent)))
-
-    def check_point(self, x: int, y: int) -> None:
-        w, h = self.size
-        if not 0 <= x < w:
-            raise InvalidArgument("x", f"must be within the screen's width 0..{w - 1}", x)
-        if not 0 <= y < h:
-            raise InvalidArgument("y", f"must be within the screen's height 0..{h - 1}", y)
-
-    def _at(self, x: int | None, y: int | None) -> tuple[int, int]:
-        """(x, y) checked, or the cursor where both are None."""
-        if x is None and y is None:
-            return self.cursor
-        if x is None or y is None:
-            raise InvalidArgument("x" if x is None else "y", "must be given with the other", None)
-        self.check_point(x, y)
-        return x, y
-
-    async def click(
-        self, x: int | None = None, y: int | None = None, button: str = "left", count: int = 1
-    ) -> None:
-        """Click `count` times (2: double, 3: triple) at (x, y), or where
-        the pointer is."""
-        at = self._at(x, y)
-        qbutton = _button(button)
-        if not 1 <= count <= 3:
-            raise InvalidArgument("count", "must be 1 (click), 2 (double) or 3 (triple)", count)
-        steps = [self._pointer_to(*at)]
-        for _ in range(count):
-            steps += [_btn(qbutton, True), _btn(qbutton, False)]
-        await self._run(*steps)
-        self.cursor = at
-
-    async def button(
-        self, button: str, down: bool, x: int | None = None, y: int | None = None
-    ) -> None:
-        """Press (down) or release a button, at (x, y) or where the pointer is."""
-        at = self._at(x, y)
-        await self._run(self._pointer_to(*at), _btn(_button(button), down))
-        self.cursor = at
-
-    async def move(self, x: int, y: int) -> None:
-        self.check_point(x, y)
-        await self._run(self._pointer_to(x, y))
-        self.cursor = (x, y)
-
-    async def drag(self, path: list[tuple[int, int]], button: str = "left") -> None:
-        """Press at the path's first point, move through the others (in
-        steps a program sees as motion), release at the last."""
-        if not 2 <= len(path) <= MAX_PATH:
-            raise InvalidArgument("path", f"must be 2..{MAX_PATH} points", len(path))
-        for px, py in path:
-            self.check_point(px, py)
-        qbutton = _button(button)
-        steps = [self._pointer_to(*path[0]), _btn(qbutton, True)]
-        for (ax, ay), (bx, by) in itertools.pairwise(path):
-            n = max(1, min(DRAG_STEPS, max(abs(bx - ax), abs(by - ay)) // DRAG_STRIDE))
-            steps += [
-                self._pointer_to(ax + (bx - ax) * i // n, ay + (by - ay) * i // n)
-                for i in range(1, n + 1)
-            ]
-        steps.append(_btn(qbutton, False))
-        await self._run(*steps)
-        self.cursor = path[-1]
-
-    async def scroll(
-        self, dx: int = 0, dy: int = 0, x: int | None = None, y: int | None = None
-    ) -> None:
-        """Turn the wheel `dy` notches down (negative: up) and `dx` right
-        (negative: left; sent as shift + wheel), at (x, y) or where the
-        pointer is."""
-        at = self._at(x, y)
-        for name, value in (("dx", dx), ("dy", dy)):
-            if not -MAX_SCROLL <= value <= MAX_SCROLL:
-                raise InvalidArgument(name, f"must be -{MAX_SCROLL}..{MAX_SCROLL} notches", value)
-        if dx == 0 and dy == 0:
-            raise InvalidArgument("dy", "or dx must be non-zero (notches to scroll)", 0)
-        steps = [self._pointer_to(*at), *_wheel(dy)]
-        if dx:
-            # QEMU 7.2's virtio tablet has no horizontal wheel (its
-            # wheel-left/right never reach the guest): shift + wheel is
-            # the horizontal scroll of GTK, Qt, Chromium, Firefox and
-            # LibreOffice.
-            shift = {"type": "key", "data": {"key": {"type": "qcode", "data": "shift"}}}
-            steps.append(("input-send-event", {"events": [_down(shift, True)]}))
-            steps += _wheel(dx)
-            steps.append(("input-send-event", {"events": [_down(shift, False)]}))
-        await self._run(*steps)
-        self.cursor = at
-
-    def _pointer_to(self, x: int, y: int) -> tuple[str, dict[str, object]]:
-        w, h = self.size
-        return (
-            "input-send-event",
-            {
-                "events": [
-                    {
-                        "type": "abs",
-                        "data": {"axis": "x", "value": x * TABLET_MAX // max(1, w - 1)},
-                    },
-                    {
-                        "type": "abs",
-                        "data": {"axis": "y", "value": y * TABLET_MAX // max(1, h - 1)},
-                    },
-                ]
-            },
-        )
-
-    async def type(self, text: str) -> None:
-        if len(text) > MAX_TEXT:
-            raise InvalidArgument("text", f"must be at most {MAX_TEXT} characters", len(text))
-        keys = [char_keys(ch) for ch in text]  # all checked before any is sent
-        await self._run(*[("send-key", _send_key(k)) for k in keys])
-
-    async def key(self, combo: str) -> None:
-        """Press the keys of `combo` together and release them."""
-        await self._run(("send-key", _send_key(combo_keys(combo))))
-
-    async def hold(self, combo: str, down: bool) -> None:
-        """Press (down) the keys of `combo` and keep them pressed, or
-        release them (in the reverse order)."""
-        keys = combo_keys(combo)
-        events = [
-            {"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": q}}}
-            for q in (keys if down else reversed(keys))
-        ]
-        await self._run(("input-send-event", {"events": events}))
+    async def _whole_png(self) -> bytes:
+        data = await self._dump("png")  # QEMU encodes it: no copy through Python
+        self.size = pixels.png_size(data)
+        return data
 
 
 def _button(name: str) -> str:

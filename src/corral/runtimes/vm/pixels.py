@@ -98,6 +98,41 @@ def parse_ppm(data: bytes) -> Rgb:
     return Rgb(width, height, pixels)
 
 
+XWD_HEADER = struct.Struct(">25I")  # XWDFileHeader: 25 CARD32, then the window's name
+XWD_MAX_SIDE = 8192
+
+
+def parse_xwd(data: bytes) -> Rgb:
+    """Xvfb's screen file (-fbdir): an XWD image of 32-bit TrueColor
+    pixels. The file comes from inside a sandbox: every size is checked
+    against the data before it is used."""
+    if len(data) < XWD_HEADER.size:
+        raise ValueError("truncated XWD header")
+    f = XWD_HEADER.unpack_from(data)
+    header_size, version, fmt, depth, width, height = f[0], f[1], f[2], f[3], f[4], f[5]
+    byte_order, bpp, stride = f[7], f[11], f[12]
+    red, green, blue, ncolors = f[14], f[15], f[16], f[19]
+    if version != 7 or fmt != 2 or depth != 24 or bpp != 32:
+        raise ValueError(f"not a 24-bit ZPixmap XWD (version {version}, depth {depth}, {bpp} bpp)")
+    if (red, green, blue) != (0xFF0000, 0xFF00, 0xFF):
+        raise ValueError(f"unexpected XWD colour masks {red:#x} {green:#x} {blue:#x}")
+    if not (1 <= width <= XWD_MAX_SIDE and 1 <= height <= XWD_MAX_SIDE) or stride < 4 * width:
+        raise ValueError(f"bad XWD geometry {width}x{height}, {stride} bytes a line")
+    start = header_size + 12 * ncolors  # the colormap: 12 bytes an entry
+    if header_size < XWD_HEADER.size or start + stride * height > len(data):
+        raise ValueError("truncated XWD data")
+    px = data[start : start + stride * height]
+    if stride != 4 * width:
+        px = b"".join(px[y * stride : y * stride + 4 * width] for y in range(height))
+    # 0x00RRGGBB in the file's byte order: LSBFirst is B, G, R, X.
+    r, g, b = (2, 1, 0) if byte_order == 0 else (1, 2, 3)
+    rgb = bytearray(width * height * 3)
+    rgb[0::3] = px[r::4]
+    rgb[1::3] = px[g::4]
+    rgb[2::3] = px[b::4]
+    return Rgb(width, height, bytes(rgb))
+
+
 def cut(image: Rgb, region: Region) -> Rgb:
     stride, start = image.width * 3, region.x * 3
     rows = [

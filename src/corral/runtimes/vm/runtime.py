@@ -26,7 +26,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from corral.errors import FileNotFound, SandboxFailed
+from corral.errors import SandboxFailed
 from corral.execd import protocol as p
 from corral.execd.client import ExecdClient
 from corral.host.cgroups import Cgroups
@@ -34,8 +34,9 @@ from corral.host.procs import process_start_time
 from corral.images.layer import Layer
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
+from corral.runtimes import drawn
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
-from corral.runtimes.vm import desktop, guest, pixels
+from corral.runtimes.vm import desktop, guest
 from corral.runtimes.vm.channel import AgentChannel
 from corral.runtimes.vm.display import Display
 from corral.runtimes.vm.qemu import QEMU, Drive, MicroVM, accelerator
@@ -52,9 +53,6 @@ TAP = "tap0"  # in the VM's own network namespace: one name for every VM
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 PMEM_ALIGN = 128 * 2**20
-DRAWN_TIMEOUT = 180.0  # TCG, a loaded host, several full desktops booting at once
-SETTLE_GAP = 0.25  # s between the frames that must match for a desktop to be drawn
-SETTLE_MAX = 5.0  # s a desktop may keep changing before it counts as drawn anyway
 CONSOLE_MAX = 1 << 20  # a guest's console log on the host, at most (then trimmed)
 CONSOLE_KEEP = 256 << 10  # what is kept of it: the lines a failure report shows
 FALLOC_FL_COLLAPSE_RANGE = 0x08
@@ -435,58 +433,21 @@ class FullVMRuntime(MicroVMRuntime):
         return int(w), int(h)
 
     async def wait_drawn(self, sandbox_id: str, control: Path, size: tuple[int, int]) -> None:
-        """Until the image's desktop session says it has drawn (it writes
-        desktop.DRAWN_PATH) and QEMU's framebuffer shows more than one
-        colour. An image without a session has no desktop to wait for: its
-        screen is the console, ready with the agent."""
+        """Until the image's desktop session has drawn (runtimes/drawn.py).
+        An image without a session has no desktop to wait for: its screen
+        is the console, ready with the agent."""
         client = ExecdClient(str(control))
-        try:
-            await client.stat("root", desktop.SESSION_PATH)
-        except FileNotFound:
-            return
-        deadline = asyncio.get_running_loop().time() + DRAWN_TIMEOUT
-        said, colours = False, 0
-        while asyncio.get_running_loop().time() < deadline:
-            if not said:
-                with contextlib.suppress(FileNotFound):
-                    await client.stat("root", desktop.DRAWN_PATH)
-                    said = True
-            if said:
-                frame = await self.display(sandbox_id, size).frame()
-                colours = pixels.distinct_colours(frame, 2)
-                if colours >= 2:
-                    await self._settle(sandbox_id, size, frame.data)
-                    return
-            await asyncio.sleep(0.05)
-        x_log = ""
-        with contextlib.suppress(Exception):
-            tail = await client.read("root", "/tmp/corral-session.log", 1 << 16)
-            x_log = " | ".join(tail.decode(errors="replace").strip().splitlines()[-5:])
-        what = "the screen stayed one colour" if said else f"{desktop.DRAWN_PATH} never appeared"
-        raise SandboxFailed(
-            f"sandbox {sandbox_id}: its desktop ({desktop.SESSION_PATH}) never came up within "
-            f"{DRAWN_TIMEOUT:.0f}s: {what}; session log: {x_log or 'empty'}",
-            sandbox=sandbox_id,
-        )
-
-    async def _settle(self, sandbox_id: str, size: tuple[int, int], last: bytes) -> None:
-        """Until two frames SETTLE_GAP apart are the same (a desktop still
-        painting its panel is not drawn yet), for at most SETTLE_MAX: a
-        clock or an animation never settles and need not."""
-        display = self.display(sandbox_id, size)
-        deadline = asyncio.get_running_loop().time() + SETTLE_MAX
-        while asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(SETTLE_GAP)
-            now = (await display.frame()).data
-            if now == last:
-                return
-            last = now
+        deadline = asyncio.get_running_loop().time() + drawn.DRAWN_TIMEOUT
+        if await drawn.has(sandbox_id, client, desktop.SESSION_PATH, deadline):
+            await drawn.wait(sandbox_id, client, self.display(sandbox_id, size, control))
 
     def vnc_socket(self, sandbox_id: str) -> Path:
         """The sandbox's screen over VNC (QEMU's server, no auth: root only)."""
         return self._dir(sandbox_id) / "vnc.sock"
 
-    def display(self, sandbox_id: str, size: tuple[int, int]) -> Display:
+    def display(
+        self, sandbox_id: str, size: tuple[int, int], control: Path | None = None
+    ) -> Display:
         d = self._dir(sandbox_id)
         found = self.displays.get(sandbox_id)
         if found is None:

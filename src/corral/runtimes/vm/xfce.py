@@ -52,13 +52,9 @@ XFWM4 = """<?xml version="1.0" encoding="UTF-8"?>
 </channel>
 """
 
-# A plain background on the VM's monitor (the modesetting driver names it
-# Virtual-1), no wallpaper image.
-DESKTOP = """<?xml version="1.0" encoding="UTF-8"?>
-<channel name="xfce4-desktop" version="1.0">
-  <property name="backdrop" type="empty">
-    <property name="screen0" type="empty">
-      <property name="monitorVirtual-1" type="empty">
+# A plain background, no wallpaper image, on the VM's monitor (the
+# modesetting driver names it Virtual-1) and a container's (Xvfb's "screen").
+MONITOR = """      <property name="monitor@NAME@" type="empty">
         <property name="workspace0" type="empty">
           <property name="color-style" type="int" value="0"/>
           <property name="image-style" type="int" value="0"/>
@@ -67,7 +63,12 @@ DESKTOP = """<?xml version="1.0" encoding="UTF-8"?>
           </property>
         </property>
       </property>
-    </property>
+"""
+DESKTOP = """<?xml version="1.0" encoding="UTF-8"?>
+<channel name="xfce4-desktop" version="1.0">
+  <property name="backdrop" type="empty">
+    <property name="screen0" type="empty">
+@MONITORS@    </property>
   </property>
 </channel>
 """
@@ -110,7 +111,10 @@ def files() -> dict[str, str]:
     return {
         "etc/corral/session": X_START + tail,
         f"{conf}/xfwm4.xml": XFWM4,
-        f"{conf}/xfce4-desktop.xml": DESKTOP.replace("@RGBA@", rgba),
+        f"{conf}/xfce4-desktop.xml": DESKTOP.replace(
+            "@MONITORS@",
+            "".join(MONITOR.replace("@NAME@", n) for n in ("Virtual-1", "screen")),
+        ).replace("@RGBA@", rgba),
         "etc/chromium.d/corral": CHROMIUM_FLAGS,
         "root/.config/libreoffice/4/user/registrymodifications.xcu": LIBREOFFICE,
     }

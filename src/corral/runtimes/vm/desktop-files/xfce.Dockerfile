@@ -7,7 +7,7 @@
 FROM debian-desktop:bookworm
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
     dbus-x11 xfce4-session xfwm4 xfdesktop4 xfce4-panel xfce4-settings xfconf thunar \
-    mousepad xfce4-terminal ristretto xdotool wmctrl adwaita-icon-theme \
+    mousepad xfce4-terminal ristretto wmctrl adwaita-icon-theme \
     chromium firefox-esr libreoffice-calc libreoffice-writer libreoffice-gtk3 \
     fonts-dejavu-core fonts-liberation2 fonts-noto-core fonts-noto-cjk python3 \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
