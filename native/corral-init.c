@@ -1395,11 +1395,16 @@ static void mux_from_port(int port, int fds, unsigned char *buf, size_t *len) {
                     int big = 4 << 20;
                     setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
                     setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
-                    send_fd(fds, pair[1]);
-                    close(pair[1]);
-                    slot->id = id;
-                    slot->fd = pair[0];
-                    st = slot;
+                    if (send_fd(fds, pair[1]) == 0) {
+                        close(pair[1]);
+                        slot->id = id;
+                        slot->fd = pair[0];
+                        st = slot;
+                    } else { /* PID 1 cannot take it: the stream is refused */
+                        close(pair[0]);
+                        close(pair[1]);
+                        port_frame(port, id, FRAME_CLOSE, NULL, 0);
+                    }
                 } else {
                     port_frame(port, id, FRAME_CLOSE, NULL, 0);
                 }
@@ -1443,6 +1448,8 @@ static void mux_from_stream(int port, struct stream *st) {
 }
 
 static void run_mux(const char *path, int fds) {
+    /* A handler that went away must cost its stream (EPIPE), not the mux. */
+    signal(SIGPIPE, SIG_IGN);
     for (int i = 0; i < MUX_STREAMS; i++) streams[i].fd = -1;
     static unsigned char buf[2 * (FRAME_MAX_PAYLOAD + FRAME_HEADER)];
     size_t len = 0;

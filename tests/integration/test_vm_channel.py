@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.errors import FileNotFound
 from corral.execd import protocol as p
 from corral.execd.client import ExecdClient
 from corral.runtimes.vm.channel import AgentChannel, Port
@@ -123,3 +124,24 @@ async def test_a_broken_channel_ends_requests_instead_of_hanging_them(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(session.pid, 9)  # orphaned by the dead agent
+
+
+async def test_thousands_of_short_requests_leave_the_guest_nothing(
+    agent: tuple[ExecdClient, Guest],
+) -> None:
+    """Each request is a stream both ends close; a stream the guest has
+    ended must still be closed by the host, or the guest's multiplexer keeps
+    its descriptor and, past its 1024 open files, refuses every new stream."""
+    client, guest = agent
+    for _ in range(1500):
+        with pytest.raises(FileNotFound):
+            await client.stat("root", "/nonexistent/corral")
+    await client.ping()
+    mux = [
+        int(pid)
+        for pid in subprocess.run(
+            ["pgrep", "-f", f"corral-init --serial {guest.path}"], capture_output=True, text=True
+        ).stdout.split()
+    ]
+    # The multiplexer and PID 1: a handful of descriptors each, not thousands.
+    assert mux and all(len(os.listdir(f"/proc/{pid}/fd")) < 32 for pid in mux)

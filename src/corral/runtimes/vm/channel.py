@@ -9,7 +9,9 @@ corral-init's `--serial` mode does the reverse in the guest. So ExecdClient,
 and everything built on it (commands, files, readiness), works unchanged.
 
 Invariants: a frame is forwarded whole, with only its stream id rewritten;
-stream ids are never reused within one channel, and a channel's first frame
+every stream the host opens it also closes toward the guest, exactly once,
+whichever side ended it first (the guest holds a descriptor per stream until
+then); stream ids are never reused within one channel, and a channel's first frame
 on a port resets the guest's streams (stream 0 closed); when the port goes away
 (QEMU exits, the guest reboots) every open stream is ended, never silently
 re-attached to a different guest.
@@ -100,8 +102,7 @@ class AgentChannel:
             if writer is None:
                 continue  # a stream the host already ended
             if kind == p.FRAME_CLOSE:
-                self._streams.pop(stream, None)
-                writer.close()
+                self._end(stream)
                 continue
             try:
                 writer.write(p.HEADER.pack(length, 0, kind) + payload)
@@ -109,7 +110,18 @@ class AgentChannel:
                 # the client's own socket buffer, and exec clients read.
                 await writer.drain()
             except ConnectionError:
-                self._streams.pop(stream, None)  # that client left; the port is fine
+                self._end(stream)  # that client left; the port is fine
+
+    def _end(self, stream: int) -> None:
+        """End a stream on both sides: its client's connection, and the
+        guest's end (the guest frees a stream, and its descriptor, only once
+        the host has closed it too; a stream it ended itself included)."""
+        writer = self._streams.pop(stream, None)
+        if writer is None:
+            return
+        writer.close()
+        if self._port is not None:
+            self._port.write(p.HEADER.pack(0, stream, p.FRAME_CLOSE))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One exec-client connection, as one stream."""
@@ -126,11 +138,13 @@ class AgentChannel:
                 head = await reader.readexactly(p.HEADER.size)
                 length, _zero, kind = p.HEADER.unpack(head)
                 payload = await reader.readexactly(length) if length else b""
+                if stream not in self._streams:
+                    break  # ended: the guest may have freed its id already
                 port.write(p.HEADER.pack(length, stream, kind) + payload)
                 await port.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        if port is not None and self._port is port and stream in self._streams:
+        if port is not None and self._port is port:
             with contextlib.suppress(ConnectionError):
-                port.write(p.HEADER.pack(0, stream, p.FRAME_CLOSE))
+                self._end(stream)
                 await port.drain()
