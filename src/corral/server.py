@@ -17,9 +17,10 @@ from corral import trace
 from corral.api.app import create_app
 from corral.api.h2c import H2cOrHttp11
 from corral.api.liveview import add_live_view
+from corral.api.liveviewproxy import add_live_view_proxy
 from corral.config import NodeConfig, e2b_templates
 from corral.dashboard import add_dashboard
-from corral.errors import InvalidArgument
+from corral.errors import InvalidArgument, NotFound
 from corral.images.blobd import create_blob_app
 from corral.log import configure, get_logger
 from corral.node.agent import NodeAgent
@@ -196,6 +197,7 @@ async def serve_gateway(
     configure(log_level)
     trace.configure("corral-gateway")
     db = await connect(state)
+    close_views = None
     gateway = Gateway(
         db, node_key=node_key or os.environ.get("CORRAL_NODE_KEY"), node_timeout=node_timeout,
         burst=targets,
@@ -207,9 +209,20 @@ async def serve_gateway(
             e2b_templates=e2b_templates(),
         )  # fmt: skip
         add_dashboard(app, app.state.resolve, gateway=gateway)
+
+        async def node_url(name: str) -> str:
+            node = await gateway.node(name)
+            if node is None:
+                raise NotFound(f"no node {name} in this cluster (the view token names it)")
+            return node.url
+
+        # /view/<token>: a desktop's live view, relayed to its node.
+        close_views = add_live_view_proxy(app, node_url)
         log.info("gateway.listening", host=host, port=port)
         await _run(app, host=host, port=port, signals=signals)
     finally:
+        if close_views is not None:
+            await close_views()
         await gateway.aclose()
         await db.aclose()
         trace.shutdown()

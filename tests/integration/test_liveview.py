@@ -13,14 +13,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
 import corral
+from corral.api.direct import b64url
 from corral.config import NodeConfig
 from corral.runtimes.vm import desktop
 
-from ..framework import Node, require_image
+from ..framework import Cluster, Node, require_image
 from ..framework.browser import chromium
 
 pytestmark = [pytest.mark.integration, pytest.mark.requires_qemu]
@@ -168,3 +170,57 @@ async def test_a_view_needs_a_display_and_a_server(embedded: corral.AsyncClient)
         assert e.value.field == "display_size"
     finally:
         await box.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(data_root: Path) -> Iterator[Cluster]:
+    c = Cluster(data_root / "vc", nodes=1, prefix="v", net_offset=7)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.requires_postgres
+async def test_the_view_through_a_gateway(cluster: Cluster, browser: Any) -> None:
+    """The gateway relays the page and the socket to the node the token
+    names; the node still checks the token and still filters the input."""
+    require_image(desktop.BASE)
+    async with cluster.client(cluster.project("views")) as c:
+        s = await c.sandboxes.create(
+            kind="fullvm", image=desktop.BASE, toolkit=[desktop.TOOLKIT], memory="1GiB"
+        )
+        try:
+            view = await s.display.view()
+            assert cluster.gateway is not None
+            gateway = cluster.gateway.url
+            assert view.url == gateway + view.path
+            async with httpx.AsyncClient() as h:
+                page = await h.get(view.url)
+                assert page.status_code == 200 and "read-only" in page.text
+                assert "nonce-" in page.headers["content-security-policy"]
+                # The socket speaks RFB from the sandbox's VNC server, via the node.
+                async with aiohttp.ClientSession() as session:
+                    ws_url = gateway.replace("http", "ws", 1) + view.path + "/websocket"
+                    async with session.ws_connect(ws_url, protocols=("binary",)) as ws:
+                        first = await ws.receive(timeout=30)
+                        assert first.type == aiohttp.WSMsgType.BINARY
+                        assert first.data.startswith(b"RFB 003.0")
+                # Refused at the node, with its reason; an unknown node at the gateway.
+                payload, _, mac = view.token.removeprefix("vt1.").partition(".")
+                forged = f"vt1.{payload}.{'A' * len(mac)}"
+                r = await h.get(f"{gateway}/view/{forged}")
+                assert r.status_code == 401 and "signature" in r.text
+                elsewhere = b64url(b'{"s":"x","n":"nowhere","i":true,"e":9e9}')
+                r = await h.get(f"{gateway}/view/vt1.{elsewhere}.{mac}")
+                assert r.status_code == 404 and "nowhere" in r.text
+                r = await h.get(f"{gateway}/view/garbage")
+                assert r.status_code == 401
+            browser.get(view.url)
+            _until(
+                "the desktop's colour on the canvas, through the gateway",
+                lambda: _canvas_pixel(browser, 100, 700) == desktop.DESKTOP_RGB,
+            )
+        finally:
+            await s.close()

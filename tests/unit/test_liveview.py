@@ -95,3 +95,15 @@ def test_expired_view_tokens_and_bad_ttls(monkeypatch: pytest.MonkeyPatch) -> No
         with pytest.raises(InvalidArgument) as e:
             viewtoken.issue(KEY, "s", "n", False, ttl)  # type: ignore[arg-type]
         assert e.value.field == "ttl"
+
+
+def test_a_gateway_reads_the_node_from_a_token_only_to_route() -> None:
+    token, _ = viewtoken.issue(b"k" * 32, "sbx-1", "node-7", False, 60)
+    assert viewtoken.node_of(token) == "node-7"
+    forged = token[: token.rindex(".")] + ".forged"
+    assert viewtoken.node_of(forged) == "node-7"  # routed; the node refuses it
+    with pytest.raises(Unauthenticated):
+        viewtoken.verify(b"k" * 32, forged, "node-7")
+    for bad in ["", "vt1.", "vt1.!!!.x", "vt1.W10.x", "vt1.e30.x", "garbage"]:
+        with pytest.raises(Unauthenticated):
+            viewtoken.node_of(bad)
