@@ -25,7 +25,7 @@ from corral.runtimes.vm import desktop
 from ..framework import Cluster, Node, require_image
 from ..framework.browser import chromium
 
-pytestmark = [pytest.mark.integration, pytest.mark.requires_qemu]
+pytestmark = pytest.mark.integration
 
 KEY = "view-test-key"
 XEV = "DISPLAY=:0 xev -geometry 300x200+600+400 -event button -event keyboard >/tmp/xev.log"
@@ -43,13 +43,16 @@ def node(node_config: NodeConfig, data_root: Path) -> Iterator[Node]:
         n.close()
 
 
-@pytest.fixture
-async def desk(node: Node) -> AsyncIterator[corral.AsyncSandbox]:
+@pytest.fixture(params=[pytest.param("fullvm", marks=pytest.mark.requires_qemu), "container"])
+async def desk(node: Node, request: pytest.FixtureRequest) -> AsyncIterator[corral.AsyncSandbox]:
+    """A full VM's desktop (QEMU's VNC server) and a container's (x11vnc
+    started in the sandbox for each view)."""
     require_image(desktop.BASE)
     async with corral.AsyncClient(node.server.tcp_url, api_key=KEY) as c:
         s = await c.sandboxes.create(
-            kind="fullvm", image=desktop.BASE, toolkit=[desktop.TOOLKIT], memory="1GiB"
-        )
+            kind=request.param, image=desktop.BASE, toolkit=[desktop.TOOLKIT], memory="1GiB",
+            display_size="1024x768",
+        )  # fmt: skip
         try:
             yield s
         finally:
@@ -183,6 +186,7 @@ def cluster(data_root: Path) -> Iterator[Cluster]:
 
 
 @pytest.mark.requires_postgres
+@pytest.mark.requires_qemu
 async def test_the_view_through_a_gateway(cluster: Cluster, browser: Any) -> None:
     """The gateway relays the page and the socket to the node the token
     names; the node still checks the token and still filters the input."""

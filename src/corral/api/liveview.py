@@ -29,11 +29,14 @@ from corral.api import viewtoken
 from corral.api.rfb import ViewerStream
 from corral.errors import CorralError, NotFound
 from corral.log import get_logger
+from corral.runtimes.vnc import ByteStream
 
 log = get_logger("corral.view")
 
 NOVNC = Path("/usr/share/novnc")
-OpenView = Callable[[str], Awaitable[tuple[viewtoken.ViewGrant, Path]]]
+OpenView = Callable[
+    [str], Awaitable[tuple[viewtoken.ViewGrant, Callable[[], Awaitable[ByteStream]]]]
+]
 CHUNK = 1 << 16
 
 PAGE = """<!doctype html>
@@ -86,8 +89,8 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
     @app.websocket("/view/{token}/websocket")
     async def view_socket(ws: WebSocket, token: str) -> None:
         try:
-            grant, sock = await open_view(token)
-            reader, writer = await asyncio.open_unix_connection(str(sock))
+            grant, open_stream = await open_view(token)
+            screen = await open_stream()
         except (CorralError, OSError) as exc:
             # Policy violation, with the reason: a browser shows the close.
             await ws.close(code=1008, reason=str(exc)[:120])
@@ -98,7 +101,7 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
         log.info("view.open", sandbox=grant.sandbox_id, interactive=grant.interactive)
         stream = ViewerStream(grant.interactive)
 
-        async def viewer_to_qemu() -> None:
+        async def viewer_to_screen() -> None:
             while True:
                 msg = await ws.receive()
                 if msg["type"] == "websocket.disconnect":
@@ -106,14 +109,14 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
                 data = msg.get("bytes") or (msg.get("text") or "").encode()
                 out = stream.feed(data)  # raises on a stream it cannot frame
                 if out:
-                    writer.write(out)
-                    await writer.drain()
+                    screen.write(out)
+                    await screen.drain()
 
-        async def qemu_to_viewer() -> None:
-            while data := await reader.read(CHUNK):
+        async def screen_to_viewer() -> None:
+            while data := await screen.read(CHUNK):
                 await ws.send_bytes(data)
 
-        tasks = [asyncio.create_task(viewer_to_qemu()), asyncio.create_task(qemu_to_viewer())]
+        tasks = [asyncio.create_task(viewer_to_screen()), asyncio.create_task(screen_to_viewer())]
         why = "expired"
         try:
             done, _ = await asyncio.wait(
@@ -127,7 +130,7 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
         finally:
             for t in tasks:
                 t.cancel()
-            writer.close()
+            screen.close()
             try:
                 await ws.close(code=1000 if why == "closed" else 1008, reason=why[:120])
             except RuntimeError:

@@ -5,6 +5,7 @@ drives it; windows and applications are asked of the desktop inside
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -28,8 +29,10 @@ from corral.node.activity import Activity
 from corral.node.store import SandboxRecord
 from corral.runtimes.base import HasDisplay, Runtime, Screen
 from corral.runtimes.vm.pixels import Region
+from corral.runtimes.vnc import ByteStream
 
 Awake = Callable[[str], Awaitable[SandboxRecord]]
+OpenStream = Callable[[], Awaitable[ByteStream]]
 Exec = Callable[[SandboxRecord, ExecRequest], AsyncIterator[ExecEvent]]
 GUEST_TIMEOUT = 120.0  # a TCG guest busy starting an app answers slowly
 
@@ -78,8 +81,7 @@ class Displays:
         """A token to watch (or, `interactive`, drive) the screen in a
         browser at /view/<token> on this node's server."""
         viewtoken.check_ttl(ttl)
-        _, runtime = await self._runtime(sandbox_id)
-        runtime.vnc_socket(sandbox_id)  # a screen with no VNC server says so here
+        await self._runtime(sandbox_id)
         if not self.served:
             raise Conflict(
                 "a live view is served over HTTP: run the node with `corral serve` "
@@ -93,11 +95,14 @@ class Displays:
             interactive=interactive, expires_at=expires,
         )  # fmt: skip
 
-    async def open_view(self, token: str) -> tuple[viewtoken.ViewGrant, Path]:
-        """What a view token grants here, and the screen's VNC socket."""
+    async def open_view(self, token: str) -> tuple[viewtoken.ViewGrant, OpenStream]:
+        """What a view token grants here, and how to open the screen's RFB
+        stream (for as long as the token lasts)."""
         grant = viewtoken.verify(signing.load_key(self.view_key), token, self.node)
         _, runtime = await self._runtime(grant.sandbox_id)
-        return grant, runtime.vnc_socket(grant.sandbox_id)
+        control = self.control(grant.sandbox_id)
+        seconds = max(1.0, grant.expires_at - time.time() + 5)
+        return grant, lambda: runtime.open_vnc(grant.sandbox_id, control, seconds)
 
     async def screenshot(
         self, sandbox_id: str, percent: int = 100, x: int = 0, y: int = 0, width: int = 0,

@@ -25,6 +25,7 @@ from corral.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from corral.runtimes.vm.pixels import Region
+    from corral.runtimes.vnc import ByteStream
 
 
 @dataclass(frozen=True)
@@ -221,8 +222,9 @@ class HasDisplay(Protocol):
         """Until a freshly booted sandbox's desktop is on its screen."""
         ...
 
-    def vnc_socket(self, sandbox_id: str) -> Path:
-        """Where the sandbox's screen is served over VNC (RFB)."""
+    async def open_vnc(self, sandbox_id: str, control: Path, seconds: float) -> ByteStream:
+        """The sandbox's screen as an RFB stream (runtimes/vnc.py), for at
+        most `seconds`."""
         ...
 
 

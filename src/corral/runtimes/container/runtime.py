@@ -29,6 +29,7 @@ from corral.runtimes.container.oci import OciRuntime, Overlay
 from corral.runtimes.container.relisten import relisten
 from corral.runtimes.container.xscreen import XScreen
 from corral.runtimes.vm import desktop
+from corral.runtimes.vnc import ByteStream, ExecStream
 
 
 class ContainerRuntime:
@@ -362,11 +363,9 @@ class ContainerRuntime:
             pass
         await drawn.wait(sandbox_id, client, self.display(sandbox_id, size, control))
 
-    def vnc_socket(self, sandbox_id: str) -> Path:
-        raise Conflict(
-            f"sandbox {sandbox_id} is a container desktop: a live view is served for "
-            "fullvm sandboxes only (for now)"
-        )
+    async def open_vnc(self, sandbox_id: str, control: Path, seconds: float) -> ByteStream:
+        """x11vnc in the sandbox for this one view (runtimes/vnc.py)."""
+        return await ExecStream.x11vnc(control, seconds)
 
     def releasers(self) -> dict[str, Releaser]:
         # The cgroup is the node's to release (host/cgroups.py), like a VM's.

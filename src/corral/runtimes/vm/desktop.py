@@ -39,6 +39,8 @@ PACKAGES = [
     # and its input (XTEST), runtimes/container/xscreen.py.
     "xvfb",
     "xdotool",
+    # A container desktop's live view: x11vnc per view (runtimes/vnc.py).
+    "x11vnc",
 ]
 DESKTOP_RGB = (0x3B, 0x6E, 0x8F)
 # What a desktop session writes once it has drawn (node/lifecycle.py waits).

@@ -41,6 +41,7 @@ from corral.runtimes.vm.channel import AgentChannel
 from corral.runtimes.vm.display import Display
 from corral.runtimes.vm.qemu import QEMU, Drive, MicroVM, accelerator
 from corral.runtimes.vm.qmp import Qmp
+from corral.runtimes.vnc import ByteStream, SocketStream
 
 log = get_logger("corral.vm")
 
@@ -440,6 +441,9 @@ class FullVMRuntime(MicroVMRuntime):
         deadline = asyncio.get_running_loop().time() + drawn.DRAWN_TIMEOUT
         if await drawn.has(sandbox_id, client, desktop.SESSION_PATH, deadline):
             await drawn.wait(sandbox_id, client, self.display(sandbox_id, size, control))
+
+    async def open_vnc(self, sandbox_id: str, control: Path, seconds: float) -> ByteStream:
+        return await SocketStream.connect(self.vnc_socket(sandbox_id))
 
     def vnc_socket(self, sandbox_id: str) -> Path:
         """The sandbox's screen over VNC (QEMU's server, no auth: root only)."""
