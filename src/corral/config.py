@@ -417,6 +417,12 @@ class NodeConfig:
         return self.state_key or self.images_dir.parent / "state.key"
 
     @property
+    def disks_dir(self) -> Path:
+        """Users' own VM disks (images/disks.py): beside the image store,
+        so the nodes that share images share them."""
+        return self.images_dir.parent / "disks"
+
+    @property
     def sandboxes_dir(self) -> Path:
         return self.data_dir / "sandboxes"
 

@@ -41,6 +41,8 @@ async def test_a_frozen_container_keeps_its_processes_and_stops_them(
     assert (info.state, info.suspended) == ("suspended", "freeze")
     assert (await client.sandboxes.get(sbx.id)).info.state == "suspended"
     # Frozen: the counter does not move while suspended (read after resume).
+    # A line printed just before the freeze may still be on its way here.
+    await asyncio.sleep(0.3)
     seen = len(bg.stdout.split())
     await asyncio.sleep(0.6)
     assert len(bg.stdout.split()) == seen
@@ -211,12 +213,13 @@ def test_suspend_policy_settings_are_checked(node: Node) -> None:
 # ------------------------------------------------------------------ to disk
 
 SERVER = (
-    'nohup python3 -c "\nimport socket,time\nx=bytearray(50<<20)\n'
+    'nohup python3 -c "\nimport os,socket,time\nx=bytearray(50<<20)\n'
     "for i in range(0,len(x),4096): x[i]=1\n"
     "s=socket.socket(); s.bind(('127.0.0.1',9000)); s.listen()\n"
     "c=socket.create_connection(('127.0.0.1',9000)); a,_=s.accept()\nn=0\n"
     "while True:\n  n+=1; c.send(b'x'); a.recv(1)\n"
-    "  open('/tmp/ticks','w').write(str(n)); time.sleep(0.05)\n\" >/tmp/server.log 2>&1 &"
+    "  open('/tmp/ticks.new','w').write(str(n)); os.replace('/tmp/ticks.new','/tmp/ticks')\n"
+    '  time.sleep(0.05)\n" >/tmp/server.log 2>&1 &'
 )
 
 

@@ -3,13 +3,17 @@ filter over the viewer's RFB stream."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from corral.api import viewtoken
+from corral.api.liveview import ViewOpening, add_live_view
 from corral.api.rfb import ViewerStream
 from corral.errors import InvalidArgument, Unauthenticated
 
@@ -107,3 +111,58 @@ def test_a_gateway_reads_the_node_from_a_token_only_to_route() -> None:
     for bad in ["", "vt1.", "vt1.!!!.x", "vt1.W10.x", "vt1.e30.x", "garbage"]:
         with pytest.raises(Unauthenticated):
             viewtoken.node_of(bad)
+
+
+def test_only_an_interactive_view_counts_the_input_it_passes() -> None:
+    live, watch = ViewerStream(interactive=True), ViewerStream(interactive=False)
+    for s in (live, watch):
+        s.feed(HANDSHAKE + UPDATE + KEY_EVENT + POINTER + UPDATE)
+    assert (live.inputs, watch.inputs) == (2, 0)
+
+
+class _Screen:
+    """A VNC server that never speaks: what the viewer sends is kept."""
+
+    def __init__(self) -> None:
+        self.got = b""
+        self.closed = asyncio.Event()
+
+    async def read(self, n: int) -> bytes:
+        await self.closed.wait()
+        return b""
+
+    def write(self, data: bytes) -> None:
+        self.got += data
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+@pytest.mark.parametrize("interactive", [True, False])
+def test_a_viewer_driving_the_desktop_marks_it_used(interactive: bool) -> None:
+    """The idle policy must not suspend a desktop someone drives through the
+    view; watching it is not use."""
+    screen, touches = _Screen(), []
+    grant = viewtoken.ViewGrant("s1", interactive, time.time() + 60)
+
+    async def open_view(token: str) -> ViewOpening:
+        async def opened() -> _Screen:
+            return screen
+
+        return ViewOpening(grant, opened, lambda: touches.append(time.monotonic()))
+
+    app = FastAPI()
+    add_live_view(app, open_view)
+    with TestClient(app) as client, client.websocket_connect("/view/t/websocket") as ws:
+        ws.send_bytes(HANDSHAKE + UPDATE)
+        for _ in range(20):  # a stream of pointer moves: marked once a second at most
+            ws.send_bytes(POINTER)
+        ws.send_bytes(UPDATE)
+        deadline = time.monotonic() + 5
+        while screen.got.count(UPDATE) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert screen.got.count(UPDATE) == 2
+    assert len(touches) == (1 if interactive else 0)

@@ -42,6 +42,16 @@ GOOD_SANDBOX = {"image": "debian-python:bookworm"}
         ({"cpu_class": "realtime"}, "cpu_class", "'interactive'"),
         ({"cpu_class": ""}, "cpu_class", "'background'"),
         ({"cpu_class": None}, "cpu_class", "valid string"),
+        ({"kind": "fullvm", "image": "disk:"}, "image", "1-64 letters"),
+        ({"kind": "fullvm", "image": "disk:a/b"}, "image", "1-64 letters"),
+        ({"kind": "fullvm", "image": "disk:.hidden"}, "image", "1-64 letters"),
+        ({"kind": "container", "image": "disk:win11"}, "image", "only as kind 'fullvm'"),
+        ({"kind": "microvm", "image": "disk:win11"}, "image", "only as kind 'fullvm'"),
+        ({"kind": "fullvm", "image": "disk:w", "firmware": "coreboot"}, "firmware", "bios, uefi"),
+        ({"kind": "fullvm", "firmware": "uefi"}, "firmware", "user's own disk"),
+        ({"kind": "fullvm", "image": "disk:w", "workspace": "ws:1"}, "workspace", "own disk"),
+        ({"kind": "fullvm", "image": "disk:w", "toolkit": ["t:1"]}, "toolkit", "own disk"),
+        ({"kind": "fullvm", "image": "disk:w", "network": {}}, "network", "no network"),
     ],
 )
 def test_create_sandbox_rejects(change: dict[str, Any], field: str, rule_part: str) -> None:
@@ -50,6 +60,13 @@ def test_create_sandbox_rejects(change: dict[str, Any], field: str, rule_part: s
     assert exc.value.field.startswith(field)
     assert rule_part in exc.value.rule
     assert exc.value.field in str(exc.value)
+
+
+def test_an_own_disk_is_a_full_vm_with_bios_unless_asked() -> None:
+    spec = validated(CreateSandbox, {"kind": "fullvm", "image": "disk:win11.qcow2"})
+    assert spec.firmware is None and spec.display_size == (1024, 768)
+    uefi = validated(CreateSandbox, {"kind": "fullvm", "image": "disk:w", "firmware": "uefi"})
+    assert uefi.firmware == "uefi"
 
 
 def test_create_sandbox_defaults_and_sizes() -> None:

@@ -19,7 +19,7 @@ from corral.api.models import (
 )
 from corral.errors import InvalidArgument
 from corral.runtimes.vm import display, pixels
-from corral.runtimes.vm.qemu import MicroVM
+from corral.runtimes.vm.qemu import OVMF_CODE, DiskVM, MicroVM
 
 
 def _png(w: int, h: int) -> bytes:
@@ -318,3 +318,21 @@ def test_bad_regions_name_the_field(region: pixels.Region, field: str) -> None:
     with pytest.raises(InvalidArgument) as e:
         region.check((1024, 768))
     assert e.value.field == field
+
+
+def test_an_own_disk_boots_its_firmware_on_devices_every_os_drives(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    monkeypatch.setattr("corral.runtimes.vm.qemu.qemu_binary", lambda: "qemu")
+    p = tmp_path
+    bios = DiskVM(p / "o.qcow2", p / "c.log", p / "q.sock", p / "v.sock", (1280, 800)).argv()
+    line = " ".join(bios)
+    assert "-kernel" not in line and "virtio" not in line and "pflash" not in line
+    # The overlay's format is stated: a raw disk is never probed into a qcow2.
+    assert f"file={p / 'o.qcow2'},if=none,id=disk0,format=qcow2" in line
+    assert "ide-hd,drive=disk0" in line and "usb-tablet" in line
+    assert "VGA,edid=on,xres=1280,yres=800" in line and "-sandbox" in line
+    uefi = " ".join(
+        DiskVM(p / "o", p / "c", p / "q", p / "v", (800, 600), vars=p / "vars.fd").argv()
+    )
+    assert f"readonly=on,file={OVMF_CODE}" in uefi and f"unit=1,file={p / 'vars.fd'}" in uefi

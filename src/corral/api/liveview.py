@@ -19,6 +19,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import HTMLResponse
@@ -34,9 +35,20 @@ from corral.runtimes.vnc import ByteStream
 log = get_logger("corral.view")
 
 NOVNC = Path("/usr/share/novnc")
-OpenView = Callable[
-    [str], Awaitable[tuple[viewtoken.ViewGrant, Callable[[], Awaitable[ByteStream]]]]
-]
+
+
+class ViewOpening(NamedTuple):
+    """What a view token opens: its grant, the screen's RFB stream, and
+    how to mark the sandbox used (a viewer's typing and clicking is use:
+    the idle policy must not suspend a desktop someone is driving)."""
+
+    grant: viewtoken.ViewGrant
+    open: Callable[[], Awaitable[ByteStream]]
+    touch: Callable[[], None]
+
+
+OpenView = Callable[[str], Awaitable[ViewOpening]]
+TOUCH_EVERY = 1.0  # s: a viewer's stream of pointer moves marks use at most this often
 CHUNK = 1 << 16
 
 PAGE = """<!doctype html>
@@ -63,7 +75,7 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
 
     @app.get("/view/{token}", response_class=HTMLResponse)
     async def view_page(token: str) -> HTMLResponse:
-        grant, _ = await open_view(token)
+        grant = (await open_view(token)).grant
         if not (NOVNC / "core" / "rfb.js").is_file():
             raise NotFound(f"the live view's page needs noVNC in {NOVNC} (apt-get install novnc)")
         nonce = secrets.token_urlsafe(16)
@@ -89,7 +101,7 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
     @app.websocket("/view/{token}/websocket")
     async def view_socket(ws: WebSocket, token: str) -> None:
         try:
-            grant, open_stream = await open_view(token)
+            grant, open_stream, touch = await open_view(token)
             screen = await open_stream()
         except (CorralError, OSError) as exc:
             # Policy violation, with the reason: a browser shows the close.
@@ -100,6 +112,7 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
         metrics.DISPLAY_OPS.labels("view_open").inc()
         log.info("view.open", sandbox=grant.sandbox_id, interactive=grant.interactive)
         stream = ViewerStream(grant.interactive)
+        touched = [0.0]  # when the sandbox was last marked used
 
         async def viewer_to_screen() -> None:
             while True:
@@ -111,6 +124,10 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
                 if out:
                     screen.write(out)
                     await screen.drain()
+                if stream.inputs and time.monotonic() - touched[0] >= TOUCH_EVERY:
+                    stream.inputs = 0
+                    touched[0] = time.monotonic()
+                    touch()
 
         async def screen_to_viewer() -> None:
             while data := await screen.read(CHUNK):

@@ -66,6 +66,7 @@ from corral.api.models_vm import (
 )
 from corral.errors import InvalidArgument
 from corral.guard.policy import NetworkPolicy
+from corral.images.disks import FIRMWARES, NAME, NAME_RULE, PREFIX, is_disk
 from corral.images.layer import RegistryRef
 from corral.units import parse_size
 
@@ -150,6 +151,15 @@ def check_labels(v: dict[str, str], *, most: int, longest: int) -> None:
             raise ValueError(f"value of {k!r} must be at most {longest} characters")
 
 
+# What a sandbox booted from a user's own disk does without (no Corral
+# kernel or agent inside it).
+OWN_DISK_LACKS = {
+    "workspace": "its files are the disk's own (no layers are mounted in it)",
+    "toolkit": "its files are the disk's own (no layers are mounted in it)",
+    "network": "it has no network yet (docs/own-disk.md)",
+}
+
+
 class SandboxState(StrEnum):
     creating = "creating"
     running = "running"
@@ -190,11 +200,37 @@ class CreateSandbox(StrictModel):
     # (builds, test suites: yields the CPU to interactive work); a command
     # may override it (docs/cpu-classes.md).
     cpu_class: str = "interactive"
+    # With image "disk:NAME" (a user's own disk, kind "fullvm"): how it
+    # boots, "bios" (the default) or "uefi" (docs/own-disk.md).
+    firmware: str | None = None
 
     @field_validator("cpu_class")
     @classmethod
     def _cpu_class(cls, v: str) -> str:
         return check_cpu_class(v)
+
+    @field_validator("firmware")
+    @classmethod
+    def _firmware(cls, v: str | None, info: Any) -> str | None:
+        if v is None:
+            return v
+        if v not in FIRMWARES:
+            raise ValueError(f"must be one of {', '.join(FIRMWARES)}")
+        if not is_disk(info.data.get("image", "")):
+            raise ValueError(
+                "is for a user's own disk (image 'disk:NAME'): Corral's images boot Corral's kernel"
+            )
+        return v
+
+    @field_validator("workspace", "network", mode="after")
+    @classmethod
+    def _not_on_own_disk(cls, v: object, info: Any) -> object:
+        if v is not None and is_disk(info.data.get("image", "")):
+            raise ValueError(
+                "cannot be given with a user's own disk (image 'disk:NAME'): "
+                + OWN_DISK_LACKS[info.field_name]
+            )
+        return v
 
     @field_validator("protected", mode="before")
     @classmethod
@@ -256,7 +292,13 @@ class CreateSandbox(StrictModel):
 
     @field_validator("image")
     @classmethod
-    def _image(cls, v: str) -> str:
+    def _image(cls, v: str, info: Any) -> str:
+        if is_disk(v):
+            if not NAME.fullmatch(v.removeprefix(PREFIX)):
+                raise ValueError(NAME_RULE)
+            if info.data.get("kind") != "fullvm":
+                raise ValueError("a user's own disk ('disk:NAME') boots only as kind 'fullvm'")
+            return v
         # An image may also be an OCI registry's (pulled on first use).
         try:
             remote = RegistryRef.parse(v)
@@ -275,11 +317,16 @@ class CreateSandbox(StrictModel):
 
     @field_validator("toolkit", mode="before")
     @classmethod
-    def _toolkit(cls, v: object) -> object:
+    def _toolkit(cls, v: object, info: Any) -> object:
         if v is None:
             return []
         if isinstance(v, str):
             v = [v]
+        if v and is_disk(info.data.get("image", "")):
+            raise ValueError(
+                "cannot be given with a user's own disk (image 'disk:NAME'): "
+                + OWN_DISK_LACKS["toolkit"]
+            )
         if isinstance(v, list):
             if len(v) > 16:
                 raise ValueError("at most 16 toolkit layers")

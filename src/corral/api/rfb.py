@@ -37,6 +37,7 @@ class ViewerStream:
         self.stage = HANDSHAKE
         self.version: bytes | None = None
         self.security_chosen = False
+        self.inputs = 0  # input messages passed since the caller last reset it
 
     def feed(self, data: bytes) -> bytes:
         self.buf += data
@@ -65,8 +66,13 @@ class ViewerStream:
         msg = self._take(size)
         if msg is None:
             return None
-        drop = kind in _INPUT or (kind == 255 and msg[1] == 0)
-        return msg if self.interactive or not drop else b""
+        is_input = kind in _INPUT or (kind == 255 and msg[1] == 0)
+        if not is_input:
+            return msg
+        if not self.interactive:
+            return b""
+        self.inputs += 1
+        return msg
 
     def _size(self, kind: int) -> int | None:
         """The whole message's length, or None until enough has arrived."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from corral.cli import cluster, images, node, sandboxes, tasks
+from corral.cli import cluster, disks, images, node, sandboxes, tasks
 from corral.cli.args import add_burst_args, add_sandbox_args
 from corral.errors import CorralError
 from corral.log import configure
@@ -199,6 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-cmd", help="instead: an agent that is this command in the sandbox")
     p.add_argument("-n", "--concurrency", type=int, default=8)
     p.add_argument("-k", "--attempts", type=int, default=1, help="trials per task")
+
+    dsk = cmd("disk", None, "users' own VM disks (qcow2, raw), booted as image disk:NAME")
+    dsub = dsk.add_subparsers(dest="disk_command", required=True)
+    p = dsub.add_parser("add", help="copy a qcow2 or raw disk in (checked, read-only)")
+    p.set_defaults(handler=disks.disk_add)
+    p.add_argument("path", type=Path)
+    p.add_argument("--name", help="what sandboxes call it (disk:NAME); default: the file's name")
+    p = dsub.add_parser("ls", help="list this host's disks")
+    p.set_defaults(handler=disks.disk_ls)
+    p = dsub.add_parser("rm", help="remove disks (running sandboxes keep theirs open)")
+    p.set_defaults(handler=disks.disk_rm)
+    p.add_argument("names", nargs="+")
 
     img = cmd("image", None, "build and manage image layers")
     isub = img.add_subparsers(dest="image_command", required=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from corral import metrics
 from corral.api import viewtoken
+from corral.api.liveview import ViewOpening
 from corral.api.models import (
     App,
     DisplayInput,
@@ -29,10 +30,8 @@ from corral.node.activity import Activity
 from corral.node.store import SandboxRecord
 from corral.runtimes.base import HasDisplay, Runtime, Screen
 from corral.runtimes.vm.pixels import Region
-from corral.runtimes.vnc import ByteStream
 
 Awake = Callable[[str], Awaitable[SandboxRecord]]
-OpenStream = Callable[[], Awaitable[ByteStream]]
 Exec = Callable[[SandboxRecord, ExecRequest], AsyncIterator[ExecEvent]]
 GUEST_TIMEOUT = 120.0  # a TCG guest busy starting an app answers slowly
 
@@ -95,14 +94,19 @@ class Displays:
             interactive=interactive, expires_at=expires,
         )  # fmt: skip
 
-    async def open_view(self, token: str) -> tuple[viewtoken.ViewGrant, OpenStream]:
-        """What a view token grants here, and how to open the screen's RFB
-        stream (for as long as the token lasts)."""
+    async def open_view(self, token: str) -> ViewOpening:
+        """What a view token grants here, how to open the screen's RFB
+        stream (for as long as the token lasts), and how to mark the
+        sandbox used when an interactive viewer types or clicks."""
         grant = viewtoken.verify(signing.load_key(self.view_key), token, self.node)
         _, runtime = await self._runtime(grant.sandbox_id)
         control = self.control(grant.sandbox_id)
         seconds = max(1.0, grant.expires_at - time.time() + 5)
-        return grant, lambda: runtime.open_vnc(grant.sandbox_id, control, seconds)
+        return ViewOpening(
+            grant,
+            lambda: runtime.open_vnc(grant.sandbox_id, control, seconds),
+            lambda: self.activity.touch(grant.sandbox_id),
+        )
 
     async def screenshot(
         self, sandbox_id: str, percent: int = 100, x: int = 0, y: int = 0, width: int = 0,

@@ -21,6 +21,7 @@ from corral.config import NodeConfig
 from corral.errors import CorralError
 from corral.execd.client import ExecdClient
 from corral.host.cgroups import Cgroups
+from corral.images.disks import is_disk
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.node.activity import Activity
@@ -240,7 +241,11 @@ class Housekeeping:
         """A VM's QEMU can be alive around a dead guest: a kernel stuck with
         interrupts off, a PID 1 starved by a real-time spinner. Ping every
         running guest's agent; one silent for vm_hang_timeout has failed."""
-        guests = [r for r in self.store.list(["running"]) if r.kind in VM_KINDS and init_alive(r)]
+        guests = [
+            r
+            for r in self.store.list(["running"])
+            if r.kind in VM_KINDS and not is_disk(r.spec["image"]) and init_alive(r)
+        ]  # a user's own disk has no agent to ping: its QEMU's life is its own
         limit = min(self.config.liveness_interval, 5.0)
 
         async def answers(rec: SandboxRecord) -> bool:

@@ -32,6 +32,7 @@ from corral.errors import (
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
 from corral.host.scratch import Scratch
+from corral.images.disks import Disks, disk_name, is_disk
 from corral.images.layer import STACK, Layer
 from corral.images.mounter import LayerMounts
 from corral.log import bind, get_logger, scope
@@ -99,11 +100,16 @@ def runtime_spec(rec: SandboxRecord) -> RuntimeSpec:
         disk=int(s["disk"]),
         layers=tuple(rec.layers),
         display_size=(int(size[0]), int(size[1])) if size else None,
+        disk_image=disk_name(s["image"]) if is_disk(s["image"]) else None,
+        firmware=s.get("firmware") or ("bios" if is_disk(s["image"]) else None),
     )
 
 
-async def wait_ready(sandbox_id: str, control: Path) -> None:
-    """Until the sandbox's exec server answers, in our protocol version."""
+async def wait_ready(sandbox_id: str, control: Path, image: str) -> None:
+    """Until the sandbox's exec server answers, in our protocol version.
+    A user's own disk has none (its guest is ready once drawn)."""
+    if is_disk(image):
+        return
     client = ExecdClient(str(control))
     deadline = time.monotonic() + READY_TIMEOUT
     while True:
@@ -156,6 +162,7 @@ class Lifecycle:
         self.layers = layers
         self.images = layers.store
         self.fetcher = ImageFetcher(self.images, self.config.image_sources)
+        self.disks = Disks(config.disks_dir)
         self.scratch = scratch
         self.networks = networks
         self.audit = audit
@@ -176,7 +183,11 @@ class Lifecycle:
 
     def resolve_layers(self, req: CreateSandbox) -> list[Layer]:
         """Base first (a pulled image: all its layers, bottom first), then
-        workspace, then toolkits in the order given."""
+        workspace, then toolkits in the order given. A user's own disk
+        has none (it is checked here, before anything is made)."""
+        if is_disk(req.image):
+            self.disks.get(req.image)
+            return []
         layers = self.images.chain(self.images.resolve(req.image, "image"))
         if req.workspace:
             layers.append(self.images.resolve(req.workspace, "workspace"))
@@ -279,7 +290,7 @@ class Lifecycle:
     async def _fetched(self, req: CreateSandbox) -> None:
         """Every layer the create names, fetched first if this node lacks it
         (a registry reference, or one of the node's image sources has it)."""
-        refs = [("image", req.image)]
+        refs = [] if is_disk(req.image) else [("image", req.image)]
         if req.workspace:
             refs.append(("workspace", req.workspace))
         refs += [(f"toolkit[{i}]", t) for i, t in enumerate(req.toolkit)]
@@ -350,7 +361,7 @@ class Lifecycle:
             self.children.add(started.pid)
             self.cpu.place(rec.id, req.cpu_class, req.cpu)
             try:
-                await wait_ready(rec.id, prep.control)
+                await wait_ready(rec.id, prep.control, req.image)
             except SandboxFailed as exc:
                 if not isinstance(runtime, Diagnosable):
                     raise
@@ -461,7 +472,9 @@ class Lifecycle:
 def _image_workdir(layers: list[Layer]) -> str | None:
     """The image's working directory: the topmost one its layers set (a
     pulled image's config is on the top of its stack, a built image's on
-    each step; layers come bottom first)."""
+    each step; layers come bottom first). None without layers (a disk)."""
+    if not layers:
+        return None
     stack = list(itertools.takewhile(lambda x: bool(x.labels.get(STACK)), layers[1:]))
     image = [layers[0], *stack]  # the bottom layer, then those that stack on it
     return next((x.config.workdir for x in reversed(image) if x.config.workdir), None)

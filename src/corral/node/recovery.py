@@ -22,6 +22,7 @@ from corral.execd.client import ExecdClient
 from corral.host import procs
 from corral.host.cgroups import Cgroups
 from corral.host.scratch import Scratch
+from corral.images.disks import is_disk
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.node.ledger import Ledger
@@ -124,7 +125,12 @@ class Recovery:
                 # (Only if nobody answers there: another live agent may.)
                 runtime = self.runtimes.get(rec.kind)
                 control = control_path(self.config.run_dir, rec.id)
-                if isinstance(runtime, Reattachable) and not await answers(control):
+                own_disk = is_disk(rec.spec["image"])  # no agent, no channel to serve
+                if (
+                    isinstance(runtime, Reattachable)
+                    and not own_disk
+                    and not await answers(control)
+                ):
                     await runtime.attach(rec.id, control)
                 report.reattached += 1
                 continue

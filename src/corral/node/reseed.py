@@ -20,6 +20,7 @@ from corral.api.models import SandboxInfo
 from corral.errors import CorralError
 from corral.execd.client import ExecdClient
 from corral.host import entropy
+from corral.images.disks import is_disk
 from corral.log import get_logger
 from corral.node.lifecycle import control_path
 
@@ -43,4 +44,7 @@ async def reseed_copies(run_dir: Path, copies: list[SandboxInfo]) -> None:
         else:
             metrics.RESEEDS.labels("guest", "ok").inc()
 
-    await asyncio.gather(*(guest(c) for c in copies if c.kind != "container"))
+    # A user's own disk has no agent to take the seed: its OS reseeds
+    # itself (or not), as on the machine it was installed on.
+    guests = [c for c in copies if c.kind != "container" and not is_disk(c.image)]
+    await asyncio.gather(*(guest(c) for c in guests))

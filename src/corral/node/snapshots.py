@@ -37,6 +37,7 @@ from corral.errors import (
     SandboxFailed,
 )
 from corral.images import registry
+from corral.images.disks import is_disk
 from corral.images.mounter import LayerMounts
 from corral.images.objects import ObjectStore, open_store
 from corral.log import get_logger
@@ -247,7 +248,8 @@ class Snapshots:
                 self.lifecycle.cpu.place(
                     sandbox_id, rec.spec.get("cpu_class", INTERACTIVE), rec.spec.get("cpu", 1.0)
                 )
-                await wait_ready(sandbox_id, control_path(self.config.run_dir, sandbox_id))
+                control = control_path(self.config.run_dir, sandbox_id)
+                await wait_ready(sandbox_id, control, rec.spec["image"])
                 await self.networks.reconnect(
                     sandbox_id, started.pid, self.runtimes[rec.kind].net_tap
                 )
@@ -312,7 +314,9 @@ class Snapshots:
                 return_exceptions=True,
             )
         finally:
-            state.unlink(missing_ok=True)
+            # With what the runtime kept beside it (a user's disk's overlay).
+            for kept in [state, *state.parent.glob(f"{state.name}.*")]:
+                kept.unlink(missing_ok=True)
         made = [r for r in results if isinstance(r, SandboxInfo)]
         failed = [r for r in results if not isinstance(r, SandboxInfo)]
         if failed:
@@ -352,6 +356,13 @@ class Snapshots:
         it, or close it once the copy runs elsewhere."""
         rec = self.records.get(sandbox_id)
         runtime = self._snapshottable(rec, "save")
+        if is_disk(rec.spec["image"]):
+            raise InvalidArgument(
+                "image",
+                "a sandbox booted from its own disk cannot be saved to a store (its disk and "
+                "overlay stay on this node): suspend, resume and fork it here",
+                rec.spec["image"],
+            )
         if self.networks.has_network(sandbox_id):
             raise InvalidArgument(
                 "network",

@@ -31,6 +31,7 @@ from corral.host import platform as plat
 from corral.host import swap
 from corral.host.procs import host_memory
 from corral.host.scratch import Scratch
+from corral.images.disks import Disks, is_disk
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.node import ledger as ledgers
@@ -211,6 +212,7 @@ def _runtimes(
         runtimes["fullvm"] = FullVMRuntime(
             layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr, tcg_cache_mib=tb,
             pmem_dir=cfg.data_dir / "pmem" if cfg.vm_pmem else None,
+            disks=Disks(cfg.disks_dir),
         )  # fmt: skip
     return runtimes
 
@@ -237,6 +239,15 @@ async def start_parts(
     store = Store(cfg.db_path)
 
     def execd(sandbox_id: str) -> ExecdClient:
+        rec = store.get(sandbox_id)
+        if rec is not None and is_disk(rec.spec["image"]):
+            raise InvalidArgument(
+                "image",
+                "a sandbox booted from its own disk has no Corral agent inside: commands, "
+                "files and the display's windows, apps and launch need one; its screen, "
+                "keyboard and pointer (sbx.display) work",
+                rec.spec["image"],
+            )
         return ExecdClient(str(control_path(cfg.run_dir, sandbox_id)))
 
     activity = Activity(store)

@@ -41,6 +41,10 @@ class RuntimeSpec:
     disk: int  # bytes of writable space
     layers: tuple[str, ...]  # digests, base first
     display_size: tuple[int, int] | None = None
+    # A full VM booted from a user's own disk (images/disks.py): its name,
+    # and the firmware ("bios" or "uefi"); `layers` is then empty.
+    disk_image: str | None = None
+    firmware: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,9 @@ class Snapshottable(Protocol):
     (fork, save/restore), and start from one (Boot.state)."""
 
     async def snapshot(self, sandbox_id: str, state: Path) -> int:
-        """Save a running sandbox to `state`; it runs on. Returns bytes."""
+        """Save a running sandbox to `state`; it runs on. Returns bytes.
+        Files it keeps beside the state are named `state`'s name + a
+        suffix, and are dropped with it."""
         ...
 
     async def state_version(self) -> str:

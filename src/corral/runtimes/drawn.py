@@ -87,3 +87,34 @@ async def _settle(screen: Framed, last: bytes) -> None:
         if now == last:
             return
         last = now
+
+
+# Rows a frame may differ by and still count as the same screen: a text
+# cursor blinking (a 16-row cell) is not a screen that is still drawing.
+STILL_ROWS = 24
+
+
+async def wait_still(sandbox_id: str, screen: Framed, quiet: float, timeout: float) -> None:
+    """Until the screen shows more than one colour and has not changed
+    (but for a blinking cursor) for `quiet` seconds: all a screen says
+    when nothing inside the guest can (a user's own disk, no agent)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: pixels.Rgb | None = None
+    since = loop.time()
+    colours = 0
+    while loop.time() < deadline:
+        frame = await screen.frame()
+        now = loop.time()
+        if last is None or pixels.rows_changed(frame, last) > STILL_ROWS:
+            last, since = frame, now
+            colours = pixels.distinct_colours(frame, 2)
+        elif colours >= 2 and now - since >= quiet:
+            return
+        await asyncio.sleep(SETTLE_GAP)
+    what = "it showed one colour" if colours < 2 else "it kept changing"
+    raise SandboxFailed(
+        f"sandbox {sandbox_id}: its screen never held still for {quiet:.0f}s with something "
+        f"drawn on it within {timeout:.0f}s ({what})",
+        sandbox=sandbox_id,
+    )

@@ -79,6 +79,7 @@ class AsyncSandboxes:
         display_size: str | tuple[int, int] | None = None,
         protected: list[str] | None = None,
         cpu_class: str = "interactive",
+        firmware: str | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox and return once it accepts commands.
 
@@ -94,7 +95,10 @@ class AsyncSandboxes:
         `protected` paths (the task's tests) are watched from the start: a
         write to one is a violation in the sandbox's report (audit()).
         `cpu_class` "background" makes its commands yield the CPU to
-        interactive sandboxes' (docs/cpu-classes.md)."""
+        interactive sandboxes' (docs/cpu-classes.md). A `fullvm` whose
+        image is "disk:NAME" boots a disk added to the node (`corral disk
+        add`) with `firmware` "bios" (default) or "uefi", and returns once
+        its screen is drawn and still (docs/own-disk.md)."""
         req = _create_request(
             kind=kind,
             image=image,
@@ -112,6 +116,7 @@ class AsyncSandboxes:
             display_size=display_size,
             protected=protected,
             cpu_class=cpu_class,
+            firmware=firmware,
         )
         if idempotency_key is not None:
             req = validated(CreateSandbox, {**req.model_dump(), "idempotency_key": idempotency_key})

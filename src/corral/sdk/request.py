@@ -26,6 +26,7 @@ def create_request(
     display_size: str | tuple[int, int] | None = None,
     protected: list[str] | None = None,
     cpu_class: str = "interactive",
+    firmware: str | None = None,
 ) -> CreateSandbox:
     # cpu, memory, display_size: None is the kind's default (a full VM's is
     # bigger), so they are left out rather than sent as a value.
@@ -47,5 +48,6 @@ def create_request(
             "network": network.model_dump() if isinstance(network, NetworkPolicy) else network,
             "protected": protected or [],
             "cpu_class": cpu_class,
+            "firmware": firmware,
         },
     )

@@ -553,6 +553,7 @@ class Sandboxes:
         display_size: str | tuple[int, int] | None = None,
         protected: list[str] | None = None,
         cpu_class: str = 'interactive',
+        firmware: str | None = None,
     ) -> Sandbox:
         """Create a sandbox and return once it accepts commands."""
         result = self._portal.call(
@@ -574,6 +575,7 @@ class Sandboxes:
             display_size=display_size,
             protected=protected,
             cpu_class=cpu_class,
+            firmware=firmware,
         )
         return Sandbox(self._portal, result)
 

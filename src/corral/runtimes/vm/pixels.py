@@ -198,3 +198,14 @@ def distinct_colours(image: Rgb, at_most: int, step: int = 7) -> int:
         if len(seen) >= at_most:
             break
     return len(seen)
+
+
+def rows_changed(a: Rgb, b: Rgb) -> int:
+    """How many pixel rows differ between two frames (all of them when
+    their sizes do): a blinking text cursor changes one cell's rows, a
+    new screen most of them."""
+    if (a.width, a.height) != (b.width, b.height):
+        return max(a.height, b.height)
+    if a.data == b.data:
+        return 0
+    return sum(1 for y in range(a.height) if a.row(y) != b.row(y))

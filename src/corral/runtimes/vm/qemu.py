@@ -21,6 +21,17 @@ QEMU = "qemu-system-x86_64"
 TCG_CMDLINE = "tsc_early_khz=2000000 no_timer_check"
 
 
+# Debian's OVMF (apt install ovmf): the code read-only and shared, a copy of
+# the variables store per sandbox (the firmware writes its boot entries).
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+# QEMU's own seccomp filter: a guest that breaks out into the emulator finds
+# no obsolete syscalls, no setuid/setgid and no scheduler or resource
+# control. Spawning stays: migration to and from a file (suspend, fork,
+# save) runs `cat` (QEMU 7.2 has no file: migration).
+SECCOMP = "on,obsolete=deny,elevateprivileges=deny,spawn=allow,resourcecontrol=deny"
+
+
 def qemu_binary() -> str:
     path = shutil.which(QEMU)
     if path is None:
@@ -102,12 +113,7 @@ class MicroVM:
             "-m", memory,
             "-smp", str(self.cpus),
             "-nodefaults", "-no-user-config", "-no-reboot",
-            # QEMU's own seccomp filter: a guest that breaks out into the
-            # emulator finds no obsolete syscalls, no setuid/setgid and no
-            # scheduler or resource control. Spawning stays: migration to
-            # and from a file (suspend, fork, save) runs `cat` (QEMU 7.2 has
-            # no file: migration).
-            "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=allow,resourcecontrol=deny",
+            "-sandbox", SECCOMP,
             "-display", "none",
             "-kernel", str(self.kernel),
             "-initrd", str(self.initrd),
@@ -131,11 +137,7 @@ class MicroVM:
                 "-device", "virtio-keyboard-pci",
             ]  # fmt: skip
             if self.vnc_socket is not None:
-                # Root-only socket in the sandbox's dir, no VNC auth: the
-                # node's live view (api/liveview.py) is the only client and
-                # checks the viewer's token; force-shared lets viewers
-                # coexist without one disconnecting the others.
-                argv += ["-vnc", f"unix:{self.vnc_socket},share=force-shared"]
+                argv += vnc_args(self.vnc_socket)
         if self.tap is not None:
             argv += [
                 "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no",
@@ -153,5 +155,68 @@ class MicroVM:
             argv += [
                 "-drive", f"file={d.path},if=none,id=d{i},format=raw,readonly={ro}",
                 "-device", f"virtio-blk-{bus},drive=d{i},serial={d.serial}",
+            ]  # fmt: skip
+        return argv
+
+
+def vnc_args(socket: Path) -> list[str]:
+    """Root-only socket in the sandbox's dir, no VNC auth: the node's live
+    view (api/liveview.py) is the only client and checks the viewer's
+    token; force-shared lets viewers coexist without one disconnecting
+    the others."""
+    return ["-vnc", f"unix:{socket},share=force-shared"]
+
+
+@dataclass
+class DiskVM:
+    """A full VM that boots a user's own disk through its firmware, with
+    no Corral kernel or agent: only devices every OS has drivers for (an
+    AHCI disk, a std VGA, a PS/2 keyboard, a USB tablet), driven through
+    the display alone. `overlay` is the sandbox's qcow2 over the user's
+    read-only disk; `vars` the UEFI variables store (None: BIOS)."""
+
+    overlay: Path
+    console_log: Path
+    qmp_socket: Path
+    vnc_socket: Path
+    display: tuple[int, int]
+    memory_mib: int = 2048
+    cpus: int = 1
+    vars: Path | None = None
+    accel: str = "tcg"
+    tb_mib: int = 0
+
+    def argv(self) -> list[str]:
+        accel = self.accel
+        if accel == "tcg" and self.tb_mib:
+            accel += f",tb-size={self.tb_mib}"
+        w, h = self.display
+        argv = [
+            qemu_binary(),
+            "-M", "q35",
+            "-accel", accel,
+            "-cpu", "max" if self.accel == "tcg" else "host",
+            "-m", f"{self.memory_mib}M",
+            "-smp", str(self.cpus),
+            "-nodefaults", "-no-user-config", "-no-reboot",
+            "-sandbox", SECCOMP,
+            "-display", "none",
+            "-chardev", f"file,id=console,path={self.console_log},append=on",
+            "-serial", "chardev:console",
+            "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
+            # The EDID's preferred mode is what UEFI's GOP and most OSes pick.
+            "-device", f"VGA,edid=on,xres={w},yres={h}",
+            "-device", "qemu-xhci",
+            "-device", "usb-tablet",
+            # The format is given, never probed: a raw disk whose first
+            # bytes look like a qcow2 header must not become one.
+            "-drive", f"file={self.overlay},if=none,id=disk0,format=qcow2",
+            "-device", "ide-hd,drive=disk0,bus=ide.0,bootindex=0",
+            *vnc_args(self.vnc_socket),
+        ]  # fmt: skip
+        if self.vars is not None:
+            argv += [
+                "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+                "-drive", f"if=pflash,format=raw,unit=1,file={self.vars}",
             ]  # fmt: skip
         return argv

@@ -31,15 +31,17 @@ from corral.execd import protocol as p
 from corral.execd.client import ExecdClient
 from corral.host.cgroups import Cgroups
 from corral.host.procs import process_start_time
+from corral.images.disks import Disks
 from corral.images.layer import Layer
 from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.runtimes import drawn
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
-from corral.runtimes.vm import desktop, guest
+from corral.runtimes.vm import desktop, guest, owndisk
 from corral.runtimes.vm.channel import AgentChannel
 from corral.runtimes.vm.display import Display
-from corral.runtimes.vm.qemu import QEMU, Drive, MicroVM, accelerator
+from corral.runtimes.vm.owndisk import OwnDisk
+from corral.runtimes.vm.qemu import QEMU, DiskVM, Drive, MicroVM, accelerator
 from corral.runtimes.vm.qmp import Qmp
 from corral.runtimes.vnc import ByteStream, SocketStream
 
@@ -240,10 +242,14 @@ class MicroVMRuntime:
                     await qmp.execute("cont")
                     raise SandboxFailed(f"sandbox {sandbox_id}: saving its state {status}")
                 await asyncio.sleep(0.02)
+            await self._saved(sandbox_id, state, then)
             await qmp.execute(then)
         finally:
             qmp.close()
         return state.stat().st_size
+
+    async def _saved(self, sandbox_id: str, state: Path, then: str) -> None:
+        """The state is saved and the guest still paused, its drives flushed."""
 
     # "disk" first: a VM's default suspend ends its QEMU (what save needs).
     suspend_modes = ("disk", "freeze")
@@ -386,6 +392,7 @@ class FullVMRuntime(MicroVMRuntime):
         free_page_reporting: bool = True,
         tcg_cache_mib: int = 0,
         pmem_dir: Path | None = None,
+        disks: Disks | None = None,
     ) -> None:
         super().__init__(
             layers,
@@ -396,6 +403,7 @@ class FullVMRuntime(MicroVMRuntime):
         )
         self.displays: dict[str, Display] = {}
         self.pmem_dir = pmem_dir  # None: every layer on virtio-blk
+        self.disks = disks  # None: no user's own disks on this node
         self._pmem_locks: dict[str, asyncio.Lock] = {}
 
     async def pmem_image(self, digest: str) -> Path | None:
@@ -433,10 +441,64 @@ class FullVMRuntime(MicroVMRuntime):
         w, h = spec.display_size or DEFAULT_DISPLAY
         return int(w), int(h)
 
+    async def start(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started:
+        if spec.disk_image is None:
+            return await super().start(spec, prep, boot)
+        return await self._start_own_disk(spec, prep, boot)
+
+    async def _start_own_disk(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started:
+        """Boot the user's disk through its firmware (runtimes/vm/owndisk.py):
+        no Corral kernel, no agent, no channel to serve."""
+        if self.disks is None or spec.disk_image is None:
+            raise SandboxFailed(f"sandbox {spec.id}: this node offers no disks")
+        d = self._dir(spec.id)
+        disk = await asyncio.to_thread(self.disks.get, spec.disk_image)
+        own = OwnDisk(
+            # In the scratch subvolume: its quota bounds what the guest writes.
+            overlay=prep.upper.parent / owndisk.OVERLAY,
+            vars=d / owndisk.VARS if spec.firmware == "uefi" else None,
+        )
+        await asyncio.to_thread(owndisk.prepare, disk, own, boot.state)
+        own.save(d)
+        display = self.display_size(spec)
+        assert display is not None
+        memory = max(MIN_GUEST_MEMORY, spec.memory)
+        vm = DiskVM(
+            overlay=own.overlay,
+            console_log=d / "console.log",
+            qmp_socket=d / "qmp.sock",
+            vnc_socket=d / "vnc.sock",
+            display=display,
+            memory_mib=memory // 2**20,
+            cpus=max(1, round(spec.cpu)),
+            vars=own.vars,
+            accel=accelerator(),
+            tb_mib=self.tcg_cache_mib,
+        )
+        for cg in self.cgroups.dirs(spec.id):
+            cg.mkdir(parents=True, exist_ok=True)
+        self.cgroups.set_memory(spec.id, memory + VM_OVERHEAD)
+        argv = vm.argv()
+        (d / "qemu.argv").write_text(json.dumps(argv))
+        if boot.state is None:
+            return self._spawn(spec.id, argv)
+        return await self._load(spec.id, argv, boot.state)
+
+    async def _saved(self, sandbox_id: str, state: Path, then: str) -> None:
+        own = OwnDisk.of(self._dir(sandbox_id))
+        if own is not None and then == "cont":
+            # A fork's copies need the disk as it is at this moment, too.
+            await asyncio.to_thread(owndisk.keep_for_copies, own, state)
+
     async def wait_drawn(self, sandbox_id: str, control: Path, size: tuple[int, int]) -> None:
         """Until the image's desktop session has drawn (runtimes/drawn.py).
         An image without a session has no desktop to wait for: its screen
-        is the console, ready with the agent."""
+        is the console, ready with the agent. A user's own disk has no
+        agent: its screen must show something and hold still."""
+        if OwnDisk.of(self._dir(sandbox_id)) is not None:
+            screen = self.display(sandbox_id, size)
+            await drawn.wait_still(sandbox_id, screen, owndisk.QUIET, owndisk.DRAWN_TIMEOUT)
+            return
         client = ExecdClient(str(control))
         deadline = asyncio.get_running_loop().time() + drawn.DRAWN_TIMEOUT
         if await drawn.has(sandbox_id, client, desktop.SESSION_PATH, deadline):

@@ -1,0 +1,221 @@
+"""A user's own disk on a full VM (docs/own-disk.md) next to bare QEMU
+booting the same disk on the same devices, in one run: boot to the first
+screen with BIOS and UEFI, fork, suspend and resume, screenshots and
+keys, host memory per idle sandbox, and what the overlay holds.
+
+The disk is the tests' (tests/framework/bootdisk.py: GRUB's menu, raw).
+Bare QEMU is DiskVM's own command line over a fresh overlay, polled
+through QMP until its screen stops changing; "menu on screen" is when
+the final frame first appeared. Corral's create returns when the screen
+has held still for owndisk.QUIET seconds (no agent can say more), so
+its "menu on screen" is the create's time less that.
+
+    corral bench own_disk [--creates 5] [--n 40] [--idle 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from tests.framework import bootdisk  # noqa: E402
+
+import corral  # noqa: E402
+from _common import fresh_dir, leak_counts, mem_used, pct, table, timed, write_result  # noqa: E402
+from corral.config import NodeConfig  # noqa: E402
+from corral.images.disks import Disks  # noqa: E402
+from corral.runtimes.drawn import STILL_ROWS  # noqa: E402
+from corral.runtimes.vm import owndisk, pixels  # noqa: E402
+from corral.runtimes.vm.qemu import OVMF_VARS, DiskVM, accelerator  # noqa: E402
+from corral.runtimes.vm.qmp import Qmp  # noqa: E402
+
+WORK = Path("/var/lib/corral-own-disk")
+SIZE = (1024, 768)
+FIRMWARES = ("bios", "uefi")
+
+
+async def bare_boot(disk: Path, firmware: str, work: Path) -> float:
+    """Seconds from QEMU's start to its final screen's first frame."""
+    fresh_dir(work)
+    overlay = work / "o.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(disk), "-F", "raw", str(overlay)],
+        check=True,
+    )
+    vars_ = None
+    if firmware == "uefi":
+        vars_ = work / "vars.fd"
+        vars_.write_bytes(OVMF_VARS.read_bytes())
+    vm = DiskVM(
+        overlay, work / "console.log", work / "qmp.sock", work / "vnc.sock", SIZE,
+        memory_mib=512, vars=vars_, accel=accelerator(),
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        *vm.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    frames: list[tuple[float, pixels.Rgb]] = []
+    try:
+        qmp = await Qmp.connect(work / "qmp.sock", timeout=10)
+        try:
+            last_change = time.perf_counter()
+            while time.perf_counter() - last_change < owndisk.QUIET:
+                await qmp.execute("screendump", filename=str(work / "s.ppm"))
+                now = time.perf_counter()
+                frame = pixels.parse_ppm((work / "s.ppm").read_bytes())
+                if not frames or pixels.rows_changed(frame, frames[-1][1]) > STILL_ROWS:
+                    last_change = now
+                frames.append((now - t0, frame))
+                await asyncio.sleep(0.05)
+        finally:
+            qmp.close()
+    finally:
+        proc.kill()
+        await proc.wait()
+    final = frames[-1][1]
+    first = next(t for t, f in frames if pixels.rows_changed(f, final) <= STILL_ROWS)
+    return first
+
+
+async def measure(c: corral.AsyncClient, cfg: NodeConfig, a: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for fw in FIRMWARES:
+        spec = {"kind": "fullvm", "image": "disk:bench", "firmware": fw, "memory": "512MiB"}
+        creates, bare = [], []
+        for _ in range(a.creates):
+            t0 = time.perf_counter()
+            s = await c.sandboxes.create(**spec)
+            creates.append(time.perf_counter() - t0)
+            await s.close()
+            bare.append(await bare_boot(cfg.disks_dir / "bench", fw, WORK / "bare"))
+            print(f"{fw}: create {creates[-1]:.2f}s, bare to menu {bare[-1]:.2f}s", flush=True)
+        out[fw] = {"create": creates, "bare": bare}
+
+    spec = {"kind": "fullvm", "image": "disk:bench", "memory": "512MiB"}
+    s = await c.sandboxes.create(**spec)
+    d = s.display
+    out["shot"] = await timed(a.n, d.screenshot)
+    out["shot50"] = await timed(a.n, lambda: d.screenshot(scale=0.5))
+    out["key"] = await timed(a.n, lambda: d.key("shift"))
+    out["click"] = await timed(a.n, lambda: d.click(100, 100))
+    forks, suspends, resumes = [], [], []
+    for _ in range(a.creates):
+        t0 = time.perf_counter()
+        [copy] = await c.sandboxes.fork(s, 1)
+        forks.append(time.perf_counter() - t0)
+        await copy.close()
+        t0 = time.perf_counter()
+        await s.suspend("disk")
+        suspends.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await s.resume()
+        resumes.append(time.perf_counter() - t0)
+    out.update(fork=forks, suspend=suspends, resume=resumes)
+    await s.close()
+
+    before = mem_used()
+    idle = [await c.sandboxes.create(**spec) for _ in range(a.idle)]
+    await asyncio.sleep(10)
+    out["mem"] = (mem_used() - before) / a.idle
+    out["pss"] = sum(_pss(cfg, b.id) for b in idle) / a.idle
+    out["overlay"] = sum(_overlay_bytes(cfg, b.id) for b in idle) / a.idle
+    for b in idle:
+        await b.close()
+    return out
+
+
+def _pss(cfg: NodeConfig, sandbox_id: str) -> int:
+    pid = int((cfg.sandboxes_dir / sandbox_id / "qemu.pid").read_text().split()[0])
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _overlay_bytes(cfg: NodeConfig, sandbox_id: str) -> int:
+    own = owndisk.OwnDisk.of(cfg.sandboxes_dir / sandbox_id)
+    assert own is not None
+    return own.overlay.stat().st_blocks * 512
+
+
+async def main(a: argparse.Namespace) -> None:
+    fresh_dir(WORK)
+    raw, _ = bootdisk.build(WORK / "disk")
+    cfg = NodeConfig.from_env(data_dir=WORK / "node", node="owndisk")
+    Disks(cfg.disks_dir).add(raw, "bench")
+    before = leak_counts(WORK)
+    async with corral.AsyncClient(config=cfg) as c:
+        r = await measure(c, cfg, a)
+    after = leak_counts(WORK)
+
+    def boot_rows(fw: str) -> list[list[str]]:
+        create, bare = r[fw]["create"], r[fw]["bare"]
+        drawn = [x - owndisk.QUIET for x in create]
+        return [
+            [f"{fw}: Corral create returns (menu + {owndisk.QUIET:.0f} s still)",
+             f"{pct(create, 50):.2f}", f"{pct(create, 99):.2f}", ""],
+            [f"{fw}: Corral, menu on screen (create less the stillness)",
+             f"{pct(drawn, 50):.2f}", f"{pct(drawn, 99):.2f}",
+             f"{pct(drawn, 50) / pct(bare, 50):.2f}x"],
+            [f"{fw}: bare QEMU, same disk and devices: menu on screen",
+             f"{pct(bare, 50):.2f}", f"{pct(bare, 99):.2f}", "1.00x"],
+        ]  # fmt: skip
+
+    def ms(key: str) -> list[str]:
+        return [f"{pct(r[key], 50) * 1000:.1f}", f"{pct(r[key], 99) * 1000:.1f}"]
+
+    sections = [
+        f"## Boot to the first screen (s; {a.creates} each; accelerator: {accelerator()})\n\n"
+        "GRUB's menu from a raw disk (tests/framework/bootdisk.py), 1024x768 asked (BIOS "
+        "draws GRUB in VGA text mode, 720x400; UEFI in the EDID's mode). With no agent "
+        f"inside, create returns once the screen has held still {owndisk.QUIET:.0f} s "
+        "(docs/own-disk.md).\n\n"
+        + table(
+            ["", "p50", "p99", "vs bare"],
+            [row for fw in FIRMWARES for row in boot_rows(fw)],
+        ),
+        f"## Operations (ms, {a.n} each; forks and suspends {a.creates} each)\n\n"
+        + table(
+            ["", "p50", "p99"],
+            [
+                ["screenshot, whole", *ms("shot")],
+                ["screenshot, 50% scaled", *ms("shot50")],
+                ["key (shift)", *ms("key")],
+                ["click", *ms("click")],
+                ["fork, 1 copy (memory saved, overlay copied, copy loaded)", *ms("fork")],
+                ["suspend to disk (overlay flushed, QEMU ended)", *ms("suspend")],
+                ["resume", *ms("resume")],
+            ],
+        ),
+        f"## Host memory per idle sandbox ({a.idle} held, 10 s after drawn; 512 MiB guests)\n\n"
+        + table(
+            ["", "MiB"],
+            [
+                ["MemAvailable drop per sandbox", f"{r['mem'] / 2**20:.0f}"],
+                ["PSS of its QEMU", f"{r['pss'] / 2**20:.0f}"],
+                ["its overlay on disk (the disk itself is shared)", f"{r['overlay'] / 2**20:.2f}"],
+            ],
+        ),
+        "## Leftovers\n\n"
+        + table(
+            ["object", "before", "after"], [[k, str(before[k]), str(after[k])] for k in before]
+        ),
+    ]
+    print(write_result("own-disk", "A user's own disk on a full VM, next to bare QEMU", sections))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--creates", type=int, default=5)
+    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--idle", type=int, default=3)
+    asyncio.run(main(ap.parse_args()))
