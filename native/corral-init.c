@@ -1125,6 +1125,19 @@ static int handle_reseed(int conn, struct cursor *c) {
     return send_ok(conn, 0);
 }
 
+/* A guest loaded from a saved state (a resume, a fork, a template) wakes
+ * with the wall clock it was saved with: the node sends the time. Only a
+ * VM's guest may set it; in a container clock_settime fails with EPERM
+ * (the clock is the host's). The monotonic clocks carry on untouched. */
+static int handle_settime(int conn, struct cursor *c) {
+    uint64_t ns = cur_u64(c);
+    if (c->bad || c->left != 0) return send_error(conn, EINVAL, "settime: a u64 of nanoseconds");
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    if (clock_settime(CLOCK_REALTIME, &ts) < 0)
+        return send_error(conn, errno, "settime: %s", strerror(errno));
+    return send_ok(conn, 0);
+}
+
 static int handle_reset(int conn, struct cursor *c) {
     char **dirs = cur_strv(c);
     if (c->bad) return send_error(conn, EINVAL, "malformed reset request");
@@ -1202,6 +1215,10 @@ static void serve_connection(int conn) {
     }
     if (f.type == REQ_RESEED) {
         handle_reseed(conn, &c);
+        return;
+    }
+    if (f.type == REQ_SETTIME) {
+        handle_settime(conn, &c);
         return;
     }
     if (f.type == REQ_PARK) {

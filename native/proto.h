@@ -42,6 +42,7 @@ enum {
     REQ_PARK = 0x28,
     REQ_XATTR = 0x2A,     /* user, path, string prefix to clear, u32 n, n x (name, value) */
     REQ_RESEED = 0x29,    /* 32..512 bytes: credit them to the kernel's pool and re-key its CRNG */
+    REQ_SETTIME = 0x2B,   /* u64 ns since the epoch: set the kernel's wall clock (a VM's guest) */
     REQ_DATA = 0x30,
     REQ_END = 0x31,
 };

@@ -165,6 +165,10 @@ class NodeConfig:
     # stays resident: ~110 MiB per VM after a Python session here. 64 MiB
     # keeps that session's speed (bench/results/vmidle.md). 0: QEMU's.
     vm_tcg_cache_mib: int = 64
+    # Full VM desktops start from a saved drawn desktop of the same spec
+    # instead of booting (node/templates.py): at most this many templates
+    # kept on disk (each about the guest's used memory). 0: always boot.
+    vm_templates: int = 4
     # The kernel merges identical guest pages across VMs (KSM; QEMU marks
     # guest RAM mergeable): 27% less host memory per idle microVM here
     # (bench/results/ksm.md), for ksmd's CPU. Off by default: a host
@@ -302,6 +306,10 @@ class NodeConfig:
                 "must be 0 (QEMU's default) or MiB from 8 to 4096",
                 self.vm_tcg_cache_mib,
             )
+        if not 0 <= self.vm_templates <= 64:
+            raise InvalidArgument(
+                "vm_templates", "must be 0 (off) or a count up to 64", self.vm_templates
+            )
         if not 0 <= self.warm_pool <= self.max_sandboxes:
             raise InvalidArgument(
                 "warm_pool",
@@ -365,6 +373,7 @@ class NodeConfig:
                 "cpu_interactive_cores",
                 "warm_pool",
                 "vm_tcg_cache_mib",
+                "vm_templates",
             ):
                 values[f.name] = int(raw)
             elif f.name in ("disk_read_bps", "disk_write_bps", "swap_size"):

@@ -258,6 +258,11 @@ class ExecdClient:
         being the host's)."""
         await self._ok(p.frame(p.REQ_RESEED, entropy), None)
 
+    async def set_time(self, ns: int) -> None:
+        """Set the sandbox kernel's wall clock to `ns` since the epoch (a
+        VM's guest; in a container: PermissionDenied)."""
+        await self._ok(p.frame(p.REQ_SETTIME, p.u64(ns)), None)
+
     async def reset(self, dirs: builtins.list[str]) -> None:
         """Kill every process but init, empty `dirs`, drop SysV IPC."""
         await self._ok(p.frame(p.REQ_RESET, p.strings(dirs)), None)

@@ -15,7 +15,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +47,7 @@ from corral.node.ledger import Ledger
 from corral.node.network import SandboxNetworks
 from corral.node.records import Records
 from corral.node.store import SandboxRecord, Store
+from corral.node.templates import Templates
 from corral.runtimes.base import (
     Boot,
     Diagnosable,
@@ -56,6 +57,7 @@ from corral.runtimes.base import (
     Resizable,
     Runtime,
     RuntimeSpec,
+    Snapshottable,
     diagnose,
     unsupported,
 )
@@ -151,6 +153,8 @@ class Lifecycle:
         children: Children,
         cpu: CpuClasses,
         end_sessions: Callable[[str], None],
+        templates: Templates | None = None,
+        after_load: Callable[[SandboxInfo], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -170,6 +174,8 @@ class Lifecycle:
         self.children = children
         self.cpu = cpu
         self._end_sessions = end_sessions
+        self.templates = templates  # full VM desktops loaded, not booted
+        self.after_load = after_load  # a copy's fresh randomness and clock
 
     def runtime(self, kind: str) -> Runtime:
         runtime = self.runtimes.get(kind)
@@ -333,6 +339,7 @@ class Lifecycle:
             trace.record(f"create.{name}", mark_ns, now_ns)
             mark, mark_ns = now, now_ns
 
+        from_template = False
         net_index = self.admission.admit(req, rec, own + runtime.resources(rec.id, prep))
         prep = replace(prep, host_id=self.admission.host_id(rec.id))
         phase("admit")
@@ -356,7 +363,17 @@ class Lifecycle:
             net = None
             if net_index is not None and runtime.net_tap is not None:
                 net = GuestNet(*self.networks.guest_addresses(net_index))  # told at boot
-            started = await runtime.start(runtime_spec(rec), prep, Boot(state=state, net=net))
+            template = None
+            if state is None and self.templates is not None and isinstance(runtime, Snapshottable):
+                template = self.templates.key(req, rec.layers, await runtime.state_version())
+                if template is not None:
+                    state = self.templates.take(template, sandbox_dir / "template.state")
+            from_template = template is not None and state is not None
+            try:
+                started = await runtime.start(runtime_spec(rec), prep, Boot(state=state, net=net))
+            finally:
+                if from_template:
+                    (sandbox_dir / "template.state").unlink(missing_ok=True)
             phase("start")
             self.children.add(started.pid)
             self.cpu.place(rec.id, req.cpu_class, req.cpu)
@@ -373,6 +390,11 @@ class Lifecycle:
                 # the desktop (a restored or forked one already had it).
                 await runtime.wait_drawn(rec.id, prep.control, req.display_size)
                 phase("drawn")
+                if template is not None and self.templates is not None:
+                    # Saved before it is handed out: nothing of its user's in it.
+                    assert isinstance(runtime, Snapshottable)
+                    await self.templates.make(runtime, rec.id, template)
+                    phase("template")
             if req.network is not None and net_index is not None:
                 await self.networks.connect(
                     rec.id, started.pid, net_index, req.network, runtime.net_tap
@@ -391,13 +413,17 @@ class Lifecycle:
             metrics.SANDBOX_CREATE_FAILURES.labels(code).inc()
             log.warning("sandbox.create_failed", sandbox=rec.id, error=str(exc))
             raise
+        info = self.records.info(self.records.get(rec.id))
+        if from_template and self.after_load is not None:
+            await self.after_load(info)
         elapsed = time.monotonic() - t0
         metrics.SANDBOXES_CREATED.labels(req.kind).inc()
         metrics.CREATE_SECONDS.labels(req.kind).observe(elapsed)
         log.info(
-            "sandbox.created", sandbox=rec.id, kind=req.kind, ms=round(elapsed * 1000, 2), **phases
-        )
-        return self.records.info(self.records.get(rec.id))
+            "sandbox.created", sandbox=rec.id, kind=req.kind, ms=round(elapsed * 1000, 2),
+            from_template=from_template, **phases,
+        )  # fmt: skip
+        return info
 
     # ---------------------------------------------------------------- the way out
 

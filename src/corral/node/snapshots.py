@@ -21,6 +21,7 @@ from pathlib import Path
 
 from corral import labels, metrics
 from corral.api.models import (
+    VM_KINDS,
     CreateSandbox,
     ForkRequest,
     SandboxInfo,
@@ -48,7 +49,7 @@ from corral.node.cpuclasses import INTERACTIVE
 from corral.node.lifecycle import Lifecycle, control_path, wait_ready
 from corral.node.network import SandboxNetworks
 from corral.node.records import Records
-from corral.node.reseed import reseed_copies
+from corral.node.reseed import reseed_copies, set_guest_clock
 from corral.node.store import SandboxRecord, Store
 from corral.runtimes.base import Runtime, Snapshottable, Suspendable, unsupported
 
@@ -258,6 +259,9 @@ class Snapshots:
             if isinstance(exc, CorralError):
                 raise
             raise SandboxFailed(f"sandbox {sandbox_id}: resume failed: {exc}") from exc
+        if rec.kind in VM_KINDS and not is_disk(rec.spec["image"]):
+            # Its wall clock stopped with it (frozen or saved): now again.
+            await set_guest_clock(self.config.run_dir, sandbox_id)
         pids = {} if started is None else {"init_pid": started.pid, "init_start": started.pid_start}
         db.transition(sandbox_id, ["resuming"], "running", suspended=None, **pids)
         # A resumed sandbox was just used: the idle policy starts again.

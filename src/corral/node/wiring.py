@@ -53,10 +53,12 @@ from corral.node.misbehaviour import Misbehaviour
 from corral.node.network import SandboxNetworks
 from corral.node.records import Records
 from corral.node.recovery import Recovery
+from corral.node.reseed import reseed_copies
 from corral.node.sessions import Sessions
 from corral.node.snapshots import Snapshots
 from corral.node.steplog import StepLog
 from corral.node.store import Store
+from corral.node.templates import Templates
 from corral.node.warmpool import WarmPool
 from corral.runtimes.base import Reattachable, Releaser, Runtime
 from corral.runtimes.container.oci import OciRuntime
@@ -285,6 +287,11 @@ async def start_parts(
         cfg, store, owner=owner, records=records, admission=admission, ledger=ledger,
         runtimes=runtimes, layers=layers, scratch=scratch, networks=networks, audit=audit,
         activity=activity, children=children, cpu=cpu, end_sessions=sessions.end,
+        templates=Templates(cfg.data_dir / "templates", cfg.vm_templates, {
+            "pmem": cfg.vm_pmem, "reporting": cfg.vm_free_page_reporting,
+            "tcg_cache": cfg.vm_tcg_cache_mib,
+        }),
+        after_load=lambda info: reseed_copies(cfg.run_dir, [info]),
     )  # fmt: skip
     snapshots = Snapshots(
         cfg, store, records=records, lifecycle=lifecycle, runtimes=runtimes, layers=layers,

@@ -256,9 +256,10 @@ class MicroVMRuntime:
 
     async def suspend(self, sandbox_id: str, mode: str) -> Suspension:
         """disk: save the guest's memory and devices and end its QEMU. The
-        guest does not notice: its clock and processes carry on from where
-        they were. freeze: stop its vCPUs and push QEMU's memory out
-        (swap, where the host has it); the same QEMU runs on at resume."""
+        guest does not notice: its processes and monotonic clocks carry on
+        from where they were (the node sets its wall clock on resume).
+        freeze: stop its vCPUs and push QEMU's memory out (swap, where the
+        host has it); the same QEMU runs on at resume."""
         if mode == "freeze":
             await self._qmp(sandbox_id, "stop")
             return Suspension(reclaim=lambda: self.cgroups.reclaim(sandbox_id))
