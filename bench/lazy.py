@@ -69,7 +69,7 @@ def node(name: str, images: Path, **kw: object) -> NodeConfig:
 
 
 def lazy_stats(cfg: NodeConfig) -> dict[str, dict[str, int]]:
-    doc = json.loads((cfg.data_dir / "lazy" / ".stats").read_bytes())
+    doc = json.loads((cfg.data_dir / "lazy" / "fs" / ".stats").read_bytes())
     return doc["layers"]  # type: ignore[no-any-return]
 
 

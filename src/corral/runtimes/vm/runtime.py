@@ -180,18 +180,22 @@ class MicroVMRuntime:
             tap=TAP if net is not None else None,
             tb_mib=self.tcg_cache_mib,
         )
-        for cg in self.cgroups.dirs(spec.id):
-            cg.mkdir(parents=True, exist_ok=True)
-        self.cgroups.set_memory(spec.id, memory + VM_OVERHEAD)
-        argv = vm.argv()
-        # Kept for resume: a saved state loads only into the same machine.
-        (d / "qemu.argv").write_text(json.dumps(argv))
-        if boot.state is None:
-            started = self._spawn(spec.id, argv)
-        else:
-            started = await self._load(spec.id, argv, boot.state)
+        started = await self._launch(spec.id, vm.argv(), memory, boot.state)
         await self.attach(spec.id, prep.control)
         return started
+
+    async def _launch(
+        self, sandbox_id: str, argv: list[str], memory: int, state: Path | None
+    ) -> Started:
+        """QEMU for `argv` in the sandbox's cgroup: booted, or loaded from `state`."""
+        for cg in self.cgroups.dirs(sandbox_id):
+            cg.mkdir(parents=True, exist_ok=True)
+        self.cgroups.set_memory(sandbox_id, memory + VM_OVERHEAD)
+        # Kept for resume: a saved state loads only into the same machine.
+        (self._dir(sandbox_id) / "qemu.argv").write_text(json.dumps(argv))
+        if state is None:
+            return self._spawn(sandbox_id, argv)
+        return await self._load(sandbox_id, argv, state)
 
     def display_size(self, spec: RuntimeSpec) -> tuple[int, int] | None:
         return None  # a microVM has no display
@@ -476,14 +480,7 @@ class FullVMRuntime(MicroVMRuntime):
             accel=accelerator(),
             tb_mib=self.tcg_cache_mib,
         )
-        for cg in self.cgroups.dirs(spec.id):
-            cg.mkdir(parents=True, exist_ok=True)
-        self.cgroups.set_memory(spec.id, memory + VM_OVERHEAD)
-        argv = vm.argv()
-        (d / "qemu.argv").write_text(json.dumps(argv))
-        if boot.state is None:
-            return self._spawn(spec.id, argv)
-        return await self._load(spec.id, argv, boot.state)
+        return await self._launch(spec.id, vm.argv(), memory, boot.state)
 
     async def _saved(self, sandbox_id: str, state: Path, then: str) -> None:
         own = OwnDisk.of(self._dir(sandbox_id))
