@@ -63,3 +63,29 @@ async def test_later_desktops_of_a_spec_load_the_first_ones_drawn_template(
     finally:
         for s in [first, *copies]:
             await s.close()
+
+
+async def test_a_template_that_does_not_load_is_dropped_and_made_again(
+    embedded: corral.AsyncClient, node: Node
+) -> None:
+    require_image(desktop.BASE)
+    spec = {
+        "kind": "fullvm", "image": desktop.BASE, "toolkit": [desktop.TOOLKIT],
+        "memory": "640MiB", "display_size": "848x640",
+    }  # fmt: skip
+    templates = node.config.data_dir / "templates"
+    before = set(templates.glob("*.state")) if templates.exists() else set()
+    await (await embedded.sandboxes.create(**spec)).close()
+    [made] = set(templates.glob("*.state")) - before
+    made.write_bytes(b"not a machine state")  # as a QEMU upgrade or a bad disk would leave it
+    leftovers = node.leftovers()
+    with pytest.raises(corral.SandboxFailed):
+        await embedded.sandboxes.create(**spec)
+    assert not made.exists(), "a template that did not load must not be tried again"
+    assert node.leftovers() == leftovers
+    again = await embedded.sandboxes.create(**spec)  # boots, and saves it anew
+    try:
+        assert made.exists() and made.stat().st_size > 1 << 20
+        assert (await again.commands.run("true")).ok
+    finally:
+        await again.close()

@@ -67,3 +67,12 @@ async def test_templates_are_made_once_linked_for_use_and_the_oldest_dropped(
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["k1.state", "k3.state"]
     # A link taken before an eviction still reads.
     assert (tmp_path / "use1").read_bytes() == b"first"
+
+
+async def test_a_template_that_did_not_load_is_dropped(tmp_path: Path) -> None:
+    t = Templates(tmp_path / "t", 2, {})
+    await t.make(_Runtime(), "a", "k1")
+    t.drop("k1", "QEMU could not load it")
+    assert t.take("k1", tmp_path / "use") is None
+    await t.make(_Runtime(), "b", "k1")  # the next boot of the spec saves it anew
+    assert (tmp_path / "t" / "k1.state").read_bytes() == b"b"

@@ -371,6 +371,10 @@ class Lifecycle:
             from_template = template is not None and state is not None
             try:
                 started = await runtime.start(runtime_spec(rec), prep, Boot(state=state, net=net))
+            except Exception as exc:
+                if from_template and template is not None and self.templates is not None:
+                    self.templates.drop(template, str(exc))
+                raise
             finally:
                 if from_template:
                     (sandbox_dir / "template.state").unlink(missing_ok=True)

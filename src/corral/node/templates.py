@@ -107,6 +107,13 @@ class Templates:
             log.info("template.made", sandbox=sandbox_id, key=key, bytes=size)
             self._evict()
 
+    def drop(self, key: str, why: str) -> None:
+        """Forget a template whose state did not load (QEMU upgraded under
+        it, a file damaged): the next create of its spec boots and saves
+        a new one, instead of every create failing on it."""
+        self._path(key).unlink(missing_ok=True)
+        log.warning("template.dropped", key=key, why=why)
+
     def _evict(self) -> None:
         found = sorted(self.root.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
         for old in found[: max(0, len(found) - self.keep)]:

@@ -304,7 +304,10 @@ class MicroVMRuntime:
         """A new QEMU for `argv` with its guest loaded from `state`, running."""
         d = self._dir(sandbox_id)
         started = self._spawn(sandbox_id, [*argv, "-incoming", f"exec:cat {state}"])
-        qmp = await Qmp.connect(d / "qmp.sock")
+        try:
+            qmp = await Qmp.connect(d / "qmp.sock")
+        except (OSError, SandboxFailed) as exc:
+            raise self._not_loaded(sandbox_id, str(exc)) from None
         try:
             for _ in range(3000):  # polled: QMP has no "loaded" event to wait on
                 status = await qmp.status()
@@ -312,11 +315,25 @@ class MicroVMRuntime:
                     break
                 await asyncio.sleep(0.02)
             if status != "paused":
-                raise SandboxFailed(f"sandbox {sandbox_id}: its saved state did not load: {status}")
+                raise self._not_loaded(sandbox_id, f"QEMU's state is {status}")
             await qmp.execute("cont")
+        except OSError as exc:  # QEMU exited on a state it could not read
+            raise self._not_loaded(sandbox_id, f"QEMU exited ({exc})") from None
         finally:
             qmp.close()
         return started
+
+    def _not_loaded(self, sandbox_id: str, why: str) -> SandboxFailed:
+        try:
+            said = (self._dir(sandbox_id) / "qemu.log").read_text(errors="replace")
+        except OSError:
+            said = ""
+        tail = " | ".join(said.strip().splitlines()[-3:])
+        return SandboxFailed(
+            f"sandbox {sandbox_id}: its saved state did not load: {why}"
+            + (f"; QEMU said: {tail}" if tail else ""),
+            sandbox=sandbox_id,
+        )
 
     async def _wait_gone(self, sandbox_id: str) -> None:
         with contextlib.suppress(OSError, ValueError):
