@@ -7,14 +7,18 @@ out twice; nothing is left when the agent goes."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 import corral
 from corral import labels
+from corral.api.models import Window
+from corral.runtimes.vm import desktop
 
-from ..framework import IMAGE, Node
+from ..framework import IMAGE, Node, png_pixels, require_image
 
 SAME_AS_COLD = "cat /proc/self/uid_map; grep -E '^(Seccomp|NoNewPrivs|CapEff)' /proc/self/status"
 
@@ -100,3 +104,68 @@ async def test_a_burst_is_served_warm_and_cold_alike(fresh_node: Node) -> None:
         for b in [first, *boxes]:
             await b.close()
     assert node.leftovers() == {}
+
+
+async def test_a_desktop_is_claimed_drawn_and_one_whose_session_died_is_not(
+    fresh_node: Node,
+) -> None:
+    require_image(desktop.BASE)
+    node = fresh_node.with_config(warm_pool=1)
+    spec = {"image": desktop.BASE, "toolkit": [desktop.TOOLKIT], "memory": "1GiB"}
+    async with node.client() as c:
+        cold = await c.sandboxes.create(**spec, display_size="800x600")
+        (warm,) = await _warm_desktops(node, "800x600")
+        # Another screen size is another stack: created cold.
+        other = await c.sandboxes.create(**spec, display_size="640x480")
+        assert other.id != warm
+        claimed = await c.sandboxes.create(**spec, display_size="800x600", labels={"w": "1"})
+        assert claimed.id == warm and claimed.info.labels == {"w": "1"}
+        # Handed out drawn, and driven like a cold one.
+        _, _, rows = png_pixels(await claimed.display.screenshot())
+        assert len(rows) == 600 and len({bytes(r) for r in rows}) > 1
+        before = len(await claimed.display.windows())
+        await claimed.display.launch("xterm")
+        await _windows_until(claimed, before + 1)
+
+        # A warm desktop whose X server died is closed at the claim, and
+        # the create is served cold instead of failing.
+        (dead,) = await _warm_desktops(node, "800x600")
+        _kill(node, dead, "Xvfb")
+        fresh = await c.sandboxes.create(**spec, display_size="800x600")
+        assert fresh.id != dead
+        _, _, rows = png_pixels(await fresh.display.screenshot())
+        assert len({bytes(r) for r in rows}) > 1
+        gone = node.agent.parts.cgroups._dir("pids", dead)
+        assert gone is not None and not gone.exists()  # closed, not left warm
+        for s in (cold, other, claimed, fresh):
+            await s.close()
+    assert node.leftovers() == {}
+
+
+async def _warm_desktops(node: Node, size: str) -> list[str]:
+    """The warm desktops of one screen size, once there is one."""
+    pool = node.agent.parts.warm
+    for _ in range(1200):
+        ids = [i for k, q in pool._ready.items() if k[-1] == f"display={size}" for i in q]
+        if ids:
+            return ids
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no warm {size} desktop within 120 s")
+
+
+def _kill(node: Node, sandbox_id: str, comm: str) -> None:
+    """SIGKILL the sandbox's processes named `comm`, from the host."""
+    procs = cgroup(node, "pids", sandbox_id, "cgroup.procs").split()
+    named = [int(p) for p in procs if Path(f"/proc/{p}/comm").read_text().strip() == comm]
+    assert named, f"no {comm} in {sandbox_id}"
+    for pid in named:
+        os.kill(pid, signal.SIGKILL)
+
+
+async def _windows_until(s: corral.AsyncSandbox, n: int) -> list[Window]:
+    for _ in range(200):
+        wins = await s.display.windows()
+        if len(wins) >= n:
+            return wins
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"fewer than {n} windows on {s.id}")

@@ -48,6 +48,7 @@ from corral.node.network import SandboxNetworks
 from corral.node.records import Records
 from corral.node.store import SandboxRecord, Store
 from corral.node.templates import Templates
+from corral.runtimes import drawn
 from corral.runtimes.base import (
     Boot,
     Diagnosable,
@@ -221,15 +222,21 @@ class Lifecycle:
         """Make the warm sandbox `sandbox_id` (node/warmpool.py) the one
         `req` asks for: its record first (admission's claim), then its
         ceilings, disk quota, CPU class and network, as a cold create would
-        have started it. It ran nothing before: its upper layer is empty.
-        A claim that fails half-way closes the sandbox (nothing of it is
-        handed out) and raises; NotWarm if it was taken meanwhile."""
+        have started it. It ran nothing of anyone's before (a desktop ran
+        its session, as a cold one does before create returns). A claim
+        that fails half-way closes the sandbox (nothing of it is handed
+        out) and raises; NotWarm if it was taken meanwhile."""
         t0 = time.monotonic()
         runtime = self.runtime(req.kind)
         net_index = self.admission.claim(req, sandbox_id)
         try:
             if not isinstance(runtime, Resizable):
                 raise unsupported(req.kind, "warm sandboxes are containers")
+            if isinstance(runtime, HasDisplay) and req.display_size:
+                # Drawn when it was made; its session may have died since.
+                control = control_path(self.config.run_dir, sandbox_id)
+                screen = runtime.display(sandbox_id, req.display_size, control)
+                await drawn.still_drawn(sandbox_id, screen)
             runtime.resize(sandbox_id, req.cpu, req.memory, req.pids)
             self.scratch.create(sandbox_id, req.disk)  # the claimant's quota
             self.cpu.place(sandbox_id, req.cpu_class, req.cpu)

@@ -9,8 +9,11 @@ create whose kind is container and whose layers (by digest) match a warm
 sandbox claims it: admission makes its record the claimant's (budgets,
 idempotency key, labels, spec) in one transaction, then the claimant's
 ceilings, disk quota, CPU class and network are applied (node/lifecycle.py
-claim). A warm sandbox has run nothing, so a claimed one is
-indistinguishable from a cold one; none is ever handed out twice.
+claim). A warm sandbox has run nothing of anyone's, so a claimed one is
+indistinguishable from a cold one; none is ever handed out twice. A
+container desktop is warm once drawn (its session started as a cold
+create starts it), keyed by its screen size too, and checked to still
+show itself when claimed.
 
 Sizing follows demand: each stack keeps as many warm sandboxes as it was
 asked for in the last WINDOW seconds, all stacks together at most
@@ -29,7 +32,7 @@ from collections import deque
 from corral import labels
 from corral.api.models import CreateSandbox, SandboxInfo
 from corral.config import NodeConfig
-from corral.errors import CorralError, NodeFull
+from corral.errors import CorralError, NodeFull, SandboxFailed
 from corral.log import get_logger
 from corral.node.admission import WARM, NotWarm
 from corral.node.lifecycle import Lifecycle
@@ -53,12 +56,18 @@ class WarmPool:
         self._task: asyncio.Task[None] | None = None
 
     def _stack(self, req: CreateSandbox) -> Stack | None:
-        if self.size <= 0 or req.kind != "container" or req.display_size is not None:
-            return None  # (a desktop's session starts at create: not a warm one's)
+        if self.size <= 0 or req.kind != "container":
+            return None
         try:
-            return tuple(layer.digest for layer in self.lifecycle.resolve_layers(req))
+            stack = tuple(layer.digest for layer in self.lifecycle.resolve_layers(req))
         except CorralError:
             return None  # not here yet (a registry's, a source's): the cold path fetches it
+        if req.display_size is not None:
+            # A desktop's session is started at create, on a screen of
+            # its size: a warm desktop is drawn, and only for that size.
+            w, h = req.display_size
+            stack = (*stack, f"display={w}x{h}")
+        return stack
 
     async def claim(self, req: CreateSandbox) -> SandboxInfo | None:
         """A warm sandbox made into `req`'s, or None (create it cold)."""
@@ -75,6 +84,9 @@ class WarmPool:
             try:
                 return await self.lifecycle.claim(sandbox_id, req)
             except NotWarm:
+                continue
+            except SandboxFailed as exc:  # a warm desktop whose session died: closed
+                log.warning("warm_pool.claim_failed", sandbox=sandbox_id, error=exc.message)
                 continue
             except NodeFull:
                 ready.appendleft(sandbox_id)  # still warm; a cold create needs more

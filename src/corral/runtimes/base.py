@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from corral.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from corral.runtimes.vm.pixels import Region
+    from corral.runtimes.vm.pixels import Region, Rgb
     from corral.runtimes.vnc import ByteStream
 
 
@@ -190,6 +190,8 @@ class Screen(Protocol):
 
     size: tuple[int, int]
     cursor: tuple[int, int]
+
+    async def frame(self) -> Rgb: ...
 
     async def screenshot(self, percent: int = 100, region: Region | None = None) -> bytes: ...
 

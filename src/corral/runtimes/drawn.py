@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from typing import Protocol
 
-from corral.errors import FileNotFound, SandboxFailed
+from corral.errors import CorralError, FileNotFound, SandboxFailed
 from corral.execd.client import ExecdClient
 from corral.log import get_logger
 from corral.runtimes.vm import desktop, pixels
@@ -76,6 +76,29 @@ async def wait(
         f"{timeout:.0f}s: {what}; session log: {x_log or 'empty'}",
         sandbox=sandbox_id,
     )
+
+
+class Answering(Framed, Protocol):
+    async def pointer(self) -> tuple[int, int]: ...
+
+
+async def still_drawn(sandbox_id: str, screen: Answering) -> None:
+    """A desktop drawn earlier (a warm one, node/warmpool.py) still shows
+    something: its X server answers (asked where the pointer is: Xvfb's
+    screen file outlives Xvfb, so a frame alone proves nothing) and the
+    screen is not one colour. SandboxFailed if not (its session died while
+    it waited)."""
+    try:
+        await screen.pointer()
+        frame = await screen.frame()
+    except (CorralError, OSError) as exc:
+        raise SandboxFailed(
+            f"sandbox {sandbox_id}: its desktop no longer answers ({exc})", sandbox=sandbox_id
+        ) from None
+    if pixels.distinct_colours(frame, 2) < 2:
+        raise SandboxFailed(
+            f"sandbox {sandbox_id}: its desktop shows one colour", sandbox=sandbox_id
+        )
 
 
 async def _settle(screen: Framed, last: bytes) -> None:

@@ -246,6 +246,13 @@ class MicroVMRuntime:
                     await qmp.execute("cont")
                     raise SandboxFailed(f"sandbox {sandbox_id}: saving its state {status}")
                 await asyncio.sleep(0.02)
+            # "completed" is reported before QEMU leaves finish-migrate (its
+            # cleanup runs later, in the main loop), and cont is refused in
+            # that state: wait for postmigrate.
+            for _ in range(500):
+                if await qmp.status() != "finish-migrate":
+                    break
+                await asyncio.sleep(0.01)
             await self._saved(sandbox_id, state, then)
             await qmp.execute(then)
         finally:
