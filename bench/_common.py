@@ -108,8 +108,12 @@ def leak_counts(data_dir: Path) -> dict[str, int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
+                # A zombie is PID 1's to reap (crun leaves a sandbox's init
+                # to it), and this host's PID 1 reaps late: a killed
+                # sandbox shows as one for seconds. Live ones are leaks.
+                zombie = (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
                 if (d / "comm").read_text().strip() in ("corral-init", "sleep-bench"):
-                    procs += 1
+                    procs += not zombie
             except OSError:
                 pass
     cgroups = 0
