@@ -416,13 +416,16 @@ class Lifecycle:
             ):
                 raise SandboxClosed(f"sandbox {rec.id} was closed while it was being created")
         except BaseException as exc:
-            await self.release(rec.id, "failed", f"create failed: {exc}")
+            # A cancelled create (its caller gone, a warm refill stopped
+            # with its agent) has no message of its own.
+            why = str(exc) or type(exc).__name__
+            await self.release(rec.id, "failed", f"create failed: {why}")
             if req.idempotency_key is not None:
                 # A retry with the same key may try again.
                 self.store.idempotent_drop(req.idempotency_key, rec.id)
             code = exc.code if isinstance(exc, CorralError) else "internal"
             metrics.SANDBOX_CREATE_FAILURES.labels(code).inc()
-            log.warning("sandbox.create_failed", sandbox=rec.id, error=str(exc))
+            log.warning("sandbox.create_failed", sandbox=rec.id, error=why)
             raise
         info = self.records.info(self.records.get(rec.id))
         if from_template and self.after_load is not None:
