@@ -57,3 +57,15 @@ def test_masked_directories_are_bound_to_one_empty_directory(tmp_path: Path) -> 
         assert {"ro", "nosuid", "nodev", "noexec"} <= set(b["options"])
     # Without one (an older platform), crun masks everything itself.
     assert bundle.masks(None) == (list(bundle.profile.MASKED_PATHS), [])
+
+
+def test_an_init_that_died_at_start_is_quoted_bounded_not_pointed_at(tmp_path: Path) -> None:
+    from corral.runtimes.container.runtime import _last_words
+
+    out, log = tmp_path / "oci.out", tmp_path / "oci.log"
+    assert _last_words(out, log) == "nothing"  # neither written
+    out.write_text("x" * 100_000 + "\nline 1\nline 2\ncorral-init: bind: Address in use\n")
+    log.write_text('{"msg": "container exited"}\n')
+    said = _last_words(out, log)
+    assert said.endswith('corral-init: bind: Address in use | {"msg": "container exited"}')
+    assert len(said) <= 600 and "line 1" in said

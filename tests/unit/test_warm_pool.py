@@ -13,7 +13,7 @@ import pytest
 
 from corral.api.models import CreateSandbox, validated
 from corral.config import NodeConfig
-from corral.errors import NodeFull
+from corral.errors import NodeFull, SandboxFailed
 from corral.node.admission import NotWarm
 from corral.node.warmpool import WarmPool
 
@@ -38,6 +38,7 @@ class FakeLifecycle:
     retired: list[str] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)  # claimed elsewhere meanwhile
     full: bool = False
+    dead: set[str] = field(default_factory=set)  # desktops whose session died
     admission: Any = None
 
     def __post_init__(self) -> None:
@@ -58,14 +59,17 @@ class FakeLifecycle:
             raise NodeFull("full", node="n", reason="memory")
         if sandbox_id in self.taken:
             raise NotWarm(sandbox_id)
+        if sandbox_id in self.dead:  # the real claim closes it, then raises
+            self.retired.append(sandbox_id)
+            raise SandboxFailed(f"sandbox {sandbox_id}: its desktop no longer answers")
         return Info(sandbox_id)
 
     async def retire(self, sandbox_id: str, reason: str) -> None:
         self.retired.append(sandbox_id)
 
 
-def req(image: str = "a:1") -> CreateSandbox:
-    return validated(CreateSandbox, {"image": image})
+def req(image: str = "a:1", display: str | None = None) -> CreateSandbox:
+    return validated(CreateSandbox, {"image": image, "display_size": display})
 
 
 async def settle(pool: WarmPool) -> None:
@@ -115,6 +119,22 @@ async def test_other_kinds_and_an_off_pool_are_never_warm() -> None:
     vm = validated(CreateSandbox, {"image": "a:1", "kind": "microvm"})
     assert await on.claim(vm) is None and on._task is None
     assert life.made == []
+
+
+async def test_desktops_are_warm_per_screen_size_and_a_dead_one_is_passed_over() -> None:
+    life = FakeLifecycle()
+    pool = WarmPool(NodeConfig(warm_pool=4), life)  # type: ignore[arg-type]
+    pool.expect(req(display="800x600"), 2)
+    await settle(pool)
+    assert pool.held() == 2
+    # Another size, or no display, is another stack: nothing warm for it.
+    assert await pool.claim(req(display="1024x768")) is None
+    assert await pool.claim(req()) is None
+    life.dead.add("w0")
+    got = await pool.claim(req(display="800x600"))
+    assert got is not None and got.id == "w1"  # w0 closed by its claim, not handed out
+    assert life.retired == ["w0"]
+    await pool.aclose()
 
 
 @pytest.mark.parametrize("value", [-1, 5000])

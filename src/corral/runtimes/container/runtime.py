@@ -152,9 +152,11 @@ class ContainerRuntime:
         pid = int(pid_file.read_text().strip())
         started = process_start_time(pid)
         if started is None:
+            # Quoted, not pointed at: the sandbox's dir goes with its release.
+            said = _last_words(prep.sandbox_dir / "oci.out", prep.sandbox_dir / "oci.log")
             raise SandboxFailed(
                 f"sandbox {spec.id}: its init (pid {pid}) exited right after start; "
-                f"see {prep.sandbox_dir / 'oci.out'}",
+                f"it and crun said: {said}",
                 sandbox=spec.id,
             )
         if prep.host_id is not None and self.ns_limits:
@@ -387,3 +389,18 @@ class _Deleter:
         if self.cgroups.frozen(sandbox_id):
             await self.cgroups.thaw(sandbox_id)
         await self.oci.delete(sandbox_id)
+
+
+def _last_words(*logs: Path) -> str:
+    """The last lines of each log that has any, in one line (bounded: a
+    sandbox's init writes what it likes to its stdout)."""
+    said = []
+    for log_path in logs:
+        try:
+            with log_path.open("rb") as f:
+                f.seek(max(0, log_path.stat().st_size - 2048))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        said += text.strip().splitlines()[-3:]
+    return " | ".join(said)[-600:] or "nothing"
