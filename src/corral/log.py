@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar, Token
 from typing import Any
 
@@ -49,7 +49,10 @@ def scope(**fields: str | None) -> Iterator[None]:
     try:
         yield
     finally:
-        _CONTEXT.reset(token)
+        # A task abandoned at loop teardown is closed by the garbage
+        # collector from another context: nothing of its own to undo there.
+        with suppress(ValueError):
+            _CONTEXT.reset(token)
 
 
 def context_fields() -> dict[str, str]:

@@ -145,6 +145,15 @@ if [ -n "$n" ] && [ "$n" -gt 0 ]; then
     # agent connection (corral-init, PID 1 from the next line, reaps it).
     setsid chroot /newroot /etc/corral/session </newroot/dev/null \
       >/newroot/tmp/corral-session.log 2>&1 &
+    # switch_root empties the initramfs, /bin/chroot included: go on only
+    # once the child has chrooted (its root is then /newroot), or it may
+    # find no chroot to exec (seen with four VMs booting at once).
+    s=$!
+    for i in $(seq 1 200); do
+      [ "$(readlink /newroot/proc/$s/root)" = /newroot ] && break
+      [ -e /newroot/proc/$s ] || break
+      sleep 0.01
+    done
   fi
   echo "corral: agent on $port, root of $n layers"
   exec switch_root /newroot /.corral/bin/corral-init --serial "$port"
