@@ -80,3 +80,29 @@ def test_a_metadata_image_that_fails_its_digest_is_never_mounted(tmp_path: Path)
         layers.ensure(node.get(layer.digest))
     assert mounts.mounts_under(tmp_path) == []
     assert not node.has_blob(layer.meta_digest)
+
+
+def test_a_layer_another_agent_released_is_mounted_again(tmp_path: Path) -> None:
+    """Two agents of one node share its layer mounts: one agent's garbage
+    collection may unmount (and remove) a layer the other mounted earlier,
+    and the other's next create must find it mounted again, not a path
+    that is gone (seen in CI: crun's open_tree of the layer, ENOENT)."""
+    src = tmp_path / "src"
+    (src / "etc").mkdir(parents=True)
+    (src / "etc" / "f").write_text("layer")
+    store = ImageStore(tmp_path / "images")
+    layer = store.get(build_from_dir(store, src, tag="shared:1", kind="layer").digest)
+    creating, leader = LayerMounts(store, tmp_path / "m"), LayerMounts(store, tmp_path / "m")
+    try:
+        path = creating.ensure(layer)
+        assert (path / "etc" / "f").read_text() == "layer"
+        # The leader keeps what an active sandbox references, read under
+        # the lock, and releases the rest.
+        assert leader.release_unused(lambda: [layer.digest]) == []
+        assert leader.release_unused(lambda: []) == [path.name]
+        assert not path.exists()
+        assert creating.ensure(layer) == path
+        assert (path / "etc" / "f").read_text() == "layer"
+    finally:
+        leader.release_unused(lambda: [])
+    assert mounts.mounts_under(tmp_path) == []

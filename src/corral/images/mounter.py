@@ -15,7 +15,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from corral.errors import Unavailable
@@ -35,7 +35,6 @@ class LayerMounts:
         self.root = root
         self.lazy = lazy
         self.root.mkdir(parents=True, exist_ok=True)
-        self._mounted: set[str] = set()
 
     def path(self, digest: str) -> Path:
         return self.root / digest.removeprefix("sha256:")[:16]
@@ -46,10 +45,15 @@ class LayerMounts:
         return fd
 
     def ensure(self, layer: Layer) -> Path:
-        """Mount the layer if no process of this node has; return its path."""
+        """Mount the layer unless it is mounted; return its path.
+
+        Under the lock file, always: another agent of the node (its leader's
+        garbage collection) may have unmounted and removed it since this
+        agent last mounted it. The caller's sandbox is recorded as active
+        before it asks, and release_unused reads what is referenced under
+        the same lock, so a layer found mounted here stays mounted until
+        that sandbox is gone."""
         target = self.path(layer.digest)
-        if layer.digest in self._mounted and not self._loader_dead():
-            return target
         fd = self._locked()
         try:
             if self._loader_dead():
@@ -58,14 +62,21 @@ class LayerMounts:
                 # hand the new sandbox a root it cannot exec from.
                 log.warning("lazy.dead_mounts_cleared", root=str(self.root))
                 self._unmount_all()
-            if not mounts.is_mounted(target):
+            if not self._is_mounted(target):
                 target.mkdir(exist_ok=True)
                 self._mount(layer, target)
                 log.info("layer.mounted", digest=layer.digest, path=str(target))
-            self._mounted.add(layer.digest)
         finally:
             os.close(fd)
         return target
+
+    def _is_mounted(self, target: Path) -> bool:
+        """A layer mount is another filesystem than the directory holding
+        it: one stat, not a read of the mount table per create."""
+        try:
+            return os.stat(target).st_dev != os.stat(self.root).st_dev
+        except FileNotFoundError:
+            return False
 
     def _meta(self, layer: Layer) -> Path:
         """The metadata image, fetched whole from the layer's origin at
@@ -119,7 +130,6 @@ class LayerMounts:
             mounts.umount(mount_point)
         if self.lazy is not None:
             self.lazy.stop()
-        self._mounted.clear()
 
     def release_all(self) -> None:
         """Unmount every layer mount (lazily: sandboxes still holding one
@@ -130,12 +140,15 @@ class LayerMounts:
         finally:
             os.close(fd)
 
-    def release_unused(self, in_use: Iterable[str]) -> list[str]:
-        """Unmount every layer mount of this node that no sandbox references."""
-        keep = {self.path(d).name for d in in_use}
+    def release_unused(self, in_use: Callable[[], Iterable[str]]) -> list[str]:
+        """Unmount every layer mount of this node that no sandbox references.
+        `in_use` (the layers of the node's active sandboxes) is read under
+        the lock: a create recorded before it can no longer lose its layers
+        between its ensure() and its start."""
         released = []
         fd = self._locked()
         try:
+            keep = {self.path(d).name for d in in_use()}
             for mount_point, _fstype, _src in mounts.mounts_under(self.root):
                 name = Path(mount_point).name
                 if Path(mount_point).parent != self.root or name in keep:
@@ -149,7 +162,6 @@ class LayerMounts:
                 self.lazy.stop()  # no layer mount reads through it any more
         finally:
             os.close(fd)
-        self._mounted = {d for d in self._mounted if self.path(d).name in keep}
         if released:
             log.info("layer.released", count=len(released))
         return released

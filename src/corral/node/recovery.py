@@ -195,7 +195,7 @@ class Recovery:
                     report.count(kind)
                 except Exception as exc:
                     log.error("gc.release_failed", sandbox=sid, kind=kind, error=str(exc))
-        report.layers_released = len(self.layers.release_unused(db.referenced_layers()))
+        report.layers_released = len(self.layers.release_unused(db.referenced_layers))
         db.purge_closed(time.time() - PURGE_AFTER)
         if report.reclaimed:
             log.info("gc.reclaimed", reclaimed=report.reclaimed)

@@ -119,7 +119,7 @@ class NodeParts:
         if scratch.close(active) or was_leader:
             # The last agent of the node (or its leader) leaves no mount that
             # no sandbox needs.
-            layers.release_unused(db.referenced_layers())
+            layers.release_unused(db.referenced_layers)
             if active == 0:
                 swap.disable(self.config.data_dir / "swap")
                 self.cgroups.remove_parent()
