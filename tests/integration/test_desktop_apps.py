@@ -13,8 +13,10 @@ full VM's desktop and on a container's.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -135,6 +137,22 @@ async def _still(s: corral.AsyncSandbox, quiet: float = 3.0) -> None:
         if not shot or shot != last:
             last, since = shot, time.monotonic()
         await asyncio.sleep(0.5)
+
+
+async def _diagnose(s: corral.AsyncSandbox) -> str:
+    """What a failed desktop test leaves to read: its screen (a PNG under
+    CORRAL_TEST_ARTIFACTS), its X server's view of its input devices, the
+    window with the keyboard and the session's processes."""
+    out = Path(os.environ.get("CORRAL_TEST_ARTIFACTS", "/tmp/corral-test-artifacts"))
+    out.mkdir(parents=True, exist_ok=True)
+    shot = out / f"{s.id}.png"
+    shot.write_bytes(await s.display.screenshot())
+    r = await s.commands.run(
+        "grep -iE 'evdev|keyboard|tablet|\\(EE\\)' /var/log/corral-x.log; ls -l /dev/input;"
+        " DISPLAY=:0 xdotool getwindowfocus getwindowname; ps -eo pid,stat,etime,args",
+        timeout=60,
+    )
+    return f"screen in {shot}\n{r.stdout}{r.stderr}"
 
 
 async def _titled(s: corral.AsyncSandbox, part: str) -> bool:
@@ -265,7 +283,7 @@ async def test_four_desktops_at_once_each_driven_to_its_own_state(
                     if await shows(s, colour):
                         return
                     await asyncio.sleep(1)
-            raise AssertionError(f"{s.id} never showed {colour}")
+            raise AssertionError(f"{s.id} never showed {colour}: {await _diagnose(s)}")
 
         await asyncio.gather(*(drive(s, c) for s, c in zip(boxes, colours, strict=True)))
     finally:

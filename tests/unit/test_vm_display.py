@@ -121,6 +121,27 @@ async def test_clicks_outside_the_screen_are_refused_before_qemu(tmp_path: Path)
         assert e.value.field == field
 
 
+def test_a_full_vm_types_each_key_down_then_up_on_its_own_clock() -> None:
+    # Not QEMU's send-key, whose bounded queue drops keys under load: each
+    # key goes down, is held, goes up (shift last), then a gap.
+    shift_a = ("send-key", display._send_key(display.char_keys("A")))
+    click = display._btn("left", True)
+    played = list(display._paced((shift_a, click)))
+    assert [name for name, _ in played] == [
+        "input-send-event", display.PAUSE, "input-send-event", display.PAUSE, "input-send-event"
+    ]  # fmt: skip
+
+    def keys(i: int) -> list[tuple[bool, object]]:
+        events: Any = played[i][1]["events"]
+        return [(e["data"]["down"], e["data"]["key"]["data"]) for e in events]
+
+    assert keys(0) == [(True, "shift"), (True, "a")]
+    assert keys(2) == [(False, "a"), (False, "shift")]
+    assert played[1][1]["s"] == display.KEY_HOLD_MS / 1000
+    assert played[3][1]["s"] == display.KEY_GAP_MS / 1000
+    assert played[4] == click
+
+
 def test_png_size() -> None:
     assert pixels.png_size(_png(1280, 800)) == (1280, 800)
     with pytest.raises(ValueError):

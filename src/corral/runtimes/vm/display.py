@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from corral.errors import InvalidArgument
 from corral.runtimes.vm import pixels
@@ -28,7 +29,9 @@ MAX_PATH = 64  # points in a drag
 MAX_SCROLL = 50  # wheel notches in one scroll
 DRAG_STRIDE = 16  # a drag moves at most this far (pixels) between motion events
 DRAG_STEPS = 32  # ...and in at most this many steps between two points
-KEY_HOLD_MS = 20  # how long QEMU holds each key of send-key down
+KEY_HOLD_MS = 20  # how long each key of a send-key is held down
+KEY_GAP_MS = 10  # and the pause after its release, before the next key
+PAUSE = "corral-pause"  # not QMP: a wait between two paced commands (_paced)
 DEVICE_ORDER_PAUSE = 0.05  # s between events on two devices that must arrive in order
 TABLET_MAX = 0x7FFF  # QEMU scales absolute axes to 0..32767
 # Button names a caller uses, to QEMU's (OpenAI's computer use calls the
@@ -311,7 +314,10 @@ class Display(InputScreen):
         async with self.lock:
             qmp = await Qmp.connect(self.qmp_socket, timeout=10)
             try:
-                for name, args in commands:
+                for name, args in _paced(commands):
+                    if name == PAUSE:
+                        await asyncio.sleep(cast(float, args["s"]))
+                        continue
                     device = _device(name, args)
                     if device is not None:
                         # Keyboard and tablet are two devices the guest reads
@@ -325,14 +331,6 @@ class Display(InputScreen):
                     await qmp.execute(name, **args)
                     if device is not None:
                         self._last_at = time.monotonic()
-                # QEMU answers send-key at once and plays the keys from its
-                # queue, each held KEY_HOLD_MS: the call returns when they
-                # are typed, so the next input (a click elsewhere) cannot
-                # overtake the tail of the text.
-                typed = sum(1 for name, _ in commands if name == "send-key")
-                if typed:
-                    await asyncio.sleep(typed * KEY_HOLD_MS / 1000)
-                    self._last_at = time.monotonic()
             finally:
                 qmp.close()
 
@@ -383,6 +381,29 @@ def _down(event: dict[str, Any], down: bool) -> dict[str, Any]:
 def _btn(qbutton: str, down: bool) -> tuple[str, dict[str, object]]:
     event = {"type": "btn", "data": {"down": down, "button": qbutton}}
     return ("input-send-event", {"events": [event]})
+
+
+def _paced(commands: tuple[Command, ...]) -> Iterator[Command]:
+    """The commands as a full VM plays them: each send-key becomes its
+    keys down, a pause of KEY_HOLD_MS, its keys up (last pressed, first
+    released) and a pause of KEY_GAP_MS, all on Corral's clock.
+
+    Not QEMU's send-key: QEMU plays it from one queue of at most 1024
+    events, drained by a timer of its main loop, and drops what does not
+    fit. Under load (four TCG desktops on two cores) the queue filled
+    while a line was typed: lines were lost whole, and a lost shift-up
+    left shift held (measured: `echo ... >> /tmp/t` arrived as
+    `ECHO ... >?TMP`). input-send-event reaches the device at once, and
+    the next key is not sent before this one is up."""
+    for name, args in commands:
+        if name != "send-key":
+            yield name, args
+            continue
+        keys = cast(list[dict[str, object]], args["keys"])
+        for down, order in ((True, keys), (False, keys[::-1])):
+            events = [{"type": "key", "data": {"down": down, "key": k}} for k in order]
+            yield "input-send-event", {"events": events}
+            yield PAUSE, {"s": (KEY_HOLD_MS if down else KEY_GAP_MS) / 1000}
 
 
 def _send_key(qcodes: list[str]) -> dict[str, object]:
