@@ -77,6 +77,14 @@ def mem_used() -> int:
     return info["MemTotal"] - info["MemAvailable"]
 
 
+def host_busy() -> float:
+    """CPU seconds the whole host has spent busy (not idle, not iowait)
+    since boot: a create's cost includes the kernel's work and other
+    processes', which no one process's rusage shows."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def meminfo(key: str) -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith(key + ":"):

@@ -260,7 +260,7 @@ async def main(quick: bool) -> None:
             peer_rate[name] = (total // 2) / (time.perf_counter() - t0)
             await asyncio.gather(*(peer.delete(i) for i in ids))
 
-    peers_mounts.release_unused([])
+    peers_mounts.release_unused(list)
     shutil.rmtree(BASE, ignore_errors=True)
     for parent in ("benchcrun", "benchrunc", ""):
         for h in Path("/sys/fs/cgroup").iterdir():

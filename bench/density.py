@@ -236,7 +236,7 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
         )
         print(rows[-1], flush=True)
     await asyncio.gather(*(peer.delete(i) for i in ids))
-    mounts.release_unused([])
+    mounts.release_unused(list)
     shutil.rmtree(BASE, ignore_errors=True)
     for h in Path("/sys/fs/cgroup").iterdir():
         for parent in ("corral/benchcrun", "corral"):

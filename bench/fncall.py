@@ -197,7 +197,7 @@ async def main(quick: bool) -> None:
             assert r.status == "ok" and r.compile is not None and r.run is not None, r
             compile_s.append(r.compile.wall_time)
             run_s.append(r.run.wall_time)
-    mounts.release_unused([])
+    mounts.release_unused(list)
     # crun removed each call's cgroup; the peer's parent is ours to remove.
     for parent in Path("/sys/fs/cgroup").glob("*/corral/benchfn"):
         parent.rmdir()

@@ -178,7 +178,7 @@ class Bare:
 
     def close(self) -> None:
         subprocess.run(["umount", "-R", str(self.root)], check=False)
-        self.mounts.release_unused([])
+        self.mounts.release_unused(list)
 
 
 async def _post(

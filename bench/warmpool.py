@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +23,7 @@ from typing import Any, TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corral
-from _common import IMAGE, IMAGES, fresh_dir, pct, table, write_result
+from _common import IMAGE, IMAGES, fresh_dir, host_busy, pct, table, write_result
 from container import Peer
 from corral.api.models import CreateSandbox, validated
 from corral.config import NodeConfig
@@ -65,14 +64,6 @@ async def one_at_a_time(client: corral.AsyncClient, n: int, warm: int) -> list[f
     return out
 
 
-def host_busy() -> float:
-    """CPU seconds the whole host has spent busy (not idle, not iowait)
-    since boot: a create's cost includes the kernel's work and other
-    processes', which no one process's rusage shows."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
 async def sustained(
     create: Callable[[], Awaitable[T]], close: Callable[[T], Awaitable[object]], total: int
 ) -> tuple[float, float]:
@@ -98,7 +89,7 @@ async def run(n: int, total: int) -> list[str]:
     try:
         return await _run(n, total, Peer("crun", peer_mounts.ensure(store.resolve(IMAGE))))
     finally:
-        peer_mounts.release_unused([])
+        peer_mounts.release_unused(list)
 
 
 async def _run(n: int, total: int, crun: Peer) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ SECRET = (
     # Replaced, not rewritten in place: a read never finds it empty.
     "  open('/tmp/ticks.new','w').write(str(n)); os.replace('/tmp/ticks.new', '/tmp/ticks')\n"
     "  if os.path.exists('/tmp/ask'):\n"
-    "    open('/tmp/answer','w').write(secret); os.remove('/tmp/ask')\n"
+    "    open('/tmp/answer.new','w').write(secret); os.replace('/tmp/answer.new', '/tmp/answer')\n"
+    "    os.remove('/tmp/ask')\n"
     '  time.sleep(0.05)\n" >/dev/null 2>&1 &'
 )
 
@@ -61,8 +63,16 @@ def _limits(cg: Cgroups, sandbox_id: str) -> dict[str, str]:
 
 
 async def _secret(sbx: corral.AsyncSandbox) -> str:
-    await sbx.commands.run("rm -f /tmp/answer; touch /tmp/ask; sleep 0.3")
-    return await sbx.files.read_text("/tmp/answer")
+    """Ask the program for its secret and wait for the answer (it may not
+    have started yet: a Python start under CI's load took over 0.8 s)."""
+    await sbx.commands.run("rm -f /tmp/answer; touch /tmp/ask")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await sbx.files.read_text("/tmp/answer")
+        except corral.FileNotFound:
+            assert time.monotonic() < deadline, "the program never answered"
+            await asyncio.sleep(0.1)
 
 
 async def _ticking(sbx: corral.AsyncSandbox) -> bool:
