@@ -4,6 +4,8 @@ from the environment; and the host's measured load refuses by its rule."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,16 @@ def test_zswap_and_ksm_are_turned_on_where_the_kernel_has_them(tmp_path: Path) -
     assert (zswap / "compressor").read_text() == "lz4"
     assert not swap.enable_zswap(tmp_path / "absent")
     assert not swap.enable_ksm(tmp_path / "absent")
+
+
+def test_a_swap_file_the_disk_could_not_hold_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, offset: int, size: int) -> None:
+        os.write(fd, b"\0" * 4096)  # what it got before the disk filled
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(swap.os, "posix_fallocate", full)
+    path = tmp_path / "swap"
+    assert not swap.ensure(path, 1 << 30)
+    assert not path.exists()

@@ -81,6 +81,10 @@ def ensure(path: Path, size: int) -> bool:
     except (OSError, subprocess.CalledProcessError) as exc:
         why = getattr(exc, "stderr", None) or str(exc)
         log.warning("swap.unavailable", path=str(path), error=str(why).strip())
+        # A fallocate that ran out of space keeps what it got: a file that
+        # is no swap would hold the disk it filled (seen: 26 GiB of a full
+        # disk, every later write on the host refused).
+        path.unlink(missing_ok=True)
         return False
     log.info("swap.enabled", path=str(path), bytes=size)
     return True
