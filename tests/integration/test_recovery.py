@@ -6,8 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from pathlib import Path
+
+import pytest
 
 import corral
+from corral.config import NodeConfig
+from corral.guard.seccompd import SeccompDaemon
+from corral.host import mounts
 
 from ..framework import IMAGE, Node
 
@@ -87,3 +93,23 @@ async def test_gc_reclaims_what_a_crash_left(fresh_node: Node) -> None:
         await s.close()
     await asyncio.sleep(0.1)
     assert fresh_node.leftovers() == {}
+
+
+async def test_a_start_that_fails_leaves_no_daemon_and_no_mount(fresh_config: NodeConfig) -> None:
+    # The node's records cannot be opened (a directory where state.db goes;
+    # a full disk fails the same step): the agent started its seccomp
+    # daemon and mounted its scratch pool before it got there.
+    fresh_config.db_path.mkdir(parents=True)
+    with pytest.raises(corral.Unavailable, match=r"state\.db"):
+        async with corral.AsyncClient(config=fresh_config) as c:
+            await c.sandboxes.list()
+    assert SeccompDaemon(fresh_config.data_dir, Path("/nonexistent")).running_pid() is None
+    assert mounts.mounts_under(fresh_config.data_dir) == []
+    # Once the way is clear the node starts as if nothing had happened.
+    fresh_config.db_path.rmdir()
+    async with corral.AsyncClient(config=fresh_config) as c:
+        s = await c.sandboxes.create(image=IMAGE)
+        assert (await s.commands.run("echo up")).stdout == "up\n"
+        await s.close()
+    assert SeccompDaemon(fresh_config.data_dir, Path("/nonexistent")).running_pid() is None
+    assert mounts.mounts_under(fresh_config.data_dir) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -95,10 +96,11 @@ class SeccompDaemon:
         os.close(fd)
         return None
 
-    def ensure(self) -> None:
-        """Start the daemon unless one serves this node already."""
+    def ensure(self) -> bool:
+        """Start the daemon unless one serves this node already; True if
+        this call started it."""
         if self.running_pid() is not None and self.socket.exists():
-            return
+            return False
         self.audit_dir.mkdir(parents=True, exist_ok=True)
         self.policy.write_text(policy_lines(aio_events=self.aio_events))
         with open(self.log_file, "ab") as out:
@@ -125,14 +127,23 @@ class SeccompDaemon:
                 raise Unavailable(f"corral-seccompd did not start; see {self.log_file}")
             time.sleep(0.01)
         log.info("seccompd.started", pid=proc.pid)
+        return True
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 5.0) -> None:
+        """SIGTERM the daemon; return once it has let go of its lock (a
+        start right after finds none running), or after `wait` seconds."""
         pid = self.running_pid()
-        if pid and pid > 0:
-            try:
-                os.kill(pid, 15)
-            except ProcessLookupError:
-                pass
+        if not pid or pid < 0:
+            return
+        try:
+            os.kill(pid, 15)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while self.running_pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # ours (this process started it): no zombie
 
     def counts(self, sandbox_id: str) -> dict[int, int]:
         try:

@@ -93,6 +93,11 @@ class Scratch:
             fcntl.flock(fd, fcntl.LOCK_SH)
         self._hold = fd
 
+    @property
+    def held(self) -> bool:
+        """open() succeeded and close() has not run."""
+        return self._hold is not None
+
     @contextmanager
     def _mount_lock(self) -> Iterator[None]:
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

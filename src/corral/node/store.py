@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.errors import ResourceExhausted
+from corral.errors import ResourceExhausted, Unavailable
 from corral.node import findlog, steplog
 from corral.node import states as st
 
@@ -169,6 +169,10 @@ def _row_to_record(row: sqlite3.Row, labels: dict[str, str]) -> SandboxRecord:
     )
 
 
+def _unopenable(path: Path, exc: sqlite3.Error) -> Unavailable:
+    return Unavailable(f"the node's records ({path}) cannot be opened: {exc}")
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,16 +180,25 @@ class Store:
         # One connection per Store; the agent uses it from its event loop
         # thread only. Each statement is short, so running it inline costs
         # less than a hop to a thread pool.
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
+        try:
+            self.db = sqlite3.connect(
+                path, timeout=30, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:  # a directory in its place, no permission
+            raise _unopenable(path, exc) from exc
         self.closed = False
         # Told of every state change made through this Store (the event
         # stream's source): (sandbox id, new state).
         self.on_transition: Callable[[str, str], None] | None = None
-        self._migrate()
+        try:
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.Error as exc:  # a full disk, a file that is not a database
+            self.db.close()
+            raise _unopenable(path, exc) from exc
 
     def _migrate(self) -> None:
         with self.transaction():

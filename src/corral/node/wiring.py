@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,10 +236,45 @@ async def start_parts(
     platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
     cgroups = cg.Cgroups(cfg.cgroup_parent)
     seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd, cfg.aio_events)
-    await asyncio.to_thread(seccompd.ensure)
-    await asyncio.to_thread(scratch.open)
-    runtimes = _runtimes(cfg, cgroups, platform, seccompd, layers, scratch)
-    store = Store(cfg.db_path)
+    with ExitStack() as undo:  # what a start that fails made, unmade; kept if it succeeds
+        started = await asyncio.to_thread(seccompd.ensure)
+        undo.callback(_unstart, scratch, seccompd if started else None)
+        await asyncio.to_thread(scratch.open)
+        runtimes = _runtimes(cfg, cgroups, platform, seccompd, layers, scratch)
+        store = Store(cfg.db_path)
+        undo.callback(store.close)
+        parts = await _wire(
+            cfg, store, owner=owner, reap_children=reap_children, layers=layers,
+            network=network, scratch=scratch, platform=platform, cgroups=cgroups,
+            seccompd=seccompd, runtimes=runtimes,
+        )  # fmt: skip
+        await parts.housekeeping.start()
+        undo.pop_all()
+    return parts
+
+
+def _unstart(scratch: Scratch, seccompd: SeccompDaemon | None) -> None:
+    """Undo a failed start: give back the pool, and stop the daemon it
+    started unless another agent holds the pool (its sandboxes need it)."""
+    last = scratch.close(0) if scratch.held else True
+    if seccompd is not None and last:
+        seccompd.stop()
+
+
+async def _wire(
+    cfg: NodeConfig,
+    store: Store,
+    *,
+    owner: str,
+    reap_children: bool,
+    layers: LayerMounts,
+    network: NodeNetwork,
+    scratch: Scratch,
+    platform: plat.Platform,
+    cgroups: cg.Cgroups,
+    seccompd: SeccompDaemon,
+    runtimes: dict[str, Runtime],
+) -> NodeParts:
 
     def execd(sandbox_id: str) -> ExecdClient:
         rec = store.get(sandbox_id)
@@ -327,7 +363,6 @@ async def start_parts(
             on_tick=networks.flush_resolver, snapshots=snapshots,
         ),
     )  # fmt: skip
-    await parts.housekeeping.start()
     return parts
 
 
