@@ -15,6 +15,7 @@ lint:
 	.venv/bin/ruff check src tests bench
 	.venv/bin/ruff format --check src tests bench
 	.venv/bin/mypy
+	MYPYPATH=bench .venv/bin/mypy bench/*.py  # scripts run by `corral bench`, importing bench/_common
 	.venv/bin/python -m corral.sdk.gen_sync --check
 	.venv/bin/python -m corral.api.gen_routes --check
 

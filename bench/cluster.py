@@ -20,6 +20,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ async def timed_burst(
     return when, time.perf_counter() - t0, [r for out in outs for r in out]
 
 
-async def close_all(results: list[object]) -> None:
+async def close_all(results: Sequence[object]) -> None:
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(s: corral.AsyncSandbox) -> None:
@@ -270,7 +271,7 @@ async def killed_node(n: int) -> list[list[str]]:
             rows.append(["quota held after the loss", f"{used} (= {len(ok) - len(on_victim)})"])
             # k1 comes back: it recovers its sandboxes, finds them written
             # off, and closes them (reconcile).
-            victim.start()
+            victim.server.start()
             t0 = time.perf_counter()
             while (await held(cluster)).get(victim.config.node, 0) > 0:
                 await asyncio.sleep(0.5)

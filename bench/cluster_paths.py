@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,7 +35,7 @@ from _common import IMAGE, IMAGES, fresh_dir, median, pct, table, timed, write_r
 from cluster import cpu_seconds  # noqa: E402
 
 WORK = Path("/var/lib/corral-paths")
-SPEC = {"image": IMAGE, "memory": "64MiB", "cpu": 0.25}
+SPEC: dict[str, Any] = {"image": IMAGE, "memory": "64MiB", "cpu": 0.25}
 PAYLOAD = secrets.token_bytes(64 * 1024)
 
 
@@ -156,7 +157,7 @@ async def first_use(warm: int) -> list[list[str]]:
         cold: list[float] = []
         hot: list[float] = []
         async with cluster.client(key) as c:
-            made = []
+            made: list[corral.AsyncSandbox] = []
             for _ in range(warm + 2):
                 t0 = time.perf_counter()
                 s = await c.sandboxes.create(**SPEC)

@@ -21,7 +21,9 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -137,13 +139,18 @@ class Peer:
         shutil.rmtree(self.root / cid, ignore_errors=True)
 
 
-async def timed(coro):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+async def timed(coro: Awaitable[T]) -> tuple[float, T]:
     t0 = time.perf_counter()
     result = await coro
     return time.perf_counter() - t0, result
 
 
-async def burst(create, delete, n: int) -> list[float]:  # type: ignore[no-untyped-def]
+async def burst(
+    create: Callable[[], Awaitable[T]], delete: Callable[[T], Awaitable[object]], n: int
+) -> list[float]:
     """n creates at once; per-create latency; then delete them all."""
     out = await asyncio.gather(*(timed(create()) for _ in range(n)))
     await asyncio.gather(*(delete(h) for _, h in out))
@@ -165,10 +172,10 @@ async def main(quick: bool) -> None:
 
     async with corral.AsyncClient(config=cfg) as client:
 
-        async def c_create():  # type: ignore[no-untyped-def]
+        async def c_create() -> corral.AsyncSandbox:
             return await client.sandboxes.create(image=IMAGE, memory="256MiB")
 
-        async def c_delete(s):  # type: ignore[no-untyped-def]
+        async def c_delete(s: corral.AsyncSandbox) -> None:
             await s.close()
 
         await burst(c_create, c_delete, 4)  # warm the layer mount and caches

@@ -81,7 +81,7 @@ async def measure(
     c: corral.AsyncClient, cfg: NodeConfig, phases: Phases, kind: str, a: argparse.Namespace
 ) -> dict[str, Any]:
     image, toolkit = (xfce.BASE, xfce.TOOLKIT) if a.xfce else (desktop.BASE, desktop.TOOLKIT)
-    spec = {
+    spec: dict[str, Any] = {
         "kind": kind, "image": image, "toolkit": [toolkit],
         "memory": "2GiB" if a.xfce else "1GiB", "display_size": SIZE,
     }  # fmt: skip
@@ -137,7 +137,7 @@ async def measure(
 
 async def boots(c: corral.AsyncClient, phases: Phases, a: argparse.Namespace) -> dict[str, Any]:
     image, toolkit = (xfce.BASE, xfce.TOOLKIT) if a.xfce else (desktop.BASE, desktop.TOOLKIT)
-    spec = {
+    spec: dict[str, Any] = {
         "kind": "fullvm", "image": image, "toolkit": [toolkit],
         "memory": "2GiB" if a.xfce else "1GiB", "display_size": SIZE,
     }  # fmt: skip

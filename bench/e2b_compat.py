@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -27,7 +28,11 @@ import corral
 from _common import pct, serve, table, timed, wait_up, write_result
 
 DATA = Path("/var/lib/corral-e2b-bench")
-SPEC = {"image": "debian-python:bookworm", "toolkit": "e2b-user:bookworm", "memory": "512MiB"}
+SPEC: dict[str, Any] = {
+    "image": "debian-python:bookworm",
+    "toolkit": "e2b-user:bookworm",
+    "memory": "512MiB",
+}
 # What the E2B SDK runs for commands.run("true"): a login shell. Corral's
 # side runs the same argv, so the two rows compare the protocols, not shells.
 SAME = ["/bin/bash", "-l", "-c", "true"]

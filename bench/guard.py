@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ async def run_attacks(c: corral.AsyncClient, forbidden_url: str) -> list[list[st
     ]
     for name, fn in plain:
         sbx = await attacker(c)
-        await one(name, lambda fn=fn, sbx=sbx: fn(sbx))
+        await one(name, partial(fn, sbx))
         await sbx.close()
     sbx = await attacker(c)
     await one(

@@ -89,7 +89,12 @@ async def bare_boot(disk: Path, firmware: str, work: Path) -> float:
 async def measure(c: corral.AsyncClient, cfg: NodeConfig, a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fw in FIRMWARES:
-        spec = {"kind": "fullvm", "image": "disk:bench", "firmware": fw, "memory": "512MiB"}
+        spec: dict[str, Any] = {
+            "kind": "fullvm",
+            "image": "disk:bench",
+            "firmware": fw,
+            "memory": "512MiB",
+        }
         creates, bare = [], []
         for _ in range(a.creates):
             t0 = time.perf_counter()
