@@ -32,10 +32,16 @@
  * could exhaust it for all the others and for the host's own services.
  * The values show only from inside that namespace, hence the setns.
  *
+ * With --limits-of PIDFILE [--limit NAME=VALUE]... the program runs as a
+ * child; when it has exited 0, the same limits are set in the namespace of
+ * the process whose pid it wrote to PIDFILE (crun run --detach --pid-file).
+ *
  * usage: corral-nsexec --limits PID NAME=VALUE...
  *        corral-nsexec [--hybrid] [--overlay LOWER UPPER WORK TARGET]
  *                      [--idmap HOSTID:SIZE --stage DIR] [--view SRC DST MAP]
- *                      [--listen-fd N] [--log FILE] -- PROGRAM ARGS...
+ *                      [--listen-fd N] [--log FILE]
+ *                      [--limits-of PIDFILE [--limit NAME=VALUE]...]
+ *                      -- PROGRAM ARGS...
  * Exit status 125 means corral-nsexec itself failed (message on stderr).
  */
 #define _GNU_SOURCE
@@ -54,7 +60,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static void die(const char *what, const char *obj) {
+__attribute__((noreturn)) static void die(const char *what, const char *obj) {
     fprintf(stderr, "corral-nsexec: %s %s: %s\n", what, obj, strerror(errno));
     exit(125);
 }
@@ -109,13 +115,15 @@ static void idmapped(int userns, const char *src, const char *dst) {
 }
 
 
-static int limits(int argc, char **argv) {
+static void exec_program(const char *log, char **argv) __attribute__((noreturn));
+
+static int limits(const char *pid, int argc, char **argv) {
     char path[64];
-    snprintf(path, sizeof path, "/proc/%s/ns/user", argv[2]);
+    snprintf(path, sizeof path, "/proc/%s/ns/user", pid);
     int ns = open(path, O_RDONLY | O_CLOEXEC);
     if (ns < 0) die("opening", path);
     if (setns(ns, CLONE_NEWUSER) < 0) die("entering", path);
-    for (int i = 3; i < argc; i++) {
+    for (int i = 0; i < argc; i++) {
         char name[64], file[128];
         const char *eq = strchr(argv[i], '=');
         if (!eq || eq == argv[i] || (size_t)(eq - argv[i]) >= sizeof name || strchr(argv[i], '/')) {
@@ -138,9 +146,11 @@ static int limits(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc >= 3 && !strcmp(argv[1], "--limits")) return limits(argc, argv);
-    int hybrid = 0, listen_fd = -1;
+    if (argc >= 3 && !strcmp(argv[1], "--limits")) return limits(argv[2], argc - 3, argv + 3);
+    int hybrid = 0, listen_fd = -1, nlimits = 0;
     const char *lower = NULL, *upper = NULL, *work = NULL, *target = NULL, *log = NULL;
+    const char *limits_of = NULL;
+    char *limit[16];
     const char *idmap = NULL, *stage = NULL, *view_src = NULL, *view_dst = NULL, *view_map = NULL;
     int i = 1;
     for (; i < argc; i++) {
@@ -152,6 +162,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--log") && i + 1 < argc) log = argv[++i];
         else if (!strcmp(argv[i], "--idmap") && i + 1 < argc) idmap = argv[++i];
         else if (!strcmp(argv[i], "--stage") && i + 1 < argc) stage = argv[++i];
+        else if (!strcmp(argv[i], "--limits-of") && i + 1 < argc) limits_of = argv[++i];
+        else if (!strcmp(argv[i], "--limit") && i + 1 < argc && nlimits < 16) limit[nlimits++] = argv[++i];
         else if (!strcmp(argv[i], "--view") && i + 3 < argc) {
             view_src = argv[++i]; view_dst = argv[++i]; view_map = argv[++i];
         }
@@ -219,6 +231,40 @@ int main(int argc, char **argv) {
         if (dup2(listen_fd, 3) < 0) die("dup2", "listen fd");
         close(listen_fd);
     }
+    if (limits_of) {
+        /* The program (crun run --detach) runs as our child; once it has
+         * started the container, its init's pid is in limits_of and its
+         * namespace gets the limits before anything else runs there (the
+         * agent sends no command until the create returns). One process
+         * fewer per create than a second corral-nsexec --limits. Our
+         * stderr stays the caller's, for what goes wrong here. */
+        pid_t child = fork();
+        if (child < 0) die("fork", argv[i]);
+        if (child == 0) {
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) die("prctl", "PDEATHSIG");
+            exec_program(log, argv + i);
+        }
+        if (listen_fd >= 0) close(3);
+        int status;
+        while (waitpid(child, &status, 0) < 0)
+            if (errno != EINTR) die("waiting for", argv[i]);
+        if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+        if (WEXITSTATUS(status) != 0) return WEXITSTATUS(status);
+        char pid[32] = {0};
+        int pf = open(limits_of, O_RDONLY | O_CLOEXEC);
+        if (pf < 0) die("opening", limits_of);
+        ssize_t got = read(pf, pid, sizeof pid - 1);
+        if (got <= 0) die("reading", limits_of);
+        close(pf);
+        pid[strcspn(pid, "\n")] = 0;
+        return limits(pid, nlimits, limit);
+    }
+    exec_program(log, argv + i);
+    return 125;
+}
+
+/* stdin from /dev/null, stdout and stderr to `log` if given; then exec. */
+static void exec_program(const char *log, char **argv) {
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (null < 0) die("opening", "/dev/null");
     dup2(null, 0);
@@ -228,7 +274,6 @@ int main(int argc, char **argv) {
         dup2(lf, 1);
         dup2(lf, 2);
     }
-    execvp(argv[i], argv + i);
-    die("executing", argv[i]);
-    return 125;
+    execvp(argv[0], argv);
+    die("executing", argv[0]);
 }

@@ -21,6 +21,9 @@ message queues (mq_open) are refused (NR_MQ_OPEN says why).
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from typing import Any
 
 # Unconditionally allowed (x86_64 names, as libseccomp spells them).
@@ -496,9 +499,33 @@ def _socket_rules() -> list[dict[str, Any]]:
     return rules
 
 
-def profile(listener_path: str, sandbox_id: str) -> dict[str, Any]:
+def profile(listener_path: str, sandbox_id: str, *, rules: bool = True) -> dict[str, Any]:
     """The OCI `linux.seccomp` object. crun hands the notification fd to
-    the agent listening at listener_path, with sandbox_id as metadata."""
+    the agent listening at listener_path, with sandbox_id as metadata.
+    Without `rules` it has no syscall list: for a runtime handed the
+    filter already compiled (whose key is filter_key()), which then need
+    not parse 30 KB of rules per sandbox."""
+    return {
+        "defaultAction": ACT_NOTIFY,
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "listenerPath": listener_path,
+        "listenerMetadata": sandbox_id,
+        "syscalls": list(_rules()) if rules else [],
+    }
+
+
+@functools.cache
+def filter_key() -> str:
+    """Names the filter profile() compiles to (its rules, default action
+    and architectures; not where notifications go)."""
+    doc = {k: v for k, v in profile("", "").items() if not k.startswith("listener")}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+@functools.cache
+def _rules() -> tuple[dict[str, Any], ...]:
+    """The rules, built once: the same for every sandbox (callers must not
+    change them)."""
     rules = _ioctl_rules() + _socket_rules()
     rules.append({"names": ALLOWED, "action": "SCMP_ACT_ALLOW"})
     rules.append(
@@ -521,10 +548,4 @@ def profile(listener_path: str, sandbox_id: str) -> dict[str, Any]:
     # clone3 passes its flags in memory, where seccomp cannot look: refuse
     # it as unknown (ENOSYS) in the kernel, uncounted; glibc uses clone.
     rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38})
-    return {
-        "defaultAction": ACT_NOTIFY,
-        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
-        "listenerPath": listener_path,
-        "listenerMetadata": sandbox_id,
-        "syscalls": rules,
-    }
+    return tuple(rules)

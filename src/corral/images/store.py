@@ -136,16 +136,18 @@ class ImageStore:
         tmp.write_text(json.dumps(layer.to_json()))
         os.replace(tmp, path)
 
-    def get(self, digest: str) -> Layer:
+    def get(self, digest: str, *, names: bool = True) -> Layer:
+        """The layer `digest`; with `names`, the tags it carries, which
+        costs a walk of every tag (a create's path passes names=False)."""
         path = self.layers / (digest.removeprefix("sha256:") + ".json")
         try:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
             raise ImageNotFound(f"layer {digest} is not in this node's store", ref=digest) from None
-        return Layer.from_json(doc, self._names_of(digest))
+        return Layer.from_json(doc, self._names_of(digest) if names else [])
 
-    def resolve(self, text: str, field: str = "image") -> Layer:
-        return self.get(self.digest_of(text, field))
+    def resolve(self, text: str, field: str = "image", *, names: bool = True) -> Layer:
+        return self.get(self.digest_of(text, field), names=names)
 
     def digest_of(self, text: str, field: str = "image") -> str:
         """The digest `text` names, checked to be in the store: what
@@ -226,10 +228,11 @@ class ImageStore:
     def chain(self, layer: Layer) -> builtins.list[Layer]:
         """The layers an image is made of, bottom first: a pulled image is a
         stack (each OCI layer one Corral layer, marked STACK, on its parent);
-        any other layer is one layer alone."""
+        any other layer is one layer alone. The layers below `layer` come
+        without their names."""
         out = [layer]
         while out[0].labels.get(STACK) and out[0].parent:
-            out.insert(0, self.get(out[0].parent))
+            out.insert(0, self.get(out[0].parent, names=False))
             if len(out) > MAX_STACK:
                 raise InvalidArgument("image", f"must be at most {MAX_STACK} layers", layer.digest)
         return out

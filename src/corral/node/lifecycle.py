@@ -195,10 +195,12 @@ class Lifecycle:
         if is_disk(req.image):
             self.disks.get(req.image)
             return []
-        layers = self.images.chain(self.images.resolve(req.image, "image"))
+        layers = self.images.chain(self.images.resolve(req.image, "image", names=False))
         if req.workspace:
-            layers.append(self.images.resolve(req.workspace, "workspace"))
-        layers += [self.images.resolve(t, f"toolkit[{i}]") for i, t in enumerate(req.toolkit)]
+            layers.append(self.images.resolve(req.workspace, "workspace", names=False))
+        layers += [
+            self.images.resolve(t, f"toolkit[{i}]", names=False) for i, t in enumerate(req.toolkit)
+        ]
         return layers
 
     async def create(self, req: CreateSandbox, state: Path | None = None) -> SandboxInfo:
@@ -371,7 +373,12 @@ class Lifecycle:
             if net_index is not None and runtime.net_tap is not None:
                 net = GuestNet(*self.networks.guest_addresses(net_index))  # told at boot
             template = None
-            if state is None and self.templates is not None and isinstance(runtime, Snapshottable):
+            if (
+                state is None
+                and self.templates is not None
+                and isinstance(runtime, Snapshottable)
+                and self.templates.applies(req, rec.layers)
+            ):
                 template = self.templates.key(req, rec.layers, await runtime.state_version())
                 if template is not None:
                     state = self.templates.take(template, sandbox_dir / "template.state")

@@ -51,11 +51,16 @@ class Templates:
         self.settings = settings  # the node's VM settings, part of every key
         self._locks: dict[str, asyncio.Lock] = {}
 
+    def applies(self, req: CreateSandbox, layers: list[str]) -> bool:
+        """Whether a create may start from a template at all (checked
+        before the runtime's state version, which costs a process)."""
+        if self.keep <= 0 or req.kind != "fullvm" or req.network is not None:
+            return False
+        return not is_disk(req.image) and bool(layers)
+
     def key(self, req: CreateSandbox, layers: list[str], version: str) -> str | None:
         """The template a create may start from, or None if it may not."""
-        if self.keep <= 0 or req.kind != "fullvm" or req.network is not None:
-            return None
-        if is_disk(req.image) or not layers:
+        if not self.applies(req, layers):
             return None
         doc = {
             "layers": layers,

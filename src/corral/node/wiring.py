@@ -387,7 +387,8 @@ def _node_releasers(
         store.idmap_free(ref)
 
     async def cgroup(ref: str) -> None:
-        cgroups.remove(ref)
+        # Off the loop: it waits for the last tasks to go (sleeps of 10 ms).
+        await asyncio.to_thread(cgroups.remove, ref)
 
     return {"subvolume": subvolume, "dir": directory, "socket": socket, "net": net,
             "idmap": idmap, "cgroup": cgroup}  # fmt: skip

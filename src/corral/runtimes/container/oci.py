@@ -66,9 +66,12 @@ class OciRuntime:
         log_file: Path,
         idmap: tuple[int, int] | None = None,
         stage: Path | None = None,
+        ns_limits: dict[str, int] | None = None,
     ) -> None:
         """Mount the root and start the container detached; fd listen_fd
-        becomes fd 3 of its init."""
+        becomes fd 3 of its init. With ns_limits, the per-user-namespace
+        kernel counters of its namespace are set once it has started
+        (corral-nsexec --limits-of says why)."""
         cmd = self._base()
         cmd += [
             "--overlay",
@@ -85,6 +88,8 @@ class OciRuntime:
             str(listen_fd),
             "--log",
             str(log_file.with_suffix(".out")),
+            *(["--limits-of", str(pid_file)] if ns_limits else []),
+            *(a for k, v in sorted((ns_limits or {}).items()) for a in ("--limit", f"{k}={v}")),
             "--",
             *self._runtime(log_file),
             "run",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
 import json
 import os
 import secrets
@@ -13,7 +12,6 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from corral.errors import Conflict, InvalidArgument, SandboxFailed
 from corral.execd.client import ExecdClient
@@ -65,17 +63,12 @@ class ContainerRuntime:
         self.swap_accounting = cgroups.mode is Mode.V2 or any(
             (h / "memory.memsw.limit_in_bytes").exists() for h in cgroups.hierarchies
         )
-        # Compiled seccomp filters by profile: compiling the allow-list with
-        # libseccomp costs crun ~20 ms a create (its own cache is not used
-        # here), so the BPF crun wrote for the first sandbox is handed to
-        # the next ones ready-made (run.oci.seccomp_bpf_data).
+        # Compiled seccomp filters by seccomp.filter_key(): compiling the
+        # allow-list with libseccomp costs crun ~20 ms a create (its own
+        # cache is not used here), so the BPF crun wrote for the first
+        # sandbox is handed to the next ones ready-made
+        # (run.oci.seccomp_bpf_data), with no rules beside it to parse.
         self._bpf: dict[str, str] = {}
-
-    @staticmethod
-    def _filter_key(profile: dict[str, Any]) -> str:
-        # The listener fields choose where notifications go, not the filter.
-        rules = {k: v for k, v in profile.items() if not k.startswith("listener")}
-        return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()
 
     def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
         return [("socket", str(prep.control)), ("container", sandbox_id), ("cgroup", sandbox_id)]
@@ -87,10 +80,12 @@ class ContainerRuntime:
             return await self._start_from(spec, prep, boot.state)
         rootfs = prep.sandbox_dir / "rootfs"
         rootfs.mkdir(exist_ok=True)
-        profile = (
-            seccomp.profile(str(self.seccomp_listener), spec.id) if self.seccomp_listener else None
-        )
-        key = self._filter_key(profile) if profile else ""
+        profile, key = None, ""
+        if self.seccomp_listener is not None:
+            # Compiled once (see _bpf), the rules need not be written again.
+            key = seccomp.filter_key()
+            where = str(self.seccomp_listener)
+            profile = seccomp.profile(where, spec.id, rules=key not in self._bpf)
         cfg = bundle.config(
             bundle.BundleSpec(
                 sandbox_id=spec.id,
@@ -135,6 +130,7 @@ class ContainerRuntime:
                 listen_fd=listener.fileno(),
                 pid_file=pid_file,
                 log_file=prep.sandbox_dir / "oci.log",
+                ns_limits=self.ns_limits if prep.host_id is not None else None,
             )
         finally:
             # The container's init holds its own copy of the listening socket.
@@ -159,13 +155,12 @@ class ContainerRuntime:
                 f"it and crun said: {said}",
                 sandbox=spec.id,
             )
-        if prep.host_id is not None and self.ns_limits:
-            await self._limit_namespace(spec.id, pid)
         return Started(pid=pid, pid_start=started)
 
     async def _limit_namespace(self, sandbox_id: str, pid: int) -> None:
-        """Give the sandbox its own share of the per-user-namespace kernel
-        counters (corral-nsexec --limits says why), before it runs anything."""
+        """Give a restored sandbox its own share of the per-user-namespace
+        kernel counters (corral-nsexec --limits says why), before it runs
+        anything. (A started one has them from corral-nsexec --limits-of.)"""
         args = [f"{k}={v}" for k, v in sorted(self.ns_limits.items())]
         proc = await asyncio.create_subprocess_exec(
             str(self.platform.nsexec), "--limits", str(pid), *args,
