@@ -1,0 +1,99 @@
+"""corral-nsexec --limits-of: the program (crun run) runs as its child, and
+once it has exited 0 the kernel counter limits are written in the user
+namespace of the process named by the pid file. (End to end, from inside
+a sandbox: tests/redteam/test_review.py's kernel counter test.)"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+NSEXEC = Path(__file__).resolve().parents[2] / "build" / "platform" / "bin" / "corral-nsexec"
+
+
+@pytest.fixture
+def nsexec() -> Path:
+    if not NSEXEC.is_file():
+        pytest.fail(f"{NSEXEC} is missing: make -C native builds it")
+    return NSEXEC
+
+
+@pytest.fixture
+def in_userns() -> Iterator[int]:
+    """A process in a user namespace of its own (a stand-in for a sandbox's init)."""
+    proc = subprocess.Popen(["unshare", "--user", "--map-root-user", "sleep", "60"])
+    try:
+        for _ in range(100):  # until unshare has made the namespace and exec'd sleep
+            if Path(f"/proc/{proc.pid}/ns/user").resolve() != Path("/proc/self/ns/user").resolve():
+                break
+            subprocess.run(["sleep", "0.02"], check=True)
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _limit(pid: int, name: str) -> str:
+    out = subprocess.run(
+        ["nsenter", "--user", "-t", str(pid), "cat", f"/proc/sys/user/{name}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def _run(nsexec: Path, pid_file: Path, *program: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(nsexec), "--limits-of", str(pid_file), "--limit", "max_inotify_instances=7",
+         "--limit", "max_inotify_watches=99", "--", *program],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_limits_are_set_in_the_started_process_namespace(
+    nsexec: Path, in_userns: int, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "init.pid"
+    pid_file.write_text(f"{in_userns}\n")
+    before = _limit(in_userns, "max_inotify_instances")
+    done = _run(nsexec, pid_file, "true")
+    assert done.returncode == 0, done.stderr
+    assert before != "7"
+    assert (
+        _limit(in_userns, "max_inotify_instances"),
+        _limit(in_userns, "max_inotify_watches"),
+    ) == (
+        "7",
+        "99",
+    )
+
+
+def test_a_failed_program_sets_nothing_and_its_status_is_passed_on(
+    nsexec: Path, in_userns: int, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "init.pid"
+    pid_file.write_text(str(in_userns))
+    done = _run(nsexec, pid_file, "sh", "-c", "exit 3")
+    assert done.returncode == 3
+    assert _limit(in_userns, "max_inotify_instances") != "7"
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "opening"),  # the program wrote no pid file
+        ("", "reading"),  # an empty one
+        ("999999999", "/proc/999999999/ns/user"),  # a pid that is not there
+    ],
+)
+def test_a_pid_file_that_names_no_process_is_an_error(
+    nsexec: Path, tmp_path: Path, content: str | None, said: str
+) -> None:
+    pid_file = tmp_path / "init.pid"
+    if content is not None:
+        pid_file.write_text(content)
+    done = _run(nsexec, pid_file, "true")
+    assert done.returncode == 125
+    assert said in done.stderr and "corral-nsexec" in done.stderr, done.stderr
