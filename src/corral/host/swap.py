@@ -49,7 +49,9 @@ ZSWAP = Path("/sys/module/zswap/parameters")
 
 def enable_zswap(params: Path = ZSWAP) -> bool:
     """Compress pages on their way to swap (lz4 where the kernel has it,
-    else its default). False where the kernel has no zswap."""
+    else its default). False where the kernel has no zswap. Left on (a
+    host setting that other nodes of the host may rely on; see
+    docs/memory-reclaim.md)."""
     try:
         if (params / "enabled").read_text().strip() != "Y":
             with contextlib.suppress(OSError):  # lz4 not built: keep the default
