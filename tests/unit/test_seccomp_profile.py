@@ -73,3 +73,29 @@ def test_policy_and_classes() -> None:
     assert syscall_class(16) == ("extent-ioctl", "ioctl")
     assert syscall_class(56) == ("namespace", "clone")
     assert syscall_class(999)[0] == "other"
+
+
+def test_a_profile_without_rules_keeps_what_the_compiled_filter_cannot_carry() -> None:
+    """Handed the filter compiled (run.oci.seccomp_bpf_data), crun still
+    needs where to send the notify listener and the sandbox it is for, and
+    with a default of notify an unread rule list fails closed."""
+    full, bare = (
+        seccomp.profile("/run/a.sock", "s-1"),
+        seccomp.profile("/run/a.sock", "s-1", rules=False),
+    )
+    assert bare["syscalls"] == [] and len(full["syscalls"]) > 100
+    assert {k: v for k, v in bare.items() if k != "syscalls"} == {
+        k: v for k, v in full.items() if k != "syscalls"
+    }
+    assert bare["defaultAction"] == "SCMP_ACT_NOTIFY"
+
+
+def test_the_filter_key_names_the_rules_not_where_notices_go() -> None:
+    import hashlib
+    import json
+
+    rules = {k: v for k, v in seccomp.profile("/x", "y").items() if not k.startswith("listener")}
+    want = hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()
+    assert seccomp.filter_key() == want
+    # Built once, never changed by a caller: two profiles share equal rules.
+    assert seccomp.profile("/a", "1")["syscalls"] == seccomp.profile("/b", "2")["syscalls"]
