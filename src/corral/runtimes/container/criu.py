@@ -45,6 +45,7 @@ from pathlib import Path
 
 from corral.errors import SandboxFailed
 from corral.guard import profile
+from corral.host import spawn
 from corral.log import get_logger
 
 log = get_logger("corral.criu")
@@ -198,16 +199,10 @@ def unpark(pid: int, nonce: str, listener: socket.socket | None) -> None:
 
 
 async def _run(argv: list[str], *, pass_fds: tuple[int, ...] = ()) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        pass_fds=pass_fds,
-        env={**os.environ, "CORRAL_AGENT_PID": str(os.getpid())},
+    done = await spawn.run(
+        argv, pass_fds=pass_fds, env={**os.environ, "CORRAL_AGENT_PID": str(os.getpid())}
     )
-    _, err = await proc.communicate()
-    return proc.returncode or 0, err.decode(errors="replace")
+    return done.code, done.stderr.decode(errors="replace")
 
 
 def _errors(log_file: Path) -> str:

@@ -8,13 +8,13 @@ cgroup2 mount crun chokes on is hidden there.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import SandboxFailed
+from corral.host import spawn
 from corral.log import get_logger
 
 log = get_logger("corral.oci")
@@ -102,41 +102,24 @@ class OciRuntime:
             "1",
             container_id,
         ]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            pass_fds=[listen_fd],
-            env=self._env(),
-        )
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            detail = err.decode(errors="replace").strip() or _last_error(log_file)
+        done = await spawn.run(cmd, pass_fds=[listen_fd], env=self._env())
+        if done.code != 0:
+            detail = done.stderr.decode(errors="replace").strip() or _last_error(log_file)
             raise SandboxFailed(
                 f"starting container {container_id} with {self.binary} failed "
-                f"(exit {proc.returncode}): {detail}",
+                f"(exit {done.code}): {detail}",
                 sandbox=container_id,
             )
 
     async def delete(self, container_id: str) -> None:
         """Kill every process of the container and remove its state and
         cgroups. A container that does not exist is already deleted."""
-        proc = await asyncio.create_subprocess_exec(
-            *self._base(),
-            "--",
-            *self._runtime(),
-            "delete",
-            "--force",
-            container_id,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
+        done = await spawn.run(
+            [*self._base(), "--", *self._runtime(), "delete", "--force", container_id],
             env=self._env(),
         )
-        _, err = await proc.communicate()
-        text = err.decode(errors="replace")
-        if proc.returncode != 0 and "does not exist" not in text and "not exist" not in text:
+        text = done.stderr.decode(errors="replace")
+        if done.code != 0 and "does not exist" not in text and "not exist" not in text:
             raise SandboxFailed(
                 f"deleting container {container_id}: {text.strip()}", sandbox=container_id
             )

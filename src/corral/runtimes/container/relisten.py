@@ -12,11 +12,10 @@ calls fail with ENOSYS, closed as before, and the reason is logged.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from pathlib import Path
 
+from corral.host import spawn
 from corral.log import get_logger
 
 log = get_logger("corral.node")
@@ -27,24 +26,17 @@ TIMEOUT = 30.0  # the helper gives up on a task after 2 s; this bounds the rest
 async def relisten(helper: Path, seccompd: Path, sandbox_id: str, task_files: list[Path]) -> int:
     """The number of listeners handed to seccompd; failures are logged."""
     t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        str(helper), "--socket", str(seccompd), "--id", sandbox_id, *map(str, task_files),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    argv = [str(helper), "--socket", str(seccompd), "--id", sandbox_id, *map(str, task_files)]
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()  # its tasks are detached as it exits
-        await proc.wait()
-        out, err = b"", f"no answer in {TIMEOUT:g} s".encode()
+        done = await spawn.run(argv, stdout=True, timeout=TIMEOUT)
+        code, out, err = done.code, done.stdout, done.stderr
+    except TimeoutError:  # killed: its tasks are detached as it exits
+        code, out, err = -9, b"", f"no answer in {TIMEOUT:g} s".encode()
     try:
         listeners, stopped = (int(x) for x in out.split())
     except ValueError:
         listeners, stopped = 0, 0
-    if proc.returncode:
+    if code:
         log.warning("sandbox.relisten_failed", sandbox=sandbox_id, listeners=listeners,
                     tasks=stopped, detail=err.decode(errors="replace")[-500:])  # fmt: skip
     log.info("sandbox.relistened", sandbox=sandbox_id, listeners=listeners, tasks=stopped,

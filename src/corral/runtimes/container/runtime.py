@@ -17,6 +17,7 @@ from corral.errors import Conflict, InvalidArgument, SandboxFailed
 from corral.execd.client import ExecdClient
 from corral.execd.protocol import VERSION as PROTO_VERSION
 from corral.guard import seccomp
+from corral.host import spawn
 from corral.host.cgroups import Cgroups, IoLimit, Mode
 from corral.host.platform import Platform
 from corral.host.procs import process_start_time
@@ -162,15 +163,11 @@ class ContainerRuntime:
         kernel counters (corral-nsexec --limits says why), before it runs
         anything. (A started one has them from corral-nsexec --limits-of.)"""
         args = [f"{k}={v}" for k, v in sorted(self.ns_limits.items())]
-        proc = await asyncio.create_subprocess_exec(
-            str(self.platform.nsexec), "--limits", str(pid), *args,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        _out, err = await proc.communicate()
-        if proc.returncode != 0:
+        done = await spawn.run([str(self.platform.nsexec), "--limits", str(pid), *args])
+        if done.code != 0:
             raise SandboxFailed(
                 f"sandbox {sandbox_id}: setting its kernel counter limits failed: "
-                f"{err.decode(errors='replace').strip()}",
+                f"{done.stderr.decode(errors='replace').strip()}",
                 sandbox=sandbox_id,
             )
 
@@ -261,11 +258,8 @@ class ContainerRuntime:
 
     async def state_version(self) -> str:
         """A checkpoint loads where CRIU and corral-init speak as here."""
-        code = await asyncio.create_subprocess_exec(
-            criu.CRIU, "--version", stdout=asyncio.subprocess.PIPE
-        )
-        out, _ = await code.communicate()
-        version = out.decode().split("\n")[0].removeprefix("Version: ").strip()
+        done = await spawn.run([criu.CRIU, "--version"], stdout=True)
+        version = done.stdout.decode().split("\n")[0].removeprefix("Version: ").strip()
         return f"criu-{version}+init-{PROTO_VERSION}"
 
     async def snapshot(self, sandbox_id: str, state: Path) -> int:
