@@ -3,7 +3,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from corral.node.store import SCHEMA_VERSION, SandboxRecord, Store
+import pytest
+
+from corral.errors import ResourceExhausted
+from corral.node.store import SCHEMA_VERSION, Promised, Running, SandboxRecord, Store
 
 
 def _rec(
@@ -41,7 +44,8 @@ def test_records_labels_and_counts(tmp_path: Path) -> None:
     assert [r.id for r in s.list(labels={"job": "a"})] == ["n-1"]
     assert [r.id for r in s.list(labels={"job": "a", "team": "x"})] == ["n-1"]
     assert s.list(labels={"job": "zzz"}) == []
-    assert s.count_active() == (2, 200)
+    assert s.count_active() == 2
+    assert s.promised() == Promised(sandboxes=2, memory=200, cpu=0.0, disk=0)
     got = s.get("n-1")
     assert got is not None and got.labels == {"job": "a", "team": "x"}
     assert s.get("nope") is None
@@ -84,3 +88,55 @@ def test_two_processes_share_one_store(tmp_path: Path) -> None:
     with a.transaction():
         a.insert(_rec("n-1"))
     assert b.get("n-1") is not None
+
+
+def test_promised_sums_active_sandboxes_only(tmp_path: Path) -> None:
+    s = Store(tmp_path / "state.db")
+    for sid, state, spec in [
+        ("n-1", "running", {"memory": 100, "cpu": 0.5, "disk": 7}),
+        ("n-2", "suspended", {"memory": 50, "cpu": 1.0, "disk": 3}),
+        ("n-3", "closed", {"memory": 999, "cpu": 8.0, "disk": 999}),
+    ]:
+        rec = _rec(sid, state=state)
+        rec.spec = spec
+        s.insert(rec)
+    assert s.promised() == Promised(sandboxes=2, memory=150, cpu=1.5, disk=10)
+    assert s.active_ids() == {"n-1", "n-2"}
+
+
+def test_running_briefly_reads_what_housekeeping_needs(tmp_path: Path) -> None:
+    s = Store(tmp_path / "state.db")
+    a = _rec("n-1", labels={"corral.pool": "warm"})
+    a.spec = {"memory": 1, "idle_timeout": 30.0}
+    a.init_pid, a.init_start, a.expires_at = 42, 7, 123.0
+    s.insert(a)
+    s.insert(_rec("n-2", labels={"job": "x"}))
+    s.insert(_rec("n-3", state="suspended"))
+    got = {r.id: r for r in s.running_briefly("corral.pool")}
+    assert set(got) == {"n-1", "n-2"}
+    assert got["n-1"] == Running(
+        id="n-1", kind="container", expires_at=123.0, last_active=a.last_active,
+        idle_timeout=30.0, init_pid=42, init_start=7, owner="1:2", pooled=True,
+    )  # fmt: skip
+    assert got["n-2"].idle_timeout is None and not got["n-2"].pooled
+
+
+def test_id_blocks_and_address_blocks_fill_the_lowest_gap(tmp_path: Path) -> None:
+    s = Store(tmp_path / "state.db")
+    for sid in ("a", "b", "c"):
+        s.insert(_rec(sid))
+    assert [s.idmap_allocate(sid, 4) for sid in ("a", "b", "c")] == [0, 1, 2]
+    s.idmap_free("b")
+    s.insert(_rec("d"))
+    s.insert(_rec("e"))
+    assert s.idmap_allocate("d", 4) == 1  # the gap first
+    assert s.idmap_allocate("e", 4) == 3
+    s.insert(_rec("f"))
+    with pytest.raises(ResourceExhausted, match="all 4 blocks of host ids"):
+        s.idmap_allocate("f", 4)
+    s.idmap_free("a")
+    assert s.idmap_allocate("f", 4) == 0
+    # Address blocks start at 1 (block 0 is the node's own).
+    assert [s.net_allocate(sid, "{}", 3) for sid in ("a", "b")] == [1, 2]
+    with pytest.raises(ResourceExhausted, match="all 2 sandbox address blocks"):
+        s.net_allocate("c", "{}", 3)

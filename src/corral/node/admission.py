@@ -27,7 +27,7 @@ from corral.capacity import NodeCapacity
 from corral.config import NodeConfig
 from corral.errors import NodeFull
 from corral.host import pressure as psi
-from corral.node.store import SandboxRecord, Store
+from corral.node.store import Promised, SandboxRecord, Store
 from corral.runtimes.container.bundle import IDS
 
 # Host ids for sandbox user namespaces: block k is ID_BASE + k * IDS onwards,
@@ -133,14 +133,14 @@ class Admission:
         sandbox's network block, if it asked for a network."""
         db, cfg = self.store, self.config
         with db.transaction():
-            count, promised = db.count_active()
-            if count >= cfg.max_sandboxes:
+            promised = db.promised()
+            if promised.sandboxes >= cfg.max_sandboxes:
                 raise self._full(
-                    f"node {cfg.node} is full: {count} sandboxes, "
+                    f"node {cfg.node} is full: {promised.sandboxes} sandboxes, "
                     f"max_sandboxes is {cfg.max_sandboxes}",
                     "slots",
                 )
-            self._promise(req, promised, db.cpu_promised(), 0, 0.0, 0)
+            self._promise(req, promised, 0, 0.0, 0)
             key = req.idempotency_key
             self._key_free(key)
             db.insert(rec)
@@ -168,9 +168,8 @@ class Admission:
             rec = db.get(sandbox_id)
             if rec is None or rec.state != "running" or rec.labels.get(labels.POOL) != WARM:
                 raise NotWarm(sandbox_id)
-            _, promised = db.count_active()
             was = rec.spec
-            self._promise(req, promised, db.cpu_promised(), was["memory"], was["cpu"], was["disk"])
+            self._promise(req, db.promised(), was["memory"], was["cpu"], was["disk"])
             key = req.idempotency_key
             self._key_free(key)
             if key is not None:
@@ -209,8 +208,7 @@ class Admission:
     def _promise(
         self,
         req: CreateSandbox,
-        memory_promised: int,
-        cpu_promised: float,
+        promised: Promised,
         *already: float,
     ) -> None:
         """Memory, CPUs and disk may be promised up to their budgets, and the
@@ -218,7 +216,7 @@ class Admission:
         and disk the sandbox holds now (a warm one's, counted in the sums)."""
         cfg = self.config
         was_memory, was_cpu, was_disk = already
-        memory_promised -= int(was_memory)
+        memory_promised = promised.memory - int(was_memory)
         if memory_promised + req.memory > self.memory_budget:
             raise self._full(
                 f"node {cfg.node} cannot promise {req.memory} more bytes of memory: "
@@ -226,7 +224,7 @@ class Admission:
                 f"(host memory x memory_overcommit {cfg.memory_overcommit})",
                 "memory",
             )
-        cpu_promised -= was_cpu
+        cpu_promised = promised.cpu - was_cpu
         if self.cpu_budget and cpu_promised + req.cpu > self.cpu_budget + 1e-9:
             raise self._full(
                 f"node {cfg.node} cannot promise {req.cpu:g} more CPUs: "
@@ -234,7 +232,7 @@ class Admission:
                 f"({self.cpus} CPUs x cpu_overcommit {cfg.cpu_overcommit:g})",
                 "cpu",
             )
-        self._admit_disk(req.disk, already=int(was_disk))
+        self._admit_disk(req.disk, promised.disk - int(was_disk))
         over = overloaded(self.host_load(), cfg.memory_reserve, cfg.pressure_limits)
         if over is not None:
             raise self._full(f"node {cfg.node} is too loaded: {over[1]}", over[0])
@@ -243,11 +241,12 @@ class Admission:
         metrics.NODE_FULL.labels(reason).inc()
         return NodeFull(message, node=self.config.node, reason=reason)
 
-    def _admit_disk(self, disk: int, already: int = 0) -> None:
-        """Writable space, by the memory rule: what is promised may exceed
-        the scratch pool by disk_overcommit (each sandbox is held to its own
-        quota, and most write little), but no one sandbox may be promised
-        more than the whole pool (it could fill it for every neighbour)."""
+    def _admit_disk(self, disk: int, promised: int) -> None:
+        """Writable space, by the memory rule: what is promised (`promised`:
+        to the others) may exceed the scratch pool by disk_overcommit (each
+        sandbox is held to its own quota, and most write little), but no one
+        sandbox may be promised more than the whole pool (it could fill it
+        for every neighbour)."""
         cfg = self.config
         pool = cfg.scratch_size
         if disk > pool:
@@ -257,7 +256,6 @@ class Admission:
                 "disk",
             )
         budget = int(pool * cfg.disk_overcommit)
-        promised = self.store.disk_promised() - already  # a claim's own promise is in it
         if promised + disk > budget:
             raise self._full(
                 f"node {cfg.node} cannot promise {disk} more bytes of disk: {promised} "
@@ -279,18 +277,18 @@ class Admission:
     ) -> NodeCapacity:
         """What this node can still take, for placement (its heartbeat).
         `held` counts the sandboxes a gateway made (labelled with a project)."""
-        count, promised = self.store.count_active()
+        promised = self.store.promised()
         cfg = self.config
         over = overloaded(self.host_load(), cfg.memory_reserve, cfg.pressure_limits)
         return NodeCapacity(
             max_sandboxes=cfg.max_sandboxes,
-            active=count,
+            active=promised.sandboxes,
             held=self.store.count_labelled(labels.PROJECT),
             memory_budget=self.memory_budget,
-            memory_promised=promised,
+            memory_promised=promised.memory,
             cpus=self.cpus,
             cpu_budget=self.cpu_budget,
-            cpu_promised=self.store.cpu_promised(),
+            cpu_promised=promised.cpu,
             overloaded="" if over is None else over[1],
             kinds=tuple(sorted(kinds)),
             vm_accel=vm_accel,

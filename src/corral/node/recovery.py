@@ -27,7 +27,7 @@ from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.node.ledger import Ledger
 from corral.node.lifecycle import Lifecycle, control_path
-from corral.node.store import ACTIVE_STATES, SandboxRecord, Store
+from corral.node.store import ACTIVE_STATES, Running, SandboxRecord, Store
 from corral.runtimes.base import Reattachable, Runtime
 
 log = get_logger("corral.maintenance")
@@ -54,14 +54,15 @@ class GcReport:
             self.reclaimed[kind] = self.reclaimed.get(kind, 0) + n
 
 
-def init_alive(rec: SandboxRecord) -> bool:
+def init_alive(rec: SandboxRecord | Running) -> bool:
     return procs.alive(rec.init_pid, rec.init_start)
 
 
-def orphan_worker(rec: SandboxRecord, owner: str) -> bool:
+def orphan_worker(rec: SandboxRecord | Running, owner: str) -> bool:
     """A pooled function-call worker lives only as long as the agent whose
     pool holds it (nobody else can hand it out)."""
-    return labels.POOL in rec.labels and rec.owner != owner and not procs.owner_alive(rec.owner)
+    pooled = rec.pooled if isinstance(rec, Running) else labels.POOL in rec.labels
+    return pooled and rec.owner != owner and not procs.owner_alive(rec.owner)
 
 
 async def answers(control: Path) -> bool:
@@ -149,12 +150,6 @@ class Recovery:
         )
         return report
 
-    def _is_active(self, sandbox_id: str) -> bool:
-        # Checked after the resource was seen: records are written before
-        # resources, so a resource of a create racing with us has one.
-        rec = self.store.get(sandbox_id)
-        return rec is not None and rec.state in ACTIVE_STATES
-
     def _found(self) -> dict[str, set[str]]:
         """By resource kind, the refs of what is on the host (each named
         after a sandbox id, or a path ending in one)."""
@@ -175,8 +170,14 @@ class Recovery:
         report = GcReport()
         db = self.store
         # Resource rows of finished sandboxes: a release that failed earlier.
-        for sid, kind, ref in db.all_resources():
-            if self._is_active(sid):
+        # Which sandboxes are active is read after the resources are seen:
+        # records are written before resources, so a resource of a create
+        # racing with us is in the set. One that closes meanwhile stays to
+        # the next gc.
+        rows = db.all_resources()
+        active = db.active_ids()
+        for sid, kind, ref in rows:
+            if sid in active:
                 continue
             try:
                 await self.ledger.release(kind, ref)
@@ -185,10 +186,12 @@ class Recovery:
             except Exception as exc:
                 log.error("gc.release_failed", sandbox=sid, kind=kind, ref=ref, error=str(exc))
         prefix = f"{self.config.node}-"
-        for kind, refs in self._found().items():
+        found = self._found()
+        active = db.active_ids()
+        for kind, refs in found.items():
             for ref in sorted(refs):
                 sid = Path(ref).stem if kind in ("dir", "socket") else ref
-                if not sid.startswith(prefix) or self._is_active(sid):
+                if not sid.startswith(prefix) or sid in active:
                     continue
                 try:
                     await self.ledger.release(kind, ref)

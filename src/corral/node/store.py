@@ -24,7 +24,7 @@ from corral.errors import ResourceExhausted, Unavailable
 from corral.node import findlog, steplog
 from corral.node import states as st
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -111,6 +111,12 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE sandboxes ADD COLUMN cpu REAL NOT NULL DEFAULT 0;
     UPDATE sandboxes SET cpu = COALESCE(json_extract(spec, '$.cpu'), 0);
     """,
+    # Admission sums what active sandboxes were promised on every create: an
+    # index holding the summed columns answers from itself, never touching
+    # the rows (at 3,000 held, the row reads were 5 ms a create).
+    10: """
+    CREATE INDEX sandboxes_promised ON sandboxes(state, memory, cpu, disk);
+    """,
 }
 
 # Every state but the final ones (node/states.py draws the machine).
@@ -137,6 +143,33 @@ class SandboxRecord:
     labels: dict[str, str] = field(default_factory=dict)
     image_user: str | None = None
     suspended: str | None = None  # the depth of a suspended sandbox
+
+
+@dataclass(frozen=True)
+class Promised:
+    """What the active sandboxes were promised, summed."""
+
+    sandboxes: int
+    memory: int
+    cpu: float
+    disk: int
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running sandbox as housekeeping reads it every tick: no JSON
+    column decoded (a whole record costs ~30 us, and at 9,000 held the
+    full list each second held the loop for a large part of it)."""
+
+    id: str
+    kind: str
+    expires_at: float | None
+    last_active: float
+    idle_timeout: float | None
+    init_pid: int | None
+    init_start: int | None
+    owner: str
+    pooled: bool
 
 
 _COLUMNS = (
@@ -329,30 +362,55 @@ class Store:
         all_labels = self._labels([r["id"] for r in rows])
         return [_row_to_record(r, all_labels.get(r["id"], {})) for r in rows]
 
-    def count_active(self) -> tuple[int, int]:
-        """(sandboxes, bytes of memory promised) over active sandboxes."""
-        n, mem = self.db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(memory), 0) "
+    def promised(self) -> Promised:
+        """What active sandboxes hold: one pass over an index (migration 10)."""
+        n, mem, cpu, disk = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(memory), 0), COALESCE(SUM(cpu), 0), "
+            "COALESCE(SUM(disk), 0) "
             f"FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
             ACTIVE_STATES,
         ).fetchone()
-        return int(n), int(mem)
+        return Promised(int(n), int(mem), float(cpu), int(disk))
 
-    def _active_sum(self, column: str) -> float:
+    def count_active(self) -> int:
         (n,) = self.db.execute(
-            f"SELECT COALESCE(SUM({column}), 0) "
-            f"FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
+            f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
             ACTIVE_STATES,
         ).fetchone()
-        return float(n)
+        return int(n)
 
-    def cpu_promised(self) -> float:
-        """CPUs promised to active sandboxes."""
-        return self._active_sum("cpu")
+    def active_ids(self) -> set[str]:
+        return {
+            r[0]
+            for r in self.db.execute(
+                f"SELECT id FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
+                ACTIVE_STATES,
+            )
+        }
 
-    def disk_promised(self) -> int:
-        """Bytes of writable space promised to active sandboxes."""
-        return int(self._active_sum("disk"))
+    def running_briefly(self, pool_label: str) -> builtins.list[Running]:
+        """The running sandboxes, as housekeeping reads them every tick."""
+        rows = self.db.execute(
+            "SELECT id, kind, expires_at, last_active, json_extract(spec, '$.idle_timeout'), "
+            "init_pid, init_start, owner, EXISTS (SELECT 1 FROM labels "
+            "WHERE labels.sandbox_id = sandboxes.id AND labels.key = ?) "
+            "FROM sandboxes WHERE state = 'running' ORDER BY created_at",
+            (pool_label,),
+        )
+        return [
+            Running(
+                id=r[0],
+                kind=r[1],
+                expires_at=r[2],
+                last_active=r[3],
+                idle_timeout=r[4],
+                init_pid=r[5],
+                init_start=r[6],
+                owner=r[7],
+                pooled=bool(r[8]),
+            )
+            for r in rows
+        ]
 
     def count_labelled(self, key: str) -> int:
         """Active sandboxes carrying label `key` (any value)."""
@@ -438,16 +496,26 @@ class Store:
 
     # ---------------------------------------------------------------- user ids
 
+    def _lowest_free(self, table: str, column: str, first: int, end: int) -> int | None:
+        """The lowest value in [first, end) that no row of `table` holds in
+        its UNIQUE `column`: `first` itself, or one past a held value whose
+        successor is free. Index lookups in SQLite, not every held value
+        read into Python (3 ms a create at 3,000 held)."""
+        row = self.db.execute(
+            f"SELECT v FROM (SELECT ? AS v UNION ALL SELECT {column} + 1 FROM {table} "
+            f"WHERE {column} >= ?) AS c WHERE v < ? AND NOT EXISTS "
+            f"(SELECT 1 FROM {table} WHERE {column} = c.v) ORDER BY v LIMIT 1",
+            (first, first, end),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
     def idmap_allocate(self, sandbox_id: str, slots: int) -> int:
         """The lowest free block of host ids (caller holds a transaction)."""
-        used = {r[0] for r in self.db.execute("SELECT slot FROM idmap")}
-        for slot in range(slots):
-            if slot not in used:
-                self.db.execute(
-                    "INSERT INTO idmap (sandbox_id, slot) VALUES (?,?)", (sandbox_id, slot)
-                )
-                return slot
-        raise ResourceExhausted(f"node: all {slots} blocks of host ids are in use")
+        slot = self._lowest_free("idmap", "slot", 0, slots)
+        if slot is None:
+            raise ResourceExhausted(f"node: all {slots} blocks of host ids are in use")
+        self.db.execute("INSERT INTO idmap (sandbox_id, slot) VALUES (?,?)", (sandbox_id, slot))
+        return slot
 
     def idmap_slot(self, sandbox_id: str) -> int | None:
         row = self.db.execute("SELECT slot FROM idmap WHERE sandbox_id=?", (sandbox_id,)).fetchone()
@@ -461,15 +529,15 @@ class Store:
     def net_allocate(self, sandbox_id: str, policy: str, capacity: int) -> int:
         """The lowest free address block of the node (caller holds a
         transaction)."""
-        used = {r[0] for r in self.db.execute("SELECT idx FROM net")}
-        for idx in range(1, capacity):  # block 0 is left alone
-            if idx not in used:
-                self.db.execute(
-                    "INSERT INTO net (sandbox_id, idx, policy) VALUES (?,?,?)",
-                    (sandbox_id, idx, policy),
-                )
-                return idx
-        raise ResourceExhausted(f"network: all {capacity - 1} sandbox address blocks are in use")
+        idx = self._lowest_free("net", "idx", 1, capacity)  # block 0 is left alone
+        if idx is None:
+            raise ResourceExhausted(
+                f"network: all {capacity - 1} sandbox address blocks are in use"
+            )
+        self.db.execute(
+            "INSERT INTO net (sandbox_id, idx, policy) VALUES (?,?,?)", (sandbox_id, idx, policy)
+        )
+        return idx
 
     def net_get(self, sandbox_id: str) -> tuple[int, str] | None:
         row = self.db.execute(

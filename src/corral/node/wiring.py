@@ -116,7 +116,7 @@ class NodeParts:
                 # The VMs run on; the next agent re-attaches their channels.
                 await runtime.detach_all()
         db = self.store
-        active, _ = db.count_active()
+        active = db.count_active()
         if scratch.close(active) or was_leader:
             # The last agent of the node (or its leader) leaves no mount that
             # no sandbox needs.
