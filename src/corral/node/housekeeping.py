@@ -167,8 +167,8 @@ class Housekeeping:
             elif check_liveness and orphan_worker(rec, self.owner):
                 await lc.retire(rec.id, reason="its function-call pool is gone")
         if check_liveness:
-            await self._check_guests(now)
-            self._bound_logs()
+            await self._check_guests(now, running)
+            self._bound_logs(running)
         if self.config.reclaim_after:
             await self._reclaim_idle(running, now)
         if self.config.suspend_after:
@@ -232,24 +232,28 @@ class Housekeeping:
             except CorralError as exc:  # raced with a request, or cannot: next tick
                 log.info("sandbox.idle_suspend_skipped", sandbox=rec.id, error=exc.message)
 
-    def _bound_logs(self) -> None:
+    def _bound_logs(self, running: list[Running]) -> None:
         """Logs a sandbox writes outside its disk quota (a VM's console)
         stay under their cap; what was dropped is in its audit."""
-        for rec in self.store.list(["running"]):
+        for rec in running:
             runtime = self.runtimes.get(rec.kind)
             if isinstance(runtime, Diagnosable):
                 dropped = runtime.bound_logs(rec.id)
                 if dropped:
                     self.store.count(rec.id, "console_dropped_bytes", dropped)
 
-    async def _check_guests(self, now: float) -> None:
+    async def _check_guests(self, now: float, running: list[Running]) -> None:
         """A VM's QEMU can be alive around a dead guest: a kernel stuck with
         interrupts off, a PID 1 starved by a real-time spinner. Ping every
         running guest's agent; one silent for vm_hang_timeout has failed."""
+        vms = [self.store.get(r.id) for r in running if r.kind in VM_KINDS]
         guests = [
             r
-            for r in self.store.list(["running"])
-            if r.kind in VM_KINDS and not is_disk(r.spec["image"]) and init_alive(r)
+            for r in vms
+            if r is not None
+            and r.state == "running"
+            and not is_disk(r.spec["image"])
+            and init_alive(r)
         ]  # a user's own disk has no agent to ping: its QEMU's life is its own
         limit = min(self.config.liveness_interval, 5.0)
 
@@ -273,8 +277,8 @@ class Housekeeping:
                 await self.lifecycle.fail(
                     rec, f"its guest stopped answering for {now - since:.0f}s (hung)"
                 )
-        running = {r.id for r in guests}
-        for gone in set(self._silent_since) - running:
+        pinged = {r.id for r in guests}
+        for gone in set(self._silent_since) - pinged:
             del self._silent_since[gone]
 
     async def _check_loader(self) -> None:
