@@ -115,8 +115,9 @@ def cpu_seconds(pid: int) -> float:
 
 class Step:
     """Creation rate and the host's PID 1 CPU share since the last checkpoint
-    (PID 1 here is the machine's own process agent, which walks every
-    process: at thousands of sandboxes it takes a core)."""
+    (PID 1 here is the VM's own process agent, at nice -10: its CPU grows
+    faster than linearly with the network namespaces that hold a process,
+    to a core at 8,000 with no Corral running: bench/hostpid1.py)."""
 
     def __init__(self) -> None:
         self.t, self.n, self.cpu = time.perf_counter(), 0, cpu_seconds(1)
@@ -296,7 +297,9 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
         "## Host limits with all of them held\n\n"
         + table(["limit", "in use", "ceiling", "share"], limit_rows)
         + f"\n\nWhat stopped the run: {stopped}. The largest share is what the next "
-        "sandboxes would run into first.",
+        "sandboxes would run into first. The host's PID 1 (the VM's process agent, "
+        "nice -10) costs CPU for every network namespace that holds a process, faster "
+        "than linearly, with no Corral code running: bench/results/hostpid1.md.",
         "## Leftovers (host-wide, before the run vs after)\n\n"
         + table(
             ["object", "before", "after"], [[k, str(before[k]), str(after[k])] for k in before]
