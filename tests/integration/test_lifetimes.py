@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import corral
+from corral.node.store import Store
 
-from ..framework import IMAGE
+from ..framework import IMAGE, Node
 
 
 async def _wait_state(sbx: corral.AsyncSandbox, state: str, within: float) -> float:
@@ -41,3 +44,21 @@ async def test_a_long_command_counts_as_activity(embedded: corral.AsyncClient) -
     r = await sbx.commands.run("sleep 3; echo done", timeout=10)
     assert r.stdout == "done\n"
     assert (await sbx.refresh()).state.value == "running"
+
+
+async def test_a_dead_init_fails_only_its_sandbox(fresh_node: Node) -> None:
+    """The liveness pass (read off the loop, then checked again on the
+    record) notices an init killed from outside; a neighbour carries on."""
+    node = fresh_node.with_config(liveness_interval=0.5)
+    async with node.client() as c:
+        victim = await c.sandboxes.create(image=IMAGE, idle_timeout=None)
+        neighbour = await c.sandboxes.create(image=IMAGE, idle_timeout=None)
+        store = Store(node.config.db_path)
+        rec = store.get(victim.id)
+        store.close()
+        assert rec is not None and rec.init_pid is not None
+        os.kill(rec.init_pid, signal.SIGKILL)
+        await _wait_state(victim, "failed", 10)
+        assert "init process exited" in (victim.info.error or "")
+        assert (await neighbour.commands.run("echo alive")).stdout == "alive\n"
+        await asyncio.gather(victim.close(), neighbour.close())

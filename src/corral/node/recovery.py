@@ -186,7 +186,9 @@ class Recovery:
             except Exception as exc:
                 log.error("gc.release_failed", sandbox=sid, kind=kind, ref=ref, error=str(exc))
         prefix = f"{self.config.node}-"
-        found = self._found()
+        # Listing the host's cgroups, subvolumes, directories and runtime
+        # state is thousands of reads at density: off the loop.
+        found = await asyncio.to_thread(self._found)
         active = db.active_ids()
         for kind, refs in found.items():
             for ref in sorted(refs):
