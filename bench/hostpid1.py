@@ -144,7 +144,10 @@ def main(steps: list[int], window: float) -> None:
             "A network namespace costs PID 1 CPU only while a process is in it, and "
             "once per namespace, not per process: N processes in one namespace cost "
             "what N plain processes do. N sandboxes with their own network (each is "
-            "isolated, so each has one) are N such namespaces.",
+            "isolated, so each has one) are N such namespaces. The spawn p99s rest on "
+            "~300 samples a level, so one stall decides them: they say that the host "
+            "alone has tails of tens of ms once thousands of processes are held, not "
+            "how they trend.",
         ],
     )
     print(path)
