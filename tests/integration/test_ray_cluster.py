@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -36,10 +37,17 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 
 
 def _free_run(n: int) -> int:
-    """The first of n consecutive free ports."""
+    """The first of n consecutive free ports, below the kernel's ephemeral
+    range and above Ray's worker ports (10002-19999). One picked from the
+    ephemeral range could be taken by any bind to port 0 before the node
+    agent bound it: a CI run saw a node's port answer with aiohttp's
+    "404: Not Found" (a Ray process's server), and that node never
+    reported in."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
     while True:
-        base = free_port()
-        if base + n < 65536 and all(_is_free(base + i) for i in range(n)):
+        base = rng.randrange(20000, max(20001, low - n))
+        if all(_is_free(base + i) for i in range(n)):
             return base
 
 

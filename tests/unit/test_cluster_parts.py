@@ -198,3 +198,37 @@ def test_bad_image_sources_name_the_entry(sources: Any, field: str) -> None:
     with pytest.raises(InvalidArgument) as err:
         NodeConfig(image_sources=sources)
     assert err.value.details["field"] == field
+
+
+# ------------------------------------------------------------------ cluster down
+
+
+async def test_teardown_goes_past_nodes_that_do_not_answer_as_nodes() -> None:
+    """A node whose port is closed, or held by another program's HTTP
+    server (404 for everything), is reported and skipped: the rest of the
+    teardown (Ray, PostgreSQL, the data dirs) must still run."""
+    import asyncio
+
+    from corral.cluster.down import _close_all
+
+    async def not_found(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 14\r\n\r\n404: Not Found")
+        await w.drain()
+        w.close()
+
+    server = await asyncio.start_server(not_found, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    said: list[str] = []
+    doc = {
+        "node_key": SECRET,
+        "nodes": {"n0": f"http://127.0.0.1:{port}", "n1": f"http://127.0.0.1:{closed}"},
+    }
+    async with server:
+        await _close_all(doc, said.append)
+    assert [m.split(":")[0] for m in said] == ["node n0", "node n1"], said
+    assert all("data dir is cleaned below" in m for m in said), said
+    assert "404" in said[0], said
