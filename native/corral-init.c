@@ -1624,7 +1624,15 @@ int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     fcntl(lfd, F_SETFD, FD_CLOEXEC);
     /* Nothing but stdio and the listening socket stays open. */
-    if (lfd == LISTEN_FD && !serial) syscall(SYS_close_range, LISTEN_FD + 1, ~0U, 0);
+    if (lfd == LISTEN_FD && !serial) {
+        syscall(SYS_close_range, LISTEN_FD + 1, ~0U, 0);
+        /* /dev/shm is a directory of the sandbox's /dev tmpfs, not a tmpfs
+         * of its own: every superblock on the host costs every memory
+         * cgroup a shrinker slot (docs/memory-reclaim.md). Only a directory
+         * this call created is chmod-ed (after a restore's re-exec it is
+         * there already, and whatever is there is the sandbox's own). */
+        if (mkdir("/dev/shm", 01777) == 0) chmod("/dev/shm", 01777);
+    }
 
     signal(SIGPIPE, SIG_IGN);
     sigset_t chld;

@@ -46,6 +46,24 @@ async def test_cwd_env_user_stdin(sbx: corral.AsyncSandbox) -> None:
     assert (await sbx.commands.run("cat", stdin="héllo")).stdout == "héllo"
 
 
+async def test_dev_shm_serves_any_user_without_a_superblock_of_its_own(
+    sbx: corral.AsyncSandbox,
+) -> None:
+    # POSIX semaphores and shared memory live in /dev/shm (multiprocessing's
+    # locks); it is a sticky world-writable directory of /dev's tmpfs, since
+    # a superblock per sandbox costs every memory cgroup on the host a slot.
+    script = (
+        "import multiprocessing.shared_memory as s, multiprocessing as m; "
+        "m.Lock().acquire(); a = s.SharedMemory(create=True, size=4096); a.buf[0] = 7; "
+        "b = s.SharedMemory(name=a.name); print(b.buf[0]); b.close(); a.close(); a.unlink()"
+    )
+    r = await sbx.commands.run(["python3", "-c", script], user="nobody")
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "7\n", "")
+    r = await sbx.commands.run("stat -c '%a %d' /dev/shm; stat -c '%d' /dev")
+    mode, dev_shm, dev = r.stdout.split()
+    assert (mode, dev_shm) == ("1777", dev)
+
+
 async def test_a_command_that_ignores_its_stdin_still_reports(sbx: corral.AsyncSandbox) -> None:
     # The command exits while its input is still being sent: the rest is
     # dropped, and the exit status arrives all the same.

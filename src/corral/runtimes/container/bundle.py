@@ -142,12 +142,6 @@ def config(spec: BundleSpec) -> dict[str, Any]:
                 "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
             },
             {
-                "destination": "/dev/shm",
-                "type": "tmpfs",
-                "source": "shm",
-                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
-            },
-            {
                 "destination": "/dev/mqueue",
                 "type": "mqueue",
                 "source": "mqueue",
