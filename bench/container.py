@@ -57,6 +57,17 @@ mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$B/upper,workdir=$B/work" 
 """
 
 
+def remove_peer_cgroups() -> None:
+    """The peers' parent cgroups (and Corral's, when empty), in every
+    hierarchy: crun leaves the parents of the groups it made."""
+    for parent in ("corral/benchcrun", "corral/benchrunc", "corral"):
+        for h in Path("/sys/fs/cgroup").iterdir():
+            try:
+                (h / parent).rmdir()
+            except OSError:
+                pass
+
+
 class Peer:
     """A bare OCI runtime driven by the minimal script above."""
 
@@ -269,12 +280,7 @@ async def main(quick: bool) -> None:
 
     peers_mounts.release_unused(list)
     shutil.rmtree(BASE, ignore_errors=True)
-    for parent in ("benchcrun", "benchrunc", ""):
-        for h in Path("/sys/fs/cgroup").iterdir():
-            try:
-                (h / "corral" / parent).rmdir()
-            except OSError:
-                pass
+    remove_peer_cgroups()
     await asyncio.sleep(2)  # the host's init reaps exited container inits
     after = leak_counts(DATA)
 

@@ -38,7 +38,7 @@ from _common import (
     unless_full,
     write_result,
 )
-from container import BASE, Peer
+from container import BASE, Peer, remove_peer_cgroups
 from corral.config import NodeConfig
 from corral.images.mounter import LayerMounts
 from corral.images.store import ImageStore
@@ -242,12 +242,7 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
     await asyncio.gather(*(peer.delete(i) for i in ids))
     mounts.release_unused(list)
     shutil.rmtree(BASE, ignore_errors=True)
-    for h in Path("/sys/fs/cgroup").iterdir():
-        for parent in ("corral/benchcrun", "corral"):
-            try:
-                (h / parent).rmdir()
-            except OSError:
-                pass
+    remove_peer_cgroups()
     await asyncio.sleep(3)
     after = leak_counts(DATA)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corral
 from _common import IMAGE, IMAGES, fresh_dir, host_busy, pct, table, write_result
-from container import Peer
+from container import BASE, Peer, remove_peer_cgroups
 from corral.api.models import CreateSandbox, validated
 from corral.config import NodeConfig
 from corral.images.mounter import LayerMounts
@@ -90,6 +91,9 @@ async def run(n: int, total: int) -> list[str]:
         return await _run(n, total, Peer("crun", peer_mounts.ensure(store.resolve(IMAGE))))
     finally:
         peer_mounts.release_unused(list)
+        remove_peer_cgroups()
+        for d in (WORK, BASE):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 async def _run(n: int, total: int, crun: Peer) -> list[str]:
