@@ -36,10 +36,15 @@
  * child; when it has exited 0, the same limits are set in the namespace of
  * the process whose pid it wrote to PIDFILE (crun run --detach --pid-file).
  *
+ * --exec-fd N runs the program from the executable open at fd N (execveat)
+ * rather than from argv[0]'s path: the agent hands crun as a sealed memfd,
+ * which crun takes as its own clone (CVE-2019-5736) instead of copying
+ * itself, re-executing and bind-mounting on every call (docs/container-runtime.md).
+ *
  * usage: corral-nsexec --limits PID NAME=VALUE...
  *        corral-nsexec [--hybrid] [--overlay LOWER UPPER WORK TARGET]
  *                      [--idmap HOSTID:SIZE --stage DIR] [--view SRC DST MAP]
- *                      [--listen-fd N] [--log FILE]
+ *                      [--listen-fd N] [--log FILE] [--exec-fd N]
  *                      [--limits-of PIDFILE [--limit NAME=VALUE]...]
  *                      -- PROGRAM ARGS...
  * Exit status 125 means corral-nsexec itself failed (message on stderr).
@@ -116,6 +121,7 @@ static void idmapped(int userns, const char *src, const char *dst) {
 
 
 static void exec_program(const char *log, char **argv) __attribute__((noreturn));
+static int exec_fd = -1;
 
 static int limits(const char *pid, int argc, char **argv) {
     char path[64];
@@ -160,6 +166,14 @@ int main(int argc, char **argv) {
             lower = argv[++i]; upper = argv[++i]; work = argv[++i]; target = argv[++i];
         } else if (!strcmp(argv[i], "--listen-fd") && i + 1 < argc) listen_fd = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--log") && i + 1 < argc) log = argv[++i];
+        else if (!strcmp(argv[i], "--exec-fd") && i + 1 < argc) {
+            /* Moved out of the way of fd 3 (the listener's place) and closed
+             * on exec: the program runs from it, and keeps none of it. */
+            int fd = atoi(argv[++i]);
+            exec_fd = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+            if (exec_fd < 0) die("--exec-fd", argv[i]);
+            close(fd);
+        }
         else if (!strcmp(argv[i], "--idmap") && i + 1 < argc) idmap = argv[++i];
         else if (!strcmp(argv[i], "--stage") && i + 1 < argc) stage = argv[++i];
         else if (!strcmp(argv[i], "--limits-of") && i + 1 < argc) limits_of = argv[++i];
@@ -274,6 +288,11 @@ static void exec_program(const char *log, char **argv) {
         dup2(lf, 1);
         dup2(lf, 2);
     }
-    execvp(argv[0], argv);
+    if (exec_fd >= 0) {
+        extern char **environ;
+        syscall(SYS_execveat, exec_fd, "", argv, environ, AT_EMPTY_PATH);
+    } else {
+        execvp(argv[0], argv);
+    }
     die("executing", argv[0]);
 }

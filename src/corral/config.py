@@ -444,6 +444,11 @@ class NodeConfig:
         return self.data_dir / "run" / "oci"
 
     @property
+    def bundles_dir(self) -> Path:
+        """Containers' OCI bundles, on the run tmpfs (host/runfs.py)."""
+        return self.data_dir / "run" / "bundles"
+
+    @property
     def scratch_dir(self) -> Path:
         return self.data_dir / "scratch"
 

@@ -5,11 +5,14 @@ a sandbox: tests/redteam/test_review.py's kernel counter test.)"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from corral.host import sealed
 
 NSEXEC = Path(__file__).resolve().parents[2] / "build" / "platform" / "bin" / "corral-nsexec"
 
@@ -97,3 +100,24 @@ def test_a_pid_file_that_names_no_process_is_an_error(
     done = _run(nsexec, pid_file, "true")
     assert done.returncode == 125
     assert said in done.stderr and "corral-nsexec" in done.stderr, done.stderr
+
+
+def test_the_program_runs_from_the_sealed_copy_it_is_handed_and_keeps_no_fd_of_it(
+    nsexec: Path,
+) -> None:
+    # How the agent runs crun: from one sealed memfd (host/sealed.py), which
+    # crun then takes for its own clone instead of copying itself per call.
+    ls = sealed.sealed_copy("/bin/ls")
+    assert ls is not None
+    try:
+        done = subprocess.run(
+            [str(nsexec), "--exec-fd", str(ls), "--", "ls", "-l", "/proc/self/exe", "/proc/self/fd"],
+            capture_output=True, text=True, timeout=30, pass_fds=[ls],
+        )  # fmt: skip
+    finally:
+        os.close(ls)
+    assert done.returncode == 0, done.stderr
+    exe, _, fds = done.stdout.partition("/proc/self/fd:")
+    assert "/memfd:ls" in exe
+    # 0-2, and the directory ls is reading: the memfd was closed on exec.
+    assert {line.split()[8] for line in fds.strip().splitlines()[1:]} <= {"0", "1", "2", "3"}

@@ -76,9 +76,13 @@ async def test_no_answers_or_platform_logs_inside(
     attacker: corral.AsyncSandbox, neighbour: Neighbour, rt_config: NodeConfig
 ) -> None:
     # The platform's own files about this sandbox: logs, bundle, and a
-    # grader's answer key, all on the host side.
+    # grader's answer key, all on the host side: in its sandbox dir (disk)
+    # and in its bundle, around its rootfs (the run tmpfs).
     host_side = rt_config.sandboxes_dir / attacker.id
     (host_side / "grader-answer.txt").write_text("CORRAL-SECRET-ANSWER 42\n")
+    (rt_config.bundles_dir / attacker.id / "grader-answer.txt").write_text(
+        "CORRAL-SECRET-ANSWER 43\n"
+    )
     await attacker.commands.run("echo CORRAL-SECRET-ANSWER-is-not-here-yet > /dev/null")
     outcome, ratio = await a.during(neighbour, a.read_for_answers(attacker))
     await check(neighbour, outcome, ratio)

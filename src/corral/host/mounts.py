@@ -23,6 +23,20 @@ _libc.mount.argtypes = [
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
+class _StatFs(ctypes.Structure):
+    # struct statfs on 64-bit Linux: f_type first, 120 bytes in all.
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+def fs_magic(path: Path) -> int:
+    """The file system type of path (os.statvfs does not expose it)."""
+    buf = _StatFs()
+    if _libc.statfs(str(path).encode(), ctypes.byref(buf)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))
+    return int(buf.f_type) & 0xFFFFFFFF
+
+
 def mount(source: str, target: str, fstype: str, flags: int = 0, data: str | None = None) -> None:
     rc = _libc.mount(
         source.encode(), target.encode(), fstype.encode(), flags, data.encode() if data else None

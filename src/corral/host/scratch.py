@@ -14,12 +14,11 @@ to leave with no sandbox left unmounts it (the loop device auto-clears).
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import struct
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,23 +48,6 @@ def _vol_args(name: str) -> bytearray:
     return buf
 
 
-class _StatFs(ctypes.Structure):
-    # struct statfs on 64-bit Linux: f_type first, 120 bytes in all.
-    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def fs_magic(path: Path) -> int:
-    """The file system type of path (os.statvfs does not expose it)."""
-    buf = _StatFs()
-    if _libc.statfs(str(path).encode(), ctypes.byref(buf)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(path))
-    return int(buf.f_type) & 0xFFFFFFFF
-
-
 class Scratch:
     """The node's pool of sandbox subvolumes."""
 
@@ -79,18 +61,25 @@ class Scratch:
 
     # ------------------------------------------------------------ lifecycle
 
-    def open(self) -> None:
+    def open(self, also: Callable[[], None] | None = None) -> None:
         """Make the pool usable and hold a shared claim on it until close().
 
         Two locks: users.lock is held shared by every agent for its whole
         life; mount.lock is held exclusively around mounting and unmounting,
-        so the last user's unmount cannot race a new user's mount."""
+        so the last user's unmount cannot race a new user's mount. `also`
+        runs under mount.lock too (the node's other mount: host/runfs.py)."""
         self.root.mkdir(parents=True, exist_ok=True)
         with self._mount_lock():
-            if fs_magic(self.root) != BTRFS_SUPER_MAGIC:
+            if mounts.fs_magic(self.root) != BTRFS_SUPER_MAGIC:
                 self._mount_image()
             fd = os.open(self._users_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(fd, fcntl.LOCK_SH)
+            if also is not None:
+                try:
+                    also()
+                except BaseException:
+                    os.close(fd)  # the pool stays mounted, as after a crash
+                    raise
         self._hold = fd
 
     @property
@@ -127,9 +116,10 @@ class Scratch:
             (self.root / ".quota").touch()
         log.info("scratch.mounted", path=str(self.root))
 
-    def close(self, sandboxes_left: int) -> bool:
+    def close(self, sandboxes_left: int, also: Callable[[], None] | None = None) -> bool:
         """Release our claim; unmount if no other agent holds one and no
-        sandbox is left on the pool. True if we were the last agent."""
+        sandbox is left on the pool. True if we were the last agent. `also`
+        runs under mount.lock when we were, whatever is left."""
         if self._hold is None:
             return False
         fd, self._hold = self._hold, None
@@ -140,6 +130,8 @@ class Scratch:
                 os.close(fd)  # another agent still uses the pool
                 return False
             try:
+                if also is not None:
+                    also()
                 # root is a mount point only when we loop-mounted the image.
                 if sandboxes_left == 0 and mounts.is_mounted(self.root) and not self._subvolumes():
                     mounts.umount(str(self.root))

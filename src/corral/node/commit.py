@@ -73,7 +73,9 @@ class Commits:
             if base is not None:
                 # The upper holds the sandbox's host ids: read it through a
                 # view that shifts them back, so the layer is root's again.
-                src = self.config.sandboxes_dir / sandbox_id / "stage" / "commit"
+                stage = self.config.sandboxes_dir / sandbox_id / "stage"
+                stage.mkdir(mode=0o700, exist_ok=True)
+                src = stage / "commit"
                 src.mkdir(exist_ok=True)
                 wrap = [str(self.nsexec), "--view", str(path / "upper"), str(src),
                         f"{base} 0 {IDS}", "--"]  # fmt: skip

@@ -353,10 +353,11 @@ class Lifecycle:
         prep = replace(prep, host_id=self.admission.host_id(rec.id))
         phase("admit")
         try:
-            # Traversable, not listable: a container's user namespace root
-            # walks it to the rootfs; a VM's needs nobody but root.
+            # What a sandbox keeps on disk (its command log, checkpoints, a
+            # VM's files); a container's bundle and rootfs are on the run
+            # tmpfs (runtimes/container/oci.py). Traversable for a
+            # container's user namespace root (CRIU's restore), not listable.
             sandbox_dir.mkdir(mode=0o711 if runtime.net_tap is None else 0o700)
-            (sandbox_dir / "stage").mkdir(mode=0o700)
             self.scratch.create(rec.id, req.disk)  # two ioctls: ~0.1 ms
             if prep.host_id is not None:
                 # The merged root is the upper's root: the sandbox's root owns it.

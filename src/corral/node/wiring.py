@@ -29,7 +29,7 @@ from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon
 from corral.host import cgroups as cg
 from corral.host import platform as plat
-from corral.host import swap
+from corral.host import runfs, swap
 from corral.host.procs import host_memory
 from corral.host.scratch import Scratch
 from corral.images.disks import Disks, is_disk
@@ -61,7 +61,7 @@ from corral.node.steplog import StepLog
 from corral.node.store import Store
 from corral.node.templates import Templates
 from corral.node.warmpool import WarmPool
-from corral.runtimes.base import Reattachable, Releaser, Runtime
+from corral.runtimes.base import HoldsHandles, Reattachable, Releaser, Runtime
 from corral.runtimes.container.oci import OciRuntime
 from corral.runtimes.container.runtime import ContainerRuntime
 from corral.runtimes.fncall.runtime import FnCallRuntime
@@ -115,9 +115,16 @@ class NodeParts:
             if isinstance(runtime, Reattachable):
                 # The VMs run on; the next agent re-attaches their channels.
                 await runtime.detach_all()
+            if isinstance(runtime, HoldsHandles):
+                runtime.close_handles()
         db = self.store
         active = db.count_active()
-        if scratch.close(active) or was_leader:
+
+        def last_out() -> None:  # the last agent, under the pool's lock
+            if active == 0:
+                runfs.unmount(self.config.run_dir)
+
+        if scratch.close(active, last_out) or was_leader:
             # The last agent of the node (or its leader) leaves no mount that
             # no sandbox needs.
             layers.release_unused(db.referenced_layers)
@@ -181,6 +188,7 @@ def _runtimes(
     oci = OciRuntime(
         shutil.which(cfg.oci_runtime) or cfg.oci_runtime,
         cfg.crun_root,
+        cfg.bundles_dir,
         platform.nsexec,
         hybrid=cgroups.mode is cg.Mode.HYBRID,
     )
@@ -237,9 +245,11 @@ async def start_parts(
     cgroups = cg.Cgroups(cfg.cgroup_parent)
     seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd, cfg.aio_events)
     with ExitStack() as undo:  # what a start that fails made, unmade; kept if it succeeds
+        # The run tmpfs first: the seccomp daemon's socket is in it.
+        await asyncio.to_thread(scratch.open, lambda: runfs.mount(cfg.run_dir, cfg.max_sandboxes))
+        started = False
+        undo.callback(lambda: _unstart(scratch, seccompd if started else None, cfg.run_dir))
         started = await asyncio.to_thread(seccompd.ensure)
-        undo.callback(_unstart, scratch, seccompd if started else None)
-        await asyncio.to_thread(scratch.open)
         runtimes = _runtimes(cfg, cgroups, platform, seccompd, layers, scratch)
         store = Store(cfg.db_path)
         undo.callback(store.close)
@@ -253,10 +263,11 @@ async def start_parts(
     return parts
 
 
-def _unstart(scratch: Scratch, seccompd: SeccompDaemon | None) -> None:
-    """Undo a failed start: give back the pool, and stop the daemon it
-    started unless another agent holds the pool (its sandboxes need it)."""
-    last = scratch.close(0) if scratch.held else True
+def _unstart(scratch: Scratch, seccompd: SeccompDaemon | None, run_dir: Path) -> None:
+    """Undo a failed start: give back the pool (and the run tmpfs, unless
+    sandboxes run from it), and stop the daemon it started unless another
+    agent holds the pool (its sandboxes need it)."""
+    last = scratch.close(0, lambda: runfs.unmount(run_dir)) if scratch.held else True
     if seccompd is not None and last:
         seccompd.stop()
 

@@ -249,6 +249,13 @@ class Reattachable(Protocol):
 
 
 @runtime_checkable
+class HoldsHandles(Protocol):
+    """Holds something of the agent's own (an fd) to let go when it stops."""
+
+    def close_handles(self) -> None: ...
+
+
+@runtime_checkable
 class Diagnosable(Protocol):
     """Keeps a log of the sandbox's own that says why it died."""
 

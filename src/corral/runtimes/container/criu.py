@@ -294,8 +294,8 @@ async def restore(
     # but the marker stays and would refuse the new mount.
     shutil.rmtree(Path(layout.work) / "work" / "incompat", ignore_errors=True)
     rootfs = Path(layout.rootfs)
-    sandbox_dir = rootfs.parent
-    out = sandbox_dir / "oci.out"
+    bundle = rootfs.parent  # the container's (OciRuntime.bundle)
+    out = bundle / "oci.out"
     out.touch(mode=0o600)
     if layout.host_id is not None:
         # Opened again by the restored init as its own root, not the host's.
@@ -307,7 +307,7 @@ async def restore(
     overlay = [":".join(layout.lower), layout.upper, layout.work, str(rootfs)]
     argv = [str(nsexec), *(["--hybrid"] if hybrid else []), "--overlay", *overlay]
     if layout.host_id is not None:
-        argv += ["--idmap", f"{layout.host_id}:65536", "--stage", str(sandbox_dir / "stage")]
+        argv += ["--idmap", f"{layout.host_id}:65536", "--stage", str(bundle / "stage")]
     listener = listen(Path(layout.control))
     try:
         argv += ["--listen-fd", str(listener.fileno()), "--log", str(out), "--",
@@ -325,7 +325,7 @@ async def restore(
         code, err = await _run(argv, pass_fds=(listener.fileno(),))
         if code != 0:
             with contextlib.suppress(OSError):
-                shutil.copy(images / "restore.log", sandbox_dir / "restore-failed.log")
+                shutil.copy(images / "restore.log", bundle / "restore-failed.log")
             raise SandboxFailed(
                 f"restoring its checkpoint failed: {_errors(images / 'restore.log') or err}"
             )

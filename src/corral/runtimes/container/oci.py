@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import SandboxFailed
-from corral.host import spawn
+from corral.host import sealed, spawn
 from corral.log import get_logger
 
 log = get_logger("corral.oci")
@@ -29,12 +29,30 @@ class Overlay:
 
 
 class OciRuntime:
-    def __init__(self, binary: str, state_root: Path, nsexec: Path, hybrid: bool) -> None:
+    def __init__(
+        self, binary: str, state_root: Path, bundle_root: Path, nsexec: Path, hybrid: bool
+    ) -> None:
         self.binary = binary
         self.state_root = state_root
+        # Each container's bundle: config.json, rootfs/ (a mount point),
+        # stage/, init.pid, logs, layout.json. Beside the runtime's state, on
+        # the node's run tmpfs (host/runfs.py); what a container keeps on disk
+        # (a checkpoint, saved state) goes to its sandbox dir.
+        self.bundle_root = bundle_root
+        bundle_root.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.nsexec = nsexec
         self.hybrid = hybrid
         state_root.mkdir(parents=True, exist_ok=True)
+        # None: the kernel will not run a memfd; crun copies itself per call.
+        self.exec_fd = sealed.sealed_copy(binary)
+
+    def close(self) -> None:
+        if self.exec_fd is not None:
+            os.close(self.exec_fd)
+            self.exec_fd = None
+
+    def _fds(self, *more: int) -> list[int]:
+        return [*more, *([self.exec_fd] if self.exec_fd is not None else [])]
 
     @staticmethod
     def _env() -> dict[str, str]:
@@ -45,6 +63,8 @@ class OciRuntime:
         cmd = [str(self.nsexec)]
         if self.hybrid:
             cmd.append("--hybrid")
+        if self.exec_fd is not None:
+            cmd += ["--exec-fd", str(self.exec_fd)]
         return cmd
 
     def _runtime(self, log_file: Path | None = None) -> list[str]:
@@ -102,7 +122,7 @@ class OciRuntime:
             "1",
             container_id,
         ]
-        done = await spawn.run(cmd, pass_fds=[listen_fd], env=self._env())
+        done = await spawn.run(cmd, pass_fds=self._fds(listen_fd), env=self._env())
         if done.code != 0:
             detail = done.stderr.decode(errors="replace").strip() or _last_error(log_file)
             raise SandboxFailed(
@@ -116,6 +136,7 @@ class OciRuntime:
         cgroups. A container that does not exist is already deleted."""
         done = await spawn.run(
             [*self._base(), "--", *self._runtime(), "delete", "--force", container_id],
+            pass_fds=self._fds(),
             env=self._env(),
         )
         text = done.stderr.decode(errors="replace")
@@ -123,6 +144,16 @@ class OciRuntime:
             raise SandboxFailed(
                 f"deleting container {container_id}: {text.strip()}", sandbox=container_id
             )
+
+    def bundle(self, container_id: str) -> Path:
+        return self.bundle_root / container_id
+
+    def bundles(self) -> set[str]:
+        """Paths of the bundles on the host."""
+        try:
+            return {str(p) for p in self.bundle_root.iterdir()}
+        except OSError:
+            return set()
 
     def known(self) -> set[str]:
         """Container ids the runtime keeps state for (crun/runc state dirs)."""

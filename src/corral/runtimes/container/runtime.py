@@ -72,15 +72,27 @@ class ContainerRuntime:
         self._bpf: dict[str, str] = {}
 
     def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
-        return [("socket", str(prep.control)), ("container", sandbox_id), ("cgroup", sandbox_id)]
+        return [("socket", str(prep.control)), ("dir", str(self.oci.bundle(sandbox_id))),
+                ("container", sandbox_id), ("cgroup", sandbox_id)]  # fmt: skip
+
+    def _new_bundle(self, sandbox_id: str) -> Path:
+        """The bundle's dir, with stage/ (corral-nsexec's idmapped mounts)
+        and rootfs/ (the overlay's mount point, in the container's
+        namespaces only). Traversable, not listable: the container's user
+        namespace root walks it to the rootfs."""
+        b = self.oci.bundle(sandbox_id)
+        b.mkdir(mode=0o711)
+        (b / "stage").mkdir(mode=0o700)
+        (b / "rootfs").mkdir()
+        return b
 
     async def start(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started:
         if boot.net is not None:
             raise ValueError("a container's network is attached after start")
         if boot.state is not None:
             return await self._start_from(spec, prep, boot.state)
-        rootfs = prep.sandbox_dir / "rootfs"
-        rootfs.mkdir(exist_ok=True)
+        b = self._new_bundle(spec.id)
+        rootfs = b / "rootfs"
         profile, key = None, ""
         if self.seccomp_listener is not None:
             # Compiled once (see _bpf), the rules need not be written again.
@@ -110,7 +122,7 @@ class ContainerRuntime:
         if key in self._bpf:
             cfg["annotations"] = {"run.oci.seccomp_bpf_data": self._bpf[key]}
         # Its env may hold secrets; the sandbox dir is only traversable.
-        fd = os.open(prep.sandbox_dir / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(b / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(cfg))  # dumps: the C encoder (dump writes piece by piece)
 
@@ -121,16 +133,16 @@ class ContainerRuntime:
             listener.bind(str(prep.control))
             os.chmod(prep.control, 0o600)
             listener.listen(512)
-            pid_file = prep.sandbox_dir / "init.pid"
+            pid_file = b / "init.pid"
             await self.oci.run(
                 spec.id,
-                prep.sandbox_dir,
+                b,
                 overlay=Overlay(prep.lower, prep.upper, prep.work, rootfs),
                 idmap=(prep.host_id, bundle.IDS) if prep.host_id is not None else None,
-                stage=prep.sandbox_dir / "stage",
+                stage=b / "stage",
                 listen_fd=listener.fileno(),
                 pid_file=pid_file,
-                log_file=prep.sandbox_dir / "oci.log",
+                log_file=b / "oci.log",
                 ns_limits=self.ns_limits if prep.host_id is not None else None,
             )
         finally:
@@ -145,12 +157,12 @@ class ContainerRuntime:
                 lower=[str(p) for p in prep.lower], upper=str(prep.upper), work=str(prep.work),
                 rootfs=str(rootfs), control=str(prep.control),
                 platform_dir=str(self.platform.layer_dir), host_id=prep.host_id,
-            ).save(prep.sandbox_dir / "layout.json")  # fmt: skip
+            ).save(b / "layout.json")  # fmt: skip
         pid = int(pid_file.read_text().strip())
         started = process_start_time(pid)
         if started is None:
             # Quoted, not pointed at: the sandbox's dir goes with its release.
-            said = _last_words(prep.sandbox_dir / "oci.out", prep.sandbox_dir / "oci.log")
+            said = _last_words(b / "oci.out", b / "oci.log")
             raise SandboxFailed(
                 f"sandbox {spec.id}: its init (pid {pid}) exited right after start; "
                 f"it and crun said: {said}",
@@ -209,11 +221,11 @@ class ContainerRuntime:
         """Checkpoint into `holder` (<sandbox>/checkpoint: the processes
         end); with `state`, a snapshot: packed there with the writable
         layer while the sandbox is frozen, and the processes run on."""
-        d = self._sdir(sandbox_id)
+        d, b = self._sdir(sandbox_id), self.oci.bundle(sandbox_id)
         snapshot = state is not None
         holder = holder or d / "checkpoint"
-        layout = criu.Layout.load(d / "layout.json")
-        pid = int((d / "init.pid").read_text().strip())
+        layout = criu.Layout.load(b / "layout.json")
+        pid = int((b / "init.pid").read_text().strip())
         nonce = secrets.token_hex(8)
         await ExecdClient(layout.control).park(nonce)
         try:
@@ -276,7 +288,7 @@ class ContainerRuntime:
 
     async def saved_state(self, sandbox_id: str) -> Path:
         d = self._sdir(sandbox_id)
-        layout = criu.Layout.load(d / "layout.json")
+        layout = criu.Layout.load(self.oci.bundle(sandbox_id) / "layout.json")
         state = d / "container.state"
         await criu.pack(d / "checkpoint", Path(layout.upper), state, layout.host_id)
         return state
@@ -287,18 +299,18 @@ class ContainerRuntime:
         id block and cgroups."""
         layout = criu.Layout(
             lower=[str(p) for p in prep.lower], upper=str(prep.upper), work=str(prep.work),
-            rootfs=str(prep.sandbox_dir / "rootfs"), control=str(prep.control),
+            rootfs=str(self.oci.bundle(spec.id) / "rootfs"), control=str(prep.control),
             platform_dir=str(self.platform.layer_dir), host_id=prep.host_id,
         )  # fmt: skip
-        Path(layout.rootfs).mkdir(exist_ok=True)
+        b = self._new_bundle(spec.id)
         holder = prep.sandbox_dir / "checkpoint"
         await criu.unpack(state, holder, prep.upper, prep.host_id)
         self.cgroups.create(spec.id, cpu=spec.cpu, memory=spec.memory, pids=spec.pids,
                             period=bundle.CPU_PERIOD, io=self.io)  # fmt: skip
-        layout.save(prep.sandbox_dir / "layout.json")
+        layout.save(b / "layout.json")
         pid = await criu.restore(holder, layout, self.oci.nsexec, self.oci.hybrid,
                                  cgroup_root=self.cgroups.oci_path(spec.id))  # fmt: skip
-        (prep.sandbox_dir / "init.pid").write_text(str(pid))
+        (b / "init.pid").write_text(str(pid))
         shutil.rmtree(holder, ignore_errors=True)
         started = process_start_time(pid)
         if started is None:
@@ -314,10 +326,10 @@ class ContainerRuntime:
                            self.cgroups.thread_files(sandbox_id))  # fmt: skip
 
     async def _restore(self, sandbox_id: str) -> Started:
-        d = self._sdir(sandbox_id)
-        layout = criu.Layout.load(d / "layout.json")
+        d, b = self._sdir(sandbox_id), self.oci.bundle(sandbox_id)
+        layout = criu.Layout.load(b / "layout.json")
         pid = await criu.restore(d / "checkpoint", layout, self.oci.nsexec, self.oci.hybrid)
-        (d / "init.pid").write_text(str(pid))
+        (b / "init.pid").write_text(str(pid))
         started = process_start_time(pid)
         if started is None:
             raise SandboxFailed(
@@ -358,6 +370,9 @@ class ContainerRuntime:
         """x11vnc in the sandbox for this one view (runtimes/vnc.py)."""
         return await ExecStream.x11vnc(control, seconds)
 
+    def close_handles(self) -> None:
+        self.oci.close()  # shared by the container runtimes: closing twice is fine
+
     def releasers(self) -> dict[str, Releaser]:
         # The cgroup is the node's to release (host/cgroups.py), like a VM's.
         # One releaser however many container runtimes share the OCI runtime.
@@ -365,7 +380,7 @@ class ContainerRuntime:
 
     def leftovers(self) -> dict[str, set[str]]:
         """Sandbox ids with container state in the OCI runtime's root."""
-        return {"container": self.oci.known()}
+        return {"container": self.oci.known(), "dir": self.oci.bundles()}
 
 
 @dataclass(frozen=True)

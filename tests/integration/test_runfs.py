@@ -1,0 +1,90 @@
+"""The node's run dir on a tmpfs of its own (host/runfs.py): mounted by the
+first agent, kept on disk while an older agent's sandboxes run from it,
+never unmounted under a sandbox, gone with the last agent; containers'
+bundles live there and not in the sandbox dir on disk."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import corral
+from corral.config import NodeConfig
+from corral.host import mounts, runfs
+
+from ..framework import IMAGE, Node
+
+
+def _tmpfs(path: Path) -> bool:
+    return mounts.fs_magic(path) == runfs.TMPFS_MAGIC
+
+
+def _bind_socket(path: Path) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()
+
+
+def test_an_empty_run_dir_becomes_a_tmpfs_until_unmounted(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    try:
+        runfs.mount(run, max_sandboxes=10)
+        assert _tmpfs(run)
+        assert run.stat().st_mode & 0o777 == 0o711  # traversable, not listable
+        runfs.mount(run, max_sandboxes=10)  # a second agent: the same mount, not a stack
+        assert len(mounts.mounts_under(run)) == 1
+        (run / "seccomp.sock").touch()  # the node's daemon's: holds nothing
+        runfs.unmount(run)
+        assert mounts.mounts_under(run) == []
+    finally:
+        while mounts.umount(str(run)):
+            pass
+
+
+def test_a_disk_run_dir_that_sandboxes_still_use_is_left_on_disk(tmp_path: Path) -> None:
+    for held in ("t-1.sock", "oci/t-1", "bundles/t-1"):
+        run = tmp_path / held.replace("/", "_") / "run"
+        (run / held).parent.mkdir(parents=True)
+        if held.endswith(".sock"):
+            _bind_socket(run / held)
+        else:
+            (run / held).mkdir()
+        runfs.mount(run, max_sandboxes=10)
+        assert not _tmpfs(run), held
+        assert (run / held).exists()
+
+
+def test_a_run_tmpfs_a_sandbox_still_uses_is_not_unmounted(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    runfs.mount(run, max_sandboxes=10)
+    try:
+        for held in ("t-1.sock", "oci/t-1", "bundles/t-1"):
+            (run / held).parent.mkdir(exist_ok=True)
+            if held.endswith(".sock"):
+                _bind_socket(run / held)
+            else:
+                (run / held).mkdir()
+            runfs.unmount(run)
+            assert _tmpfs(run), held
+            (run / held).unlink() if held.endswith(".sock") else (run / held).rmdir()
+        runfs.unmount(run)
+        assert mounts.mounts_under(run) == []
+    finally:
+        while mounts.umount(str(run)):
+            pass
+
+
+async def test_a_container_s_bundle_is_on_the_run_tmpfs_and_goes_with_it(
+    fresh_node: Node, fresh_config: NodeConfig
+) -> None:
+    async with corral.AsyncClient(config=fresh_config) as client:
+        sbx = await client.sandboxes.create(image=IMAGE)
+        assert _tmpfs(fresh_config.run_dir)
+        bundle = fresh_config.bundles_dir / sbx.id
+        for name in ("config.json", "init.pid", "layout.json", "rootfs", "stage"):
+            assert (bundle / name).exists(), name
+        assert not (fresh_config.sandboxes_dir / sbx.id / "config.json").exists()
+        assert (await sbx.commands.run("echo ok")).stdout == "ok\n"
+        await sbx.close()
+        assert not bundle.exists()
+    assert mounts.mounts_under(fresh_config.data_dir) == []
