@@ -39,6 +39,7 @@ from _common import (
     write_result,
 )
 from corral.config import NodeConfig
+from corral.host import mounts as host_mounts
 from corral.images.mounter import LayerMounts
 from corral.images.store import ImageStore
 from corral.runtimes.container import bundle
@@ -55,6 +56,14 @@ mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$B/upper,workdir=$B/work" 
   || { cat "$B/err" >&2; exit 1; }
 "$RT" --root "$STATE" start "$ID"
 """
+
+
+def remove_peer_base() -> None:
+    """The peers' bundles and state, with the tmpfs their state is on."""
+    if BASE.exists():
+        for point, _fs, _src in reversed(host_mounts.mounts_under(BASE)):
+            host_mounts.umount(point)
+    shutil.rmtree(BASE, ignore_errors=True)
 
 
 def remove_peer_cgroups() -> None:
@@ -75,7 +84,10 @@ class Peer:
         self.rt = shutil.which(runtime) or runtime
         self.name = runtime
         self.lower = lower
+        # Its state on a tmpfs, as crun's and runc's default /run/<rt> is on
+        # a Linux host (Corral's is too: host/runfs.py); its bundles on disk.
         self.state = fresh_dir(BASE / f"{runtime}-state")
+        host_mounts.mount("tmpfs", str(self.state), "tmpfs", 0, "mode=0700")
         self.root = fresh_dir(BASE / runtime)
         self.n = 0
 
@@ -279,7 +291,7 @@ async def main(quick: bool) -> None:
             await asyncio.gather(*(peer.delete(i) for i in ids))
 
     peers_mounts.release_unused(list)
-    shutil.rmtree(BASE, ignore_errors=True)
+    remove_peer_base()
     remove_peer_cgroups()
     await asyncio.sleep(2)  # the host's init reaps exited container inits
     after = leak_counts(DATA)

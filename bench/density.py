@@ -18,7 +18,6 @@ import asyncio
 import os
 import random
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from _common import (
     unless_full,
     write_result,
 )
-from container import BASE, Peer, remove_peer_cgroups
+from container import BASE, Peer, remove_peer_base, remove_peer_cgroups
 from corral.config import NodeConfig
 from corral.images.mounter import LayerMounts
 from corral.images.store import ImageStore
@@ -241,7 +240,7 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
         print(rows[-1], flush=True)
     await asyncio.gather(*(peer.delete(i) for i in ids))
     mounts.release_unused(list)
-    shutil.rmtree(BASE, ignore_errors=True)
+    remove_peer_base()
     remove_peer_cgroups()
     await asyncio.sleep(3)
     after = leak_counts(DATA)

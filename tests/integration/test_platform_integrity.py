@@ -96,7 +96,7 @@ async def test_a_reused_compiled_filter_still_refuses_and_counts(
     # (run.oci.seccomp_bpf_data): it must refuse, and report, the same.
     first = await embedded.sandboxes.create(image=IMAGE)
     second = await embedded.sandboxes.create(image=IMAGE)
-    config = json.loads((node_config.bundles_dir / second.id / "config.json").read_text())
+    config = json.loads((node_config.crun_root / second.id / "config.json").read_text())
     assert "run.oci.seccomp_bpf_data" in config.get("annotations", {})
     probe = (
         "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "

@@ -81,8 +81,11 @@ async def test_a_container_s_bundle_is_on_the_run_tmpfs_and_goes_with_it(
         sbx = await client.sandboxes.create(image=IMAGE)
         assert _tmpfs(fresh_config.run_dir)
         bundle = fresh_config.bundles_dir / sbx.id
-        for name in ("config.json", "init.pid", "layout.json", "rootfs", "stage"):
+        for name in ("init.pid", "layout.json", "rootfs", "stage"):
             assert (bundle / name).exists(), name
+        # crun's copy of the config is its state's; the bundle's is gone.
+        assert (fresh_config.crun_root / sbx.id / "config.json").exists()
+        assert not (bundle / "config.json").exists()
         assert not (fresh_config.sandboxes_dir / sbx.id / "config.json").exists()
         assert (await sbx.commands.run("echo ok")).stdout == "ok\n"
         await sbx.close()

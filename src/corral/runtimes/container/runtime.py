@@ -152,6 +152,10 @@ class ContainerRuntime:
             compiled = self.oci.state_root / spec.id / "seccomp.bpf"
             if compiled.exists():
                 self._bpf[key] = base64.b64encode(compiled.read_bytes()).decode()
+        # crun keeps its own copy in its state. This one (18 KB with the
+        # filter inside, and the env's secrets) would only cost the run
+        # tmpfs memory for as long as the sandbox lives.
+        (b / "config.json").unlink()
         if self.sandboxes_dir is not None:
             criu.Layout(
                 lower=[str(p) for p in prep.lower], upper=str(prep.upper), work=str(prep.work),
