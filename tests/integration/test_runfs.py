@@ -41,6 +41,20 @@ def test_an_empty_run_dir_becomes_a_tmpfs_until_unmounted(tmp_path: Path) -> Non
             pass
 
 
+def test_a_tmpfs_the_owner_mounted_is_used_and_left_mounted(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    mounts.mount("tmpfs", str(run), "tmpfs", 0, "mode=0711")
+    try:
+        runfs.mount(run, max_sandboxes=10)
+        assert len(mounts.mounts_under(run)) == 1
+        runfs.unmount(run)
+        assert len(mounts.mounts_under(run)) == 1
+    finally:
+        while mounts.umount(str(run)):
+            pass
+
+
 def test_a_disk_run_dir_that_sandboxes_still_use_is_left_on_disk(tmp_path: Path) -> None:
     for held in ("t-1.sock", "oci/t-1", "bundles/t-1"):
         run = tmp_path / held.replace("/", "_") / "run"

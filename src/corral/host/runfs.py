@@ -17,7 +17,9 @@ Mounted by the first agent of a node and unmounted by the last to leave
 with no sandbox left: the scratch pool's rule, under its lock (both are
 called from Scratch.open/close). A run dir on disk that already holds a
 sandbox's socket or runtime state (an agent of an older version left
-sandboxes running) is left as it is: mounting over it would hide them.
+sandboxes running) is left as it is: mounting over it would hide them. A
+run dir its owner put on a tmpfs is used as it is, and never unmounted:
+only the tmpfs holding the node's marker file is the node's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ TMPFS_MAGIC = 0x01021994
 # rules) is ~50 KB with the runtime's copy of it; later ones ~16 KB.
 PER_SANDBOX = 256 * 1024
 FLOOR = 64 * 2**20
+# In the tmpfs the node mounted: a run dir its owner put on a tmpfs of
+# their own is theirs to unmount, not ours.
+MARKER = ".corral-runfs"
 
 
 def _in_use(run_dir: Path) -> list[str]:
@@ -60,6 +65,7 @@ def mount(run_dir: Path, max_sandboxes: int) -> None:
     size = max(FLOOR, max_sandboxes * PER_SANDBOX)
     mounts.mount("tmpfs", str(run_dir), "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
                  f"mode=0711,size={size}")  # fmt: skip
+    (run_dir / MARKER).touch(mode=0o600)
     log.info("runfs.mounted", path=str(run_dir), size=size)
 
 
@@ -67,7 +73,7 @@ def unmount(run_dir: Path) -> None:
     """Unmount the run tmpfs, unless a sandbox still runs from it (an
     agent whose start failed while another's sandboxes live on). The
     seccomp daemon may still hold its socket: the unmount is lazy."""
-    if not (mounts.is_mounted(run_dir) and mounts.fs_magic(run_dir) == TMPFS_MAGIC):
+    if not (mounts.is_mounted(run_dir) and (run_dir / MARKER).exists()):
         return
     held = _in_use(run_dir)
     if held:
