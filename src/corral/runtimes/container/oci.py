@@ -34,8 +34,8 @@ class OciRuntime:
     ) -> None:
         self.binary = binary
         self.state_root = state_root
-        # Each container's bundle: config.json, rootfs/ (a mount point),
-        # stage/, init.pid, logs, layout.json. Beside the runtime's state, on
+        # Each container's bundle: rootfs/ (a mount point), stage/, init.pid,
+        # logs, layout.json (config.json until crun has started it). Beside the runtime's state, on
         # the node's run tmpfs (host/runfs.py); what a container keeps on disk
         # (a checkpoint, saved state) goes to its sandbox dir.
         self.bundle_root = bundle_root

@@ -121,7 +121,7 @@ class ContainerRuntime:
         )
         if key in self._bpf:
             cfg["annotations"] = {"run.oci.seccomp_bpf_data": self._bpf[key]}
-        # Its env may hold secrets; the sandbox dir is only traversable.
+        # Its env may hold secrets; the bundle dir is only traversable.
         fd = os.open(b / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(cfg))  # dumps: the C encoder (dump writes piece by piece)
@@ -165,7 +165,7 @@ class ContainerRuntime:
         pid = int(pid_file.read_text().strip())
         started = process_start_time(pid)
         if started is None:
-            # Quoted, not pointed at: the sandbox's dir goes with its release.
+            # Quoted, not pointed at: the bundle goes with its release.
             said = _last_words(b / "oci.out", b / "oci.log")
             raise SandboxFailed(
                 f"sandbox {spec.id}: its init (pid {pid}) exited right after start; "
@@ -301,12 +301,12 @@ class ContainerRuntime:
         """A new sandbox from a packed checkpoint (a fork's copy, a
         restore): its writable layer and processes, in this sandbox's own
         id block and cgroups."""
+        b = self._new_bundle(spec.id)
         layout = criu.Layout(
             lower=[str(p) for p in prep.lower], upper=str(prep.upper), work=str(prep.work),
-            rootfs=str(self.oci.bundle(spec.id) / "rootfs"), control=str(prep.control),
+            rootfs=str(b / "rootfs"), control=str(prep.control),
             platform_dir=str(self.platform.layer_dir), host_id=prep.host_id,
         )  # fmt: skip
-        b = self._new_bundle(spec.id)
         holder = prep.sandbox_dir / "checkpoint"
         await criu.unpack(state, holder, prep.upper, prep.host_id)
         self.cgroups.create(spec.id, cpu=spec.cpu, memory=spec.memory, pids=spec.pids,
