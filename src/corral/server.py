@@ -79,6 +79,11 @@ async def _run(
         await asyncio.gather(*(s.serve() for s in servers))
     finally:
         stop()
+        if socket:
+            # uvicorn leaves the path behind; a stale one misleads whoever
+            # looks for a server there (and holds a run tmpfs: host/runfs.py).
+            with contextlib.suppress(OSError):
+                os.unlink(socket)
 
 
 def require_key_beyond_loopback(host: str, key: str | None, flag: str) -> None:

@@ -5,14 +5,22 @@ bundles live there and not in the sandbox dir on disk."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import socket
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import corral
 from corral.config import NodeConfig
+from corral.guard.seccompd import SeccompDaemon
 from corral.host import mounts, runfs
 
 from ..framework import IMAGE, Node
+from .test_nsexec import NSEXEC
 
 
 def _tmpfs(path: Path) -> bool:
@@ -33,7 +41,9 @@ def test_an_empty_run_dir_becomes_a_tmpfs_until_unmounted(tmp_path: Path) -> Non
         assert run.stat().st_mode & 0o777 == 0o711  # traversable, not listable
         runfs.mount(run, max_sandboxes=10)  # a second agent: the same mount, not a stack
         assert len(mounts.mounts_under(run)) == 1
-        (run / "seccomp.sock").touch()  # the node's daemon's: holds nothing
+        # The node's daemon's, and a server's someone put here: no sandbox's.
+        (run / "seccomp.sock").touch()
+        _bind_socket(run / "preempt-4242.sock")
         runfs.unmount(run)
         assert mounts.mounts_under(run) == []
     finally:
@@ -56,8 +66,8 @@ def test_a_tmpfs_the_owner_mounted_is_used_and_left_mounted(tmp_path: Path) -> N
 
 
 def test_a_disk_run_dir_that_sandboxes_still_use_is_left_on_disk(tmp_path: Path) -> None:
-    for held in ("t-1.sock", "oci/t-1", "bundles/t-1"):
-        run = tmp_path / held.replace("/", "_") / "run"
+    for case, held in enumerate(("t-0123456789abcdef.sock", "oci/t-1", "bundles/t-1")):
+        run = tmp_path / str(case) / "run"
         (run / held).parent.mkdir(parents=True)
         if held.endswith(".sock"):
             _bind_socket(run / held)
@@ -72,7 +82,7 @@ def test_a_run_tmpfs_a_sandbox_still_uses_is_not_unmounted(tmp_path: Path) -> No
     run = tmp_path / "run"
     runfs.mount(run, max_sandboxes=10)
     try:
-        for held in ("t-1.sock", "oci/t-1", "bundles/t-1"):
+        for held in ("t-0123456789abcdef.sock", "oci/t-1", "bundles/t-1"):
             (run / held).parent.mkdir(exist_ok=True)
             if held.endswith(".sock"):
                 _bind_socket(run / held)
@@ -105,3 +115,69 @@ async def test_a_container_s_bundle_is_on_the_run_tmpfs_and_goes_with_it(
         await sbx.close()
         assert not bundle.exists()
     assert mounts.mounts_under(fresh_config.data_dir) == []
+
+
+async def _works(client: corral.AsyncClient) -> None:
+    sbx = await client.sandboxes.create(image=IMAGE)
+    try:
+        assert (await sbx.commands.run("echo ok")).stdout == "ok\n"
+    finally:
+        await sbx.close()
+
+
+async def test_an_agent_that_leaves_takes_nothing_from_one_that_stays(
+    fresh_node: Node, fresh_config: NodeConfig
+) -> None:
+    # The first agent leads; leaving with no sandbox, it once stopped the
+    # node's seccomp daemon under the agent that stayed.
+    first = corral.AsyncClient(config=fresh_config)
+    await first.__aenter__()
+    second = corral.AsyncClient(config=fresh_config)
+    try:
+        await second.__aenter__()
+    finally:
+        await first.__aexit__(None, None, None)
+    async with second:
+        await _works(second)
+    assert mounts.mounts_under(fresh_config.data_dir) == []
+
+
+async def test_an_agent_starting_while_the_last_one_leaves_gets_a_whole_node(
+    fresh_node: Node, fresh_config: NodeConfig
+) -> None:
+    # The last agent's teardown (seccomp daemon, run tmpfs) and the next
+    # agent's start are serialised by the pool's lock: the newcomer finds
+    # all of it or none of it, never a daemon whose socket went with the
+    # tmpfs (`corral demo` ran into that).
+    for _ in range(3):
+        leaving = corral.AsyncClient(config=fresh_config)
+        await leaving.__aenter__()
+        coming = corral.AsyncClient(config=fresh_config)
+        await asyncio.gather(leaving.__aexit__(None, None, None), coming.__aenter__())
+        async with coming:
+            await _works(coming)
+    assert mounts.mounts_under(fresh_config.data_dir) == []
+
+
+def test_a_seccomp_daemon_still_binding_its_socket_is_waited_for(tmp_path: Path) -> None:
+    # Another agent's daemon on a new run tmpfs: its lock is held, its
+    # socket not bound yet. A second start would find the lock held and
+    # exit ("did not start"); ensure() waits for the socket instead.
+    (tmp_path / "run").mkdir()
+    daemon = SeccompDaemon(tmp_path, NSEXEC.parent / "corral-seccompd")
+    holder = subprocess.Popen(
+        ["flock", "-o", str(daemon.lock), "sleep", "30"], start_new_session=True
+    )
+    try:
+        for _ in range(200):
+            if daemon.running_pid() is not None:
+                break
+            time.sleep(0.01)
+        daemon.lock.write_text(str(holder.pid))
+        binding = threading.Timer(0.3, _bind_socket, [daemon.socket])
+        binding.start()
+        assert daemon.ensure() is False
+        binding.join()
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # flock and its sleep
+        holder.wait()

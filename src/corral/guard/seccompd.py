@@ -99,7 +99,7 @@ class SeccompDaemon:
     def ensure(self) -> bool:
         """Start the daemon unless one serves this node already; True if
         this call started it."""
-        if self.running_pid() is not None and self.socket.exists():
+        if self._serving():
             return False
         self.audit_dir.mkdir(parents=True, exist_ok=True)
         self.policy.write_text(policy_lines(aio_events=self.aio_events))
@@ -128,6 +128,23 @@ class SeccompDaemon:
             time.sleep(0.01)
         log.info("seccompd.started", pid=proc.pid)
         return True
+
+    def _serving(self) -> bool:
+        """A daemon serves the node: its lock held and its socket there.
+        One another agent has just started may not have bound its socket
+        yet (the run tmpfs is new): waited for, rather than started twice.
+        One whose socket is gone (its run dir unmounted under it) is
+        stopped, and False returned."""
+        deadline = time.monotonic() + 5
+        while self.running_pid() is not None:
+            if self.socket.exists():
+                return True
+            if time.monotonic() > deadline:
+                log.warning("seccompd.socket_gone", socket=str(self.socket))
+                self.stop()
+                return False
+            time.sleep(0.01)
+        return False
 
     def stop(self, wait: float = 5.0) -> None:
         """SIGTERM the daemon; return once it has let go of its lock (a

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corral import ids
 from corral.host import mounts
 from corral.log import get_logger
 
@@ -43,9 +44,10 @@ MARKER = ".corral-runfs"
 
 def _in_use(run_dir: Path) -> list[str]:
     """What in a run dir says sandboxes still run from it: their control
-    sockets, the OCI runtime's state and containers' bundles (the seccomp
-    daemon's socket is the node's own, and goes when no sandbox is left)."""
-    held = [p.name for p in run_dir.glob("*.sock") if p.name != "seccomp.sock"]
+    sockets (named by sandbox id), the OCI runtime's state and containers'
+    bundles. Other sockets (the seccomp daemon's, a `corral serve
+    --socket` someone put here) are no sandbox's."""
+    held = [p.name for p in run_dir.glob("*.sock") if ids.node_of(p.stem) is not None]
     for sub in ("oci", "bundles"):  # a container's, from create to release
         if (run_dir / sub).is_dir():
             held += [f"{sub}/{p.name}" for p in (run_dir / sub).iterdir()]

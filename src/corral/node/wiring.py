@@ -120,19 +120,23 @@ class NodeParts:
         db = self.store
         active = db.count_active()
 
-        def last_out() -> None:  # the last agent, under the pool's lock
+        def last_out() -> None:
+            """The last agent of the node, with no sandbox left, takes down
+            what the node's sandboxes shared. Under the pool's lock: an
+            agent starting meanwhile waits, then finds none of it (it would
+            otherwise see the seccomp daemon still running, with its socket
+            gone with the run tmpfs, or lose it to our stop once started)."""
             if active == 0:
+                swap.disable(self.config.data_dir / "swap")
+                self.cgroups.remove_parent()
+                self.seccompd.stop()
+                network.remove_base()
                 runfs.unmount(self.config.run_dir)
 
         if scratch.close(active, last_out) or was_leader:
             # The last agent of the node (or its leader) leaves no mount that
             # no sandbox needs.
             layers.release_unused(db.referenced_layers)
-            if active == 0:
-                swap.disable(self.config.data_dir / "swap")
-                self.cgroups.remove_parent()
-                self.seccompd.stop()
-                network.remove_base()
         db.close()
         return active
 
@@ -264,12 +268,18 @@ async def start_parts(
 
 
 def _unstart(scratch: Scratch, seccompd: SeccompDaemon | None, run_dir: Path) -> None:
-    """Undo a failed start: give back the pool (and the run tmpfs, unless
-    sandboxes run from it), and stop the daemon it started unless another
-    agent holds the pool (its sandboxes need it)."""
-    last = scratch.close(0, lambda: runfs.unmount(run_dir)) if scratch.held else True
-    if seccompd is not None and last:
-        seccompd.stop()
+    """Undo a failed start: give back the pool and, unless another agent
+    holds it (its sandboxes need them), stop the daemon it started and
+    unmount the run tmpfs (not while sandboxes run from it). Under the
+    pool's lock, as in NodeParts.close."""
+
+    def last_out() -> None:
+        if seccompd is not None:
+            seccompd.stop()
+        runfs.unmount(run_dir)
+
+    if scratch.held:
+        scratch.close(0, last_out)
 
 
 async def _wire(
