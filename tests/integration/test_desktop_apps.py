@@ -294,13 +294,31 @@ async def test_four_desktops_at_once_each_driven_to_its_own_state(
             _, _, rows = png_pixels(await s.display.screenshot())
             return bytes(rows[700][900 * 3 : 900 * 3 + 3]) == rgb
 
+        async def focused(s: corral.AsyncSandbox, term: Window) -> bool:
+            """The pointer is inside the terminal and X gives it the keys
+            (twm's focus follows the pointer: a click that X got before
+            twm had placed the window leaves the pointer elsewhere)."""
+            x, y = await s.display.cursor()
+            if not (term.x <= x < term.x + term.width and term.y <= y < term.y + term.height):
+                return False
+            r = await s.commands.run("DISPLAY=:0 xdotool getwindowfocus getwindowname", timeout=30)
+            return "xterm" in r.stdout
+
         async def drive(s: corral.AsyncSandbox, colour: str) -> None:
             await s.display.launch("xterm")
-            term = await _window(s, "xterm")
-            # As an agent would: look, and type again if the keys went before
-            # the new terminal took them (four desktops load a 2-core host).
+            # As an agent would: look (where the window is now, where the
+            # pointer is, who has the keyboard) before it types, and type
+            # again if the keys still went nowhere (four desktops load a
+            # 2-core host).
             for _ in range(3):
+                term = await _window(s, "xterm")
                 await s.display.click(term.x + term.width // 2, term.y + term.height // 2)
+                try:
+                    await _until(
+                        "the keyboard on the xterm", functools.partial(focused, s, term), 30
+                    )
+                except AssertionError:
+                    continue
                 await s.display.type(f"xsetroot -solid '{colour}'\n")
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline:
