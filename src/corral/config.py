@@ -165,6 +165,13 @@ class NodeConfig:
     # stays resident: ~110 MiB per VM after a Python session here. 64 MiB
     # keeps that session's speed (bench/results/vmidle.md). 0: QEMU's.
     vm_tcg_cache_mib: int = 64
+    # An idle guest's kernel keeps its periodic work off and a microVM under
+    # TCG has no PIT ticking (runtimes/vm/qemu.py IDLE_CMDLINE): an idle
+    # microVM costs 0.1% of a host core instead of 3% (bench/results/
+    # vmdensity.md). Off: the guest kernel's and QEMU's own defaults. A VM
+    # suspended to disk resumes on the machine it was made with: do not
+    # change this under suspended microVMs.
+    vm_quiet_idle: bool = True
     # Full VM desktops start from a saved drawn desktop of the same spec
     # instead of booting (node/templates.py): at most this many templates
     # kept on disk (each about the guest's used memory). 0: always boot.
@@ -395,7 +402,7 @@ class NodeConfig:
                 values[f.name] = float(raw)
             elif f.name in (
                 "lazy", "seccomp", "userns", "vm_pmem", "vm_free_page_reporting", "cpu_classes",
-                "zswap", "cpu_confine_interactive", "vm_ksm",
+                "zswap", "cpu_confine_interactive", "vm_ksm", "vm_quiet_idle",
             ):  # fmt: skip
                 values[f.name] = raw.lower() not in ("0", "false", "no", "off")
             else:

@@ -221,11 +221,18 @@ def _runtimes(
             swap.enable_ksm()
         fpr = cfg.vm_free_page_reporting
         tb = cfg.vm_tcg_cache_mib
+        quiet = cfg.vm_quiet_idle
         runtimes["microvm"] = MicroVMRuntime(
-            layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr, tcg_cache_mib=tb
+            layers,
+            cgroups,
+            cfg.sandboxes_dir,
+            free_page_reporting=fpr,
+            tcg_cache_mib=tb,
+            quiet_idle=quiet,
         )
         runtimes["fullvm"] = FullVMRuntime(
             layers, cgroups, cfg.sandboxes_dir, free_page_reporting=fpr, tcg_cache_mib=tb,
+            quiet_idle=quiet,
             pmem_dir=cfg.data_dir / "pmem" if cfg.vm_pmem else None,
             disks=Disks(cfg.disks_dir),
         )  # fmt: skip

@@ -18,7 +18,15 @@ from corral.errors import Unavailable
 QEMU = "qemu-system-x86_64"
 # Under TCG the TSC calibration races the emulated clock: microvm hangs in
 # about one boot of ten without these (HOST-NOTES).
-TCG_CMDLINE = "tsc_early_khz=2000000 no_timer_check"
+TCG_CMDLINE = "tsc_early_khz=2000000 no_timer_check tsc=reliable"
+# An idle guest's timers are host CPU (each a TCG exit and a turn of QEMU's
+# main loop), and most sandboxes idle: no soft-lockup watchdog (a timer
+# every 4 s), no pressure averaging (every 2 s while anything ran), the
+# per-CPU statistics folded once a minute instead of every second, no
+# proactive compaction (kcompactd's twice-a-second look). tsc=reliable
+# (TCG) also drops the clocksource watchdog's twice-a-second check of a
+# TSC QEMU derives from the host's clock. docs/memory-reclaim.md.
+IDLE_CMDLINE = "nowatchdog psi=0 sysctl.vm.stat_interval=60 sysctl.vm.compaction_proactiveness=0"
 
 
 # Debian's OVMF (apt install ovmf): the code read-only and shared, a copy of
@@ -85,9 +93,13 @@ class MicroVM:
     # TCG's translated-code cache, MiB (QEMU's own default is 1 GiB, which
     # it fills with every boot's one-off code and never gives back).
     tb_mib: int = 0
+    # The guest kernel's periodic work off and, under TCG, no PIT
+    # (IDLE_CMDLINE; NodeConfig.vm_quiet_idle).
+    quiet_idle: bool = True
 
     def argv(self) -> list[str]:
-        append = f"console=ttyS0 panic=-1 quiet {self.cmdline}".strip()
+        quiet = IDLE_CMDLINE if self.quiet_idle else ""
+        append = " ".join(f"console=ttyS0 panic=-1 quiet {quiet} {self.cmdline}".split())
         memory = f"{self.memory_mib}M"
         if self.pmem is not None:
             if self.display is None:
@@ -104,7 +116,15 @@ class MicroVM:
             accel += f",tb-size={self.tb_mib}"
         # microvm's virtio devices sit on MMIO ("-device"), q35's on PCI.
         bus = "device" if self.display is None else "pci"
-        machine = "microvm,x-option-roms=off,rtc=on" if self.display is None else "q35"
+        # No PIT on a microvm: QEMU resets it counting in square-wave mode
+        # and, with no firmware to stop it and a guest that times with its
+        # LAPIC, it fires 36 times a second for nothing (3.1% of a host core
+        # per idle VM under TCG, with the guest's own timers, 1.65% without
+        # it; bench/results/vmdensity.md). The guest is told its TSC's
+        # rate (TCG_CMDLINE), so it calibrates nothing against the PIT.
+        # KVM (not usable on these hosts) keeps its in-kernel one: untried.
+        pit = ",pit=off" if self.accel == "tcg" and self.quiet_idle else ""
+        machine = f"microvm,x-option-roms=off,rtc=on{pit}" if self.display is None else "q35"
         argv = [
             qemu_binary(),
             "-M", machine,

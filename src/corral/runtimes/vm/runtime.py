@@ -85,10 +85,12 @@ class MicroVMRuntime:
         *,
         free_page_reporting: bool = True,
         tcg_cache_mib: int = 0,
+        quiet_idle: bool = True,
     ) -> None:
         self.layers = layers
         self.free_page_reporting = free_page_reporting
         self.tcg_cache_mib = tcg_cache_mib
+        self.quiet_idle = quiet_idle
         self.cgroups = cgroups
         self.sandboxes_dir = sandboxes_dir
         self.channels: dict[str, AgentChannel] = {}
@@ -179,6 +181,7 @@ class MicroVMRuntime:
             free_page_reporting=self.free_page_reporting,
             tap=TAP if net is not None else None,
             tb_mib=self.tcg_cache_mib,
+            quiet_idle=self.quiet_idle,
         )
         started = await self._launch(spec.id, vm.argv(), memory, boot.state)
         await self.attach(spec.id, prep.control)
@@ -420,6 +423,7 @@ class FullVMRuntime(MicroVMRuntime):
         *,
         free_page_reporting: bool = True,
         tcg_cache_mib: int = 0,
+        quiet_idle: bool = True,
         pmem_dir: Path | None = None,
         disks: Disks | None = None,
     ) -> None:
@@ -429,6 +433,7 @@ class FullVMRuntime(MicroVMRuntime):
             sandboxes_dir,
             free_page_reporting=free_page_reporting,
             tcg_cache_mib=tcg_cache_mib,
+            quiet_idle=quiet_idle,
         )
         self.displays: dict[str, Display] = {}
         self.pmem_dir = pmem_dir  # None: every layer on virtio-blk
