@@ -1,9 +1,11 @@
 """Idle microVMs held at once, and host memory per idle VM, with the node's
 memory savers on (a bounded TCG code cache, free page reporting, idle
-reclaim to a swap file, through zswap or straight to the file) and, side
-by side in the same run, with QEMU's defaults (its 1 GiB code cache, no
-reclaim). One savers mode (--long) holds as many VMs as it can, up to
---max; the others hold --baseline.
+reclaim to a swap file, through zswap or straight to the file, a quiet
+idle guest: no PIT, the guest kernel's periodic work off) and, side by side
+in the same run, with QEMU's and the guest kernel's defaults (a 1 GiB code
+cache, no reclaim, a PIT ticking, the kernel's timers as they come). One
+savers mode (--long) holds as many VMs as it can, up to --max; the others
+hold --baseline.
 
     python bench/vmdensity.py [--long swap] [--max 400] [--baseline 8]
         [--deadline 30] [--exec-limit 2000] [--swap-gib 32]
@@ -80,6 +82,7 @@ async def hold(
         scratch_size=16 * 2**30, swap_size=swap_gib * 2**30, memory_overcommit=64.0,
         reclaim_after=RECLAIM_AFTER if savers else 0.0, reaper_interval=0.5,
         vm_tcg_cache_mib=NodeConfig().vm_tcg_cache_mib if savers else 0,
+        vm_quiet_idle=savers,
         zswap=mode == "zswap",
     )  # fmt: skip
     fresh_dir(cfg.data_dir)
@@ -190,7 +193,9 @@ def main() -> None:
         f"microVMs ({accelerator()}), 256 MiB of guest memory each, debian-python; each runs "
         "`python3 -c 'import json, email, http.client'` once after its boot, then idles. "
         f"`savers on`: a {NodeConfig().vm_tcg_cache_mib} MiB TCG code cache, free page "
-        f"reporting, reclaim_after {RECLAIM_AFTER:.0f} s into a swap file, through zswap "
+        "reporting, a quiet idle guest (`vm_quiet_idle`: no PIT, the guest kernel's watchdog, "
+        "pressure averaging, per-second statistics and proactive compaction off), "
+        f"reclaim_after {RECLAIM_AFTER:.0f} s into a swap file, through zswap "
         "(compressed in memory) or straight to the file (zswap turned off for that part). "
         f"Host memory is MemTotal - MemAvailable less before the VMs, {SETTLE:.0f} s after "
         "each checkpoint, per VM (the zswap pool included); cgroup is what the kernel charges "
