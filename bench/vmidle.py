@@ -5,15 +5,17 @@ side by side in the same run, without it (QEMU's and the guest kernel's
 defaults). Under TCG every guest timer is emulated: this, not memory, is
 what ended the idle-microVM density record (bench/results/vmdensity.md).
 
-    python bench/vmidle.py [--vms 8] [--rounds 2] [--window 60]
+    python bench/vmidle.py [--vms 8] [--rounds 2] [--window 60] [--memory 256MiB,1GiB]
 
-Each round boots --vms microVMs (256 MiB, debian-python) per mode, runs
+Each round boots --vms microVMs (debian-python) per guest memory size and
+mode, runs
 one Python command in each, lets them settle 20 s, then measures over
 --window seconds: each QEMU's own CPU (utime + stime, as a share of one
 core), the whole host's busy share, and, in two sampled guests, their
 timer interrupts per second (/proc/interrupts LOC, read before and after
 the window). Then `true` in each VM, one after another. Modes alternate
-(off, on, off, on, ...), on one node data dir per mode.
+(off, on, off, on, ...), on one node data dir per mode. 256 MiB is what
+the density record gives each VM; 1 GiB is a microVM's default.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ async def local_timer(s: corral.AsyncSandbox) -> int:
     return int(r.stdout.split()[1])
 
 
-async def round_(quiet: bool, vms: int, window: float) -> list[float]:
+async def round_(quiet: bool, memory: str, vms: int, window: float) -> list[float]:
     """[QEMU CPU per VM median %, p99 %, host busy %, guest LOC/s, exec p50, exec p99]."""
     mode = "on" if quiet else "off"
     cfg = NodeConfig.from_env(
@@ -85,7 +87,7 @@ async def round_(quiet: bool, vms: int, window: float) -> list[float]:
         async def one() -> None:
             async with sem:
                 s = await c.sandboxes.create(
-                    kind="microvm", image=IMAGE, memory="256MiB", idle_timeout=None
+                    kind="microvm", image=IMAGE, memory=memory, idle_timeout=None
                 )
                 boxes.append(s)
                 await s.commands.run("python3 -c 'import json, email, http.client'")
@@ -111,7 +113,7 @@ async def round_(quiet: bool, vms: int, window: float) -> list[float]:
             await asyncio.gather(*(s.close() for s in boxes), return_exceptions=True)
     assert len(per_vm) == vms, f"{len(per_vm)} QEMUs measured of {vms}"
     row = [median(per_vm), pct(per_vm, 99), busy, loc, pct(lat, 50), pct(lat, 99)]
-    print(mode, [f"{v:.2f}" for v in row], flush=True)
+    print(memory, mode, [f"{v:.2f}" for v in row], flush=True)
     return row
 
 
@@ -120,30 +122,47 @@ def main() -> None:
     p.add_argument("--vms", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--window", type=float, default=60.0, help="seconds measured")
+    p.add_argument("--memory", default="256MiB,1GiB", help="guest memory sizes, comma-separated")
     a = p.parse_args()
+    sizes = a.memory.split(",")
     if a.vms < 2 or a.rounds < 1 or a.window < 10:
         p.error("--vms >= 2, --rounds >= 1, --window >= 10")
     before = leak_counts(WORK)
-    rows: dict[bool, list[list[float]]] = {False: [], True: []}
+    rows: dict[tuple[str, bool], list[list[float]]] = {}
     for _ in range(a.rounds):
-        for quiet in (False, True):
-            rows[quiet].append(asyncio.run(round_(quiet, a.vms, a.window)))
+        for size in sizes:
+            for quiet in (False, True):
+                row = asyncio.run(round_(quiet, size, a.vms, a.window))
+                rows.setdefault((size, quiet), []).append(row)
     after = leak_counts(WORK)
 
-    def fmt(quiet: bool, i: int, r: list[float]) -> list[str]:
+    def fmt(size: str, quiet: bool, i: int, r: list[float]) -> list[str]:
         label = "quiet idle guest (vm_quiet_idle)" if quiet else "QEMU's and the kernel's defaults"
-        return [label, str(i + 1), f"{r[0]:.2f}%", f"{r[1]:.2f}%", f"{r[2]:.1f}%",
+        return [size, label, str(i + 1), f"{r[0]:.2f}%", f"{r[1]:.2f}%", f"{r[2]:.1f}%",
                 f"{r[3]:.1f}", f"{100 / r[0]:.0f}" if r[0] > 0 else "-",
                 f"{r[4]:.0f}", f"{r[5]:.0f}"]  # fmt: skip
 
-    body = [fmt(q, i, r) for i in range(a.rounds) for q in (False, True) for r in [rows[q][i]]]
-    off = median([r[0] for r in rows[False]])
-    on = median([r[0] for r in rows[True]])
-    header = ["guest", "round", "QEMU CPU per idle VM (median, % of a core)", "p99 of VMs",
+    body = [
+        fmt(size, q, i, rows[size, q][i])
+        for size in sizes
+        for i in range(a.rounds)
+        for q in (False, True)
+    ]
+    summary = []
+    for size in sizes:
+        off = median([r[0] for r in rows[size, False]])
+        on = median([r[0] for r in rows[size, True]])
+        if on > 0:
+            summary.append(
+                f"{size}: **{off:.2f}%** of a core per idle VM with the defaults, "
+                f"**{on:.2f}%** quiet ({off / on:.1f}x less)"
+            )
+    header = ["guest memory", "guest", "round", "QEMU CPU per idle VM (median, % of a core)",
+              "p99 of VMs",
               "host busy (all cores)", "guest timer interrupts /s", "idle VMs per core",
               "exec `true` p50 (ms)", "exec p99 (ms)"]  # fmt: skip
     sections = [
-        f"{a.vms} microVMs ({accelerator()}) per round and mode, 256 MiB, debian-python, "
+        f"{a.vms} microVMs ({accelerator()}) per round, size and mode, debian-python, "
         "no reclaim; each ran `python3 -c 'import json, email, http.client'` once, then "
         f"idled {SETTLE:.0f} s before a {a.window:.0f} s window. QEMU CPU is each VM's "
         "emulator process (utime + stime) over the window, as a share of one core; host busy "
@@ -151,10 +170,7 @@ def main() -> None:
         "VMs per core is 100 / the median. Quiet: `-M microvm,pit=off` and "
         f"`{IDLE_CMDLINE}` on the guest's command line (runtimes/vm/qemu.py).",
         table(header, body),
-        f"Median over rounds: **{off:.2f}%** of a core per idle VM with the defaults, "
-        f"**{on:.2f}%** quiet ({off / on:.0f}x less)."
-        if on > 0
-        else "",
+        "Median over rounds: " + "; ".join(summary) + ".",
         "## Leftovers (host-wide, before the run vs after)\n\n"
         + table(
             ["object", "before", "after"], [[k, str(before[k]), str(after[k])] for k in before]

@@ -167,10 +167,9 @@ class NodeConfig:
     vm_tcg_cache_mib: int = 64
     # An idle guest's kernel keeps its periodic work off and a microVM under
     # TCG has no PIT ticking (runtimes/vm/qemu.py IDLE_CMDLINE): an idle
-    # microVM costs 0.1% of a host core instead of 3% (bench/results/
-    # vmdensity.md). Off: the guest kernel's and QEMU's own defaults. A VM
-    # suspended to disk resumes on the machine it was made with: do not
-    # change this under suspended microVMs.
+    # microVM costs 0.1% of a host core instead of 0.5-0.6% (bench/results/
+    # vmidle.md). Off: the guest kernel's and QEMU's own defaults. A VM
+    # suspended to disk resumes on the command line it was made with.
     vm_quiet_idle: bool = True
     # Full VM desktops start from a saved drawn desktop of the same spec
     # instead of booting (node/templates.py): at most this many templates

@@ -118,10 +118,11 @@ class MicroVM:
         bus = "device" if self.display is None else "pci"
         # No PIT on a microvm: QEMU resets it counting in square-wave mode
         # and, with no firmware to stop it and a guest that times with its
-        # LAPIC, it fires 36 times a second for nothing (3.1% of a host core
-        # per idle VM under TCG, with the guest's own timers, 1.65% without
-        # it; bench/results/vmdensity.md). The guest is told its TSC's
-        # rate (TCG_CMDLINE), so it calibrates nothing against the PIT.
+        # LAPIC, it fires 36 times a second for nothing. With the guest
+        # kernel's periodic work (IDLE_CMDLINE) it made an idle VM cost
+        # 0.5-0.6% of a host core under TCG; 0.1% without both
+        # (bench/results/vmidle.md). The guest is told its TSC's rate
+        # (TCG_CMDLINE), so it calibrates nothing against the PIT.
         # KVM (not usable on these hosts) keeps its in-kernel one: untried.
         pit = ",pit=off" if self.accel == "tcg" and self.quiet_idle else ""
         machine = f"microvm,x-option-roms=off,rtc=on{pit}" if self.display is None else "q35"
