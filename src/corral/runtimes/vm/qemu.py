@@ -23,9 +23,10 @@ TCG_CMDLINE = "tsc_early_khz=2000000 no_timer_check tsc=reliable"
 # main loop), and most sandboxes idle: no soft-lockup watchdog (a timer
 # every 4 s), no pressure averaging (every 2 s while anything ran), the
 # per-CPU statistics folded once a minute instead of every second, no
-# proactive compaction (kcompactd's twice-a-second look). tsc=reliable
-# (TCG) also drops the clocksource watchdog's twice-a-second check of a
-# TSC QEMU derives from the host's clock. docs/memory-reclaim.md.
+# proactive compaction (kcompactd's twice-a-second look). Under TCG,
+# tsc=reliable (always) also drops the clocksource watchdog's twice-a-
+# second check of a TSC QEMU derives from the host's clock.
+# docs/memory-reclaim.md.
 IDLE_CMDLINE = "nowatchdog psi=0 sysctl.vm.stat_interval=60 sysctl.vm.compaction_proactiveness=0"
 
 
