@@ -296,6 +296,10 @@ class AsyncClient:
         self.url = url
         self._service: SandboxService
         self._started = False
+        # The service's one start, shared by concurrent first calls (a
+        # trainer's environments all resetting at once): started twice, an
+        # embedded node would run a second set of parts that no close stops.
+        self._starting: asyncio.Future[object] | None = None
         if transport is not None:
             self._service = transport
         elif url:
@@ -319,7 +323,17 @@ class AsyncClient:
 
     async def _ready(self) -> SandboxService:
         if not self._started:
-            await self._service.start()
+            if self._starting is None:
+                self._starting = asyncio.ensure_future(self._service.start())
+            starting = self._starting
+            try:
+                # A caller cancelled while it waits leaves the start running
+                # for the others.
+                await asyncio.shield(starting)
+            except BaseException:
+                if starting.done() and self._starting is starting:
+                    self._starting = None  # failed: the next call tries again
+                raise
             self._started = True
         return self._service
 
@@ -335,6 +349,11 @@ class AsyncClient:
     async def aclose(self) -> None:
         """Stop this client. Sandboxes live on (until their TTL): close them,
         or re-attach from another client with sandboxes.get(id)."""
+        starting, self._starting = self._starting, None
+        if starting is not None and not self._started:
+            # A start still under way finishes, then is closed with the rest.
+            (result,) = await asyncio.gather(starting, return_exceptions=True)
+            self._started = not isinstance(result, BaseException)
         if self._started:
             await self._service.aclose()
             self._started = False
