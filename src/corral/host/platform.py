@@ -56,6 +56,26 @@ class Platform:
     # also /.corral/empty in every sandbox).
     empty_dir: Path
 
+    def cgroup_skeleton(self, hierarchies: list[Path]) -> Path:
+        """/.corral/cgroup: read-only, an empty directory for each cgroup v1
+        hierarchy (named as on the host, with the host's symlinks to them,
+        such as cpu -> cpu,cpuacct). A container's /sys/fs/cgroup is a bind
+        of it, and its own cgroup of each hierarchy is bound on that
+        hierarchy's directory (bundle.cgroup_mounts): crun's way, a tmpfs
+        to hold the mount points, is a superblock per sandbox, which costs
+        every memory cgroup on the host a shrinker slot (bundle.masks).
+        Inside the layer, so a checkpoint carries it as a bind of /.corral."""
+        root = self.layer_dir / "cgroup"
+        root.mkdir(mode=0o555, exist_ok=True)
+        names = {h.name for h in hierarchies}
+        for name in sorted(names):
+            (root / name).mkdir(mode=0o555, exist_ok=True)
+        for link in sorted(p for p in hierarchies[0].parent.iterdir() if p.is_symlink()):
+            target = os.readlink(link)
+            if target in names and not (root / link.name).is_symlink():
+                os.symlink(target, root / link.name)
+        return root
+
 
 def install(src_bin: Path, dest_root: Path) -> Platform:
     """Copy the helpers into a content-addressed platform layer (idempotent)."""

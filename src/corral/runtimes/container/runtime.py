@@ -60,6 +60,10 @@ class ContainerRuntime:
         self.ns_limits = ns_limits or {}
         self.cgroups = cgroups
         self.platform = platform
+        # cgroup v1: /sys/fs/cgroup from binds, not crun's tmpfs (bundle.cgroup_mounts).
+        self.cgroup_skeleton = (
+            None if cgroups.mode is Mode.V2 else platform.cgroup_skeleton(cgroups.hierarchies)
+        )
         self.seccomp_listener = seccomp_listener
         self.swap_accounting = cgroups.mode is Mode.V2 or any(
             (h / "memory.memsw.limit_in_bytes").exists() for h in cgroups.hierarchies
@@ -85,6 +89,22 @@ class ContainerRuntime:
         (b / "stage").mkdir(mode=0o700)
         (b / "rootfs").mkdir()
         return b
+
+    def _cgroup_dirs(self, sandbox_id: str) -> tuple[tuple[str, Path], ...]:
+        """Each hierarchy's name and the sandbox's cgroup in it (made by
+        crun before it mounts them), bound over the skeleton."""
+        if self.cgroup_skeleton is None:
+            return ()
+        dirs = self.cgroups.dirs(sandbox_id)
+        return tuple((h.name, d) for h, d in zip(self.cgroups.hierarchies, dirs, strict=True))
+
+    @staticmethod
+    def _dev_dir(prep: Prepared) -> Path:
+        """The directory bound at the sandbox's /dev (bundle.dev_mounts):
+        beside its writable layer, owned by the sandbox's root."""
+        dev = bundle.dev_dir(prep.upper)
+        bundle.make_dev_dir(dev, prep.host_id)
+        return dev
 
     async def start(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started:
         if boot.net is not None:
@@ -117,6 +137,9 @@ class ContainerRuntime:
                 io=self.io,
                 swappiness=None if self.cgroups.mode is Mode.V2 else 0,
                 empty_dir=self.platform.empty_dir,
+                dev_dir=None if self.readonly_root else self._dev_dir(prep),
+                cgroup_skeleton=self.cgroup_skeleton,
+                cgroup_dirs=self._cgroup_dirs(spec.id),
             )
         )
         if key in self._bpf:
