@@ -1,6 +1,6 @@
 """Density: idle sandboxes held at once and host memory per idle sandbox.
 
-    corral bench density [--max 2000] [--peer-max N]
+    corral bench density [--max 2000] [--peer-max N] [--peer-first]
 
 Starts idle Corral sandboxes (16 creates in flight) up to --max, measuring
 host memory (MemTotal - MemAvailable, and slab) at checkpoints, then checks
@@ -9,17 +9,22 @@ running `sleep infinity`, measured the same way in the same run (to
 --peer-max, default --max). With all of them held, it records how close
 each host limit was (memory, pids, namespaces, mounts, the agent's open
 files): the one nearest its ceiling is what would stop the next thousand.
+At each checkpoint it also counts a sample sandbox's own superblocks and
+what one more, empty, memory cgroup costs at that moment: the kernel's
+share that grows with the square of the sandboxes held.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -66,6 +71,64 @@ def pss_of(comm: str, sample: int = 50) -> float:
         except OSError:
             pass
     return median([float(v) for v in vals]) if vals else 0.0
+
+
+def own_superblocks(comm: str, sample: int = 5) -> float:
+    """Median count of superblocks a process named `comm` sees that the
+    host's PID 1 does not: the sandbox's own (each is a shrinker slot in
+    every memory cgroup on the host)."""
+
+    def devs(pid: str) -> set[str]:
+        return {ln.split()[2] for ln in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}
+
+    host = devs("1")
+    pids = [d.name for d in Path("/proc").iterdir() if d.name.isdigit() and _comm(d) == comm]
+    counts = []
+    for pid in random.sample(pids, min(sample, len(pids))):
+        try:
+            counts.append(float(len(devs(pid) - host)))
+        except OSError:
+            pass
+    return median(counts) if counts else 0.0
+
+
+def _comm(d: Path) -> str:
+    try:
+        return (d / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _kmalloc_1k() -> int:
+    """Objects in the kernel's 1 KiB kmalloc caches (where a memory
+    cgroup's shrinker slots are: 1 KiB per 64 superblocks)."""
+    n = 0
+    for line in Path("/proc/slabinfo").read_text().splitlines()[2:]:
+        f = line.split()
+        if f[0].startswith("kmalloc") and f[0].endswith("-1k"):
+            n += int(f[1])
+    return n
+
+
+PROBES = 50
+
+
+def empty_memcg_kib() -> float:
+    """What one more, empty, memory cgroup costs in the 1 KiB caches now
+    (KiB, the mean over PROBES made at once and removed)."""
+    root = Path("/sys/fs/cgroup/memory")
+    if not (root / "memory.limit_in_bytes").exists():
+        return float("nan")
+    dirs = [root / f"corral-density-probe-{i}" for i in range(PROBES)]
+    before = _kmalloc_1k()
+    try:
+        for d in dirs:
+            d.mkdir()
+        return (_kmalloc_1k() - before) / PROBES
+    finally:
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 async def settle() -> tuple[int, int]:
@@ -131,10 +194,46 @@ class Step:
         return out
 
 
-async def main(maximum: int, peer_max: int, deadline: float) -> None:
-    DATA.mkdir(parents=True, exist_ok=True)
-    steps = (100, 250, 500, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000)
-    checkpoints = [n for n in steps if n < maximum] + [maximum]
+CHECKPOINTS = (100, 250, 500, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000)
+
+
+def checkpoints(maximum: int) -> list[int]:
+    return [n for n in CHECKPOINTS if n < maximum] + [maximum]
+
+
+async def row(
+    system: str, held: int, base: tuple[int, int], comm: str, rate: list[str]
+) -> list[str]:
+    mem, slab = await settle()
+    out = [
+        system,
+        str(held),
+        f"{(mem - base[0]) / held / 2**20:.2f}",
+        f"{(slab - base[1]) / held / 2**20:.2f}",
+        f"{pss_of(comm) / 2**10:.0f}",
+        f"{own_superblocks(comm):.0f}",
+        f"{empty_memcg_kib():.0f}",
+        *rate,
+    ]
+    print(out, flush=True)
+    return out
+
+
+@dataclass
+class Held:
+    """What the Corral part measured with all of its sandboxes held."""
+
+    rows: list[list[str]]
+    stopped: str
+    limits: list[list[str]]
+    listed: int
+    create_wall: float
+    created: int
+    lat: list[float]
+    close_wall: float
+
+
+async def run_corral(maximum: int, deadline: float, sem: asyncio.Semaphore) -> Held:
     cfg = NodeConfig.from_env(
         data_dir=DATA, images=IMAGES, node="dens", max_sandboxes=held_ceiling(maximum),
         scratch_size=256 * 2**30,
@@ -142,13 +241,11 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
         # overcommit lets requests pass, measured memory still stops it.
         memory_overcommit=64.0,
     )  # fmt: skip
-    sem = asyncio.Semaphore(16)
     rows: list[list[str]] = []
-    before = leak_counts(DATA)
     async with corral.AsyncClient(config=cfg) as client:
         warm = await client.sandboxes.create(image=IMAGE, memory="64MiB")
         await warm.close()
-        base_mem, base_slab = await settle()
+        base = await settle()
         boxes: list[corral.AsyncSandbox] = []
 
         refused: list[str] = []
@@ -166,23 +263,12 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
 
         t0 = time.perf_counter()
         step = Step()
-        for cp in checkpoints:
+        for cp in checkpoints(maximum):
             await asyncio.gather(*(one() for _ in range(cp - len(boxes))))
             if refused and not boxes:
                 raise SystemExit(refused[0])
             rate = step(len(boxes))
-            mem, slab = await settle()
-            rows.append(
-                [
-                    "corral",
-                    str(len(boxes)),
-                    f"{(mem - base_mem) / len(boxes) / 2**20:.2f}",
-                    f"{(slab - base_slab) / len(boxes) / 2**20:.2f}",
-                    f"{pss_of('corral-init') / 2**10:.0f}",
-                    *rate,
-                ]
-            )
-            print(rows[-1], flush=True)
+            rows.append(await row("corral", len(boxes), base, "corral-init", rate))
             if time.perf_counter() - t0 > deadline and not refused and cp < maximum:
                 refused.append(
                     f"the run's deadline ({deadline / 60:.0f} min) passed at {len(boxes)} "
@@ -209,41 +295,50 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
 
         await asyncio.gather(*(close(s) for s in boxes))
         close_wall = time.perf_counter() - t0
+    return Held(rows, stopped, limit_rows, held, create_wall, len(boxes), lat, close_wall)
 
-    # The peer: bare crun, same bundle, `sleep infinity`.
+
+async def run_peer(peer_max: int, sem: asyncio.Semaphore) -> list[list[str]]:
+    """Bare crun, same bundle, `sleep infinity`."""
     store = ImageStore(IMAGES)
     mounts = LayerMounts(store, BASE / "m")
     lower = mounts.ensure(store.resolve(IMAGE))
     peer = Peer("crun", lower)
-    base_mem, base_slab = await settle()
+    base = await settle()
     ids: list[str] = []
+    rows: list[list[str]] = []
 
     async def pone() -> None:
         async with sem:
             ids.append(await peer.create())
 
     step = Step()
-    for cp in [c for c in checkpoints if c < peer_max] + [peer_max]:
+    for cp in checkpoints(peer_max):
         await asyncio.gather(*(pone() for _ in range(cp - len(ids))))
-        rate = step(len(ids))
-        mem, slab = await settle()
-        rows.append(
-            [
-                "bare crun + sleep",
-                str(len(ids)),
-                f"{(mem - base_mem) / len(ids) / 2**20:.2f}",
-                f"{(slab - base_slab) / len(ids) / 2**20:.2f}",
-                f"{pss_of('sleep') / 2**10:.0f}",
-                *rate,
-            ]
-        )
-        print(rows[-1], flush=True)
+        rows.append(await row("bare crun + sleep", len(ids), base, "sleep", step(len(ids))))
     await asyncio.gather(*(peer.delete(i) for i in ids))
     mounts.release_unused(list)
     remove_peer_base()
     remove_peer_cgroups()
     await asyncio.sleep(3)
+    return rows
+
+
+async def main(maximum: int, peer_max: int, deadline: float, peer_first: bool) -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    sem = asyncio.Semaphore(16)
+    before = leak_counts(DATA)
+    first_probe = empty_memcg_kib()
+    if peer_first:
+        peer_rows = await run_peer(peer_max, sem)
+        held = await run_corral(maximum, deadline, sem)
+        rows = peer_rows + held.rows
+    else:
+        held = await run_corral(maximum, deadline, sem)
+        rows = held.rows + await run_peer(peer_max, sem)
     after = leak_counts(DATA)
+    lat = held.lat
+    order = "the peer first, then Corral" if peer_first else "Corral first, then the peer"
 
     sections = [
         "## Host memory per idle sandbox\n\n"
@@ -258,6 +353,8 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
                 "host MiB / sandbox",
                 "slab MiB / sandbox",
                 "process PSS KiB",
+                "own superblocks / sandbox",
+                "an empty memory cgroup's 1 KiB slots (KiB)",
                 "created /s (this step)",
                 "host PID 1 CPU (this step)",
             ],
@@ -267,7 +364,11 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
         "Most of a held sandbox's cost is kernel memory, and part of it is set by the boot's "
         "high-water mark of superblocks, which every new memory cgroup pays for (a slot per "
         "superblock, docs/memory-reclaim.md): after a run that held thousands, the first "
-        "hundred cost what the thousands did. Compare the two systems within one run.",
+        "hundred cost what the thousands did. Own superblocks: those a sample sandbox's "
+        "process sees that the host's PID 1 does not (median of 5). The empty memory "
+        f"cgroup's slots: the 1 KiB kmalloc objects {PROBES} new, empty memory cgroups took, "
+        f"per cgroup, at that moment ({first_probe:.0f} KiB before the run: 1 KiB per 64 "
+        f"shrinkers the boot has had at once). Order: {order}.",
         "## Holding them\n\n"
         + table(
             [
@@ -280,12 +381,12 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
             ],
             [
                 [
-                    str(held),
-                    f"{create_wall:.1f}",
-                    f"{len(boxes) / create_wall:.1f}",
+                    str(held.listed),
+                    f"{held.create_wall:.1f}",
+                    f"{held.created / held.create_wall:.1f}",
                     f"{median(lat) * 1000:.2f}",
                     f"{pct(lat, 99) * 1000:.2f}",
-                    f"{close_wall:.1f}",
+                    f"{held.close_wall:.1f}",
                 ]
             ],
         )
@@ -293,8 +394,8 @@ async def main(maximum: int, peer_max: int, deadline: float) -> None:
         f"picked at random while all are held (target: p99 under 20 ms); the slowest took "
         f"{max(lat, default=0) * 1000:.0f} ms.",
         "## Host limits with all of them held\n\n"
-        + table(["limit", "in use", "ceiling", "share"], limit_rows)
-        + f"\n\nWhat stopped the run: {stopped}. The largest share is what the next "
+        + table(["limit", "in use", "ceiling", "share"], held.limits)
+        + f"\n\nWhat stopped the run: {held.stopped}. The largest share is what the next "
         "sandboxes would run into first. The host's PID 1 (the VM's process agent, "
         "nice -10) costs CPU for every network namespace that holds a process, faster "
         "than linearly, with no Corral code running: bench/results/hostpid1.md.",
@@ -312,5 +413,11 @@ if __name__ == "__main__":
     ap.add_argument("--max", type=int, default=2000)
     ap.add_argument("--peer-max", type=int, default=0, help="default: --max")
     ap.add_argument("--deadline", type=float, default=30.0, help="minutes of creating")
+    ap.add_argument(
+        "--peer-first",
+        action="store_true",
+        help="run the peer before Corral (on a fresh boot, each then pays its own "
+        "high-water mark of superblocks, not the other's)",
+    )
     args = ap.parse_args()
-    asyncio.run(main(args.max, args.peer_max or args.max, args.deadline * 60))
+    asyncio.run(main(args.max, args.peer_max or args.max, args.deadline * 60, args.peer_first))
