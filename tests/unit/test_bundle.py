@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from corral.runtimes.container import bundle
@@ -70,41 +69,6 @@ def test_an_init_that_died_at_start_is_quoted_bounded_not_pointed_at(tmp_path: P
     said = _last_words(out, log)
     assert said.endswith('corral-init: bind: Address in use | {"msg": "container exited"}')
     assert len(said) <= 600 and "line 1" in said
-
-
-def test_dev_is_a_bind_of_the_sandboxs_own_dir_when_given(tmp_path: Path) -> None:
-    """A tmpfs /dev is a superblock per sandbox; a bind of a directory
-    beside its writable layer is not (and its disk limit covers it)."""
-    upper = tmp_path / "sub" / "upper"
-    upper.mkdir(parents=True)
-    dev = bundle.dev_dir(upper)
-    assert dev == tmp_path / "sub" / "dev"
-    bundle.make_dev_dir(dev, None)
-    bundle.make_dev_dir(dev, None)  # again (a restart): nothing changes
-    assert os.readlink(dev / "ptmx") == "pts/ptmx"
-    assert os.readlink(dev / "fd") == "/proc/self/fd"
-    assert (dev / "pts").is_dir() and (dev / "mqueue").is_dir()
-    assert all((dev / d).is_file() for d in bundle.DEVICES)
-    ms = bundle.dev_mounts(dev)
-    assert ms[0] == {"destination": "/dev", "type": "bind", "source": str(dev),
-                     "options": ["bind", "nosuid", "nodev"]}  # fmt: skip
-    # The devices: binds of the host's own nodes, one each.
-    assert {m["destination"]: m["source"] for m in ms[1:]} == {
-        f"/dev/{d}": f"/dev/{d}" for d in bundle.DEVICES
-    }
-    # Without one (a read-only root: function-call workers), a tmpfs.
-    (tmpfs,) = bundle.dev_mounts(None)
-    assert tmpfs["type"] == "tmpfs"
-    cfg = bundle.config(
-        bundle.BundleSpec(
-            sandbox_id="n-1", rootfs=Path("/r"), platform_dir=Path("/p"), env=[], cpu=1,
-            memory=2**26, pids=64, cgroups_path="/c/n-1", swap_accounting=False, dev_dir=dev,
-        )
-    )  # fmt: skip
-    order = [m["destination"] for m in cfg["mounts"]]
-    assert order.count("/dev") == 1
-    # /dev is mounted before what is mounted inside it.
-    assert order.index("/dev") < order.index("/dev/null") < order.index("/dev/pts")
 
 
 def test_cgroup_v1_is_binds_of_a_skeleton_and_the_sandboxs_own_cgroups(tmp_path: Path) -> None:

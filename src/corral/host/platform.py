@@ -14,6 +14,7 @@ sandbox keeps the version it started with while new ones get the new one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -66,14 +67,17 @@ class Platform:
         every memory cgroup on the host a shrinker slot (bundle.masks).
         Inside the layer, so a checkpoint carries it as a bind of /.corral."""
         root = self.layer_dir / "cgroup"
-        root.mkdir(mode=0o555, exist_ok=True)
         names = {h.name for h in hierarchies}
-        for name in sorted(names):
-            (root / name).mkdir(mode=0o555, exist_ok=True)
+        dirs = [*(root / n for n in sorted(names)), root]  # the root made read-only last
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=True)
         for link in sorted(p for p in hierarchies[0].parent.iterdir() if p.is_symlink()):
             target = os.readlink(link)
-            if target in names and not (root / link.name).is_symlink():
-                os.symlink(target, root / link.name)
+            if target in names:
+                with contextlib.suppress(FileExistsError):  # another agent made it
+                    os.symlink(target, root / link.name)
+        for d in dirs:
+            os.chmod(d, 0o555)  # whatever the umask
         return root
 
 

@@ -41,9 +41,6 @@ class BundleSpec:
     # An empty read-only host directory: masked directories are bound to
     # it instead of each getting a tmpfs of its own (see masks()).
     empty_dir: Path | None = None
-    # A directory of the sandbox's own (beside its writable layer, on the
-    # scratch pool): /dev is a bind of it rather than a tmpfs (dev_mounts()).
-    dev_dir: Path | None = None
     # cgroup v1: /sys/fs/cgroup as a bind of this read-only skeleton with
     # the sandbox's own cgroup directories (hierarchy name, host path)
     # bound on it (cgroup_mounts()); None: crun mounts it.
@@ -93,78 +90,6 @@ def masks(empty_dir: Path | None) -> tuple[list[str], list[dict[str, Any]]]:
         for d in dirs
     ]
     return [p for p in profile.MASKED_PATHS if p not in dirs], binds
-
-
-def dev_dir(upper: Path) -> Path:
-    """Where a sandbox's /dev is kept: beside its writable layer (in its
-    scratch subvolume), so its disk limit and its checkpoint cover it."""
-    return upper.parent / "dev"
-
-
-# The devices every sandbox has (the OCI runtime spec's defaults), each a
-# bind of the host's node, as crun makes them in a user namespace.
-DEVICES = ("null", "zero", "full", "tty", "random", "urandom")
-DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
-             "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}  # fmt: skip
-
-
-def make_dev_dir(dev: Path, owner: int | None) -> None:
-    """A new sandbox's /dev directory: what crun makes in a /dev tmpfs (its
-    links, and files and directories to mount on), made here because crun
-    takes a bind at /dev for the host's own /dev and adds nothing to it.
-    /dev/shm is corral-init's, at start."""
-    dev.mkdir(mode=0o755, exist_ok=True)
-    for name, target in DEV_LINKS.items():
-        if not (dev / name).is_symlink():
-            os.symlink(target, dev / name)
-    for name in DEVICES:
-        (dev / name).touch(mode=0o644)
-    for name in ("pts", "mqueue"):
-        (dev / name).mkdir(mode=0o755, exist_ok=True)
-    if owner is not None:
-        for p in [dev, *dev.iterdir()]:
-            os.lchown(p, owner, owner)
-
-
-def dev_mounts(dev: Path | None) -> list[dict[str, Any]]:
-    """The sandbox's /dev. A tmpfs is a superblock of its own (a shrinker
-    slot in every memory cgroup on the host, masks()); a bind of a
-    directory of the sandbox's scratch subvolume (make_dev_dir) is not,
-    and what is written there (/dev/shm, which corral-init makes a
-    directory of /dev) counts against the sandbox's disk limit like the
-    rest of its files. Its devices are binds of the host's nodes, as crun
-    makes them in a user namespace. nosuid and nodev are asked for, but
-    crun 1.8.1 leaves a writable bind's flags as they were inside a user
-    namespace (mountinfo shows it): what keeps device nodes out is that a
-    user namespace cannot make one (mknod: EPERM, tested in
-    tests/integration/test_superblocks.py) and the devices cgroup, which
-    allows only the defaults."""
-    if dev is None:
-        return [
-            {
-                "destination": "/dev",
-                "type": "tmpfs",
-                "source": "tmpfs",
-                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
-            }
-        ]
-    return [
-        {
-            "destination": "/dev",
-            "type": "bind",
-            "source": str(dev),
-            "options": ["bind", "nosuid", "nodev"],
-        },
-        *(
-            {
-                "destination": f"/dev/{name}",
-                "type": "bind",
-                "source": f"/dev/{name}",
-                "options": ["bind", "nosuid", "noexec"],
-            }
-            for name in DEVICES
-        ),
-    ]
 
 
 def cgroup_mounts(
@@ -248,7 +173,12 @@ def config(spec: BundleSpec) -> dict[str, Any]:
                 "source": "proc",
                 "options": ["nosuid", "noexec", "nodev"],
             },
-            *dev_mounts(spec.dev_dir),
+            {
+                "destination": "/dev",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+            },
             {
                 "destination": "/dev/pts",
                 "type": "devpts",

@@ -15,12 +15,11 @@ What CRIU cannot take across, and how each is handled:
   its memory belongs to the sandbox's user namespace again and the next
   checkpoint works).
 - bind mounts from the host (the platform layer, /dev/null over masked
-  /proc files, device nodes, the sandbox's /dev directory) are declared
-  external and bound again at restore (a masked directory binds the
-  platform layer's empty one, and /sys/fs/cgroup its cgroup skeleton,
-  which CRIU carries as binds of /.corral; the sandbox's cgroups bound on
-  the skeleton are cgroup mounts, which CRIU makes itself); the /dev
-  directory's files travel beside the writable layer; init's stdout/stderr (oci.out,
+  /proc files, device nodes) are declared external and bound again at
+  restore (a masked directory binds the platform layer's empty one, and
+  /sys/fs/cgroup its cgroup skeleton, which CRIU carries as binds of
+  /.corral; the sandbox's cgroups bound on the skeleton are cgroup mounts,
+  which CRIU makes itself); init's stdout/stderr (oci.out,
   outside the sandbox's mounts) is an external file, given back as the
   restoring criu's fd 1.
 - a command's connection to the agent, a network interface, and the
@@ -50,7 +49,6 @@ from corral.errors import SandboxFailed
 from corral.guard import profile
 from corral.host import spawn
 from corral.log import get_logger
-from corral.runtimes.container import bundle
 
 log = get_logger("corral.criu")
 
@@ -99,10 +97,7 @@ def _mountinfo(pid: int) -> list[tuple[int, str, str, str]]:
     return out
 
 
-DEV = "devdir"  # the cookie of the sandbox's /dev bind (bundle.dev_mounts)
-
-
-def _externals(pid: int, layout: Layout) -> tuple[list[str], dict[str, str], list[str]]:
+def _externals(pid: int, platform_dir: str) -> tuple[list[str], dict[str, str], list[str]]:
     """criu dump's --external options, the mounts restore binds again
     (cookie -> host source), and the external files (init's stdout)."""
     opts: list[str] = []
@@ -117,11 +112,7 @@ def _externals(pid: int, layout: Layout) -> tuple[list[str], dict[str, str], lis
             # (bundle.cgroup_mounts): CRIU restores each as a bind of /.corral.
             continue
         if mp == "/.corral":
-            cookie, src = "platform", layout.platform_dir
-        elif mp == "/dev":
-            # Its source is the restoring sandbox's own (restore()); its
-            # contents travel in the packed state beside the upper (pack()).
-            cookie, src = DEV, str(bundle.dev_dir(Path(layout.upper)))
+            cookie, src = "platform", platform_dir
         elif fstype == "devtmpfs" and root == "/null":
             cookie, src = "devnull", "/dev/null"
         elif fstype == "devtmpfs":
@@ -269,7 +260,7 @@ async def dump(
     holder.mkdir(mode=0o700)
     images = holder / "img"
     images.mkdir(mode=0o700)
-    opts, binds, files = _externals(pid, layout)
+    opts, binds, files = _externals(pid, layout.platform_dir)
     # No network lock: a sandbox's outside link is unplugged before the dump
     # (network.py) and its loopback peers are dumped with it, so nothing can
     # see a connection change state; the lock's nftables table cost ~20 ms
@@ -306,8 +297,8 @@ async def restore(
     # but the marker stays and would refuse the new mount.
     shutil.rmtree(Path(layout.work) / "work" / "incompat", ignore_errors=True)
     rootfs = Path(layout.rootfs)
-    bdir = rootfs.parent  # the container's (OciRuntime.bundle)
-    out = bdir / "oci.out"
+    bundle = rootfs.parent  # the container's (OciRuntime.bundle)
+    out = bundle / "oci.out"
     out.touch(mode=0o600)
     if layout.host_id is not None:
         # Opened again by the restored init as its own root, not the host's.
@@ -319,7 +310,7 @@ async def restore(
     overlay = [":".join(layout.lower), layout.upper, layout.work, str(rootfs)]
     argv = [str(nsexec), *(["--hybrid"] if hybrid else []), "--overlay", *overlay]
     if layout.host_id is not None:
-        argv += ["--idmap", f"{layout.host_id}:65536", "--stage", str(bdir / "stage")]
+        argv += ["--idmap", f"{layout.host_id}:65536", "--stage", str(bundle / "stage")]
     listener = listen(Path(layout.control))
     try:
         argv += ["--listen-fd", str(listener.fileno()), "--log", str(out), "--",
@@ -329,8 +320,6 @@ async def restore(
         if cgroup_root is not None:  # another sandbox's cgroups (made by the node)
             argv += ["--cgroup-root", cgroup_root]
         for cookie, src in meta["binds"].items():
-            if cookie == DEV:  # a moved checkpoint binds its new sandbox's
-                src = str(bundle.dev_dir(Path(layout.upper)))
             argv += ["--external", f"mnt[{cookie}]:{src}"]
         for key in meta["files"]:
             argv += ["--inherit-fd", f"fd[1]:{key}"]  # nsexec made oci.out our fd 1
@@ -339,7 +328,7 @@ async def restore(
         code, err = await _run(argv, pass_fds=(listener.fileno(),))
         if code != 0:
             with contextlib.suppress(OSError):
-                shutil.copy(images / "restore.log", bdir / "restore-failed.log")
+                shutil.copy(images / "restore.log", bundle / "restore-failed.log")
             raise SandboxFailed(
                 f"restoring its checkpoint failed: {_errors(images / 'restore.log') or err}"
             )
@@ -449,58 +438,40 @@ def shift_owners(root: Path, old: int, new: int) -> None:
 
 
 async def pack(holder: Path, upper: Path, state: Path, host_id: int | None) -> int:
-    """One file of a checkpoint, its writable layer and its /dev dir (a
-    tar keeping owners, modes, xattrs and the overlay's whiteouts).
-    Returns bytes."""
-    dev = bundle.dev_dir(upper)
-    meta: dict[str, object] = {"host_id": host_id, "upper": _owner(upper)}
-    if dev.is_dir():
-        meta["dev"] = _owner(dev)
+    """One file of a checkpoint and its writable layer (a tar keeping
+    owners, modes, xattrs and the overlay's whiteouts). Returns bytes."""
+    st = os.lstat(upper)
+    meta = {"host_id": host_id, "upper": [st.st_uid, st.st_gid, st.st_mode & 0o7777]}
     (holder / "img" / "moved.json").write_text(json.dumps(meta))
-    argv = ["tar", "--create", "--file", str(state), "--numeric-owner", "--xattrs",
-            "--xattrs-include=*", "--acls", "--sparse", "-C", str(holder), "img",
-            "-C", str(upper.parent), f"--transform=s,^{upper.name},upper,", upper.name]  # fmt: skip
-    if "dev" in meta:
-        argv.append(dev.name)
-    code, err = await _run(argv)
+    code, err = await _run(["tar", "--create", "--file", str(state), "--numeric-owner",
+                            "--xattrs", "--xattrs-include=*", "--acls", "--sparse",
+                            "-C", str(holder), "img", "-C", str(upper.parent),
+                            f"--transform=s,^{upper.name},upper,", upper.name])  # fmt: skip
     if code != 0:
         raise SandboxFailed(f"packing the checkpoint failed: {err.strip()}")
     return state.stat().st_size
 
 
-def _owner(d: Path) -> list[int]:
-    st = os.lstat(d)
-    return [st.st_uid, st.st_gid, st.st_mode & 0o7777]
-
-
 async def unpack(state: Path, holder: Path, upper: Path, host_id: int | None) -> None:
     """A packed checkpoint made this sandbox's: images in `holder`, the
-    writable layer in `upper` and /dev's dir beside it (when the checkpoint
-    has one: one made with a tmpfs /dev carries it in its images), all
-    moved to this sandbox's id block."""
+    writable layer in `upper`, both moved to this sandbox's id block."""
     holder.mkdir(mode=0o700, exist_ok=True)
     common = ["tar", "--extract", "--file", str(state), "--numeric-owner", "--same-permissions",
               "--xattrs", "--xattrs-include=*", "--acls"]  # fmt: skip
-    code, err = await _run([*common, "-C", str(holder), "img"])
-    if code != 0:
-        raise SandboxFailed(f"unpacking the checkpoint failed: {err.strip()}")
-    moved = json.loads((holder / "img" / "moved.json").read_text())
-    dev = bundle.dev_dir(upper)
     # Straight into place: the writable layer is on the scratch pool, the
     # images beside the sandbox (a rename cannot cross).
-    dirs = [(upper, "upper")] + ([(dev, "dev")] if "dev" in moved else [])
-    for d, member in dirs:
-        d.mkdir(exist_ok=True)
-        code, err = await _run([*common, "-C", str(d), "--strip-components=1", member])
+    for argv in ([*common, "-C", str(holder), "img"],
+                 [*common, "-C", str(upper), "--strip-components=1", "upper"]):  # fmt: skip
+        code, err = await _run(argv)
         if code != 0:
             raise SandboxFailed(f"unpacking the checkpoint failed: {err.strip()}")
-        uid, gid, mode = moved[member]
-        os.chown(d, uid, gid)
-        os.chmod(d, mode)
+    moved = json.loads((holder / "img" / "moved.json").read_text())
+    uid, gid, mode = moved["upper"]
+    os.chown(upper, uid, gid)
+    os.chmod(upper, mode)
     old = moved["host_id"]
     if (old is None) != (host_id is None):
         raise SandboxFailed("checkpoint: saved with and restored without a user namespace")
     if old is not None and host_id is not None and old != host_id:
         await asyncio.to_thread(remap_userns, holder / "img", old, host_id)
-        for d, _member in dirs:
-            await asyncio.to_thread(shift_owners, d, old, host_id)
+        await asyncio.to_thread(shift_owners, upper, old, host_id)

@@ -98,14 +98,6 @@ class ContainerRuntime:
         dirs = self.cgroups.dirs(sandbox_id)
         return tuple((h.name, d) for h, d in zip(self.cgroups.hierarchies, dirs, strict=True))
 
-    @staticmethod
-    def _dev_dir(prep: Prepared) -> Path:
-        """The directory bound at the sandbox's /dev (bundle.dev_mounts):
-        beside its writable layer, owned by the sandbox's root."""
-        dev = bundle.dev_dir(prep.upper)
-        bundle.make_dev_dir(dev, prep.host_id)
-        return dev
-
     async def start(self, spec: RuntimeSpec, prep: Prepared, boot: Boot) -> Started:
         if boot.net is not None:
             raise ValueError("a container's network is attached after start")
@@ -137,7 +129,6 @@ class ContainerRuntime:
                 io=self.io,
                 swappiness=None if self.cgroups.mode is Mode.V2 else 0,
                 empty_dir=self.platform.empty_dir,
-                dev_dir=None if self.readonly_root else self._dev_dir(prep),
                 cgroup_skeleton=self.cgroup_skeleton,
                 cgroup_dirs=self._cgroup_dirs(spec.id),
             )
