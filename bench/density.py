@@ -24,6 +24,7 @@ import random
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,7 +167,23 @@ def limits_held(held: int) -> list[list[str]]:
             int(Path("/proc/sys/user/max_user_namespaces").read_text())),
         row("host mounts (fs.mount-max)", mounts, int(Path("/proc/sys/fs/mount-max").read_text())),
         row("agent open files (RLIMIT_NOFILE)", len(os.listdir("/proc/self/fd")), soft),
+        *seccompd_files(row),
     ]  # fmt: skip
+
+
+def seccompd_files(row: Callable[[str, int, int], list[str]]) -> list[list[str]]:
+    """The seccomp daemon's open files: one per sandbox (its listener)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and _comm(d) == "corral-seccompd":
+            with contextlib.suppress(OSError):
+                limit = next(
+                    ln.split()[3]
+                    for ln in (d / "limits").read_text().splitlines()
+                    if ln.startswith("Max open files")
+                )
+                return [row("seccomp daemon open files (its RLIMIT_NOFILE)",
+                            len(os.listdir(d / "fd")), int(limit))]  # fmt: skip
+    return []
 
 
 def held_ceiling(maximum: int) -> int:

@@ -58,8 +58,7 @@
 
 struct sandbox {
     int notify_fd;
-    int audit_fd;
-    char id[64];
+    char id[64]; /* its counts are in <audit_root>/<id>.seccomp */
     long budget;
     long long window_start_ms;
     long long muted_until_ms;
@@ -110,6 +109,8 @@ static int metadata(const char *msg, char *out, size_t outlen) {
     return valid_id(out) ? 0 : -1;
 }
 
+static const char *audit_root; /* --audit-dir */
+
 static void adopt(int conn, const char *audit_dir) {
     char buf[16384];
     char cbuf[CMSG_SPACE(sizeof(int) * 4)];
@@ -136,7 +137,7 @@ static void adopt(int conn, const char *audit_dir) {
         }
     }
     if (fd < 0) return;
-    struct sandbox sb = {.notify_fd = fd, .audit_fd = -1, .budget = BUDGET_PER_SEC};
+    struct sandbox sb = {.notify_fd = fd, .budget = BUDGET_PER_SEC};
     if (metadata(buf, sb.id, sizeof sb.id) < 0 || nboxes >= MAX_SANDBOXES) {
         fprintf(stderr, "corral-seccompd: refusing a listener with bad metadata\n");
         close(fd);
@@ -144,19 +145,33 @@ static void adopt(int conn, const char *audit_dir) {
     }
     char path[4200];
     snprintf(path, sizeof path, "%s/%s.seccomp", audit_dir, sb.id);
-    sb.audit_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (sb.audit_fd >= 0 && ftruncate(sb.audit_fd, SLOTS * 8) < 0) {}
+    /* Made here, opened again for each count: holding it open would be a
+     * second descriptor per sandbox, and this daemon's open files (the
+     * host's hard RLIMIT_NOFILE, 20,000 here) would stop a node at ~10,000
+     * sandboxes instead of ~20,000. */
+    int audit = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (audit >= 0) {
+        if (ftruncate(audit, SLOTS * 8) < 0) {}
+        close(audit);
+    }
     sb.window_start_ms = now_ms();
     boxes[nboxes++] = sb;
 }
 
+/* Refused calls are rare (and muted past a budget): opening the counts
+ * file for each costs less than a descriptor held per sandbox. A file the
+ * node has removed (the sandbox closed) is not made again. */
 static void count(struct sandbox *sb, int slot) {
-    if (sb->audit_fd < 0) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.seccomp", audit_root, sb->id);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return;
     uint64_t v = 0;
     off_t off = (off_t)slot * 8;
-    if (pread(sb->audit_fd, &v, 8, off) != 8) v = 0;
+    if (pread(fd, &v, 8, off) != 8) v = 0;
     v++;
-    if (pwrite(sb->audit_fd, &v, 8, off) != 8) {}
+    if (pwrite(fd, &v, 8, off) != 8) {}
+    close(fd);
 }
 
 /* AIO events granted to the sandbox: a restored one has a listener per
@@ -211,7 +226,6 @@ static int answer(struct sandbox *sb) {
 
 static void drop(int i) {
     close(boxes[i].notify_fd);
-    if (boxes[i].audit_fd >= 0) close(boxes[i].audit_fd);
     boxes[i] = boxes[--nboxes];
 }
 
@@ -259,6 +273,7 @@ int main(int argc, char **argv) {
     }
     fclose(pf);
     mkdir(audit_dir, 0700);
+    audit_root = audit_dir;
 
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
