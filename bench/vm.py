@@ -40,7 +40,8 @@ MEMORY = {"container": "256MiB", "microvm": "256MiB", "fullvm": "512MiB"}
 
 
 def qemu_pids(sandboxes_dir: Path, boxes: list[corral.AsyncSandbox]) -> list[int]:
-    return [int((sandboxes_dir / s.id / "qemu.pid").read_text()) for s in boxes]
+    # qemu.pid: "<pid> <start time> <kind>" (runtimes/vm/runtime.py)
+    return [int((sandboxes_dir / s.id / "qemu.pid").read_text().split()[0]) for s in boxes]
 
 
 def rss(pid: int) -> int:
