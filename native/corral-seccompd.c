@@ -44,6 +44,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -274,6 +275,15 @@ int main(int argc, char **argv) {
     fclose(pf);
     mkdir(audit_dir, 0700);
     audit_root = audit_dir;
+    /* One descriptor per sandbox's listener: the soft limit a login shell
+     * hands down (1,024 on a stock Debian) would stop the node at ~1,000
+     * containers, so take the hard one. The agent reads the result from
+     * /proc/<pid>/limits and admits no more containers than it allows. */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &nofile) < 0) perror("corral-seccompd: RLIMIT_NOFILE");
+    }
 
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};

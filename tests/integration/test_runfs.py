@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -14,10 +15,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import corral
 from corral.config import NodeConfig
-from corral.guard.seccompd import SeccompDaemon
+from corral.guard.seccompd import OWN_FILES, SeccompDaemon
 from corral.host import mounts, runfs
+from corral.node.agent import NodeAgent
 
 from ..framework import IMAGE, Node
 from .test_nsexec import NSEXEC
@@ -181,3 +185,37 @@ def test_a_seccomp_daemon_still_binding_its_socket_is_waited_for(tmp_path: Path)
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # flock and its sleep
         holder.wait()
+
+
+def test_the_seccomp_daemon_takes_its_hard_open_files_limit(tmp_path: Path) -> None:
+    # A login shell's soft limit (1,024 on a stock Debian) would stop the
+    # node at ~1,000 containers: the daemon raises it to the hard one, and
+    # reports what that allows.
+    (tmp_path / "run").mkdir()
+    daemon = SeccompDaemon(tmp_path, NSEXEC.parent / "corral-seccompd")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 1024:
+        pytest.skip(f"requires a finite hard RLIMIT_NOFILE above 1024 (it is {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        assert daemon.ensure() is True
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        pid = daemon.running_pid()
+        assert pid is not None and pid > 0
+        assert daemon.listener_capacity() == hard - OWN_FILES
+    finally:
+        daemon.stop()
+
+
+async def test_a_node_admits_no_more_containers_than_its_daemon_can_hold(
+    fresh_config: NodeConfig,
+) -> None:
+    async with corral.AsyncClient(config=fresh_config) as client:
+        agent = client.service
+        assert isinstance(agent, NodeAgent)
+        listeners = agent.parts.admission.listeners
+        capacity = agent.parts.seccompd.listener_capacity()
+        assert capacity is not None and listeners is not None
+        assert listeners == (capacity - fresh_config.fncall_workers, frozenset({"container"}))

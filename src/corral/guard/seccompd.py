@@ -72,6 +72,24 @@ def syscall_class(nr: int) -> tuple[str, str]:
     return "other", f"syscall {nr}"
 
 
+# Descriptors the daemon keeps besides its listeners: stdio, its socket,
+# the lock, a counts file open while it counts, one accepted connection.
+OWN_FILES = 16
+
+
+def listener_capacity(limits: Path) -> int | None:
+    """The listeners a process with these /proc/<pid>/limits can hold."""
+    try:
+        text = limits.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Max open files"):
+            soft = line[len("Max open files") :].split()[0]
+            return None if soft == "unlimited" else max(0, int(soft) - OWN_FILES)
+    return None
+
+
 class SeccompDaemon:
     def __init__(self, data_dir: Path, binary: Path, aio_events: int = 65536) -> None:
         self.binary = binary
@@ -95,6 +113,16 @@ class SeccompDaemon:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
         return None
+
+    def listener_capacity(self) -> int | None:
+        """How many sandboxes' listeners the running daemon can hold: one
+        open file each, under its soft RLIMIT_NOFILE (raised to its hard
+        one at start), less what it keeps open for itself and opens to
+        count. None when no daemon runs or its limits cannot be read."""
+        pid = self.running_pid()
+        if pid is None or pid < 0:
+            return None
+        return listener_capacity(Path(f"/proc/{pid}/limits"))
 
     def ensure(self) -> bool:
         """Start the daemon unless one serves this node already; True if

@@ -99,8 +99,13 @@ class Admission:
         host_memory: int,
         net_capacity: int,
         measure: Callable[[], HostLoad] = HostLoad.read,
+        listeners: tuple[int, frozenset[str]] | None = None,
     ) -> None:
+        """`listeners`: (how many, which kinds) when each sandbox of those
+        kinds holds one of the seccomp daemon's open files (its listener):
+        that many at most are admitted at once."""
         self.config = config
+        self.listeners = listeners
         self.store = store
         self.memory_budget = int(host_memory * config.memory_overcommit)
         self.cpus = os.cpu_count() or 1
@@ -140,6 +145,7 @@ class Admission:
                     f"max_sandboxes is {cfg.max_sandboxes}",
                     "slots",
                 )
+            self._listener_free(req, promised)
             self._promise(req, promised, 0, 0.0, 0)
             key = req.idempotency_key
             self._key_free(key)
@@ -190,6 +196,25 @@ class Admission:
                 return None
             db.add_resource(sandbox_id, "net", sandbox_id)
             return db.net_allocate(sandbox_id, req.network.model_dump_json(), self.net_capacity)
+
+    def _listener_free(self, req: CreateSandbox, promised: Promised) -> None:
+        """Past the seccomp daemon's open files a new container's listener
+        could not be handed over (crun would fail with 'send listener fd
+        to receiver'): refused here, naming the limit, instead. Only
+        counted by kind when every active sandbox together could reach it."""
+        if self.listeners is None:
+            return
+        most, kinds = self.listeners
+        if req.kind not in kinds or promised.sandboxes < most:
+            return
+        held = self.store.count_active(kinds)
+        if held >= most:
+            raise self._full(
+                f"node {self.config.node} is full: {held} sandboxes hold a seccomp listener, "
+                f"the most the seccomp daemon's open files allow (its RLIMIT_NOFILE, less its "
+                f"own and the function-call workers') is {most}",
+                "seccomp_files",
+            )
 
     def _key_free(self, key: str | None) -> None:
         """Raise AlreadyCreated if an earlier create with `key` made a

@@ -371,11 +371,19 @@ class Store:
         ).fetchone()
         return Promised(int(n), int(mem), float(cpu), int(disk))
 
-    def count_active(self) -> int:
-        (n,) = self.db.execute(
-            f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({','.join('?' * len(ACTIVE_STATES))})",
-            ACTIVE_STATES,
-        ).fetchone()
+    def count_active(self, kinds: Iterable[str] | None = None) -> int:
+        """Active sandboxes, of `kinds` only if given."""
+        states = ",".join("?" * len(ACTIVE_STATES))
+        if kinds is None:
+            sql, args = f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({states})", ACTIVE_STATES
+        else:
+            wanted = sorted(kinds)
+            sql = (
+                f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({states}) "
+                f"AND kind IN ({','.join('?' * len(wanted))})"
+            )
+            args = (*ACTIVE_STATES, *wanted)
+        (n,) = self.db.execute(sql, args).fetchone()
         return int(n)
 
     def active_ids(self) -> set[str]:

@@ -274,6 +274,24 @@ async def start_parts(
     return parts
 
 
+def _listeners(
+    cfg: NodeConfig, seccompd: SeccompDaemon, runtimes: dict[str, Runtime]
+) -> tuple[int, frozenset[str]] | None:
+    """How many sandboxes of which kinds the seccomp daemon can hold a
+    listener for: its capacity less the function-call workers' (their
+    sandboxes hold one each, outside admission)."""
+    if not cfg.seccomp:
+        return None
+    capacity = seccompd.listener_capacity()
+    kinds = frozenset(
+        k for k, r in runtimes.items()
+        if isinstance(r, ContainerRuntime) and not isinstance(r, FnCallRuntime)
+    )  # fmt: skip
+    if capacity is None or not kinds:
+        return None
+    return max(0, capacity - cfg.fncall_workers), kinds
+
+
 def _unstart(scratch: Scratch, seccompd: SeccompDaemon | None, run_dir: Path) -> None:
     """Undo a failed start: give back the pool and, unless another agent
     holds it (its sandboxes need them), stop the daemon it started and
@@ -324,7 +342,9 @@ async def _wire(
     )  # fmt: skip
     children = Children(reap_children)
     records = Records(store, cfg.node, network, activity)
-    admission = Admission(cfg, store, host_memory(), network.capacity)
+    admission = Admission(
+        cfg, store, host_memory(), network.capacity, listeners=_listeners(cfg, seccompd, runtimes)
+    )
     networks = SandboxNetworks(cfg, store, network, execd)
     ledger = Ledger(store, ledgers.combine(
         _node_releasers(store, cgroups, scratch, networks),
