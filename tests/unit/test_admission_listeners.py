@@ -40,7 +40,7 @@ def _admission(tmp_path: Path, most: int) -> tuple[Admission, Store]:
 
 
 def _admit(admission: Admission, sid: str, kind: str = "container") -> None:
-    req = CreateSandbox(kind=kind, image="debian:bookworm", memory="64MiB")
+    req = CreateSandbox(kind=kind, image="debian:bookworm", memory=64 << 20)
     admission.admit(req, _rec(sid, kind), [])
 
 

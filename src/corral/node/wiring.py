@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import shutil
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -171,6 +172,16 @@ def raise_host_limits(cfg: NodeConfig) -> None:
             log.warning("host.limit_not_raised", limit=name, error=str(exc))
 
 
+def raise_open_files() -> None:
+    """The agent's soft RLIMIT_NOFILE up to its hard one: each command
+    in flight holds a connection to its sandbox, and a login shell's
+    1,024 is a few hundred busy sandboxes. What it starts inherits it (the
+    seccomp daemon raises its own in any case)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard != resource.RLIM_INFINITY:  # an infinite hard limit is past fs.nr_open
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def check_node_name(cfg: NodeConfig) -> None:
     """Sandbox ids, cgroups and leftovers are named after the node: one
     data dir belongs to one node name for good."""
@@ -252,6 +263,7 @@ async def start_parts(
         d.mkdir(parents=True, exist_ok=True)
     private_tree(cfg)
     check_node_name(cfg)
+    raise_open_files()
     platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
     cgroups = cg.Cgroups(cfg.cgroup_parent)
     seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd, cfg.aio_events)
