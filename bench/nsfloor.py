@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import json
 import shutil
 import subprocess
@@ -61,7 +62,8 @@ def build(work: Path) -> tuple[Path, Path]:
 def corral_rules() -> dict[str, Any]:
     """Corral's seccomp profile as crun compiles it, its notify actions
     turned to errors (a notify listener needs corral-seccompd)."""
-    rules = seccomp.profile("/nonexistent", "nsfloor")
+    # A copy: profile()'s rules are shared, built once for every sandbox.
+    rules = copy.deepcopy(seccomp.profile("/nonexistent", "nsfloor"))
     del rules["listenerPath"], rules["listenerMetadata"]
     notify = "SCMP_ACT_NOTIFY"
     rules["defaultAction"] = (

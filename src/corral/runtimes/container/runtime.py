@@ -16,6 +16,7 @@ from pathlib import Path
 from corral.errors import Conflict, InvalidArgument, SandboxFailed
 from corral.execd.client import ExecdClient
 from corral.execd.protocol import VERSION as PROTO_VERSION
+from corral.guard import filter as seccomp_filter
 from corral.guard import seccomp
 from corral.host import spawn
 from corral.host.cgroups import Cgroups, IoLimit, Mode
@@ -70,10 +71,16 @@ class ContainerRuntime:
         )
         # Compiled seccomp filters by seccomp.filter_key(): compiling the
         # allow-list with libseccomp costs crun ~20 ms a create (its own
-        # cache is not used here), so the BPF crun wrote for the first
-        # sandbox is handed to the next ones ready-made
-        # (run.oci.seccomp_bpf_data), with no rules beside it to parse.
+        # cache is not used here), so it is handed to crun ready-made
+        # (run.oci.seccomp_bpf_data), with no rules beside it to parse:
+        # compiled here as a binary tree (guard/filter.py: a fifth of the
+        # kernel's cost to attach it), else the BPF crun wrote for the
+        # first sandbox. runc has no such annotation: it gets the rules.
         self._bpf: dict[str, str] = {}
+        if seccomp_listener is not None and oci.binary.endswith("crun"):
+            compiled = seccomp_filter.sandbox_filter()
+            if compiled is not None:
+                self._bpf[seccomp.filter_key()] = base64.b64encode(compiled).decode()
 
     def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
         return [("socket", str(prep.control)), ("dir", str(self.oci.bundle(sandbox_id))),
