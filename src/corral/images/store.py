@@ -11,18 +11,32 @@ either the old state or the new one, plus temporary files gc removes.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import json
 import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from corral.errors import Conflict, ImageNotFound, InvalidArgument
 from corral.images.layer import LAYER_KINDS, MAX_STACK, STACK, ImageConfig, Layer, Ref
 
 ProgressFn = Callable[[str, float, float | None], None]
+
+
+@functools.lru_cache(maxsize=64)
+def _read_layer(path: str, ino: int, mtime_ns: int) -> Layer:
+    """A layer's manifest, parsed once per version of its file: its chunk
+    list makes it ~180 KB of JSON for a Debian root, 0.18 ms to parse on
+    every create. A manifest is written once (put_manifest) and replaced
+    only whole, so (inode, mtime) names its content; a removed one is not
+    found by the stat before. Callers must not change what it returns
+    (Layer is frozen; its lists are shared)."""
+    with open(path) as f:
+        return Layer.from_json(json.load(f), [])
 
 
 def _hash_file(path: Path, chunk_size: int | None = None) -> tuple[str, list[str]]:
@@ -141,10 +155,11 @@ class ImageStore:
         costs a walk of every tag (a create's path passes names=False)."""
         path = self.layers / (digest.removeprefix("sha256:") + ".json")
         try:
-            doc = json.loads(path.read_text())
+            st = os.stat(path)
+            layer = _read_layer(str(path), st.st_ino, st.st_mtime_ns)
         except FileNotFoundError:
             raise ImageNotFound(f"layer {digest} is not in this node's store", ref=digest) from None
-        return Layer.from_json(doc, self._names_of(digest) if names else [])
+        return replace(layer, names=self._names_of(digest)) if names else layer
 
     def resolve(self, text: str, field: str = "image", *, names: bool = True) -> Layer:
         return self.get(self.digest_of(text, field), names=names)
