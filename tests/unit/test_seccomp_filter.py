@@ -142,3 +142,17 @@ def test_the_tree_is_shorter_to_walk(programs: tuple[bytes, bytes]) -> None:
     tree_steps = sum(walk(tree, nr, X86_64)[1] for nr in range(0, 450))
     linear_steps = sum(walk(linear, nr, X86_64)[1] for nr in range(0, 450))
     assert tree_steps * 5 < linear_steps, (tree_steps, linear_steps)
+
+
+def test_a_libseccomp_that_cannot_compile_leaves_it_to_crun(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(profile: object, *, tree: bool = True) -> bytes:
+        raise seccomp_filter.FilterError("libseccomp: binary tree: Invalid argument")
+
+    seccomp_filter.sandbox_filter.cache_clear()
+    monkeypatch.setattr(seccomp_filter, "compile_profile", refuse)
+    try:
+        assert seccomp_filter.sandbox_filter() is None
+    finally:
+        seccomp_filter.sandbox_filter.cache_clear()

@@ -152,5 +152,11 @@ def compile_profile(profile: dict[str, Any], *, tree: bool = True) -> bytes | No
 
 @functools.cache
 def sandbox_filter() -> bytes | None:
-    """seccomp.profile()'s rules, compiled once per process (~20 ms)."""
-    return compile_profile(seccomp.profile("", ""))
+    """seccomp.profile()'s rules, compiled once per process (~20 ms); None
+    where this libseccomp cannot (before 2.5 it has no binary tree): crun
+    then compiles the rules itself, as it did before."""
+    try:
+        return compile_profile(seccomp.profile("", ""))
+    except FilterError as exc:
+        log.warning("filter.unavailable", why=str(exc))
+        return None
