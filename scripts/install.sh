@@ -31,7 +31,7 @@ APT_PACKAGES=(
   qemu-utils ovmf           # users' own disks: qemu-img (checks, overlays), UEFI firmware
   grub-pc-bin grub-efi-amd64-bin xorriso mtools  # the own-disk tests' small bootable disk
   gcc libc6-dev make        # the static platform helpers
-  musl-tools                # ...linked against musl: no cpuid storm at each exec (native/Makefile)
+  musl-tools                # corral-nsexec linked against musl: no cpuid storm at each exec (native/Makefile)
   python3 python3-venv python3-dev
   ca-certificates curl tar
   skopeo zstd               # OCI registries: their protocol (pulls), zstd layers
