@@ -13,7 +13,9 @@ from corral.errors import InvalidArgument
 from corral.node.cpuclasses import (
     BACKGROUND,
     INTERACTIVE,
+    REAPPLY_EVERY,
     CpuClasses,
+    Partition,
     background_cores,
     cpu_list,
     partition,
@@ -119,18 +121,28 @@ def test_busy_background_work_moves_the_cores_and_every_sandbox_follows(tmp_path
     c, cg = classes(tmp_path)
     c.place("bg", BACKGROUND, 1.0)
     c.place("it", INTERACTIVE, 1.0)
-    assert c.rebalance(["bg", "it"], now=100.0) is None  # idle: all shared
+
+    def rebalance(now: float) -> Partition | None:
+        new = c.resize(now)
+        if new is not None:
+            c.reapply(["bg", "it"], new)
+        return new
+
+    first = rebalance(100.0)  # the first full pass: idle, all shared
+    assert first is not None and first.k == 0
     assert cg.cpus == {"bg": "0-1", "it": "0-1"}
+    assert rebalance(100.5) is None  # nothing moved: no pass until REAPPLY_EVERY
     c.begin("bg", BACKGROUND, BACKGROUND, 1.0)
-    moved = c.rebalance(["bg", "it"], now=101.0)
+    moved = rebalance(101.0)
     assert moved is not None and (moved.interactive, moved.background) == ("0", "1")
     assert cg.cpus == {"bg": "1", "it": "0"}
     # Another agent of the node reads the same partition.
     other, _ = classes(tmp_path)
     assert other.current() == moved
     c.end("bg", BACKGROUND)
-    assert c.rebalance(["bg", "it"], now=102.0) is not None
+    assert rebalance(102.0) is not None
     assert cg.cpus == {"bg": "0-1", "it": "0-1"}
+    assert rebalance(102.0 + REAPPLY_EVERY) is not None  # and again, every REAPPLY_EVERY
 
 
 def test_a_dead_agents_markers_do_not_hold_cores(tmp_path: Path) -> None:
@@ -145,7 +157,7 @@ def test_classes_off_write_nothing(tmp_path: Path) -> None:
     c = CpuClasses(cg, tmp_path, enabled=False, interactive_cores=1)  # type: ignore[arg-type]
     c.place("bg", BACKGROUND, 1.0)
     c.begin("bg", BACKGROUND, BACKGROUND, 1.0)
-    assert cg.idle == {} and c.rebalance(["bg"], now=1.0) is None
+    assert cg.idle == {} and c.resize(now=1.0) is None
 
 
 @pytest.mark.parametrize("value", [0, -1, 5000])

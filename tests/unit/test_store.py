@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from corral.errors import ResourceExhausted
-from corral.node.store import SCHEMA_VERSION, Promised, Running, SandboxRecord, Store
+from corral.node.store import SCHEMA_VERSION, Promised, SandboxRecord, Store
 
 
 def _rec(
@@ -104,21 +104,52 @@ def test_promised_sums_active_sandboxes_only(tmp_path: Path) -> None:
     assert s.active_ids() == {"n-1", "n-2"}
 
 
-def test_running_briefly_reads_what_housekeeping_needs(tmp_path: Path) -> None:
+def test_housekeeping_is_answered_only_what_is_due(tmp_path: Path) -> None:
+    """The tick's questions answer the due sandboxes, not all held."""
     s = Store(tmp_path / "state.db")
-    a = _rec("n-1", labels={"corral.pool": "warm"})
-    a.spec = {"memory": 1, "idle_timeout": 30.0}
-    a.init_pid, a.init_start, a.expires_at = 42, 7, 123.0
-    s.insert(a)
-    s.insert(_rec("n-2", labels={"job": "x"}))
-    s.insert(_rec("n-3", state="suspended"))
-    got = {r.id: r for r in s.running_briefly("corral.pool")}
-    assert set(got) == {"n-1", "n-2"}
-    assert got["n-1"] == Running(
-        id="n-1", kind="container", expires_at=123.0, last_active=a.last_active,
-        idle_timeout=30.0, init_pid=42, init_start=7, owner="1:2", pooled=True,
-    )  # fmt: skip
-    assert got["n-2"].idle_timeout is None and not got["n-2"].pooled
+    now = 1000.0
+
+    def add(sid: str, *, state: str = "running", kind: str = "container", **kw: object) -> None:
+        rec = _rec(sid, state=state, labels=kw.pop("labels", None))  # type: ignore[arg-type]
+        rec.kind, rec.last_active = kind, float(kw.pop("last_active", now))  # type: ignore[arg-type]
+        rec.expires_at = kw.pop("expires_at", None)  # type: ignore[assignment]
+        rec.spec = {"memory": 1, "idle_timeout": kw.pop("idle", None)}
+        rec.init_pid, rec.init_start = 42, 7
+        rec.suspended = kw.pop("suspended", None)  # type: ignore[assignment]
+        s.insert(rec)
+
+    add("ttl", expires_at=now - 1)
+    add("ttl-later", expires_at=now + 1)
+    add("idle", idle=30.0, last_active=now - 31)
+    add("idle-not-yet", idle=30.0, last_active=now - 29)
+    add("no-timeout", last_active=now - 10_000)
+    add("ttl-closed", state="closed", expires_at=now - 1)
+    add("vm", kind="microvm", last_active=now - 100)
+    add("pooled", labels={"corral.pool": "warm"}, last_active=now - 100)
+    add("frozen", state="suspended", suspended="freeze", last_active=now - 100)
+    add("on-disk", state="suspended", suspended="disk", last_active=now - 10_000)
+    assert s.due_to_retire(now) == [("idle", "idle for 30s"), ("ttl", "ttl expired")]
+    assert {sid for sid, _, _ in s.running_inits()} == {
+        "ttl", "ttl-later", "idle", "idle-not-yet", "no-timeout", "vm", "pooled"
+    }  # fmt: skip
+    assert set(s.running_ids(["microvm"])) == {"vm"}
+    assert s.running_labelled("corral.pool") == [("pooled", "1:2")]
+    # Memory back once per idle spell: marked, not asked again until used.
+    kinds = ("container", "microvm")
+    assert [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 10)] == [
+        "no-timeout", "vm", "pooled"
+    ]  # fmt: skip
+    assert [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 1)] == ["no-timeout"]
+    s.mark_reclaimed("no-timeout", now - 10_000)
+    assert [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 10)] == ["vm", "pooled"]
+    s.touch({"no-timeout": now - 60})  # a command: a new idle spell
+    assert "no-timeout" in [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 10)]
+    # Suspension: a pool's never; frozen ones only once due for the disk.
+    got = {r[0]: r[2] for r in s.idle_to_suspend(kinds, now - 50, None, "corral.pool")}
+    assert got == {"no-timeout": "running", "vm": "running"}
+    got = {r[0]: r[2] for r in s.idle_to_suspend(kinds, now - 50, now - 90, "corral.pool")}
+    assert got == {"no-timeout": "running", "vm": "running", "frozen": "suspended"}
+    assert s.idle_to_suspend([], now, now, "corral.pool") == []
 
 
 def test_id_blocks_and_address_blocks_fill_the_lowest_gap(tmp_path: Path) -> None:

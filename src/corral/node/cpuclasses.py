@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,10 +236,11 @@ class CpuClasses:
                 total += float((self.busy_dir / name).read_text() or 1.0)
         return total
 
-    def rebalance(self, sandbox_ids: list[str], now: float) -> Partition | None:
-        """The leader's tick: size the background cores to the load and,
-        when that moved (or REAPPLY_EVERY passed), give every sandbox its
-        class's cores. Returns the new partition when it changed."""
+    def resize(self, now: float) -> Partition | None:
+        """The leader's tick: size the background cores to the load.
+        Returns the partition every sandbox is to be given now (the cores
+        moved, or REAPPLY_EVERY passed since the last full pass), else None:
+        the caller lists the sandboxes only then (reapply)."""
         if not self.enabled:
             return None
         k = background_cores(self.busy_cpu(), len(self.cpus), self.reserve)
@@ -252,13 +254,16 @@ class CpuClasses:
             return None
         self._last_full = now
         new = self.current()
+        if changed:
+            log.info("cpu_class.partition", interactive=new.interactive, background=new.background)
+        return new
+
+    def reapply(self, sandbox_ids: Iterable[str], new: Partition) -> None:
+        """Give every sandbox its class's cores of `new` (a write per
+        sandbox: off the event loop)."""
         for sid in sandbox_ids:
             background = self.cgroups.cpu_idle(sid)
             if background is None:
                 continue
             with contextlib.suppress(OSError):
                 self.cgroups.set_cpuset(sid, new.cpus(BACKGROUND if background else INTERACTIVE))
-        if changed:
-            log.info("cpu_class.partition", interactive=new.interactive, background=new.background)
-            return new
-        return None

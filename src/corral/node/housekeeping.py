@@ -20,6 +20,7 @@ from corral.api.models import VM_KINDS
 from corral.config import NodeConfig
 from corral.errors import CorralError
 from corral.execd.client import ExecdClient
+from corral.host import procs
 from corral.host.cgroups import Cgroups
 from corral.images.disks import is_disk
 from corral.images.mounter import LayerMounts
@@ -28,9 +29,9 @@ from corral.node.activity import Activity
 from corral.node.children import Children
 from corral.node.cpuclasses import CpuClasses
 from corral.node.lifecycle import Lifecycle, control_path
-from corral.node.recovery import GcReport, Recovery, init_alive, orphan_worker
+from corral.node.recovery import GcReport, Recovery, init_alive
 from corral.node.snapshots import Snapshots
-from corral.node.store import Running, SandboxRecord, Store
+from corral.node.store import SandboxRecord, Store
 from corral.runtimes.base import Diagnosable, Runtime, Suspendable
 
 log = get_logger("corral.maintenance")
@@ -71,9 +72,6 @@ class Housekeeping:
         self.children = children
         self.cpu = cpu
         self.cgroups = cgroups
-        # Sandbox -> the last_active its memory was reclaimed at: once per
-        # idle spell (a command, any agent's, moves last_active on).
-        self._reclaimed: dict[str, float] = {}
         self._on_lead = on_lead  # what only the leader runs (the node's DNS)
         self._on_tick = on_tick  # the leader's batched writes (the DNS refusals)
         self.snapshots = snapshots
@@ -147,37 +145,21 @@ class Housekeeping:
         if check_liveness:
             self._last_liveness = now
             await self._check_loader()
-        # Every second, over every running sandbox: the brief form, whose
-        # read decodes no JSON (the full records of 9,000 held took the
-        # loop for most of each second).
-        running = db.running_briefly(labels.POOL)
-        # The cores follow the load: off the loop (a full pass writes a
-        # file per sandbox).
-        await asyncio.to_thread(self.cpu.rebalance, [r.id for r in running], now)
-        # Off the loop too: a read of /proc per init, ~50 us each, would
-        # hold the loop for half a second at 10,000, every liveness_interval.
-        dead: set[str] = set()
+        # Each second: what is due, as the database answers it. Nothing
+        # here walks every sandbox held on the event loop (store.py).
+        for sid, reason in db.due_to_retire(now):
+            await lc.retire(sid, reason=reason)
+        # The cores follow the load; a full pass writes a file per sandbox:
+        # off the loop.
+        moved = await asyncio.to_thread(self.cpu.resize, now)
+        if moved is not None:
+            await asyncio.to_thread(self.cpu.reapply, db.running_ids(), moved)
         if check_liveness:
-            dead = await asyncio.to_thread(lambda: {r.id for r in running if not init_alive(r)})
-        for rec in running:
-            idle = rec.idle_timeout
-            if rec.expires_at is not None and now >= rec.expires_at:
-                await lc.retire(rec.id, reason="ttl expired")
-            elif idle and now - rec.last_active >= idle:
-                await lc.retire(rec.id, reason=f"idle for {idle:.0f}s")
-            elif rec.id in dead:
-                # Again, on the record as it is now: it may have closed or
-                # been restored with a new init while the thread read.
-                full = db.get(rec.id)
-                if full is not None and full.state == "running" and not init_alive(full):
-                    await lc.fail(full, "its init process exited")
-            elif check_liveness and orphan_worker(rec, self.owner):
-                await lc.retire(rec.id, reason="its function-call pool is gone")
-        if check_liveness:
-            await self._check_guests(now, running)
-            self._bound_logs(running)
+            await self._check_inits()
+            await self._check_guests(now)
+            self._bound_logs()
         if self.config.reclaim_after:
-            await self._reclaim_idle(running, now)
+            await self._reclaim_idle(now)
         if self.config.suspend_after:
             await self._suspend_idle(now)
         metrics.SANDBOXES_ACTIVE.set(db.count_active())
@@ -185,78 +167,88 @@ class Housekeeping:
             self._last_gc = now
             await self.recovery.gc()
 
-    async def _reclaim_idle(self, running: list[Running], now: float) -> None:
+    async def _check_inits(self) -> None:
+        """Every liveness_interval: a running sandbox whose init exited has
+        failed; a pooled function-call worker whose agent died is retired."""
+        db = self.store
+        inits = db.running_inits()
+        # Off the loop: a read of /proc per init, ~8 us each.
+        dead = await asyncio.to_thread(
+            lambda: [sid for sid, pid, start in inits if not procs.alive(pid, start)]
+        )
+        for sid in dead:
+            # Again, on the record as it is now: it may have closed or been
+            # restored with a new init while the thread read.
+            full = db.get(sid)
+            if full is not None and full.state == "running" and not init_alive(full):
+                await self.lifecycle.fail(full, "its init process exited")
+        owners: dict[str, bool] = {}
+        for sid, owner in db.running_labelled(labels.POOL):
+            if owner == self.owner:
+                continue
+            if owner not in owners:
+                owners[owner] = procs.owner_alive(owner)
+            if not owners[owner]:
+                await self.lifecycle.retire(sid, reason="its function-call pool is gone")
+
+    async def _reclaim_idle(self, now: float) -> None:
         """Memory back from sandboxes idle for reclaim_after (no command,
         on any agent: Activity flushes busy sandboxes as used each tick),
-        once per idle spell, at most RECLAIM_PER_TICK a tick. They keep
-        running: the next command faults back what it touches. A VM's
-        cgroup holds its QEMU, so its whole guest memory goes out (the
-        kernels here have no cold-page finder to pick within it: see
-        docs/memory-reclaim.md)."""
-        after = self.config.reclaim_after
-        live = {r.id for r in running}
-        self._reclaimed = {k: v for k, v in self._reclaimed.items() if k in live}
-        due = [
-            r
-            for r in running
-            if r.kind in ("container", *VM_KINDS)
-            and now - r.last_active >= after
-            and self._reclaimed.get(r.id) != r.last_active
-            and not self.activity.running(r.id)
-        ][:RECLAIM_PER_TICK]
-        for rec in due:
-            self._reclaimed[rec.id] = rec.last_active
-            freed = await asyncio.to_thread(self.cgroups.reclaim, rec.id)
+        once per idle spell (the store marks it), at most RECLAIM_PER_TICK
+        a tick. They keep running: the next command faults back what it
+        touches. A VM's cgroup holds its QEMU, so its whole guest memory
+        goes out (the kernels here have no cold-page finder to pick within
+        it: see docs/memory-reclaim.md)."""
+        due = self.store.idle_unreclaimed(
+            ("container", *VM_KINDS), now - self.config.reclaim_after, RECLAIM_PER_TICK
+        )
+        for sid, last_active in due:
+            if self.activity.running(sid):
+                continue
+            self.store.mark_reclaimed(sid, last_active)
+            freed = await asyncio.to_thread(self.cgroups.reclaim, sid)
             metrics.MEMORY_RECLAIMED.inc(freed)
 
     async def _suspend_idle(self, now: float) -> None:
         """The idle policy (config.suspend_after): frozen first where a kind
         can be, then to disk after suspend_to_disk_after. A sandbox running
-        a command is never idle (Activity counts it as used)."""
+        a command is never idle (Activity counts it as used); a pool's is
+        idle by design and is claimed running."""
         cfg = self.config
-        for rec in self.store.list(["running", "suspended"]):
-            runtime = self.runtimes.get(rec.kind)
-            if not isinstance(runtime, Suspendable) or self.activity.running(rec.id):
+        able = {k: r for k, r in self.runtimes.items() if isinstance(r, Suspendable)}
+        before = now - cfg.suspend_after
+        to_disk = before - cfg.suspend_to_disk_after if cfg.suspend_to_disk_after else None
+        for sid, kind, state in self.store.idle_to_suspend(able, before, to_disk, labels.POOL):
+            modes = able[kind].suspend_modes
+            if self.activity.running(sid):
                 continue
-            if labels.POOL in rec.labels:  # a pool's: idle by design, claimed running
-                continue
-            idle = now - rec.last_active
-            modes = runtime.suspend_modes
-            if rec.state == "running" and idle >= cfg.suspend_after:
+            if state == "running":
                 mode = "freeze" if "freeze" in modes else modes[0]
-            elif (
-                rec.state == "suspended"
-                and rec.suspended == "freeze"
-                and "disk" in modes
-                and cfg.suspend_to_disk_after
-                and idle >= cfg.suspend_after + cfg.suspend_to_disk_after
-            ):
+            elif "disk" in modes:  # frozen for suspend_to_disk_after more
                 mode = "disk"
             else:
                 continue
             try:
-                await self.snapshots.suspend(rec.id, mode)
+                await self.snapshots.suspend(sid, mode)
             except CorralError as exc:  # raced with a request, or cannot: next tick
-                log.info("sandbox.idle_suspend_skipped", sandbox=rec.id, error=exc.message)
+                log.info("sandbox.idle_suspend_skipped", sandbox=sid, error=exc.message)
 
-    def _bound_logs(self, running: list[Running]) -> None:
+    def _bound_logs(self) -> None:
         """Logs a sandbox writes outside its disk quota (a VM's console)
         stay under their cap; what was dropped is in its audit."""
-        # isinstance() against a Protocol costs ~10 us: once per kind, not
-        # once per sandbox.
-        keeping = {k: r for k, r in self.runtimes.items() if isinstance(r, Diagnosable)}
-        for rec in running:
-            runtime = keeping.get(rec.kind)
-            if runtime is not None:
-                dropped = runtime.bound_logs(rec.id)
+        for kind, runtime in self.runtimes.items():
+            if not isinstance(runtime, Diagnosable):
+                continue
+            for sid in self.store.running_ids([kind]):
+                dropped = runtime.bound_logs(sid)
                 if dropped:
-                    self.store.count(rec.id, "console_dropped_bytes", dropped)
+                    self.store.count(sid, "console_dropped_bytes", dropped)
 
-    async def _check_guests(self, now: float, running: list[Running]) -> None:
+    async def _check_guests(self, now: float) -> None:
         """A VM's QEMU can be alive around a dead guest: a kernel stuck with
         interrupts off, a PID 1 starved by a real-time spinner. Ping every
         running guest's agent; one silent for vm_hang_timeout has failed."""
-        vms = [self.store.get(r.id) for r in running if r.kind in VM_KINDS]
+        vms = [self.store.get(sid) for sid in self.store.running_ids(VM_KINDS)]
         guests = [
             r
             for r in vms

@@ -27,7 +27,7 @@ from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.node.ledger import Ledger
 from corral.node.lifecycle import Lifecycle, control_path
-from corral.node.store import ACTIVE_STATES, Running, SandboxRecord, Store
+from corral.node.store import ACTIVE_STATES, SandboxRecord, Store
 from corral.runtimes.base import Reattachable, Runtime
 
 log = get_logger("corral.maintenance")
@@ -54,15 +54,14 @@ class GcReport:
             self.reclaimed[kind] = self.reclaimed.get(kind, 0) + n
 
 
-def init_alive(rec: SandboxRecord | Running) -> bool:
+def init_alive(rec: SandboxRecord) -> bool:
     return procs.alive(rec.init_pid, rec.init_start)
 
 
-def orphan_worker(rec: SandboxRecord | Running, owner: str) -> bool:
+def orphan_worker(rec: SandboxRecord, owner: str) -> bool:
     """A pooled function-call worker lives only as long as the agent whose
     pool holds it (nobody else can hand it out)."""
-    pooled = rec.pooled if isinstance(rec, Running) else labels.POOL in rec.labels
-    return pooled and rec.owner != owner and not procs.owner_alive(rec.owner)
+    return labels.POOL in rec.labels and rec.owner != owner and not procs.owner_alive(rec.owner)
 
 
 async def answers(control: Path) -> bool:

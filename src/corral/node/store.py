@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from corral.errors import ResourceExhausted, Unavailable
 from corral.node import findlog, steplog
 from corral.node import states as st
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -117,6 +117,11 @@ _MIGRATIONS: dict[int, str] = {
     10: """
     CREATE INDEX sandboxes_promised ON sandboxes(state, memory, cpu, disk);
     """,
+    # The last_active of the idle spell whose memory housekeeping took back
+    # (reclaim_after), so that a tick asks only for those not yet taken.
+    11: """
+    ALTER TABLE sandboxes ADD COLUMN reclaimed_for REAL;
+    """,
 }
 
 # Every state but the final ones (node/states.py draws the machine).
@@ -153,22 +158,6 @@ class Promised:
     memory: int
     cpu: float
     disk: int
-
-
-class Running(NamedTuple):
-    """A running sandbox as housekeeping reads it every tick: no JSON
-    column decoded (a whole record costs ~30 us, and at 9,000 held the
-    full list each second held the loop for a large part of it)."""
-
-    id: str
-    kind: str
-    expires_at: float | None
-    last_active: float
-    idle_timeout: float | None
-    init_pid: int | None
-    init_start: int | None
-    owner: str
-    pooled: bool
 
 
 _COLUMNS = (
@@ -395,16 +384,95 @@ class Store:
             )
         }
 
-    def running_briefly(self, pool_label: str) -> builtins.list[Running]:
-        """The running sandboxes, as housekeeping reads them every tick."""
-        rows = self.db.execute(
-            "SELECT id, kind, expires_at, last_active, json_extract(spec, '$.idle_timeout'), "
-            "init_pid, init_start, owner, EXISTS (SELECT 1 FROM labels "
-            "WHERE labels.sandbox_id = sandboxes.id AND labels.key = ?) "
-            "FROM sandboxes WHERE state = 'running' ORDER BY created_at",
-            (pool_label,),
+    # Housekeeping asks these every tick: each answers only what is due
+    # (or the few columns a pass needs), so that a tick holds the event
+    # loop for what changed, not for every sandbox held (at 10,000 held,
+    # reading each running record into Python every second held the loop
+    # ~30 ms of each second: the tail of every command's latency).
+
+    def _tuples(self, sql: str, args: Any = ()) -> builtins.list[Any]:
+        """Rows as plain tuples, unpacked by the caller (cheaper than Rows)."""
+        cur = self.db.cursor()
+        cur.row_factory = None
+        return cur.execute(sql, args).fetchall()
+
+    def due_to_retire(self, now: float) -> builtins.list[tuple[str, str]]:
+        """Running sandboxes past their TTL or idle past their
+        idle_timeout, as (id, reason), the TTL first."""
+        rows = self._tuples(
+            "SELECT id, expires_at, idle FROM (SELECT id, expires_at, last_active, "
+            "json_extract(spec, '$.idle_timeout') AS idle FROM sandboxes "
+            "WHERE state = 'running') "
+            "WHERE (expires_at IS NOT NULL AND expires_at <= :now) "
+            "OR (idle > 0 AND last_active + idle <= :now) ORDER BY last_active",
+            {"now": now},
         )
-        return [Running._make((*r[:8], bool(r[8]))) for r in rows]
+        return [
+            (sid, "ttl expired" if exp is not None and exp <= now else f"idle for {idle:.0f}s")
+            for sid, exp, idle in rows
+        ]
+
+    def running_inits(self) -> builtins.list[tuple[str, int | None, int | None]]:
+        """(id, init pid, init start) of every running sandbox."""
+        return self._tuples(
+            "SELECT id, init_pid, init_start FROM sandboxes WHERE state = 'running'"
+        )
+
+    def running_ids(self, kinds: Iterable[str] | None = None) -> builtins.list[str]:
+        """Running sandboxes, of `kinds` only if given."""
+        sql, args = "SELECT id FROM sandboxes WHERE state = 'running'", []
+        if kinds is not None:
+            args = sorted(kinds)
+            sql += f" AND kind IN ({','.join('?' * len(args))})"
+        return [r[0] for r in self._tuples(sql, args)]
+
+    def running_labelled(self, key: str) -> builtins.list[tuple[str, str]]:
+        """(id, owner) of the running sandboxes that carry label `key`."""
+        return self._tuples(
+            "SELECT id, owner FROM sandboxes WHERE state = 'running' "
+            "AND id IN (SELECT sandbox_id FROM labels WHERE key = ?)",
+            (key,),
+        )
+
+    def idle_unreclaimed(
+        self, kinds: Iterable[str], before: float, most: int
+    ) -> builtins.list[tuple[str, float]]:
+        """(id, last_active) of running sandboxes of `kinds` unused since
+        `before` whose memory was not yet taken back in this idle spell
+        (mark_reclaimed), the longest idle first."""
+        wanted = sorted(kinds)
+        return self._tuples(
+            "SELECT id, last_active FROM sandboxes WHERE state = 'running' "
+            f"AND kind IN ({','.join('?' * len(wanted))}) AND last_active <= ? "
+            "AND (reclaimed_for IS NULL OR reclaimed_for != last_active) "
+            "ORDER BY last_active LIMIT ?",
+            (*wanted, before, most),
+        )
+
+    def idle_to_suspend(
+        self, kinds: Iterable[str], before: float, frozen_before: float | None, pool_label: str
+    ) -> builtins.list[tuple[str, str, str]]:
+        """(id, kind, state) of the sandboxes of `kinds`, none of them a
+        pool's, that are running and unused since `before`, or frozen and
+        unused since `frozen_before` (None: none frozen)."""
+        wanted = sorted(kinds)
+        if not wanted:
+            return []
+        frozen = "OR (state = 'suspended' AND suspended = 'freeze' AND last_active <= ?)"
+        return self._tuples(
+            "SELECT id, kind, state FROM sandboxes "
+            f"WHERE kind IN ({','.join('?' * len(wanted))}) "
+            f"AND ((state = 'running' AND last_active <= ?) {frozen if frozen_before else ''}) "
+            "AND id NOT IN (SELECT sandbox_id FROM labels WHERE key = ?) ORDER BY last_active",
+            (*wanted, before, *([frozen_before] if frozen_before else []), pool_label),
+        )
+
+    def mark_reclaimed(self, sandbox_id: str, last_active: float) -> None:
+        """Its memory was taken back in the idle spell that began at
+        `last_active`: not again until a command moves last_active on."""
+        self.db.execute(
+            "UPDATE sandboxes SET reclaimed_for = ? WHERE id = ?", (last_active, sandbox_id)
+        )
 
     def count_labelled(self, key: str) -> int:
         """Active sandboxes carrying label `key` (any value)."""
