@@ -137,11 +137,11 @@ def test_housekeeping_is_answered_only_what_is_due(tmp_path: Path) -> None:
     # Memory back once per idle spell: marked, not asked again until used.
     kinds = ("container", "microvm")
     assert [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 10)] == [
-        "no-timeout", "vm", "pooled"
+        "no-timeout", "pooled", "vm"
     ]  # fmt: skip
     assert [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 1)] == ["no-timeout"]
     s.mark_reclaimed("no-timeout", now - 10_000)
-    assert [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 10)] == ["vm", "pooled"]
+    assert [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 10)] == ["pooled", "vm"]
     s.touch({"no-timeout": now - 60})  # a command: a new idle spell
     assert "no-timeout" in [sid for sid, _ in s.idle_unreclaimed(kinds, now - 50, 10)]
     # Suspension: a pool's never; frozen ones only once due for the disk.

@@ -409,7 +409,7 @@ class Store:
             "json_extract(spec, '$.idle_timeout') AS idle FROM sandboxes "
             "WHERE state = 'running') "
             "WHERE (expires_at IS NOT NULL AND expires_at <= :now) "
-            "OR (idle > 0 AND last_active + idle <= :now) ORDER BY last_active",
+            "OR (idle > 0 AND last_active + idle <= :now) ORDER BY last_active, id",
             {"now": now},
         )
         return [
@@ -450,7 +450,7 @@ class Store:
             "SELECT id, last_active FROM sandboxes WHERE state = 'running' "
             f"AND kind IN ({','.join('?' * len(wanted))}) AND last_active <= ? "
             "AND (reclaimed_for IS NULL OR reclaimed_for != last_active) "
-            "ORDER BY last_active LIMIT ?",
+            "ORDER BY last_active, id LIMIT ?",
             (*wanted, before, most),
         )
 
@@ -468,7 +468,7 @@ class Store:
             "SELECT id, kind, state FROM sandboxes "
             f"WHERE kind IN ({','.join('?' * len(wanted))}) "
             f"AND ((state = 'running' AND last_active <= ?) {frozen if frozen_before else ''}) "
-            "AND id NOT IN (SELECT sandbox_id FROM labels WHERE key = ?) ORDER BY last_active",
+            "AND id NOT IN (SELECT sandbox_id FROM labels WHERE key = ?) ORDER BY last_active, id",
             (*wanted, before, *([frozen_before] if frozen_before else []), pool_label),
         )
 
