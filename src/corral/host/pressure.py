@@ -46,12 +46,21 @@ def read(root: Path = PRESSURE) -> dict[str, Stall]:
     return out
 
 
-def mem_available(meminfo: Path = MEMINFO) -> int | None:
-    """Bytes the kernel could give without swapping (MemAvailable)."""
+def _meminfo(key: str, meminfo: Path) -> int | None:
     try:
         for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def mem_available(meminfo: Path = MEMINFO) -> int | None:
+    """Bytes the kernel could give without swapping (MemAvailable)."""
+    return _meminfo("MemAvailable", meminfo)
+
+
+def mem_total(meminfo: Path = MEMINFO) -> int | None:
+    """The host's memory (MemTotal)."""
+    return _meminfo("MemTotal", meminfo)
