@@ -82,12 +82,6 @@ class NodeConfig:
     # its CPU for seconds), where a memory stall means the host is short.
     memory_reserve: int = 1024**3
     pressure_limits: dict[str, float] = field(default_factory=lambda: {"memory": 25.0})
-    # Memory pressure is judged only while the host's free memory is under
-    # this share of it. A memory cgroup reclaiming at its own limit stalls
-    # its tasks, and PSI counts that host-wide: one sandbox compiling in a
-    # tight limit on a quiet host read as 40% `full` and refused every
-    # create. With more than this share free, the host is not short.
-    memory_pressure_free: float = 0.5
     scratch_size: int = 64 * 1024**3
     # The same rule for writable space: the disk promised to sandboxes may
     # exceed the scratch pool by this factor, and no one sandbox may ask for
@@ -308,13 +302,6 @@ class NodeConfig:
                     "must be a percent of stalled time above 0 and at most 100",
                     limit,
                 )
-        share = self.memory_pressure_free
-        if not isinstance(share, int | float) or not 0 < share <= 1:
-            raise InvalidArgument(
-                "memory_pressure_free",
-                "must be a share of the host's memory above 0 and at most 1 (1: always judged)",
-                share,
-            )
         if not 0 <= self.memory_reserve <= 1 << 50:
             raise InvalidArgument(
                 "memory_reserve", "must be 0 (off) or bytes up to 1 PiB", self.memory_reserve
@@ -410,7 +397,6 @@ class NodeConfig:
                 "checkpoint_wait",
                 "reclaim_after",
                 "fncall_cpu",
-                "memory_pressure_free",
             ):
                 values[f.name] = float(raw)
             elif f.name in (

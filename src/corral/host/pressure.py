@@ -46,21 +46,12 @@ def read(root: Path = PRESSURE) -> dict[str, Stall]:
     return out
 
 
-def _meminfo(key: str, meminfo: Path) -> int | None:
+def mem_available(meminfo: Path = MEMINFO) -> int | None:
+    """Bytes the kernel could give without swapping (MemAvailable)."""
     try:
         for line in meminfo.read_text().splitlines():
-            if line.startswith(key + ":"):
+            if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def mem_available(meminfo: Path = MEMINFO) -> int | None:
-    """Bytes the kernel could give without swapping (MemAvailable)."""
-    return _meminfo("MemAvailable", meminfo)
-
-
-def mem_total(meminfo: Path = MEMINFO) -> int | None:
-    """The host's memory (MemTotal)."""
-    return _meminfo("MemTotal", meminfo)

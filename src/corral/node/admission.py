@@ -63,30 +63,24 @@ class HostLoad:
 
     mem_available: int | None
     stalls: dict[str, psi.Stall]
-    mem_total: int | None = None
 
     @classmethod
     def read(cls) -> HostLoad:
-        return cls(psi.mem_available(), psi.read(), psi.mem_total())
+        return cls(psi.mem_available(), psi.read())
 
 
-def overloaded(
-    load: HostLoad, reserve: int, limits: dict[str, float], memory_free: float = 1.0
-) -> tuple[str, str] | None:
+def overloaded(load: HostLoad, reserve: int, limits: dict[str, float]) -> tuple[str, str] | None:
     """(reason, message) when the host is too loaded to take one more
     sandbox, else None. cpu is judged by `some` (a runnable task waited for
     a core), memory and io by `full` (every task stalled at once): a busy
-    CPU is what overcommit is for, a stalled memory or disk is not. Memory
-    pressure counts only while less than `memory_free` of the host's memory
-    is free: above it the stalls are sandboxes reclaiming at their own
-    limits, which PSI counts host-wide (config.memory_pressure_free)."""
-    free, total = load.mem_available, load.mem_total
-    if reserve and free is not None and free < reserve:
-        return "memory_free", f"{free} bytes of memory free, under memory_reserve {reserve}"
-    plenty = free is not None and total is not None and free >= memory_free * total
+    CPU is what overcommit is for, a stalled memory or disk is not."""
+    if reserve and load.mem_available is not None and load.mem_available < reserve:
+        return "memory_free", (
+            f"{load.mem_available} bytes of memory free, under memory_reserve {reserve}"
+        )
     for res, limit in sorted(limits.items()):
         stall = load.stalls.get(res)
-        if stall is None or (res == "memory" and plenty):
+        if stall is None:
             continue
         value, which = (stall.some, "some") if res == "cpu" else (stall.full, "full")
         if value >= limit:
@@ -264,9 +258,7 @@ class Admission:
                 "cpu",
             )
         self._admit_disk(req.disk, promised.disk - int(was_disk))
-        over = overloaded(
-            self.host_load(), cfg.memory_reserve, cfg.pressure_limits, cfg.memory_pressure_free
-        )
+        over = overloaded(self.host_load(), cfg.memory_reserve, cfg.pressure_limits)
         if over is not None:
             raise self._full(f"node {cfg.node} is too loaded: {over[1]}", over[0])
 
@@ -312,9 +304,7 @@ class Admission:
         `held` counts the sandboxes a gateway made (labelled with a project)."""
         promised = self.store.promised()
         cfg = self.config
-        over = overloaded(
-            self.host_load(), cfg.memory_reserve, cfg.pressure_limits, cfg.memory_pressure_free
-        )
+        over = overloaded(self.host_load(), cfg.memory_reserve, cfg.pressure_limits)
         return NodeCapacity(
             max_sandboxes=cfg.max_sandboxes,
             active=promised.sandboxes,
