@@ -10,6 +10,7 @@
  * On hosts with cgroup v1 controllers plus a cgroup2 mount at
  * /sys/fs/cgroup/unified ("hybrid"), crun 1.8 refuses to run; unmounting
  * that cgroup2 mount inside this private namespace makes it choose v1.
+ * With --unified DIR, DIR is bound where it was (see below).
  *
  * With --idmap HOSTID:SIZE the sandbox runs in a user namespace whose root
  * is host uid/gid HOSTID: every lower layer is then mounted here again
@@ -42,7 +43,7 @@
  * itself, re-executing and bind-mounting on every call (docs/container-runtime.md).
  *
  * usage: corral-nsexec --limits PID NAME=VALUE...
- *        corral-nsexec [--hybrid] [--overlay LOWER UPPER WORK TARGET]
+ *        corral-nsexec [--hybrid [--unified DIR]] [--overlay LOWER UPPER WORK TARGET]
  *                      [--idmap HOSTID:SIZE --stage DIR] [--view SRC DST MAP]
  *                      [--listen-fd N] [--log FILE] [--exec-fd N]
  *                      [--limits-of PIDFILE [--limit NAME=VALUE]...]
@@ -155,13 +156,14 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "--limits")) return limits(argv[2], argc - 3, argv + 3);
     int hybrid = 0, listen_fd = -1, nlimits = 0;
     const char *lower = NULL, *upper = NULL, *work = NULL, *target = NULL, *log = NULL;
-    const char *limits_of = NULL;
+    const char *limits_of = NULL, *unified = NULL;
     char *limit[16];
     const char *idmap = NULL, *stage = NULL, *view_src = NULL, *view_dst = NULL, *view_map = NULL;
     int i = 1;
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--")) { i++; break; }
         if (!strcmp(argv[i], "--hybrid")) hybrid = 1;
+        else if (!strcmp(argv[i], "--unified") && i + 1 < argc) unified = argv[++i];
         else if (!strcmp(argv[i], "--overlay") && i + 4 < argc) {
             lower = argv[++i]; upper = argv[++i]; work = argv[++i]; target = argv[++i];
         } else if (!strcmp(argv[i], "--listen-fd") && i + 1 < argc) listen_fd = atoi(argv[++i]);
@@ -200,6 +202,17 @@ int main(int argc, char **argv) {
     if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) die("making private", "/");
     if (hybrid && umount2("/sys/fs/cgroup/unified", MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
         die("unmounting", "/sys/fs/cgroup/unified");
+    /* What the unmount leaves at that path is a directory of the host's
+     * tmpfs at /sys/fs/cgroup: crun (taking it for the cgroup2 hierarchy of
+     * /proc/self/cgroup's "0::" line) makes each container's cgroup there as
+     * a directory holding a cgroup.procs file, which no delete removes: two
+     * inodes of host kernel memory for good per container. The node's own
+     * directory, bound over it, takes them instead, and the node removes
+     * them with the container. (Read-only would not do: crun 1.8 means to
+     * skip a hierarchy it gets EROFS on, but reports the errno of the stat
+     * it makes after the failed mkdir.) */
+    if (hybrid && unified && mount(unified, "/sys/fs/cgroup/unified", NULL, MS_BIND, NULL) < 0)
+        die("binding over /sys/fs/cgroup/unified", unified);
     char lowers[4096];
     if (target && idmap) {
         unsigned long base, size;

@@ -450,6 +450,12 @@ class NodeConfig:
         return self.data_dir / "run" / "oci"
 
     @property
+    def unified_dir(self) -> Path:
+        """Hybrid cgroup hosts: where crun's cgroup2 directories go
+        (host/cgroups.py Cgroups.unified), on the run tmpfs."""
+        return self.data_dir / "run" / "unified"
+
+    @property
     def bundles_dir(self) -> Path:
         """Containers' OCI bundles, on the run tmpfs (host/runfs.py)."""
         return self.data_dir / "run" / "bundles"

@@ -67,7 +67,7 @@ def leftovers(config: NodeConfig) -> dict[str, int]:
         "subvolumes": len([p for p in scratch.iterdir() if p.is_dir()])
         if mounts.is_mounted(scratch)
         else 0,
-        "cgroups": len(Cgroups(config.cgroup_parent).present()),
+        "cgroups": len(Cgroups(config.cgroup_parent, unified=config.unified_dir).present()),
         # seccomp.sock is the node's own (its seccomp notifier), not a sandbox's.
         "sockets": len([p for p in config.run_dir.glob("*.sock") if p.name != "seccomp.sock"])
         if config.run_dir.exists()

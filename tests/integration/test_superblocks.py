@@ -8,12 +8,17 @@ and comes back the same after a disk suspend and in a fork."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import corral
-from corral.host.cgroups import Mode, detect
+from corral.host import mounts
+from corral.host.cgroups import CGROUP_ROOT, Mode, detect
 from corral.node.store import Store
 
 from ..framework import IMAGE, Node
@@ -111,3 +116,45 @@ async def test_its_cgroup_mounts_come_back_after_disk_and_in_a_fork(node: Node) 
         finally:
             for x in [*copies, src]:
                 await x.close()
+
+
+@contextlib.contextmanager
+def _host_cgroup_tmpfs() -> Iterator[Path]:
+    """The host's /sys/fs/cgroup tmpfs without what is mounted on it: a
+    non-recursive bind shows what lies beneath the cgroup2 mount."""
+    with tempfile.TemporaryDirectory() as d:
+        mounts.mount(str(CGROUP_ROOT), d, "", mounts.MS_BIND)
+        try:
+            yield Path(d)
+        finally:
+            mounts.umount(d)
+
+
+async def test_a_hybrid_host_keeps_nothing_of_a_sandbox_beneath_its_cgroup2_mount(
+    node: Node,
+) -> None:
+    """crun takes the directory left where corral-nsexec unmounted the
+    cgroup2 hierarchy for that hierarchy and makes each container's cgroup
+    in it: on the host's tmpfs, for good. The node's own directory takes
+    them, and they go with the sandbox, through a disk suspend and a fork."""
+    if detect() is not Mode.HYBRID:
+        pytest.skip("not a hybrid cgroup host (no cgroup2 mount at /sys/fs/cgroup/unified)")
+    parent = node.config.cgroup_parent
+    with _host_cgroup_tmpfs() as host:
+        beneath = host / "unified" / parent
+        before = set(os.listdir(beneath)) if beneath.is_dir() else set()
+        async with node.client() as c:
+            src = await c.sandboxes.create(image=IMAGE)
+            copies: list[corral.AsyncSandbox] = []
+            try:
+                assert (node.config.unified_dir / parent / src.id / "cgroup.procs").is_file()
+                await src.suspend(mode="disk")
+                await src.resume()
+                copies = await c.sandboxes.fork(src, 1)
+                assert (await copies[0].commands.run("echo ok")).stdout == "ok\n"
+            finally:
+                for x in [*copies, src]:
+                    await x.close()
+        after = set(os.listdir(beneath)) if beneath.is_dir() else set()
+        assert after == before, after - before
+        assert not (node.config.unified_dir / parent / src.id).exists()

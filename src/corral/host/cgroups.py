@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -88,9 +89,15 @@ def shares_to_weight(shares: int) -> int:
 
 
 class Cgroups:
-    def __init__(self, parent: str, mode: Mode | None = None) -> None:
+    def __init__(self, parent: str, mode: Mode | None = None, unified: Path | None = None) -> None:
         self.parent = parent.strip("/")
         self.mode = mode or detect()
+        # Hybrid only: the node's directory that corral-nsexec binds where
+        # the cgroup2 mount was, so that what crun makes there (a directory
+        # and a cgroup.procs file per container, plain tmpfs files: nothing
+        # runs in them) lands where the node can remove it with the sandbox.
+        # (Made by the node once its run tmpfs is up.)
+        self.unified = unified if self.mode is Mode.HYBRID else None
         if self.mode is Mode.V2:
             self.hierarchies = [CGROUP_ROOT]
         else:
@@ -413,7 +420,7 @@ class Cgroups:
     def present(self) -> set[str]:
         """Sandbox ids that have a cgroup under our parent in any hierarchy."""
         out: set[str] = set()
-        for h in self.all:
+        for h in [*self.all, *([self.unified] if self.unified else [])]:
             try:
                 out.update(p.name for p in (h / self.parent).iterdir() if p.is_dir())
             except OSError:
@@ -446,10 +453,12 @@ class Cgroups:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.01)
+        if self.unified is not None:  # never read for pids: crun wrote them, the sandbox is gone
+            shutil.rmtree(self.unified / self.parent / sandbox_id, ignore_errors=True)
 
     def remove_parent(self) -> None:
         """Remove our (empty) parent cgroups, e.g. when the node has no sandbox."""
-        for h in self.all:
+        for h in [*self.all, *([self.unified] if self.unified else [])]:
             parts = self.parent.split("/")
             for depth in range(len(parts), 0, -1):
                 try:

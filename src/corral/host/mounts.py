@@ -10,6 +10,7 @@ from pathlib import Path
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_BIND = 0x1000
 MNT_DETACH = 0x2
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -200,12 +200,15 @@ def _runtimes(
     cfg: NodeConfig, cgroups: cg.Cgroups, platform: plat.Platform, seccompd: SeccompDaemon,
     layers: LayerMounts, scratch: Scratch,
 ) -> dict[str, Runtime]:  # fmt: skip
+    if cgroups.unified is not None:
+        cgroups.unified.mkdir(exist_ok=True)
     oci = OciRuntime(
         shutil.which(cfg.oci_runtime) or cfg.oci_runtime,
         cfg.crun_root,
         cfg.bundles_dir,
         platform.nsexec,
         hybrid=cgroups.mode is cg.Mode.HYBRID,
+        unified=cgroups.unified,
     )
     listener = seccompd.socket if cfg.seccomp else None
     device = scratch.device()
@@ -265,7 +268,7 @@ async def start_parts(
     check_node_name(cfg)
     raise_open_files()
     platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
-    cgroups = cg.Cgroups(cfg.cgroup_parent)
+    cgroups = cg.Cgroups(cfg.cgroup_parent, unified=cfg.unified_dir)
     seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd, cfg.aio_events)
     with ExitStack() as undo:  # what a start that fails made, unmade; kept if it succeeds
         # The run tmpfs first: the seccomp daemon's socket is in it.

@@ -30,7 +30,13 @@ class Overlay:
 
 class OciRuntime:
     def __init__(
-        self, binary: str, state_root: Path, bundle_root: Path, nsexec: Path, hybrid: bool
+        self,
+        binary: str,
+        state_root: Path,
+        bundle_root: Path,
+        nsexec: Path,
+        hybrid: bool,
+        unified: Path | None = None,
     ) -> None:
         self.binary = binary
         self.state_root = state_root
@@ -42,6 +48,7 @@ class OciRuntime:
         bundle_root.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.nsexec = nsexec
         self.hybrid = hybrid
+        self.unified = unified  # Cgroups.unified
         state_root.mkdir(parents=True, exist_ok=True)
         # None: the kernel will not run a memfd; crun copies itself per call.
         self.exec_fd = sealed.sealed_copy(binary)
@@ -63,6 +70,8 @@ class OciRuntime:
         cmd = [str(self.nsexec)]
         if self.hybrid:
             cmd.append("--hybrid")
+            if self.unified is not None:
+                cmd += ["--unified", str(self.unified)]
         if self.exec_fd is not None:
             cmd += ["--exec-fd", str(self.exec_fd)]
         return cmd
