@@ -84,6 +84,25 @@ async def sustained(
     return rate, cpu_ms
 
 
+async def churn(
+    create: Callable[[], Awaitable[T]], close: Callable[[T], Awaitable[object]], total: int
+) -> tuple[float, float]:
+    """(sandboxes per second, host CPU ms per sandbox) through a whole life,
+    create then close, 16 at a time: a rollout's steady state, where every
+    create has a close beside it."""
+    left = total
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await close(await create())
+
+    busy, t0 = host_busy(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(16)))
+    return total / (time.perf_counter() - t0), (host_busy() - busy) / total * 1000
+
+
 async def run(n: int, total: int) -> list[str]:
     store = ImageStore(IMAGES)
     peer_mounts = LayerMounts(store, fresh_dir(WORK / "peer-m"))
@@ -99,6 +118,7 @@ async def run(n: int, total: int) -> list[str]:
 async def _run(n: int, total: int, crun: Peer) -> list[str]:
     lat: dict[str, list[float]] = {}
     rates: dict[str, tuple[float, float]] = {}
+    lives: dict[str, tuple[float, float]] = {}
     for name, size in (("Corral, cold", 0), ("Corral, warm pool of 64", 64)):
         cfg = NodeConfig.from_env(
             data_dir=fresh_dir(WORK / str(size)), images=IMAGES, node=f"w{size}", warm_pool=size,
@@ -115,7 +135,12 @@ async def _run(n: int, total: int, crun: Peer) -> list[str]:
             rates[name] = await sustained(
                 lambda: client.sandboxes.create(**SPEC), lambda s: s.close(), total
             )
+            if not size:
+                lives[name] = await churn(
+                    lambda: client.sandboxes.create(**SPEC), lambda s: s.close(), total
+                )
     rates["bare crun (create + start)"] = await sustained(crun.create, crun.delete, total)
+    lives["bare crun (create + start, delete)"] = await churn(crun.create, crun.delete, total)
     peer: list[float] = []
     for _ in range(n):
         t, cid = await timed(crun.create())
@@ -151,6 +176,22 @@ async def _run(n: int, total: int, crun: Peer) -> list[str]:
         ),
         "Target (issue 20): >= 150/s sustained on 2 cores, i.e. at most 13.3 ms of the "
         "machine's CPU per create, everything included.",
+        "## Whole lives, 16 at a time\n\n"
+        f"{total} sandboxes, each created then closed by one of 16 workers: the steady "
+        "state of a rollout, every create beside a close. Host CPU per sandbox, create "
+        "and close together.",
+        table(
+            ["path", "sandboxes/s", "host CPU ms per sandbox", "rate vs crun"],
+            [
+                [
+                    k,
+                    f"{r:.1f}",
+                    f"{ms:.1f}",
+                    f"{r / lives['bare crun (create + start, delete)'][0]:.2f}x",
+                ]
+                for k, (r, ms) in lives.items()
+            ],
+        ),
     ]
 
 

@@ -414,10 +414,17 @@ class _Deleter:
     cgroups: Cgroups
 
     async def __call__(self, sandbox_id: str) -> None:
-        # crun's kill would wait on a frozen init forever.
-        if self.cgroups.frozen(sandbox_id):
-            await self.cgroups.thaw(sandbox_id)
-        await self.oci.delete(sandbox_id)
+        # Every process of a container is in its cgroups (its init was put
+        # there before it ran anything; inside, the cgroup file systems are
+        # read-only and its own), so emptying and removing them ends it,
+        # and what is left of it in the OCI runtime is its state dir.
+        # `crun delete --force` did the same from a process of its own, in
+        # a mount namespace of its own, per close: ~1 ms of host CPU.
+        await asyncio.to_thread(self._delete, sandbox_id)
+
+    def _delete(self, sandbox_id: str) -> None:
+        self.cgroups.remove(sandbox_id)
+        self.oci.forget(sandbox_id)
 
 
 def _last_words(*logs: Path) -> str:
