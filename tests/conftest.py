@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # Marks of a fixture's params (pytest.param(..., marks=...)) count too.
             if item.get_closest_marker(marker) is not None and (why := probe()):
                 item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """A failure's text as it happens: the session's own teardown (closing
+    what failed tests left, through C libraries such as libnftables) could
+    still crash the process and take pytest's summary with it."""
+    report = yield
+    if report.failed and (reporter := item.config.pluginmanager.get_plugin("terminalreporter")):
+        text = report.longreprtext[-3000:]
+        reporter.write_line(f"\nFAILED {item.nodeid} ({report.when}):\n{text}", red=True)
+    return report
 
 
 @pytest.fixture(scope="session")
