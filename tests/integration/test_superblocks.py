@@ -8,8 +8,10 @@ and comes back the same after a disk suspend and in a fork."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,3 +160,32 @@ async def test_a_hybrid_host_keeps_nothing_of_a_sandbox_beneath_its_cgroup2_moun
         after = set(os.listdir(beneath)) if beneath.is_dir() else set()
         assert after == before, after - before
         assert not (node.config.unified_dir / parent / src.id).exists()
+
+
+def test_a_node_sweeps_what_crun_left_beneath_the_cgroup2_mount_before(fresh_node: Node) -> None:
+    """Hosts that ran a Corral without the node's own directory there hold
+    a directory and a cgroup.procs file per container it ever made,
+    beneath the mount: a node removes its own when it starts."""
+    if detect() is not Mode.HYBRID:
+        pytest.skip("not a hybrid cgroup host (no cgroup2 mount at /sys/fs/cgroup/unified)")
+    parent = fresh_node.config.cgroup_parent
+    with _host_cgroup_tmpfs() as host:
+        left = host / "unified" / parent / f"{fresh_node.name}-0123456789abcdef"
+        left.mkdir(parents=True)
+        (left / "cgroup.procs").write_text("1\n")
+        other = host / "unified" / "elsewhere"  # not this node's: kept
+        other.mkdir(exist_ok=True)
+        try:
+            asyncio.run(_start_and_stop(fresh_node))
+            assert not (host / "unified" / parent).exists()
+            assert other.is_dir()
+        finally:
+            shutil.rmtree(host / "unified" / parent, ignore_errors=True)
+            with contextlib.suppress(OSError):  # only if nothing else is there
+                (host / "unified" / parent).parent.rmdir()
+            other.rmdir()
+
+
+async def _start_and_stop(node: Node) -> None:
+    async with node.client() as c:
+        await c.sandboxes.list()

@@ -20,7 +20,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from corral.host import mounts
+from corral.host import mounts, spawn
+from corral.log import get_logger
+
+log = get_logger("corral.cgroups")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -86,6 +89,19 @@ def cpu_shares(cpu: float) -> int:
 def shares_to_weight(shares: int) -> int:
     """v1 shares [2, 262144] onto v2 weight [1, 10000], as crun and runc map them."""
     return 1 + ((shares - 2) * 9999) // 262142
+
+
+async def sweep_beneath_cgroup2(nsexec: Path, parent: str) -> None:
+    """Remove what crun left of this node's sandboxes beneath a hybrid
+    host's cgroup2 mount before the node bound its own directory there
+    (corral-nsexec --unified): a directory and a cgroup.procs file per
+    container ever created, on the host's /sys/fs/cgroup tmpfs, unseen
+    while the mount is over them. corral-nsexec --hybrid runs rm where
+    that mount is out of the way; nothing there is live."""
+    where = CGROUP_ROOT / "unified" / parent
+    done = await spawn.run([str(nsexec), "--hybrid", "--", "rm", "-rf", "--", str(where)])
+    if done.code != 0:
+        log.warning("cgroups.sweep_failed", path=str(where), error=done.stderr.decode()[-300:])
 
 
 class Cgroups:

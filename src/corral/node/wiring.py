@@ -269,6 +269,8 @@ async def start_parts(
     raise_open_files()
     platform = plat.install(cfg.platform_src / "bin", cfg.platform_dir)
     cgroups = cg.Cgroups(cfg.cgroup_parent, unified=cfg.unified_dir)
+    if cgroups.unified is not None:
+        await cg.sweep_beneath_cgroup2(platform.nsexec, cgroups.parent)
     seccompd = SeccompDaemon(cfg.data_dir, platform.seccompd, cfg.aio_events)
     with ExitStack() as undo:  # what a start that fails made, unmade; kept if it succeeds
         # The run tmpfs first: the seccomp daemon's socket is in it.
