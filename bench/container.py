@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -68,13 +69,24 @@ def remove_peer_base() -> None:
 
 def remove_peer_cgroups() -> None:
     """The peers' parent cgroups (and Corral's, when empty), in every
-    hierarchy: crun leaves the parents of the groups it made."""
+    hierarchy: crun leaves the parents of the groups it made. On a hybrid
+    host also what the peers left beneath the cgroup2 mount: bare crun,
+    with the mount hidden, makes a directory and a cgroup.procs file per
+    container on the host's tmpfs there and never removes them
+    (docs/container-runtime.md)."""
     for parent in ("corral/benchcrun", "corral/benchrunc", "corral"):
         for h in Path("/sys/fs/cgroup").iterdir():
             try:
                 (h / parent).rmdir()
             except OSError:
                 pass
+    beneath = "/sys/fs/cgroup/unified/corral"
+    subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         "umount /sys/fs/cgroup/unified 2>/dev/null || exit 0; "
+         f"rm -rf {beneath}/benchcrun {beneath}/benchrunc; rmdir {beneath} 2>/dev/null; true"],
+        check=True,
+    )  # fmt: skip
 
 
 class Peer:
