@@ -442,6 +442,11 @@ class NodeConfig:
         return self.data_dir / "sandboxes"
 
     @property
+    def spare_dirs(self) -> Path:
+        """Closed sandboxes' directories, emptied, for new ones (node/sandboxdirs.py)."""
+        return self.data_dir / "sandboxes.spare"
+
+    @property
     def run_dir(self) -> Path:
         return self.data_dir / "run"
 

@@ -73,6 +73,8 @@ def leftovers(config: NodeConfig) -> dict[str, int]:
         if config.run_dir.exists()
         else 0,
         "oci_state": _count(config.crun_root),
+        # The seccomp daemon's per-sandbox counts (folded into the records at close).
+        "seccomp_counts": _count(config.data_dir / "audit", "*.seccomp"),
         "bundles": _count(config.bundles_dir),
         "init_processes": len(init_processes(config)),
         "qemu_processes": len(qemu_processes(config)),

@@ -106,3 +106,26 @@ async def test_a_reused_compiled_filter_still_refuses_and_counts(
     assert r.stdout.split() == ["-1", "1"]
     assert (await second.audit()).syscalls.get("mount") == 1
     await asyncio.gather(first.close(), second.close())
+
+
+async def test_refused_syscall_counts_outlive_the_close_but_not_their_file(
+    embedded: corral.AsyncClient, node_config: NodeConfig
+) -> None:
+    # The seccomp daemon counts in a file per sandbox; at close the counts
+    # go into the sandbox's records and the file goes (one stayed for every
+    # sandbox ever made).
+    sbx = await embedded.sandboxes.create(image=IMAGE)
+    probe = (
+        "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+        "[l.syscall(165, 0, 0, 0, 0, 0) for _ in range(3)]'"
+    )
+    await sbx.commands.run(probe)
+    live = await sbx.audit()
+    assert live.syscalls.get("mount") == 3, live.syscalls
+    counts = node_config.data_dir / "audit" / f"{sbx.id}.seccomp"
+    assert counts.exists()
+    await sbx.close()
+    after = await sbx.audit()
+    assert not counts.exists()
+    assert after.syscalls == live.syscalls
+    assert after.syscalls_denied == live.syscalls_denied

@@ -74,9 +74,20 @@ async def test_kill_9_in_the_middle_of_creates(fresh_node: Node) -> None:
 
 
 async def test_gc_reclaims_what_a_crash_left(fresh_node: Node) -> None:
+    audit = fresh_node.config.data_dir / "audit"
     async with fresh_node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE)
         keep = await c.sandboxes.create(image=IMAGE)
+        # What an older Corral left at every close: the seccomp daemon's
+        # counts of a closed sandbox (folded into its records by gc) ...
+        closed = await c.sandboxes.create(image=IMAGE)
+        await closed.close()
+        slots = bytearray(8 * 1024)
+        slots[8 * 165 : 8 * 166] = (4).to_bytes(8, "little")  # mount, refused 4 times
+        (audit / f"{closed.id}.seccomp").write_bytes(bytes(slots))
+        # ... and of one whose record is gone (purged), with another node's.
+        (audit / f"{fresh_node.config.node}-0123456789abcdef.seccomp").write_bytes(bytes(slots))
+        (audit / "elsewhere-0123456789abcdef.seccomp").write_bytes(bytes(slots))
         # The aftermath of a crash: the record is gone, the resources are not.
         held = {kind for kind, _ref in fresh_node.forget(sbx.id)}
         assert {"container", "subvolume"} <= held, held
@@ -87,7 +98,12 @@ async def test_gc_reclaims_what_a_crash_left(fresh_node: Node) -> None:
     assert report["reclaimed"].get("container", 0) >= 1
     assert report["reclaimed"].get("subvolume", 0) == 1
     assert len(fresh_node.init_processes()) == 1
+    assert sorted(p.name for p in audit.glob("*.seccomp")) == sorted(
+        [f"{keep.id}.seccomp", "elsewhere-0123456789abcdef.seccomp"]
+    )
+    (audit / "elsewhere-0123456789abcdef.seccomp").unlink()
     async with fresh_node.client() as c:
+        assert (await (await c.sandboxes.get(closed.id)).audit()).syscalls == {"mount": 4}
         s = await c.sandboxes.get(keep.id)
         assert (await s.commands.run("echo kept")).stdout == "kept\n"
         await s.close()

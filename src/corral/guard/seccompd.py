@@ -198,5 +198,16 @@ class SeccompDaemon:
         values = memoryview(raw).cast("Q")
         return {i: int(v) for i, v in enumerate(values) if v}
 
+    def counted(self) -> list[str]:
+        """The sandboxes the daemon keeps a counts file for."""
+        try:
+            return [
+                n.removesuffix(".seccomp")
+                for n in os.listdir(self.audit_dir)
+                if n.endswith(".seccomp")
+            ]
+        except FileNotFoundError:
+            return []
+
     def forget(self, sandbox_id: str) -> None:
         (self.audit_dir / f"{sandbox_id}.seccomp").unlink(missing_ok=True)

@@ -28,6 +28,9 @@ from corral.node.events import EventBus
 from corral.node.misbehaviour import Key, Misbehaviour, command_text, totals
 from corral.node.store import SandboxRecord, Store
 
+# An audit counter of a closed sandbox's denied syscalls, by seccompd slot.
+SYSCALL_SLOT = "syscall:"
+
 
 class Audit:
     def __init__(
@@ -142,6 +145,17 @@ class Audit:
             if value:
                 self.store.count(sandbox_id, key, value)
 
+    def keep_seccomp_counts(self, sandbox_id: str) -> None:
+        """Fold the seccomp daemon's counts of a sandbox whose processes are
+        gone into its audit counters, and remove the daemon's file (else one
+        stays per sandbox ever made: they went with nothing before)."""
+        counts = self.seccompd.counts(sandbox_id)
+        if counts and self.store.get(sandbox_id) is not None:  # a purged one keeps nothing
+            with self.store.transaction():
+                for slot, n in counts.items():
+                    self.store.count(sandbox_id, f"{SYSCALL_SLOT}{slot}", n)
+        self.seccompd.forget(sandbox_id)
+
     def _counted(self, sandbox_id: str, running: bool, net: bool) -> AuditReport:
         """The counters: the store's, the resolver's not yet flushed, the
         seccomp daemon's, the kernel's (while the cgroup lives) and, with
@@ -150,15 +164,20 @@ class Audit:
         for key, value in self._pending(sandbox_id).items():
             counters[key] = counters.get(key, 0) + value
         report = AuditReport(sandbox=sandbox_id)
+        syscalls: dict[int, int] = {}  # by seccompd slot: kept at close, then the daemon's
         for key, value in counters.items():
             if key in AuditReport.model_fields:
                 setattr(report, key, value)
             elif key.startswith(DENIED_NAME):
                 report.dns_denied_names[key[len(DENIED_NAME) :]] = value
+            elif key.startswith(SYSCALL_SLOT):
+                syscalls[int(key[len(SYSCALL_SLOT) :])] = value
         if running:
             report.oom_kills += self.cgroups.oom_kills(sandbox_id)
             report.pids_limit_hits += self.cgroups.pids_limit_hits(sandbox_id)
         for slot, n in self.seccompd.counts(sandbox_id).items():
+            syscalls[slot] = syscalls.get(slot, 0) + n
+        for slot, n in syscalls.items():
             cls, name = syscall_class(slot)
             report.syscalls_denied[cls] = report.syscalls_denied.get(cls, 0) + n
             report.syscalls[name] = report.syscalls.get(name, 0) + n

@@ -46,6 +46,7 @@ from corral.node.imagefetch import ImageFetcher
 from corral.node.ledger import Ledger
 from corral.node.network import SandboxNetworks
 from corral.node.records import Records
+from corral.node.sandboxdirs import SandboxDirs
 from corral.node.store import SandboxRecord, Store
 from corral.node.templates import Templates
 from corral.runtimes import drawn
@@ -148,6 +149,7 @@ class Lifecycle:
         runtimes: Mapping[str, Runtime],
         layers: LayerMounts,
         scratch: Scratch,
+        dirs: SandboxDirs,
         networks: SandboxNetworks,
         audit: Audit,
         activity: Activity,
@@ -169,6 +171,7 @@ class Lifecycle:
         self.fetcher = ImageFetcher(self.images, self.config.image_sources)
         self.disks = Disks(config.disks_dir)
         self.scratch = scratch
+        self.dirs = dirs
         self.networks = networks
         self.audit = audit
         self.activity = activity
@@ -357,7 +360,7 @@ class Lifecycle:
             # VM's files); a container's bundle and rootfs are on the run
             # tmpfs (runtimes/container/oci.py). Traversable for a
             # container's user namespace root (CRIU's restore), not listable.
-            sandbox_dir.mkdir(mode=0o711 if runtime.net_tap is None else 0o700)
+            self.dirs.make(rec.id, mode=0o711 if runtime.net_tap is None else 0o700)
             self.scratch.create(rec.id, req.disk)  # two ioctls: ~0.1 ms
             if prep.host_id is not None:
                 # The merged root is the upper's root: the sandbox's root owns it.
@@ -460,6 +463,7 @@ class Lifecycle:
                 log.warning("audit.at_close_failed", sandbox=sandbox_id, error=str(exc))
         self.audit.keep_kernel_counters(sandbox_id)
         errors = await self.ledger.release_all(sandbox_id)
+        self.audit.keep_seccomp_counts(sandbox_id)  # its processes are gone now
         self._end_sessions(sandbox_id)
         self.children.reap()
         self.activity.forget(sandbox_id)

@@ -199,6 +199,10 @@ class Recovery:
                     report.count(kind)
                 except Exception as exc:
                     log.error("gc.release_failed", sandbox=sid, kind=kind, error=str(exc))
+        audit = self.lifecycle.audit
+        for sid in await asyncio.to_thread(audit.seccompd.counted):
+            if sid.startswith(prefix) and sid not in active:
+                audit.keep_seccomp_counts(sid)  # what a release that never came left
         report.layers_released = len(self.layers.release_unused(db.referenced_layers))
         db.purge_closed(time.time() - PURGE_AFTER)
         if report.reclaimed:

@@ -56,6 +56,7 @@ from corral.node.network import SandboxNetworks
 from corral.node.records import Records
 from corral.node.recovery import Recovery
 from corral.node.reseed import reseed_copies
+from corral.node.sandboxdirs import SandboxDirs
 from corral.node.sessions import Sessions
 from corral.node.snapshots import Snapshots
 from corral.node.steplog import StepLog
@@ -363,8 +364,9 @@ async def _wire(
         cfg, store, host_memory(), network.capacity, listeners=_listeners(cfg, seccompd, runtimes)
     )
     networks = SandboxNetworks(cfg, store, network, execd)
+    dirs = SandboxDirs(cfg.sandboxes_dir, cfg.spare_dirs)
     ledger = Ledger(store, ledgers.combine(
-        _node_releasers(store, cgroups, scratch, networks),
+        _node_releasers(store, cgroups, scratch, networks, dirs),
         *(r.releasers() for r in runtimes.values()),
     ))  # fmt: skip
     events = EventBus(lambda sid: r.labels if (r := store.get(sid)) is not None else {})
@@ -386,8 +388,8 @@ async def _wire(
     sessions = Sessions(cfg, store, records, activity, audit, execd, cpu, runtimes)
     lifecycle = Lifecycle(
         cfg, store, owner=owner, records=records, admission=admission, ledger=ledger,
-        runtimes=runtimes, layers=layers, scratch=scratch, networks=networks, audit=audit,
-        activity=activity, children=children, cpu=cpu, end_sessions=sessions.end,
+        runtimes=runtimes, layers=layers, scratch=scratch, dirs=dirs, networks=networks,
+        audit=audit, activity=activity, children=children, cpu=cpu, end_sessions=sessions.end,
         templates=Templates(cfg.data_dir / "templates", cfg.vm_templates, {
             "pmem": cfg.vm_pmem, "reporting": cfg.vm_free_page_reporting,
             "tcg_cache": cfg.vm_tcg_cache_mib,
@@ -432,7 +434,11 @@ async def _wire(
 
 
 def _node_releasers(
-    store: Store, cgroups: cg.Cgroups, scratch: Scratch, networks: SandboxNetworks
+    store: Store,
+    cgroups: cg.Cgroups,
+    scratch: Scratch,
+    networks: SandboxNetworks,
+    dirs: SandboxDirs,
 ) -> dict[str, Releaser]:
     """The resource kinds the node itself makes for every sandbox."""
 
@@ -440,7 +446,7 @@ def _node_releasers(
         await asyncio.to_thread(scratch.destroy, ref)
 
     async def directory(ref: str) -> None:
-        await asyncio.to_thread(shutil.rmtree, ref, True)
+        await asyncio.to_thread(dirs.remove, ref)
 
     async def socket(ref: str) -> None:
         Path(ref).unlink(missing_ok=True)
