@@ -39,6 +39,7 @@ class FakeLifecycle:
     taken: set[str] = field(default_factory=set)  # claimed elsewhere meanwhile
     full: bool = False
     dead: set[str] = field(default_factory=set)  # desktops whose session died
+    broken: set[str] = field(default_factory=set)  # retire fails (not a CorralError)
     admission: Any = None
 
     def __post_init__(self) -> None:
@@ -65,6 +66,8 @@ class FakeLifecycle:
         return Info(sandbox_id)
 
     async def retire(self, sandbox_id: str, reason: str) -> None:
+        if sandbox_id in self.broken:
+            raise OSError(5, "Input/output error")
         self.retired.append(sandbox_id)
 
 
@@ -94,6 +97,16 @@ async def test_the_pool_grows_to_demand_within_its_size_and_hands_each_out_once(
     assert pool.held() == 3 and len(set(life.made)) == len(life.made)
     await pool.aclose()
     assert sorted(life.retired) == ["w3", "w4", "w5"] and pool.held() == 0
+
+
+async def test_one_that_will_not_close_leaves_none_of_the_rest_alive() -> None:
+    life = FakeLifecycle(broken={"w0"})
+    pool = WarmPool(NodeConfig(warm_pool=3), life)  # type: ignore[arg-type]
+    pool.expect(req(), 3)
+    await settle(pool)
+    assert pool.held() == 3
+    await pool.aclose()
+    assert sorted(life.retired) == ["w1", "w2"] and pool.held() == 0
 
 
 async def test_a_taken_sandbox_is_skipped_and_a_full_node_keeps_it_warm() -> None:

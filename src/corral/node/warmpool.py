@@ -169,8 +169,14 @@ class WarmPool:
             self._template.pop(stack, None)
 
     async def _close(self, sandbox_id: str) -> None:
-        with contextlib.suppress(CorralError):
+        # One that will not close must not keep the rest of the pool alive
+        # (aclose closes them one after another).
+        try:
             await self.lifecycle.retire(sandbox_id, "a warm sandbox given back")
+        except CorralError:
+            pass  # closed meanwhile
+        except Exception:
+            log.error("warm_pool.close_failed", sandbox=sandbox_id, exc=True)
 
     async def aclose(self) -> None:
         """Stop refilling and close every warm sandbox (none is handed out)."""
