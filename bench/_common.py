@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from corral.errors import CorralError
+from corral.host import mounts
 
 T = TypeVar("T")
 
@@ -141,6 +142,11 @@ def leak_counts(data_dir: Path) -> dict[str, int]:
 
 
 def fresh_dir(path: Path) -> Path:
+    """`path`, empty. What a crashed run left mounted below it is detached
+    first: rmtree cannot remove a mount point, and the next run would stop
+    on it (FileExistsError)."""
+    for mount_point, _fs, _src in sorted(mounts.mounts_under(path), key=lambda m: -len(m[0])):
+        mounts.umount(mount_point)
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
