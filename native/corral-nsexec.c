@@ -76,10 +76,15 @@ __attribute__((noreturn)) static void die(const char *what, const char *obj) {
 static int make_userns(const char *map) {
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0) die("pipe", "userns");
+    pid_t parent = getpid();
     pid_t c = fork();
     if (c < 0) die("fork", "userns");
     if (c == 0) {
         char x = 0;
+        /* It waits to be killed by us: if we end first (an error, or the
+         * agent killing a create it gave up on), it goes too, instead of
+         * pausing forever with its namespace (one was found an hour on). */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent) _exit(1);
         if (unshare(CLONE_NEWUSER) < 0) _exit(1);
         if (write(p[1], &x, 1) < 0) _exit(1);
         pause();

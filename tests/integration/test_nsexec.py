@@ -121,3 +121,37 @@ def test_the_program_runs_from_the_sealed_copy_it_is_handed_and_keeps_no_fd_of_i
     assert "/memfd:ls" in exe
     # 0-2, and the directory ls is reading: the memfd was closed on exec.
     assert {line.split()[8] for line in fds.strip().splitlines()[1:]} <= {"0", "1", "2", "3"}
+
+
+def _userns_holders(nsexec: Path) -> list[int]:
+    """corral-nsexec's forked user-namespace holders (they keep its argv)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "exe").resolve() == nsexec.resolve():
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_user_namespace_holder_ends_with_a_failed_corral_nsexec(
+    nsexec: Path, tmp_path: Path
+) -> None:
+    # A map the kernel refuses (size 0) kills corral-nsexec after it has
+    # forked the child that holds the namespace: the child must not wait on.
+    dirs = [tmp_path / n for n in ("lower", "upper", "work", "root", "stage")]
+    for d in dirs:
+        d.mkdir()
+    lower, upper, work, root, stage = (str(d) for d in dirs)
+    r = subprocess.run(
+        [str(nsexec), "--overlay", lower, upper, work, root, "--idmap", "100000:0",
+         "--stage", stage, "--", "true"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode != 0 and "uid_map" in r.stderr, r.stderr
+    for _ in range(100):
+        if not _userns_holders(nsexec):
+            break
+        subprocess.run(["sleep", "0.02"], check=True)
+    assert _userns_holders(nsexec) == []
