@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,20 @@ async def test_a_start_that_fails_leaves_no_daemon_and_no_mount(fresh_config: No
         await s.close()
     assert SeccompDaemon(fresh_config.data_dir, Path("/nonexistent")).running_pid() is None
     assert mounts.mounts_under(fresh_config.data_dir) == []
+
+
+async def test_the_last_agent_out_removes_the_nodes_network_table(fresh_node: Node) -> None:
+    table = f"corral_{fresh_node.config.node}"
+
+    def present() -> bool:
+        return (
+            subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode
+            == 0
+        )
+
+    async with fresh_node.client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE, network={"cidrs": ["10.9.8.7/32"]})
+        assert present()
+        await sbx.close()
+    assert not present()
+    assert fresh_node.leftovers() == {}

@@ -168,10 +168,24 @@ class NodeNetwork:
         log.info("network.table", table=t)
 
     def remove_base(self) -> None:
+        """The node's table gone, at its last agent's exit: through the nft
+        program, not libnftables in this process. libnftables has aborted
+        the whole process here (SIGABRT inside nft_run_cmd_from_buffer, in
+        three CI sessions; the cause is not established, and its message
+        went with the process): in a child it fails only this, and says why."""
         try:
-            self.nft.run(f"delete table inet {self.table}")
-        except Unavailable:
-            pass
+            done = subprocess.run(
+                ["nft", "delete", "table", "inet", self.table],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("network.table_remove_failed", table=self.table, error=str(exc))
+            return
+        if done.returncode != 0 and "No such file" not in done.stderr:
+            log.warning(
+                "network.table_remove_failed", table=self.table, code=done.returncode,
+                error=done.stderr[-800:],
+            )  # fmt: skip
 
     # ------------------------------------------------------------ sandboxes
 
