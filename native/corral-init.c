@@ -509,7 +509,11 @@ static int handle_exec(int conn, struct cursor *c) {
              * sandbox back from its neighbours; this orders the commands of
              * one sandbox among themselves. */
             struct sched_param sp = {0};
-            if (sched_setscheduler(0, SCHED_IDLE, &sp) < 0) { /* an old kernel */ }
+            /* The system call, not the libc wrapper: musl's is a stub
+             * answering ENOSYS (it holds that a thread, not a process, has
+             * a policy); the kernel's applies to this thread, the
+             * command's only one until it execs. */
+            if (syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &sp) < 0) { /* an old kernel */ }
         }
         int rfd = report[1];
         if (rfd > 3) {
