@@ -106,3 +106,28 @@ def test_a_layer_another_agent_released_is_mounted_again(tmp_path: Path) -> None
     finally:
         leader.release_unused(lambda: [])
     assert mounts.mounts_under(tmp_path) == []
+
+
+def test_a_sandboxs_layers_are_mounted_together_in_their_order(tmp_path: Path) -> None:
+    """A create takes all its layers under one hold of the lock
+    (ensure_all): each is mounted, a mounted one is left as it is, and the
+    paths come back in the order asked."""
+    store = ImageStore(tmp_path / "images")
+    made = []
+    for name in ("base", "workspace", "toolkit"):
+        src = tmp_path / name
+        (src / "etc").mkdir(parents=True)
+        (src / "etc" / name).write_text(name)
+        made.append(store.get(build_from_dir(store, src, tag=f"{name}:1", kind="layer").digest))
+    layers = LayerMounts(store, tmp_path / "m")
+    try:
+        first = layers.ensure(made[1])
+        paths = layers.ensure_all(made)
+        assert paths == [layers.path(layer.digest) for layer in made]
+        assert paths[1] == first
+        for path, name in zip(paths, ("base", "workspace", "toolkit"), strict=True):
+            assert (path / "etc" / name).read_text() == name
+        assert len(mounts.mounts_under(tmp_path / "m")) == 3
+    finally:
+        layers.release_unused(lambda: [])
+    assert mounts.mounts_under(tmp_path) == []

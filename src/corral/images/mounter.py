@@ -45,15 +45,19 @@ class LayerMounts:
         return fd
 
     def ensure(self, layer: Layer) -> Path:
-        """Mount the layer unless it is mounted; return its path.
+        """Mount the layer unless it is mounted; return its path."""
+        return self.ensure_all([layer])[0]
+
+    def ensure_all(self, layers: Iterable[Layer]) -> list[Path]:
+        """Mount each layer unless it is mounted; return their paths.
 
         Under the lock file, always: another agent of the node (its leader's
         garbage collection) may have unmounted and removed it since this
         agent last mounted it. The caller's sandbox is recorded as active
         before it asks, and release_unused reads what is referenced under
         the same lock, so a layer found mounted here stays mounted until
-        that sandbox is gone."""
-        target = self.path(layer.digest)
+        that sandbox is gone. A sandbox's layers are taken under one hold of
+        the lock: a create pays one lock (and one trip off its loop)."""
         fd = self._locked()
         try:
             if self._loader_dead():
@@ -62,13 +66,17 @@ class LayerMounts:
                 # hand the new sandbox a root it cannot exec from.
                 log.warning("lazy.dead_mounts_cleared", root=str(self.root))
                 self._unmount_all()
-            if not self._is_mounted(target):
-                target.mkdir(exist_ok=True)
-                self._mount(layer, target)
-                log.info("layer.mounted", digest=layer.digest, path=str(target))
+            targets = []
+            for layer in layers:
+                target = self.path(layer.digest)
+                if not self._is_mounted(target):
+                    target.mkdir(exist_ok=True)
+                    self._mount(layer, target)
+                    log.info("layer.mounted", digest=layer.digest, path=str(target))
+                targets.append(target)
         finally:
             os.close(fd)
-        return target
+        return targets
 
     def _is_mounted(self, target: Path) -> bool:
         """A layer mount is another filesystem than the directory holding

@@ -365,13 +365,12 @@ class Lifecycle:
             if prep.host_id is not None:
                 # The merged root is the upper's root: the sandbox's root owns it.
                 os.chown(prep.upper, prep.host_id, prep.host_id)
-            for layer in layers:
-                # Off the loop: a first mount may start the lazy loader (a
-                # process, seconds under load) or fetch a pulled layer's
-                # metadata from its store; the node's heartbeat and every
-                # other request go on meanwhile. (LayerMounts serialises
-                # mounts with its lock file, across threads and agents.)
-                await asyncio.to_thread(self.layers.ensure, layer)
+            # Off the loop: a first mount may start the lazy loader (a
+            # process, seconds under load) or fetch a pulled layer's metadata
+            # from its store; the node's heartbeat and every other request go
+            # on meanwhile. (LayerMounts serialises mounts with its lock file,
+            # across threads and agents.)
+            await asyncio.to_thread(self.layers.ensure_all, layers)
             phase("prepare")
             net = None
             if net_index is not None and runtime.net_tap is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 from dataclasses import dataclass
@@ -68,6 +69,14 @@ def _has_cap_sys_resource() -> bool:
 CAN_PROTECT_INIT = _has_cap_sys_resource()
 
 
+@functools.cache
+def _masked_dirs() -> tuple[str, ...]:
+    """The masked paths that are directories on this host's kernel: looked
+    up once (twenty-odd stats a create otherwise; the kernel's /proc and
+    /sys do not change shape while it runs)."""
+    return tuple(p for p in profile.MASKED_PATHS if os.path.isdir(p))
+
+
 def masks(empty_dir: Path | None) -> tuple[list[str], list[dict[str, Any]]]:
     """(maskedPaths for crun, bind mounts): with `empty_dir`, the masked
     directories this kernel has are bound read-only to it rather than left
@@ -79,7 +88,7 @@ def masks(empty_dir: Path | None) -> tuple[list[str], list[dict[str, Any]]]:
     adds no superblock, and hides the directory's contents as well."""
     if empty_dir is None:
         return list(profile.MASKED_PATHS), []
-    dirs = [p for p in profile.MASKED_PATHS if os.path.isdir(p)]
+    dirs = _masked_dirs()
     binds = [
         {
             "destination": d,
