@@ -9,8 +9,9 @@
  * the sandbox's counters and AIO budget). For every notification
  * the daemon answers with the errno the policy file gives for the syscall
  * (EPERM for privileged ones, ENOSYS otherwise) and adds one to the
- * sandbox's counter for that syscall in <audit-dir>/<id>.seccomp: 1024
- * little-endian u64, index = syscall number (x86_64), 1023 = other arches.
+ * sandbox's counter for that syscall in <audit-dir>/<id>.seccomp (made
+ * by its first count): up to 1024 little-endian u64, index = syscall
+ * number (x86_64), 1023 = other arches.
  * A 32-bit call (int 0x80, or the x32 ABI) is answered and counted as its
  * x86_64 twin: the policy file maps each i386 number to the x86_64 number
  * of the syscall with the same name, so `mount` through int 0x80 is a
@@ -112,7 +113,7 @@ static int metadata(const char *msg, char *out, size_t outlen) {
 
 static const char *audit_root; /* --audit-dir */
 
-static void adopt(int conn, const char *audit_dir) {
+static void adopt(int conn) {
     char buf[16384];
     char cbuf[CMSG_SPACE(sizeof(int) * 4)];
     struct iovec iov = {buf, sizeof buf - 1};
@@ -144,28 +145,24 @@ static void adopt(int conn, const char *audit_dir) {
         close(fd);
         return;
     }
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s.seccomp", audit_dir, sb.id);
-    /* Made here, opened again for each count: holding it open would be a
-     * second descriptor per sandbox, and this daemon's open files (the
-     * host's hard RLIMIT_NOFILE, 20,000 here) would stop a node at ~10,000
-     * sandboxes instead of ~20,000. */
-    int audit = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (audit >= 0) {
-        if (ftruncate(audit, SLOTS * 8) < 0) {}
-        close(audit);
-    }
     sb.window_start_ms = now_ms();
     boxes[nboxes++] = sb;
 }
 
 /* Refused calls are rare (and muted past a budget): opening the counts
- * file for each costs less than a descriptor held per sandbox. A file the
- * node has removed (the sandbox closed) is not made again. */
+ * file for each costs less than a descriptor held per sandbox (this
+ * daemon's open files, the host's hard RLIMIT_NOFILE, would stop a node at
+ * half the sandboxes). The file is made by the first count, not at adopt:
+ * most sandboxes are refused nothing, and a file each would be an inode
+ * made and removed on the data disk per sandbox (ext4 without a journal
+ * walks past every recently freed one: docs/container-runtime.md). It
+ * grows to the highest slot counted; what is past its end reads as 0. A
+ * count that races the close (after the node folded and removed the file)
+ * makes it again: the node's gc folds and removes such a file. */
 static void count(struct sandbox *sb, int slot) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s.seccomp", audit_root, sb->id);
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return;
     uint64_t v = 0;
     off_t off = (off_t)slot * 8;
@@ -347,7 +344,7 @@ int main(int argc, char **argv) {
         if (pfds[0].revents & POLLIN) {
             int conn = accept4(sock, NULL, NULL, SOCK_CLOEXEC);
             if (conn >= 0) {
-                adopt(conn, audit_dir);
+                adopt(conn);
                 close(conn);
             }
         }

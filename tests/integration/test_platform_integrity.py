@@ -111,10 +111,14 @@ async def test_a_reused_compiled_filter_still_refuses_and_counts(
 async def test_refused_syscall_counts_outlive_the_close_but_not_their_file(
     embedded: corral.AsyncClient, node_config: NodeConfig
 ) -> None:
-    # The seccomp daemon counts in a file per sandbox; at close the counts
-    # go into the sandbox's records and the file goes (one stayed for every
-    # sandbox ever made).
+    # The seccomp daemon counts in a file per sandbox, made by its first
+    # refused call (most sandboxes are refused nothing: no file); at close
+    # the counts go into the sandbox's records and the file goes (one
+    # stayed for every sandbox ever made).
     sbx = await embedded.sandboxes.create(image=IMAGE)
+    counts = node_config.data_dir / "audit" / f"{sbx.id}.seccomp"
+    assert (await sbx.commands.run("true")).exit_code == 0
+    assert not counts.exists()
     probe = (
         "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
         "[l.syscall(165, 0, 0, 0, 0, 0) for _ in range(3)]'"
@@ -122,7 +126,6 @@ async def test_refused_syscall_counts_outlive_the_close_but_not_their_file(
     await sbx.commands.run(probe)
     live = await sbx.audit()
     assert live.syscalls.get("mount") == 3, live.syscalls
-    counts = node_config.data_dir / "audit" / f"{sbx.id}.seccomp"
     assert counts.exists()
     await sbx.close()
     after = await sbx.audit()
