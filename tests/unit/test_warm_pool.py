@@ -157,3 +157,42 @@ def test_a_pool_size_out_of_range_is_refused(value: int) -> None:
     with pytest.raises(InvalidArgument) as exc:
         NodeConfig(warm_pool=value)
     assert exc.value.field == "warm_pool" and "max_sandboxes" in exc.value.rule
+
+
+async def test_a_refill_that_will_not_stop_leaves_none_of_the_pool_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refill that ignores its cancel (stuck in a create) is left behind,
+    its stack logged; the warm sandboxes are closed all the same."""
+    monkeypatch.setattr("corral.node.warmpool.STOP_WAIT", 0.05, raising=False)
+    stuck, freed = asyncio.Event(), asyncio.Event()
+
+    class Stuck(FakeLifecycle):
+        async def create(self, req: CreateSandbox) -> Info:
+            if len(self.made) == 2:
+                stuck.set()
+                while not freed.is_set():  # swallows every cancel
+                    try:
+                        await freed.wait()
+                    except asyncio.CancelledError:
+                        continue
+            return await super().create(req)
+
+    life = Stuck()
+    pool = WarmPool(NodeConfig(warm_pool=3), life)  # type: ignore[arg-type]
+    pool.expect(req(), 3)
+    await stuck.wait()
+    refill = pool._task
+    assert refill is not None
+    logged: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(
+        "corral.node.warmpool.log.error", lambda event, **kw: logged.append((event, kw))
+    )
+    await asyncio.wait_for(pool.aclose(), 5)
+    assert sorted(life.retired) == ["w0", "w1"]
+    assert [e for e, _ in logged] == ["warm_pool.refill_did_not_stop"]
+    assert "create" in logged[0][1]["stack"]
+    freed.set()  # the left-behind task ends before the loop does
+    while not refill.done():
+        refill.cancel()
+        await asyncio.wait({refill}, timeout=0.01)

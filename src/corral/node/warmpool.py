@@ -25,7 +25,7 @@ refills, one sandbox at a time, neediest stack first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import io
 import time
 from collections import deque
 
@@ -41,6 +41,7 @@ log = get_logger("corral.node")
 
 WINDOW = 60.0
 FORGET_AFTER = 300.0
+STOP_WAIT = 30.0  # seconds a cancelled refill has to end at aclose
 Stack = tuple[str, ...]  # layer digests, base first
 
 
@@ -179,12 +180,23 @@ class WarmPool:
             log.error("warm_pool.close_failed", sandbox=sandbox_id, exc=True)
 
     async def aclose(self) -> None:
-        """Stop refilling and close every warm sandbox (none is handed out)."""
+        """Stop refilling and close every warm sandbox (none is handed out).
+        A refill that does not end within STOP_WAIT of its cancel is left
+        behind, its stack logged: the warm sandboxes are closed all the same
+        (a pool of 64 was once found running after its agent was told to
+        stop, every one still in the pool, and nothing said why)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=STOP_WAIT)
+            if not done:
+                stack = io.StringIO()
+                task.print_stack(file=stack)
+                log.error(
+                    "warm_pool.refill_did_not_stop", waited_s=STOP_WAIT, stack=stack.getvalue()
+                )
+            elif not task.cancelled() and task.exception() is not None:
+                log.error("warm_pool.refill_failed", error=repr(task.exception()))
         for ready in self._ready.values():
             while ready:
                 await self._close(ready.popleft())
