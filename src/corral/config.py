@@ -59,6 +59,9 @@ DEFAULT_E2B_TEMPLATES = {
 class NodeConfig:
     data_dir: Path = Path("/var/lib/corral")
     node: str = "local"
+    # "crun", "runc", or "corral": Corral's own runtime (native/corral-run,
+    # runtimes/container/runplan.py), which starts the same container
+    # without crun's own costs.
     oci_runtime: str = "crun"
     # Where corral-init and corral-nsexec were built (make -C native).
     platform_src: Path = field(default_factory=_repo_platform_dir)
@@ -281,8 +284,10 @@ class NodeConfig:
         for name in self.store_keys:
             if name not in self.object_stores:
                 raise InvalidArgument("store_keys", "must name one of the stores", name)
-        if self.oci_runtime not in ("crun", "runc"):
-            raise InvalidArgument("oci_runtime", "must be 'crun' or 'runc'", self.oci_runtime)
+        if self.oci_runtime not in ("crun", "runc", "corral"):
+            raise InvalidArgument(
+                "oci_runtime", "must be 'crun', 'runc' or 'corral'", self.oci_runtime
+            )
         for name in ("suspend_after", "suspend_to_disk_after", "checkpoint_wait", "reclaim_after"):
             after = getattr(self, name)
             if not 0 <= after <= 30 * 86400:

@@ -307,8 +307,10 @@ class Cgroups:
     # ------------------------------------------------------------ making
 
     # What crun allows a container (OCI's default devices): the rest is denied.
-    _DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm",
-                "c 5:0 rwm", "c 5:1 rwm", "c 5:2 rwm", "c 136:* rwm")  # fmt: skip
+    # ("m" for all: making a node is the user namespace's to refuse, and
+    # overlay whiteouts are 0:0 character devices.)
+    _DEVICES = ("c *:* m", "b *:* m", "c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm",
+                "c 1:9 rwm", "c 5:0 rwm", "c 5:1 rwm", "c 5:2 rwm", "c 136:* rwm")  # fmt: skip
 
     def create(
         self,

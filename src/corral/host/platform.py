@@ -53,6 +53,7 @@ class Platform:
     nsexec: Path  # host-side helper that runs crun in a private mount namespace
     seccompd: Path  # host-side daemon answering and counting refused syscalls
     relisten: Path  # host-side helper: a restored sandbox's seccomp listeners back
+    run: Path  # host-side: Corral's own runtime (oci_runtime = "corral")
     # Empty, root's, read-only: what masked directories are bound to (it is
     # also /.corral/empty in every sandbox).
     empty_dir: Path
@@ -85,8 +86,8 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
     """Copy the helpers into a content-addressed platform layer (idempotent)."""
     init, nsexec = src_bin / "corral-init", src_bin / "corral-nsexec"
     seccompd, relisten = src_bin / "corral-seccompd", src_bin / "corral-relisten"
-    watch = src_bin / "corral-watch"
-    for helper in (init, nsexec, seccompd, relisten, watch):
+    watch, run = src_bin / "corral-watch", src_bin / "corral-run"
+    for helper in (init, nsexec, seccompd, relisten, watch, run):
         if not helper.is_file():
             raise Unavailable(
                 f"{helper} is missing: build the platform helpers with `make -C native` "
@@ -128,5 +129,10 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
         raise Unavailable(f"{empty} must be empty (masked directories are bound to it)")
     os.chmod(empty, 0o555)
     return Platform(
-        layer_dir=dest, nsexec=nsexec, seccompd=seccompd, relisten=relisten, empty_dir=empty
+        layer_dir=dest,
+        nsexec=nsexec,
+        seccompd=seccompd,
+        relisten=relisten,
+        run=run,
+        empty_dir=empty,
     )

@@ -204,7 +204,9 @@ def _runtimes(
     if cgroups.unified is not None:
         cgroups.unified.mkdir(exist_ok=True)
     oci = OciRuntime(
-        shutil.which(cfg.oci_runtime) or cfg.oci_runtime,
+        str(platform.run)
+        if cfg.oci_runtime == "corral"
+        else shutil.which(cfg.oci_runtime) or cfg.oci_runtime,
         cfg.crun_root,
         cfg.bundles_dir,
         platform.nsexec,

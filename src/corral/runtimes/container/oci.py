@@ -1,4 +1,4 @@
-"""Drive crun (or runc) through corral-nsexec.
+"""Drive crun (or runc, or Corral's own corral-run) through corral-nsexec.
 
 Every invocation runs in a fresh private mount namespace (see
 native/corral-nsexec.c): the sandbox's overlay is mounted there, so only the
@@ -51,8 +51,12 @@ class OciRuntime:
         self.hybrid = hybrid
         self.unified = unified  # Cgroups.unified
         state_root.mkdir(parents=True, exist_ok=True)
+        # corral-run (runplan.py): Corral's own runtime, run from a plan.
+        # It never enters a running sandbox (its child execs the init
+        # before the sandbox runs anything), so it needs no sealed copy.
+        self.own = Path(binary).name == "corral-run"
         # None: the kernel will not run a memfd; crun copies itself per call.
-        self.exec_fd = sealed.sealed_copy(binary)
+        self.exec_fd = None if self.own else sealed.sealed_copy(binary)
 
     def close(self) -> None:
         if self.exec_fd is not None:
@@ -97,11 +101,13 @@ class OciRuntime:
         idmap: tuple[int, int] | None = None,
         stage: Path | None = None,
         ns_limits: dict[str, int] | None = None,
+        plan: Path | None = None,
     ) -> None:
         """Mount the root and start the container detached; fd listen_fd
         becomes fd 3 of its init. With ns_limits, the per-user-namespace
         kernel counters of its namespace are set once it has started
-        (corral-nsexec --limits-of says why)."""
+        (corral-nsexec --limits-of says why). corral-run takes its `plan`
+        (runplan.py) instead of the bundle's config.json."""
         cmd = self._base()
         cmd += [
             "--overlay",
@@ -121,20 +127,19 @@ class OciRuntime:
             *(["--limits-of", str(pid_file)] if ns_limits else []),
             *(a for k, v in sorted((ns_limits or {}).items()) for a in ("--limit", f"{k}={v}")),
             "--",
-            *self._runtime(log_file),
-            "run",
-            "--detach",
-            "--bundle",
-            str(bundle),
-            "--pid-file",
-            str(pid_file),
-            "--preserve-fds",
-            "1",
-            container_id,
         ]
+        if self.own:
+            assert plan is not None
+            cmd += [self.binary, str(plan)]
+        else:
+            cmd += [*self._runtime(log_file), "run", "--detach", "--bundle", str(bundle),
+                    "--pid-file", str(pid_file), "--preserve-fds", "1", container_id]  # fmt: skip
         done = await spawn.run(cmd, pass_fds=self._fds(listen_fd), env=self._env())
         if done.code != 0:
-            detail = done.stderr.decode(errors="replace").strip() or _last_error(log_file)
+            # corral-run's stderr is the init's: nsexec's --log file.
+            detail = done.stderr.decode(errors="replace").strip() or (
+                _last_line(log_file.with_suffix(".out")) if self.own else _last_error(log_file)
+            )
             raise SandboxFailed(
                 f"starting container {container_id} with {self.binary} failed "
                 f"(exit {done.code}): {detail}",
@@ -162,6 +167,14 @@ class OciRuntime:
             return {p.name for p in self.state_root.iterdir() if p.is_dir()}
         except OSError:
             return set()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(empty log)"
 
 
 def _last_error(log_file: Path) -> str:

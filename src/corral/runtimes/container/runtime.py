@@ -24,7 +24,7 @@ from corral.host.platform import Platform
 from corral.host.procs import process_start_time
 from corral.runtimes import drawn
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
-from corral.runtimes.container import bundle, criu, xscreen
+from corral.runtimes.container import bundle, criu, runplan, xscreen
 from corral.runtimes.container.oci import OciRuntime, Overlay
 from corral.runtimes.container.relisten import relisten
 from corral.runtimes.container.xscreen import XScreen
@@ -77,10 +77,23 @@ class ContainerRuntime:
         # kernel's cost to attach it), else the BPF crun wrote for the
         # first sandbox. runc has no such annotation: it gets the rules.
         self._bpf: dict[str, str] = {}
-        if seccomp_listener is not None and oci.binary.endswith("crun"):
+        # corral-run reads the compiled filter from a file (written once).
+        # (Written at the first start: the run tmpfs is mounted after this.)
+        self._bpf_file: Path | None = None
+        self._bpf_written = False
+        if seccomp_listener is not None and (oci.binary.endswith("crun") or oci.own):
             compiled = seccomp_filter.sandbox_filter()
             if compiled is not None:
                 self._bpf[seccomp.filter_key()] = base64.b64encode(compiled).decode()
+                if oci.own:
+                    # Beside the runtime's state, not in it (runfs: what is
+                    # in there is a sandbox's, and keeps the tmpfs up).
+                    name = f"filter-{seccomp.filter_key()[:16]}.bpf"
+                    self._bpf_file = oci.state_root.parent / name
+            elif oci.own:
+                raise InvalidArgument(
+                    "oci_runtime", "corral-run needs the seccomp filter compiled here "
+                    "(libseccomp >= 2.5)", "corral")  # fmt: skip
 
     def resources(self, sandbox_id: str, prep: Prepared) -> list[tuple[str, str]]:
         return [("socket", str(prep.control)), ("dir", str(self.oci.bundle(sandbox_id))),
@@ -140,12 +153,30 @@ class ContainerRuntime:
                 cgroup_dirs=self._cgroup_dirs(spec.id),
             )
         )
-        if key in self._bpf:
-            cfg["annotations"] = {"run.oci.seccomp_bpf_data": self._bpf[key]}
+        pid_file = b / "init.pid"
+        if self.oci.own:
+            if self._bpf_file is not None and not self._bpf_written:
+                self._bpf_file.write_bytes(base64.b64decode(self._bpf[key]))
+                self._bpf_written = True
+            # crun would make the cgroups from the config; corral-run joins
+            # those the agent made (as for a restore, with the same limits).
+            self.cgroups.create(spec.id, cpu=spec.cpu, memory=spec.memory, pids=spec.pids,
+                                period=bundle.CPU_PERIOD, io=self.io)  # fmt: skip
+            data = runplan.plan(
+                cfg, cgroup_dirs=self.cgroups.dirs(spec.id), pid_file=pid_file,
+                bpf_file=self._bpf_file, cgroup_v2=self.cgroups.mode is Mode.V2,
+            )  # fmt: skip
+            (self.oci.state_root / spec.id).mkdir()  # what known() and forget() see
+            config_file = b / "plan"
+        else:
+            if key in self._bpf:
+                cfg["annotations"] = {"run.oci.seccomp_bpf_data": self._bpf[key]}
+            data = json.dumps(cfg).encode()  # dumps: the C encoder (dump writes piece by piece)
+            config_file = b / "config.json"
         # Its env may hold secrets; the bundle dir is only traversable.
-        fd = os.open(b / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(cfg))  # dumps: the C encoder (dump writes piece by piece)
+        fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -154,7 +185,6 @@ class ContainerRuntime:
             listener.bind(str(prep.control))
             os.chmod(prep.control, 0o600)
             listener.listen(512)
-            pid_file = b / "init.pid"
             await self.oci.run(
                 spec.id,
                 b,
@@ -165,6 +195,7 @@ class ContainerRuntime:
                 pid_file=pid_file,
                 log_file=b / "oci.log",
                 ns_limits=self.ns_limits if prep.host_id is not None else None,
+                plan=config_file if self.oci.own else None,
             )
         finally:
             # The container's init holds its own copy of the listening socket.
@@ -176,7 +207,7 @@ class ContainerRuntime:
         # crun keeps its own copy in its state. This one (18 KB with the
         # filter inside, and the env's secrets) would only cost the run
         # tmpfs memory for as long as the sandbox lives.
-        (b / "config.json").unlink()
+        config_file.unlink()
         if self.sandboxes_dir is not None:
             criu.Layout(
                 lower=[str(p) for p in prep.lower], upper=str(prep.upper), work=str(prep.work),

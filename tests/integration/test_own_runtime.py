@@ -1,0 +1,99 @@
+"""Corral's own runtime (oci_runtime = "corral", native/corral-run) makes
+the sandbox crun makes: seen from inside, the same ids, capabilities,
+filter, mounts, devices, limits and namespaces, and a failure leaves
+nothing behind."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral.config import NodeConfig
+
+from ..framework import IMAGE, Node
+
+# What a sandbox's init sees of itself, one section per line group. The
+# mount options of masks and read-only paths are left out of the
+# comparison: corral-run's are stricter (nosuid, nodev, noexec on binds of
+# /dev/null and of /proc's own directories, a read-only sysfs superblock).
+PROBE = r"""
+echo "== status"; grep -E '^(Cap|NoNewPrivs|Seccomp|Uid|Gid|Groups|NSpid)' /proc/1/status
+echo "== mounts"; awk '{print $5, $(NF-2)}' /proc/1/mountinfo | sort
+echo "== dev"; ls -la /dev | awk 'NR>1 {print $1, $3, $4, $NF}' | sort
+echo "== limits"; grep -E 'open files|processes' /proc/1/limits
+echo "== hostname"; hostname
+echo "== idmap"; cat /proc/1/uid_map /proc/1/gid_map /proc/1/setgroups
+echo "== cgroup"; cat /proc/1/cgroup
+echo "== net"; ls /sys/class/net; cat /sys/class/net/lo/flags
+echo "== oom"; cat /proc/1/oom_score_adj
+echo "== fds"; ls /proc/1/fd | sort
+echo "== sigs"; grep -E '^Sig(Blk|Ign|Cgt)' /proc/1/status
+echo "== umask"; grep Umask /proc/1/status
+echo "== ns"; ls /proc/1/ns | sort
+echo "== cgfs"; ls /sys/fs/cgroup; cat /sys/fs/cgroup/memory/memory.limit_in_bytes \
+  /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes /sys/fs/cgroup/memory/memory.swappiness \
+  /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/cpu/cpu.shares /sys/fs/cgroup/cpu/cpu.cfs_quota_us \
+  /sys/fs/cgroup/cpuset/cpuset.cpus 2>&1; sort /sys/fs/cgroup/devices/devices.list
+echo "== env"; env | grep -v -E '^(PWD|SHLVL|_)=' | sort
+"""
+
+
+def _node(cfg: NodeConfig, runtime: str, tmp: Path) -> Node:
+    return Node(dataclasses.replace(cfg, data_dir=tmp / runtime, node="r" + runtime[:4],
+                                    oci_runtime=runtime))  # fmt: skip
+
+
+async def _view(node: Node) -> str:
+    async with node.client() as c:
+        s = await c.sandboxes.create(image=IMAGE, cpu=0.5, memory="512MiB", env={"K": "v w"})
+        try:
+            r = await s.commands.run(PROBE)
+            assert r.exit_code == 0, r.stderr
+            return r.stdout.replace(node.config.node, "NODE")
+        finally:
+            await s.close()
+
+
+@pytest.mark.integration
+async def test_corral_run_makes_the_sandbox_crun_makes(
+    node_config: NodeConfig, data_root: Path
+) -> None:
+    views = {}
+    for runtime in ("crun", "corral"):
+        n = _node(node_config, runtime, data_root / "own-runtime")
+        try:
+            views[runtime] = await _view(n)
+        finally:
+            n.close()
+    assert views["corral"] == views["crun"]
+    # and the view is what it should be, not merely the same
+    v = views["corral"]
+    assert "NoNewPrivs:\t1" in v and "Seccomp:\t2" in v and "CapEff:\t00000000000405fb" in v
+
+
+@pytest.mark.integration
+async def test_a_failed_start_leaves_nothing(node_config: NodeConfig, data_root: Path) -> None:
+    """A plan corral-run cannot carry out (a device the host lacks) fails
+    the create with corral-run's words, and the node keeps no cgroup,
+    bundle, mount or process of it."""
+    from corral.runtimes.container import runplan
+
+    n = _node(node_config, "corral", data_root / "own-runtime-fail")
+    saved = runplan.DEVICES
+    runplan.DEVICES = (*saved, "no-such-device")
+    try:
+        async with n.client() as c:
+            with pytest.raises(corral.SandboxFailed, match=r"corral-run: .*no-such-device"):
+                await c.sandboxes.create(image=IMAGE)
+            assert await c.sandboxes.list() == []
+        cg = Path("/sys/fs/cgroup/memory/corral") / n.config.node
+        assert not cg.exists() or not [p for p in cg.iterdir() if p.is_dir()]
+        bundles = n.config.bundles_dir
+        assert not bundles.exists() or not list(bundles.iterdir())
+    finally:
+        runplan.DEVICES = saved
+        n.close()
+    assert str(n.config.data_dir) not in Path("/proc/mounts").read_text()
