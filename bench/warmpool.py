@@ -119,10 +119,17 @@ async def _run(n: int, total: int, crun: Peer) -> list[str]:
     lat: dict[str, list[float]] = {}
     rates: dict[str, tuple[float, float]] = {}
     lives: dict[str, tuple[float, float]] = {}
-    for name, size in (("Corral, cold", 0), ("Corral, warm pool of 64", 64)):
+    # The node's runtime (the default, or CORRAL_OCI_RUNTIME), then crun's
+    # cold path in the same run: what Corral's own runtime is worth.
+    default = NodeConfig.from_env().oci_runtime
+    paths = [("Corral, cold", 0, default), ("Corral, warm pool of 64", 64, default)]
+    if default != "crun":
+        paths.append(("Corral on crun, cold", 0, "crun"))
+    for name, size, runtime in paths:
         cfg = NodeConfig.from_env(
-            data_dir=fresh_dir(WORK / str(size)), images=IMAGES, node=f"w{size}", warm_pool=size,
-            scratch_size=16 * 2**30,
+            data_dir=fresh_dir(WORK / f"{size}-{runtime}"), images=IMAGES,
+            node=f"w{size}{runtime[:2]}", warm_pool=size, scratch_size=16 * 2**30,
+            oci_runtime=runtime,
         )  # fmt: skip
         async with corral.AsyncClient(config=cfg) as client:
             await one_at_a_time(client, 3, 0)  # layers mounted, caches warm, demand noted
@@ -152,9 +159,13 @@ async def _run(n: int, total: int, crun: Peer) -> list[str]:
          f"{pct(v, 50) / base:.2f}x", f"{pct(v, 99) / pct(peer, 99):.2f}x"]
         for label, v in (("Corral, cold", lat["Corral, cold"]),
                          ("Corral, claimed warm", lat["Corral, warm pool of 64"]),
+                         *((("Corral on crun, cold", lat["Corral on crun, cold"]),)
+                           if "Corral on crun, cold" in lat else ()),
                          ("bare crun (create + start)", peer))
     ]  # fmt: skip
     return [
+        f"Corral's runtime: {default} (oci_runtime; `corral` is its own, native/corral-run)"
+        + (", and crun's cold path beside it in the same run." if default != "crun" else "."),
         "## Create to ready, one at a time (ms)\n\n"
         f"{n} creates each. Corral's ready: its exec server answered, every defence on "
         "(user namespace, seccomp with notify, masks); the warm pool had refilled before "

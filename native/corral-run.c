@@ -19,8 +19,10 @@
  *   child   become root of its user namespace; unshare the cgroup
  *           namespace (rooted at its own cgroups); mount /proc, /dev, /sys
  *           and the binds, each target resolved inside the root
- *           (openat2 RESOLVE_IN_ROOT: an image's symlink cannot point a
- *           mount outside it); masks and read-only paths; pivot_root;
+ *           (openat2 RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS: a symlink
+ *           in the image on a target's path fails the start, as runc
+ *           refuses one, rather than moving a mount, say /proc, where
+ *           the masks would not find it); masks and read-only paths; pivot_root;
  *           hostname, loopback up, rlimits; capabilities and no_new_privs;
  *           close every fd but 0-3; the seccomp filter, its listener sent
  *           to corral-seccompd; exec the init
@@ -111,6 +113,7 @@ static struct plan {
 
 static unsigned long long num(const char *s, const char *what) {
     char *end;
+    if (*s == '-' || *s == '+' || *s == ' ') { errno = EINVAL; fail("plan: %s is not a number: %s", what, s); }
     errno = 0;
     unsigned long long v = strtoull(s, &end, 0);
     if (errno || end == s || *end) { errno = EINVAL; fail("plan: %s is not a number: %s", what, s); }
@@ -179,7 +182,15 @@ static void read_plan(const char *path) {
             r->res = (int)num(tok[++i], d); r->soft = (rlim_t)num(tok[++i], d); r->hard = (rlim_t)num(tok[++i], d);
         }
         else if (!strcmp(d, "caps")) { NEED(1); P.caps = num(tok[++i], d); P.has_caps = 1; }
-        else if (!strcmp(d, "oom")) { NEED(1); P.oom = atoi(tok[++i]); P.oom_set = 1; }
+        else if (!strcmp(d, "oom")) {
+            NEED(1);
+            char *end;
+            errno = 0;
+            long v = strtol(tok[++i], &end, 10);
+            if (errno || *end || end == tok[i] || v < -1000 || v > 1000) { errno = EINVAL; fail("plan: oom %s", tok[i]); }
+            P.oom = (int)v;
+            P.oom_set = 1;
+        }
         else if (!strcmp(d, "seccomp")) { NEED(1); P.seccomp = tok[++i]; }
         else if (!strcmp(d, "listener")) { NEED(2); P.listener = tok[++i]; P.metadata = tok[++i]; }
         else if (!strcmp(d, "cwd")) { NEED(1); P.cwd = tok[++i]; }
@@ -193,20 +204,27 @@ static void read_plan(const char *path) {
 
 /* ------------------------------------------------------------ in the root */
 
-/* An O_PATH fd of `path` inside the root, resolved as if the root were /
- * (symlinks in the image cannot lead out of it; no magic links). Missing
+#define IN_ROOT (RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+
+/* An O_PATH fd of `path` inside the root, resolved as if the root were /,
+ * through no symlink at all (an image's /proc -> /x would move the proc
+ * mount from under the masks that follow it: ELOOP fails the start). Missing
  * components are made: directories, or with `file` an empty regular file
  * as the last one (a bind target for a device or a masked file). */
 static int in_root(int rootfd, const char *path, int file) {
-    struct open_how how = {.flags = O_PATH | O_CLOEXEC,
-                           .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
+    struct open_how how = {.flags = O_PATH | O_CLOEXEC, .resolve = IN_ROOT};
     int fd = (int)syscall(SYS_openat2, rootfd, path, &how, sizeof how);
     if (fd >= 0 || errno != ENOENT) return fd;
     char parent[4096];
-    snprintf(parent, sizeof parent, "%s", path);
+    size_t len = strlen(path);
+    if (len >= sizeof parent) { errno = ENAMETOOLONG; return -1; }
+    memcpy(parent, path, len + 1);
     char *slash = strrchr(parent, '/');
-    if (!slash || slash[1] == 0) return -1;
-    const char *base = path + (slash - parent) + 1;
+    if (!slash || slash[1] == 0 || !strcmp(slash + 1, "..") || !strcmp(slash + 1, ".")) {
+        errno = EINVAL;
+        return -1;
+    }
+    const char *base = path + (slash - parent) + 1; /* one plain name */
     if (slash == parent) strcpy(parent, "/");
     else *slash = 0;
     int pfd = in_root(rootfd, parent, 0);
@@ -229,13 +247,18 @@ static int in_root(int rootfd, const char *path, int file) {
     return fd;
 }
 
+__attribute__((noreturn)) static void bad_target(const char *path) {
+    if (errno == ELOOP) fail("target %s: the image has a symlink on its path (mount targets follow none)", path);
+    fail("target %s", path);
+}
+
 static void fd_path(char *out, size_t n, int fd) { snprintf(out, n, "/proc/self/fd/%d", fd); }
 
 /* A new file system of `type` on `dest` (inside the root). */
 static void mount_new(int rootfd, const char *type, const char *dest, unsigned long flags,
                       const char *data) {
     int t = in_root(rootfd, dest, 0);
-    if (t < 0) fail("target %s", dest);
+    if (t < 0) bad_target(dest);
     char at[64];
     fd_path(at, sizeof at, t);
     if (mount(type, at, type, flags, data[0] ? data : NULL) < 0) fail("mounting %s on %s", type, dest);
@@ -257,7 +280,7 @@ static void bind_tree(int srcdir, const char *src, int rootfd, const char *dest,
             fail("setting attributes of %s", dest);
     }
     int t = in_root(rootfd, dest, file);
-    if (t < 0) fail("target %s", dest);
+    if (t < 0) bad_target(dest);
     if (syscall(SYS_move_mount, tree, "", t, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
         fail("binding onto %s", dest);
     close(t);
@@ -266,18 +289,18 @@ static void bind_tree(int srcdir, const char *src, int rootfd, const char *dest,
 
 /* `path` inside the root, if it exists there (else -1, errno ENOENT). */
 static int existing(int rootfd, const char *path) {
-    struct open_how how = {.flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
+    struct open_how how = {.flags = O_PATH | O_CLOEXEC, .resolve = IN_ROOT};
     return (int)syscall(SYS_openat2, rootfd, path, &how, sizeof how);
 }
 
 static void make_symlink(int rootfd, const char *target, const char *path) {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
+    if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir) { errno = ENAMETOOLONG; fail("symlink %s", path); }
     char *slash = strrchr(dir, '/');
     if (!slash || !slash[1]) { errno = EINVAL; fail("symlink %s", path); }
     *slash = 0;
     int d = in_root(rootfd, dir[0] ? dir : "/", 0);
-    if (d < 0) fail("symlink's dir %s", dir);
+    if (d < 0) bad_target(dir);
     int dd = openat(d, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dd < 0 || (symlinkat(target, dd, slash + 1) < 0 && errno != EEXIST)) fail("symlink %s", path);
     close(dd);
@@ -314,7 +337,7 @@ static void setup_root(void) {
             break;
         case DIR_:
             t = in_root(rootfd, o->a, 0);
-            if (t < 0) fail("making %s", o->a);
+            if (t < 0) bad_target(o->a);
             fd_path(at, sizeof at, t);
             if (chmod(at, (mode_t)strtoul(o->b, NULL, 8)) < 0) fail("chmod %s", o->a);
             close(t);
@@ -322,7 +345,7 @@ static void setup_root(void) {
         case MASK: /* /dev/null over a file; one this kernel lacks needs none */
             if ((t = existing(rootfd, o->a)) < 0) {
                 if (errno == ENOENT) break;
-                fail("masked path %s", o->a);
+                bad_target(o->a);
             }
             if (fstat(t, &st) < 0) fail("stat %s", o->a);
             if (S_ISDIR(st.st_mode)) { /* an empty read-only tmpfs over a directory */
@@ -339,7 +362,7 @@ static void setup_root(void) {
         case READONLY: /* bound over itself, read-only */
             if ((t = existing(rootfd, o->a)) < 0) {
                 if (errno == ENOENT) break;
-                fail("read-only path %s", o->a);
+                bad_target(o->a);
             }
             bind_tree(t, "", rootfd, o->a, MOUNT_ATTR_RDONLY, 1, 0);
             close(t);
@@ -370,11 +393,20 @@ static void loopback_up(void) {
     close(s);
 }
 
-static void drop_caps(void) {
-    int last = 40;
+/* Read on the host, before the child leaves its root. */
+static int cap_last = -1;
+
+static void read_cap_last(void) {
     FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
-    if (f) { if (fscanf(f, "%d", &last) != 1) last = 40; fclose(f); }
-    for (int c = 0; c <= last; c++)
+    if (!f || fscanf(f, "%d", &cap_last) != 1 || cap_last < 0 || cap_last > 63) {
+        errno = EINVAL;
+        fail("reading /proc/sys/kernel/cap_last_cap");
+    }
+    fclose(f);
+}
+
+static void drop_caps(void) {
+    for (int c = 0; c <= cap_last; c++)
         if (!(P.caps >> c & 1) && prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0) fail("dropping cap %d", c);
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
         fail("clearing ambient caps");
@@ -397,9 +429,14 @@ static int listener_conn = -1;
 static void prepare_seccomp(void) {
     int fd = open(P.seccomp, O_RDONLY | O_CLOEXEC);
     if (fd < 0) fail("opening filter %s", P.seccomp);
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_size <= 0 || (size_t)st.st_size > sizeof prog) {
+        errno = EFBIG;
+        fail("filter %s", P.seccomp);
+    }
     ssize_t n = read(fd, prog, sizeof prog);
     close(fd);
-    if (n <= 0 || n % (ssize_t)sizeof prog[0]) { errno = EINVAL; fail("filter %s", P.seccomp); }
+    if (n != st.st_size || n % (ssize_t)sizeof prog[0]) { errno = EINVAL; fail("filter %s", P.seccomp); }
     fprog.len = (unsigned short)(n / (ssize_t)sizeof prog[0]);
     fprog.filter = prog;
     if (!P.listener) return;
@@ -446,6 +483,9 @@ __attribute__((noreturn)) static void child(int go, int report) {
     if (P.ns & CLONE_NEWUSER) {
         if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) fail("becoming root of the user namespace");
         if (setgroups(0, NULL) < 0) fail("setgroups");
+        /* A change of uid clears it: set again, so that the child still
+         * dies with a corral-run killed before the exec. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) fail("prctl PDEATHSIG");
     }
     /* Made now, by the user namespace's root, not at clone: an IPC
      * namespace's mqueue root is owned by its maker (before the id map
@@ -455,6 +495,11 @@ __attribute__((noreturn)) static void child(int go, int report) {
     if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0) fail("making / a slave");
     umask(022);
     setup_root();
+    /* Its own session (no way to signal the agent's process group or
+     * reach a terminal of it) and session keyring (as crun: the host's
+     * keys are not the sandbox's even where seccomp is off). */
+    if (setsid() < 0) fail("setsid");
+    if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, 0) < 0) fail("new session keyring");
     if (P.hostname && sethostname(P.hostname, strlen(P.hostname)) < 0) fail("sethostname");
     if (P.lo_up) loopback_up();
     for (int i = 0; i < P.nrlims; i++) {
@@ -496,6 +541,12 @@ int main(int argc, char **argv) {
     }
     read_plan(argv[1]);
     if (P.ns & CLONE_NEWCGROUP) { errno = EINVAL; fail("plan: the cgroup namespace is made by the child"); }
+    if ((P.hostname && !(P.ns & CLONE_NEWUTS)) || (P.lo_up && !(P.ns & CLONE_NEWNET)) ||
+        !(P.ns & CLONE_NEWNS) || !(P.ns & CLONE_NEWPID)) {
+        errno = EINVAL;
+        fail("plan: a hostname needs a UTS namespace, loopback a network one, and a root mount and pid ones");
+    }
+    if (P.has_caps) read_cap_last();
     if (P.oom_set) {
         char v[16];
         snprintf(v, sizeof v, "%d", P.oom);
@@ -525,7 +576,10 @@ int main(int argc, char **argv) {
     }
     snprintf(line, sizeof line, "%d", (int)pid);
     for (int i = 0; i < P.ncgroups; i++) {
-        snprintf(path, sizeof path, "%s/cgroup.procs", P.cgroups[i]);
+        if ((size_t)snprintf(path, sizeof path, "%s/cgroup.procs", P.cgroups[i]) >= sizeof path) {
+            errno = ENAMETOOLONG;
+            fail("cgroup %s", P.cgroups[i]);
+        }
         write_file(path, line);
     }
     if (write(go[1], "g", 1) != 1) fail("starting the child");
@@ -540,13 +594,24 @@ int main(int argc, char **argv) {
         fputs(said, stderr);
         return 1;
     }
-    /* EOF and nothing said: exec'd (or killed before it; the caller checks
-     * the init is there). */
+    /* EOF and nothing said: exec'd, unless it died first (killed before
+     * the exec: an OOM in its cgroup). Our child, it keeps its pid until we
+     * reap it or exit, so the check is not fooled by a reused pid. */
+    int status;
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) {
+        errno = ECHILD;
+        fail("the sandbox's init ended before it started (status %d)", w == pid ? status : -1);
+    }
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", P.pidfile);
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", P.pidfile) >= sizeof tmp) {
+        kill(pid, SIGKILL);
+        errno = ENAMETOOLONG;
+        fail("pid file %s", P.pidfile);
+    }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    int w = dprintf(fd, "%d", (int)pid);
-    if (fd < 0 || w <= 0 || close(fd) < 0 || rename(tmp, P.pidfile) < 0) {
+    int wrote = dprintf(fd, "%d", (int)pid);
+    if (fd < 0 || wrote <= 0 || close(fd) < 0 || rename(tmp, P.pidfile) < 0) {
         kill(pid, SIGKILL);
         fail("writing %s", P.pidfile);
     }

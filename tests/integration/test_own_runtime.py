@@ -6,12 +6,18 @@ nothing behind."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
+import json
+import tarfile
 from pathlib import Path
 
 import pytest
 
 import corral
 from corral.config import NodeConfig
+from corral.images.oci import import_oci
+from corral.images.store import ImageStore
 
 from ..framework import IMAGE, Node
 
@@ -32,6 +38,7 @@ echo "== oom"; cat /proc/1/oom_score_adj
 echo "== fds"; ls /proc/1/fd | sort
 echo "== sigs"; grep -E '^Sig(Blk|Ign|Cgt)' /proc/1/status
 echo "== umask"; grep Umask /proc/1/status
+echo "== session"; awk '{print $6, $8}' /proc/1/stat
 echo "== ns"; ls /proc/1/ns | sort
 echo "== cgfs"; ls /sys/fs/cgroup; cat /sys/fs/cgroup/memory/memory.limit_in_bytes \
   /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes /sys/fs/cgroup/memory/memory.swappiness \
@@ -96,4 +103,65 @@ async def test_a_failed_start_leaves_nothing(node_config: NodeConfig, data_root:
     finally:
         runplan.DEVICES = saved
         n.close()
+    assert str(n.config.data_dir) not in Path("/proc/mounts").read_text()
+
+
+def _symlinked_proc_image(root: Path) -> Path:
+    """An OCI layout whose /proc is a symlink that, followed, would put the
+    sandbox's proc where the masks after it cannot find it (under /dev,
+    which the /dev tmpfs then hides)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+
+        def entry(name: str, kind: bytes, link: str = "", data: bytes = b"") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mode, info.size = kind, link, 0o755, len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        entry("bin", tarfile.DIRTYPE)
+        entry("bin/busybox", tarfile.REGTYPE, data=Path("/bin/busybox").read_bytes())
+        entry("bin/sh", tarfile.SYMTYPE, "busybox")
+        for d in ("dev", "dev/x", "realproc", "sys", "tmp"):
+            entry(d, tarfile.DIRTYPE)
+        entry("proc", tarfile.SYMTYPE, "dev/x/../../realproc")
+    blobs = root / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> str:
+        h = hashlib.sha256(data).hexdigest()
+        (blobs / h).write_bytes(data)
+        return "sha256:" + h
+
+    layer = put(buf.getvalue())
+    cfg = put(json.dumps({"config": {"Env": ["PATH=/bin"]}}).encode())
+    media = "application/vnd.oci.image.layer.v1.tar+gzip"
+    manifest = put(json.dumps({"schemaVersion": 2, "config": {"digest": cfg},
+                               "layers": [{"digest": layer, "mediaType": media}]}).encode())  # fmt: skip
+    (root / "index.json").write_text(json.dumps({"manifests": [{"digest": manifest}]}))
+    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    return root
+
+
+@pytest.mark.integration
+async def test_an_image_cannot_move_a_mount_with_a_symlink(
+    node_config: NodeConfig, data_root: Path, tmp_path: Path
+) -> None:
+    """/proc -> /dev/x/../../realproc in the image: followed, the proc
+    mount would land on /realproc and every mask (looked up at /proc) would
+    find nothing and be skipped. corral-run resolves no symlink on a
+    target's path: the create fails, naming it, and leaves nothing."""
+    store = ImageStore(node_config.images_dir)
+    import_oci(store, _symlinked_proc_image(tmp_path / "oci"), tag="symlinked-proc:1",
+               progress=lambda *a: None)  # fmt: skip
+    n = _node(node_config, "corral", data_root / "own-runtime-symlink")
+    try:
+        async with n.client() as c:
+            with pytest.raises(corral.SandboxFailed, match=r"/proc: the image has a symlink on its path"):
+                await c.sandboxes.create(image="symlinked-proc:1")
+            assert await c.sandboxes.list() == []
+        bundles = n.config.bundles_dir
+        assert not bundles.exists() or not list(bundles.iterdir())
+    finally:
+        n.close()
+        store.untag("symlinked-proc:1")
     assert str(n.config.data_dir) not in Path("/proc/mounts").read_text()

@@ -327,15 +327,26 @@ class Cgroups:
         limit crun writes from the bundle is written here too (a copy that
         missed one would be a sandbox with a ceiling lifted)."""
         for h in self.hierarchies:
-            d = h
-            for part in [*self.parent.split("/"), sandbox_id]:
-                parent, d = d, d / part
-                if d.is_dir():
-                    continue
-                d.mkdir()
-                for f in ("cpuset.cpus", "cpuset.mems"):  # v1: empty until inherited
-                    if (d / f).exists() and not (d / f).read_text().strip():
-                        (d / f).write_text((parent / f).read_text())
+            # Every create with corral-run comes here (oci.py): the node's
+            # own directories are made once, then one mkdir a hierarchy.
+            try:
+                os.mkdir(h / self.parent / sandbox_id)
+                made = [h / self.parent / sandbox_id]
+            except FileExistsError:
+                made = []
+            except FileNotFoundError:
+                made = []
+                d = h
+                for part in [*self.parent.split("/"), sandbox_id]:
+                    d = d / part
+                    if not d.is_dir():
+                        d.mkdir()
+                        made.append(d)
+            if "cpuset" in h.name.split(","):  # v1: empty until inherited
+                for d in made:
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        if not (d / f).read_text().strip():
+                            (d / f).write_text((d.parent / f).read_text())
         limits: dict[str, list[tuple[str, str]]]
         if self.mode is Mode.V2:
             limits = {"": [("memory.max", str(memory)), ("memory.swap.max", "0"),
@@ -358,9 +369,13 @@ class Cgroups:
             if base is None:
                 continue
             for name, value in writes:
-                target = base / self.parent / sandbox_id / name
-                if target.exists():
-                    target.write_text(value)
+                # a file this kernel lacks (memsw without swap accounting) is skipped
+                with contextlib.suppress(FileNotFoundError):
+                    fd = os.open(base / self.parent / sandbox_id / name, os.O_WRONLY)
+                    try:
+                        os.write(fd, value.encode())
+                    finally:
+                        os.close(fd)
 
     # ------------------------------------------------------------ freezing
 

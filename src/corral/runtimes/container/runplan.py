@@ -25,6 +25,7 @@ Mount and bind operations happen in the plan's order.
 from __future__ import annotations
 
 import os
+import re
 import resource
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,6 +42,9 @@ CLONE = {
     "network": 0x40000000,
 }
 CLONE_NEWCGROUP = 0x02000000
+# Every Corral container has these (the user namespace is a node setting);
+# corral-run always makes the cgroup one.
+REQUIRED_NS = {"pid", "network", "ipc", "uts", "mount", "cgroup"}
 
 MS = {"ro": 0x1, "nosuid": 0x2, "nodev": 0x4, "noexec": 0x8, "relatime": 0x200000,
       "strictatime": 0x1000000}  # fmt: skip
@@ -159,8 +163,9 @@ def plan(
     for ns in lx["namespaces"]:
         _only(ns, "linux.namespaces[]", ("type",))
         kinds.append(ns["type"])
-    if "cgroup" not in kinds:
-        raise _bad("linux.namespaces", kinds, "must include cgroup (corral-run always makes one)")
+    missing = sorted(REQUIRED_NS - set(kinds))
+    if missing:
+        raise _bad("linux.namespaces", kinds, f"must include {', '.join(missing)}")
     flags = 0
     for k in kinds:
         if k == "cgroup":
@@ -234,7 +239,10 @@ def plan(
             raise _bad("linux.seccomp", "rules", "corral-run loads a compiled filter only")
         t += ["seccomp", str(bpf_file)]
         if sc.get("listenerPath"):
-            t += ["listener", sc["listenerPath"], sc.get("listenerMetadata", "")]
+            meta = sc.get("listenerMetadata", "")
+            if not re.fullmatch(r"[a-z0-9-]{1,128}", meta):  # a sandbox id, put into JSON as is
+                raise _bad("linux.seccomp.listenerMetadata", meta, "must be a sandbox id")
+            t += ["listener", sc["listenerPath"], meta]
 
     t += ["cwd", proc.get("cwd", "/")]
     for e in proc.get("env", []):
