@@ -156,7 +156,9 @@ async def test_an_image_cannot_move_a_mount_with_a_symlink(
     n = _node(node_config, "corral", data_root / "own-runtime-symlink")
     try:
         async with n.client() as c:
-            with pytest.raises(corral.SandboxFailed, match=r"/proc: the image has a symlink on its path"):
+            with pytest.raises(
+                corral.SandboxFailed, match=r"/proc: the image has a symlink on its path"
+            ):
                 await c.sandboxes.create(image="symlinked-proc:1")
             assert await c.sandboxes.list() == []
         bundles = n.config.bundles_dir
