@@ -507,6 +507,13 @@ __attribute__((noreturn)) static void child(int go, int report) {
         if (setrlimit(P.rlims[i].res, &r) < 0) fail("setrlimit %d", P.rlims[i].res);
     }
     if (chdir(P.cwd) < 0) fail("chdir %s", P.cwd);
+    /* stdin: the sandbox's own /dev/null, not the host's that nsexec
+     * opened (a file on a mount outside the sandbox's namespace, which
+     * CRIU cannot dump). stdout and stderr stay the host's log file, as
+     * with crun (criu.py passes it as an external file). */
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || dup2(null, 0) < 0) fail("stdin from /dev/null");
+    close(null);
     /* Signals as a fresh process has them: the agent's ignored ones
      * (SIGPIPE in Python) would otherwise carry into the sandbox. */
     sigset_t none;
