@@ -295,16 +295,26 @@ int main(int argc, char **argv) {
     return 125;
 }
 
-/* stdin from /dev/null, stdout and stderr to `log` if given; then exec. */
+/* stdout and stderr to `log` if given, and stdin from it (read-only, at
+ * its end), else from /dev/null; then exec. Not the host's /dev/null when
+ * a runtime starts a container: crun 1.8 fchowns its stdio to the
+ * container's root before it reopens stdin inside, and the host's
+ * /dev/null, owned by a sandbox's root, could then be chmod-ed by every
+ * sandbox of that id block (found: 0640 from inside broke it for the
+ * host's users). The log is the sandbox's own file. */
 static void exec_program(const char *log, char **argv) {
-    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null < 0) die("opening", "/dev/null");
-    dup2(null, 0);
     if (log) {
         int lf = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
         if (lf < 0) die("opening", log);
+        int in = open(log, O_RDONLY | O_CLOEXEC);
+        if (in < 0 || lseek(in, 0, SEEK_END) < 0) die("opening", log);
+        dup2(in, 0);
         dup2(lf, 1);
         dup2(lf, 2);
+    } else {
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null < 0) die("opening", "/dev/null");
+        dup2(null, 0);
     }
     if (exec_fd >= 0) {
         extern char **environ;

@@ -443,3 +443,57 @@ async def test_a_restored_sandbox_never_sees_its_new_seccomp_listener(
         assert (await sbx.audit()).syscalls.get("unshare", 0) >= 3
     finally:
         await sbx.close()
+
+
+@pytest.mark.parametrize("runtime", ["crun", "corral"])
+async def test_the_host_device_nodes_a_sandbox_is_given_stay_the_hosts(
+    node_config: NodeConfig, data_root: Path, runtime: str
+) -> None:
+    """The host's /dev/null, /dev/zero, ... are bound into every container.
+    crun 1.8 fchowns a container's stdio to its root before it reopens
+    stdin inside: given the host's /dev/null as stdin, it made the host's
+    /dev/null the first id block's, and a sandbox of that block could
+    chmod it for the whole host (host/devices.py). Whichever runtime, the
+    host's nodes stay root's, and a sandbox's chmod or chown of them is
+    refused."""
+    from corral.host import devices
+
+    before = {d: os.stat(f"/dev/{d}") for d in devices.BOUND}
+    assert all(st.st_uid == 0 and st.st_gid == 0 for st in before.values()), before
+    cfg = replace(node_config, data_dir=data_root / f"dev-{runtime}", node=f"dv{runtime[:3]}",
+                  oci_runtime=runtime)  # fmt: skip
+    async with corral.AsyncClient(config=cfg) as c:
+        s = await c.sandboxes.create(image=IMAGE)
+        try:
+            r = await s.commands.run(
+                "for d in null zero full tty random urandom; do "
+                "chmod 0600 /dev/$d 2>/dev/null && echo chmod $d; "
+                "chown 0:0 /dev/$d 2>/dev/null && echo chown $d; done; true"
+            )
+        finally:
+            await s.close()
+    assert r.stdout == ""
+    for d, st in before.items():
+        now = os.stat(f"/dev/{d}")
+        assert (now.st_uid, now.st_gid, now.st_mode) == (0, 0, st.st_mode), d
+
+
+async def test_a_node_starting_gives_back_a_device_node_an_older_corral_gave_away(
+    node_config: NodeConfig, data_root: Path
+) -> None:
+    """What crun 1.8 did before corral-nsexec stopped handing it the host's
+    /dev/null (the test above) is undone when a node starts: the owner and
+    the mode its sandbox may have set."""
+    from corral.node.admission import ID_BASE
+
+    os.chown("/dev/zero", ID_BASE, ID_BASE)
+    os.chmod("/dev/zero", 0o600)
+    try:
+        cfg = replace(node_config, data_dir=data_root / "dev-repair", node="dvrep")
+        async with corral.AsyncClient(config=cfg) as c:
+            await c.sandboxes.list()
+        st = os.stat("/dev/zero")
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o666)
+    finally:
+        os.chown("/dev/zero", 0, 0)
+        os.chmod("/dev/zero", 0o666)

@@ -29,8 +29,8 @@ from corral.execd.client import ExecdClient
 from corral.guard.network import NodeNetwork
 from corral.guard.seccompd import SeccompDaemon
 from corral.host import cgroups as cg
+from corral.host import devices, runfs, swap
 from corral.host import platform as plat
-from corral.host import runfs, swap
 from corral.host.procs import host_memory
 from corral.host.scratch import Scratch
 from corral.images.disks import Disks, is_disk
@@ -38,7 +38,7 @@ from corral.images.mounter import LayerMounts
 from corral.log import get_logger
 from corral.node import ledger as ledgers
 from corral.node.activity import Activity
-from corral.node.admission import Admission
+from corral.node.admission import ID_BASE, Admission
 from corral.node.audit import Audit
 from corral.node.children import Children
 from corral.node.commit import Commits
@@ -224,6 +224,7 @@ def _runtimes(
               "max_inotify_watches": cfg.inotify_watches}  # fmt: skip
     limits = {k: v for k, v in shares.items() if v}  # 0: not set (the host account is shared)
     raise_host_limits(cfg)
+    devices.repair(ID_BASE)
     swapping = cfg.swap_size and swap.ensure(cfg.data_dir / "swap", cfg.swap_size)  # per start
     if swapping and cfg.zswap:
         swap.enable_zswap()

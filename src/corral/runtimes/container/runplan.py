@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import InvalidArgument
+from corral.host import devices
 
 CLONE = {
     "mount": 0x00020000,
@@ -70,7 +71,7 @@ RLIMITS = {"RLIMIT_NOFILE": resource.RLIMIT_NOFILE, "RLIMIT_NPROC": resource.RLI
 
 # What crun gives every container beyond its config (its defaults), kept
 # so that a corral-run sandbox sees the same /dev.
-DEVICES: tuple[str, ...] = ("null", "zero", "full", "tty", "random", "urandom")
+DEVICES: tuple[str, ...] = devices.BOUND
 DEV_LINKS = (
     ("/proc/self/fd", "/dev/fd"),
     ("/proc/self/fd/0", "/dev/stdin"),
