@@ -59,10 +59,11 @@ DEFAULT_E2B_TEMPLATES = {
 class NodeConfig:
     data_dir: Path = Path("/var/lib/corral")
     node: str = "local"
-    # "crun", "runc", or "corral": Corral's own runtime (native/corral-run,
-    # runtimes/container/runplan.py), which starts the same container
-    # without crun's own costs.
-    oci_runtime: str = "crun"
+    # "corral": Corral's own runtime (native/corral-run, from the OCI config
+    # through runtimes/container/runplan.py): the container crun makes,
+    # without crun's own start, fork and exit (docs/container-runtime.md).
+    # "crun" or "runc": theirs, from the same config.
+    oci_runtime: str = "corral"
     # Where corral-init and corral-nsexec were built (make -C native).
     platform_src: Path = field(default_factory=_repo_platform_dir)
     max_sandboxes: int = 4096

@@ -105,6 +105,7 @@ async def doctor(a: argparse.Namespace) -> int:
         "btrfs": "btrfs" in Path("/proc/filesystems").read_text(),
         "cap_sys_resource": bundle.CAN_PROTECT_INIT,
         "platform_helpers": (NodeConfig().platform_src / "bin" / "corral-init").exists(),
+        "corral_run": (NodeConfig().platform_src / "bin" / "corral-run").exists(),
         # VMs: QEMU, the accelerator a guest would get, whether /dev/kvm is
         # there at all (present is not usable on nested PVM hosts), and the
         # guest artefacts' version if built.

@@ -91,6 +91,19 @@ def shares_to_weight(shares: int) -> int:
     return 1 + ((shares - 2) * 9999) // 262142
 
 
+def _fill_cpuset(d: Path) -> None:
+    """A v1 cpuset cgroup's CPUs and memory nodes from its nearest parent
+    that has them (a new one has none, and nothing can join it: ENOSPC).
+    Parents too: another part of the node (a VM's QEMU) may have made the
+    node's own directory without them."""
+    for f in ("cpuset.cpus", "cpuset.mems"):
+        if (d / f).read_text().strip():
+            continue
+        if not (d.parent / f).read_text().strip():
+            _fill_cpuset(d.parent)
+        (d / f).write_text((d.parent / f).read_text())
+
+
 async def sweep_beneath_cgroup2(nsexec: Path, parent: str) -> None:
     """Remove what crun left of this node's sandboxes beneath a hybrid
     host's cgroup2 mount before the node bound its own directory there
@@ -344,9 +357,7 @@ class Cgroups:
                         made.append(d)
             if "cpuset" in h.name.split(","):  # v1: empty until inherited
                 for d in made:
-                    for f in ("cpuset.cpus", "cpuset.mems"):
-                        if not (d / f).read_text().strip():
-                            (d / f).write_text((d.parent / f).read_text())
+                    _fill_cpuset(d)
         limits: dict[str, list[tuple[str, str]]]
         if self.mode is Mode.V2:
             limits = {"": [("memory.max", str(memory)), ("memory.swap.max", "0"),
