@@ -196,3 +196,32 @@ async def test_a_refill_that_will_not_stop_leaves_none_of_the_pool_alive(
     while not refill.done():
         refill.cancel()
         await asyncio.wait({refill}, timeout=0.01)
+
+
+async def test_a_cancel_a_create_turns_into_its_own_error_still_stops_the_refill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A create that fails when cancelled (its cleanup raises a CorralError
+    of its own) must not leave the refill waiting for demand: aclose
+    returns at once, nothing logged."""
+    started = asyncio.Event()
+
+    class Converting(FakeLifecycle):
+        async def create(self, req: CreateSandbox) -> Info:
+            if len(self.made) == 1:
+                started.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    raise SandboxFailed("create failed: CancelledError") from None
+            return await super().create(req)
+
+    life = Converting()
+    pool = WarmPool(NodeConfig(warm_pool=3), life)  # type: ignore[arg-type]
+    pool.expect(req(), 3)
+    await started.wait()
+    logged: list[str] = []
+    monkeypatch.setattr("corral.node.warmpool.log.error", lambda event, **kw: logged.append(event))
+    await asyncio.wait_for(pool.aclose(), 2)
+    assert life.retired == ["w0"]
+    assert logged == []

@@ -140,7 +140,15 @@ class WarmPool:
         return best if best is not None and short[best] > 0 else None
 
     async def _fill(self) -> None:
+        me = asyncio.current_task()
         while True:
+            # A cancel a create turned into its own error (it fails, as it
+            # should, and the pool asks again later) is still this task's:
+            # without this check the loop went back to waiting for demand
+            # and a stopping agent waited on it (seen in a bench run: the
+            # refill "cancelling", parked at the wait below).
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError
             await self._wake.wait()
             self._wake.clear()
             await self._forget_stale()
