@@ -13,7 +13,7 @@ a test drives, by concept.
 
 from .blobd import Blobd
 from .cluster import Cluster
-from .images import IMAGE, IMAGES, require_image
+from .images import IMAGE, IMAGES, oci_layout, require_image
 from .node import Node, agent_of, close_everything
 from .pixels import png_pixels
 from .processes import GatewayProcess, Server, free_port, run_sync
@@ -29,6 +29,7 @@ __all__ = [
     "agent_of",
     "close_everything",
     "free_port",
+    "oci_layout",
     "png_pixels",
     "require_image",
     "run_sync",

@@ -3,7 +3,6 @@ push to an HTTP store and lazy pull on another node."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
@@ -18,7 +17,7 @@ from corral.images.objects import HttpObjects, open_store
 from corral.images.oci import import_oci
 from corral.images.store import ImageStore
 
-from ..framework import IMAGE, Blobd, Node
+from ..framework import IMAGE, Blobd, Node, oci_layout
 
 
 def _noprogress(task: str, done: float, total: float | None) -> None:
@@ -77,39 +76,11 @@ def _second_layer(tar: tarfile.TarFile) -> None:
 
 
 def _oci_layout(root: Path) -> Path:
-    blobs = root / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-
-    def put(data: bytes) -> str:
-        h = hashlib.sha256(data).hexdigest()
-        (blobs / h).write_bytes(data)
-        return "sha256:" + h
-
-    media = "application/vnd.oci.image.layer.v1.tar+gzip"
-    layers = [put(_layer_tar(_busybox_layer)), put(_layer_tar(_second_layer))]
-    cfg = put(
-        json.dumps(
-            {
-                "config": {
-                    "Env": ["PATH=/bin", "GREETING=oci"],
-                    "WorkingDir": "/home/app",
-                    "User": "app",
-                }
-            }
-        ).encode()
+    return oci_layout(
+        root,
+        [_layer_tar(_busybox_layer), _layer_tar(_second_layer)],
+        {"Env": ["PATH=/bin", "GREETING=oci"], "WorkingDir": "/home/app", "User": "app"},
     )
-    manifest = put(
-        json.dumps(
-            {
-                "schemaVersion": 2,
-                "config": {"digest": cfg},
-                "layers": [{"digest": d, "mediaType": media} for d in layers],
-            }
-        ).encode()
-    )
-    (root / "index.json").write_text(json.dumps({"manifests": [{"digest": manifest}]}))
-    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    return root
 
 
 async def _check_oci_image(client: corral.AsyncClient, ref: str) -> None:

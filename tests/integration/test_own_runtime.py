@@ -6,9 +6,7 @@ nothing behind."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
-import json
 import tarfile
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from corral.config import NodeConfig
 from corral.images.oci import import_oci
 from corral.images.store import ImageStore
 
-from ..framework import IMAGE, Node
+from ..framework import IMAGE, Node, oci_layout
 
 # What a sandbox's init sees of itself, one section per line group. The
 # mount options of masks and read-only paths are left out of the
@@ -124,22 +122,7 @@ def _symlinked_proc_image(root: Path) -> Path:
         for d in ("dev", "dev/x", "realproc", "sys", "tmp"):
             entry(d, tarfile.DIRTYPE)
         entry("proc", tarfile.SYMTYPE, "dev/x/../../realproc")
-    blobs = root / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-
-    def put(data: bytes) -> str:
-        h = hashlib.sha256(data).hexdigest()
-        (blobs / h).write_bytes(data)
-        return "sha256:" + h
-
-    layer = put(buf.getvalue())
-    cfg = put(json.dumps({"config": {"Env": ["PATH=/bin"]}}).encode())
-    media = "application/vnd.oci.image.layer.v1.tar+gzip"
-    manifest = put(json.dumps({"schemaVersion": 2, "config": {"digest": cfg},
-                               "layers": [{"digest": layer, "mediaType": media}]}).encode())  # fmt: skip
-    (root / "index.json").write_text(json.dumps({"manifests": [{"digest": manifest}]}))
-    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    return root
+    return oci_layout(root, [buf.getvalue()], {"Env": ["PATH=/bin"]})
 
 
 @pytest.mark.integration
