@@ -156,7 +156,11 @@ class ContainerRuntime:
         pid_file = b / "init.pid"
         if self.oci.own:
             if self._bpf_file is not None and not self._bpf_written:
-                self._bpf_file.write_bytes(base64.b64decode(self._bpf[key]))
+                # Whole or not at all: another agent of the node may be
+                # starting a sandbox from the same file.
+                tmp = self._bpf_file.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(base64.b64decode(self._bpf[key]))
+                os.replace(tmp, self._bpf_file)
                 self._bpf_written = True
             # crun would make the cgroups from the config; corral-run joins
             # those the agent made (as for a restore, with the same limits).
