@@ -113,7 +113,8 @@ async def test_a_burst_survives_its_server_being_killed(fresh_node: Node) -> Non
                 _spec("kill"), n, concurrency=4, key=key, on_ready=seen, retry_for=0
             )
         )
-        await asyncio.wait_for(ready.wait(), 60)
+        async with asyncio.timeout(60):
+            await ready.wait()
         srv.kill()  # SIGKILL, mid-burst
         first = await burst
     lost = [r for r in first if isinstance(r, corral.CorralError)]

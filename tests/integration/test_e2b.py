@@ -301,7 +301,8 @@ async def test_a_killed_sandboxs_streams_are_dropped(e2b_env: str, node: Node) -
     bg = await s.commands.run("sleep 60", background=True)
     await s.kill()
     with pytest.raises(Exception):  # noqa: B017 (the SDK's transport error, whichever)
-        await asyncio.wait_for(bg.wait(), 20)
+        async with asyncio.timeout(20):
+            await bg.wait()
     assert node.resources(s.sandbox_id) == []
 
 

@@ -86,7 +86,8 @@ async def test_requests_share_one_serial_stream(
     agent: tuple[ExecdClient, Guest], tmp_path: Path
 ) -> None:
     client, _guest = agent
-    version, _pid = await asyncio.wait_for(client.ping(), 10)
+    async with asyncio.timeout(10):
+        version, _pid = await client.ping()
     assert version == p.VERSION
     # Sixteen commands at once, each its own stream, none mixed up.
     outs = await asyncio.gather(*(_run(client, ["echo", f"stream-{i}"]) for i in range(16)))
@@ -107,7 +108,8 @@ async def test_a_broken_channel_ends_requests_instead_of_hanging_them(
     agent: tuple[ExecdClient, Guest],
 ) -> None:
     client, guest = agent
-    await asyncio.wait_for(client.ping(), 10)
+    async with asyncio.timeout(10):
+        await client.ping()
     session = await client.start(
         ["sleep", "60"], [], user="root", cwd="/", timeout=None,
         stdout_cap=1024, stderr_cap=1024, stdin=None,
@@ -120,7 +122,8 @@ async def test_a_broken_channel_ends_requests_instead_of_hanging_them(
 
     try:
         with pytest.raises(ConnectionError):
-            await asyncio.wait_for(drain(), 10)
+            async with asyncio.timeout(10):
+                await drain()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(session.pid, 9)  # orphaned by the dead agent

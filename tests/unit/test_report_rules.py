@@ -131,7 +131,8 @@ async def test_a_slow_subscriber_loses_events_and_is_told() -> None:
         got.append(await anext(stream))
     assert all(e.sandbox == "mine" for e in got[1:])
     with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(anext(stream), 0.05)
+        async with asyncio.timeout(0.05):
+            await anext(stream)
     await stream.aclose()  # type: ignore[attr-defined]
     assert not events.active
 

@@ -188,7 +188,8 @@ async def test_a_refill_that_will_not_stop_leaves_none_of_the_pool_alive(
     monkeypatch.setattr(
         "corral.node.warmpool.log.error", lambda event, **kw: logged.append((event, kw))
     )
-    await asyncio.wait_for(pool.aclose(), 5)
+    async with asyncio.timeout(5):
+        await pool.aclose()
     assert sorted(life.retired) == ["w0", "w1"]
     assert [e for e, _ in logged] == ["warm_pool.refill_did_not_stop"]
     assert "create" in logged[0][1]["stack"]
@@ -222,6 +223,7 @@ async def test_a_cancel_a_create_turns_into_its_own_error_still_stops_the_refill
     await started.wait()
     logged: list[str] = []
     monkeypatch.setattr("corral.node.warmpool.log.error", lambda event, **kw: logged.append(event))
-    await asyncio.wait_for(pool.aclose(), 2)
+    async with asyncio.timeout(2):
+        await pool.aclose()
     assert life.retired == ["w0"]
     assert logged == []

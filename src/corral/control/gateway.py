@@ -147,7 +147,8 @@ class Gateway(GatewayCore):
             if self._mismatch[n.name] >= 2:
                 self._mismatch.pop(n.name, None)
                 try:
-                    await asyncio.wait_for(self.reconcile(n), timeout=max(self.node_timeout, 5.0))
+                    async with asyncio.timeout(max(self.node_timeout, 5.0)):
+                        await self.reconcile(n)
                 except (CorralError, TimeoutError) as exc:
                     log.warning("node.reconcile_failed", node=n.name, error=str(exc))
 

@@ -96,10 +96,10 @@ class ExecdClient:
 
     async def connect(self) -> Connection:
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(self.socket_path, limit=4 * p.MAX_PAYLOAD),
-                self.connect_timeout,
-            )
+            async with asyncio.timeout(self.connect_timeout):
+                reader, writer = await asyncio.open_unix_connection(
+                    self.socket_path, limit=4 * p.MAX_PAYLOAD
+                )
         except (TimeoutError, OSError) as exc:
             raise Unavailable(
                 f"sandbox exec server at {self.socket_path} is not reachable: {exc}"

@@ -215,7 +215,8 @@ class Resolver(asyncio.DatagramProtocol):
         )
         try:
             transport.sendto(data)
-            return await asyncio.wait_for(fut, 3.0)
+            async with asyncio.timeout(3.0):
+                return await fut
         except (TimeoutError, OSError):
             return None
         finally:

@@ -262,7 +262,8 @@ class Housekeeping:
         async def answers(rec: SandboxRecord) -> bool:
             client = ExecdClient(str(control_path(self.config.run_dir, rec.id)))
             try:
-                await asyncio.wait_for(client.ping(), limit)
+                async with asyncio.timeout(limit):
+                    await client.ping()
                 return True
             except (TimeoutError, CorralError, OSError):
                 return False

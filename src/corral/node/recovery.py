@@ -67,7 +67,8 @@ def orphan_worker(rec: SandboxRecord, owner: str) -> bool:
 async def answers(control: Path) -> bool:
     """Whether an exec server answers at `control` (within 2 s)."""
     try:
-        await asyncio.wait_for(ExecdClient(str(control), connect_timeout=1).ping(), 2)
+        async with asyncio.timeout(2):
+            await ExecdClient(str(control), connect_timeout=1).ping()
     except (CorralError, OSError, TimeoutError):
         return False
     return True

@@ -132,7 +132,8 @@ class Sessions:
             events = session.events()
             while True:
                 try:
-                    kind, payload = await asyncio.wait_for(anext(events), limit)
+                    async with asyncio.timeout(limit):
+                        kind, payload = await anext(events)
                 except StopAsyncIteration:
                     raise self.records.gone(sandbox_id) from None
                 except TimeoutError:

@@ -142,11 +142,12 @@ class WarmPool:
     async def _fill(self) -> None:
         me = asyncio.current_task()
         while True:
-            # A cancel a create turned into its own error (it fails, as it
-            # should, and the pool asks again later) is still this task's:
-            # without this check the loop went back to waiting for demand
-            # and a stopping agent waited on it (seen in a bench run: the
-            # refill "cancelling", parked at the wait below).
+            # A cancel that a create dropped is still this task's: without
+            # this check the loop went back to waiting for demand and a
+            # stopping agent waited on it (seen in a bench run: the refill
+            # "cancelling", parked at the wait below). asyncio.wait_for on
+            # Python 3.11 was what dropped it (now banned, pyproject.toml);
+            # the check stays for whatever else may.
             if me is not None and me.cancelling():
                 raise asyncio.CancelledError
             await self._wake.wait()

@@ -156,7 +156,8 @@ class AsyncCommandHandle:
     async def wait(self, timeout: float | None = None) -> CommandResult:
         """Wait for the command to end. `timeout` bounds this wait only (it
         raises TimeoutError and leaves the command running)."""
-        await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(self._task)
         return _finish(self._collector, self._req)
 
     async def kill(self, signal: int = signals.SIGKILL) -> None:

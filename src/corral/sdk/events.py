@@ -59,7 +59,8 @@ class AsyncEventStream:
         """The next event; None if `timeout` seconds pass without one, or
         once the stream has ended (the server went away: open another)."""
         try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
+            async with asyncio.timeout(timeout):
+                item = await self._queue.get()
         except TimeoutError:
             return None
         if item is _END:

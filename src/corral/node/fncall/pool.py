@@ -109,7 +109,8 @@ class WorkerPool:
             raise
         try:
             if self._prepare is not None:
-                await asyncio.wait_for(self._prepare(image, worker), PREPARE_WITHIN)
+                async with asyncio.timeout(PREPARE_WITHIN):
+                    await self._prepare(image, worker)
         except BaseException:
             self._count[image] -= 1
             await self._discard(worker)
@@ -143,7 +144,8 @@ class WorkerPool:
                 return await self._new(image)
         self._waiting[image] += 1
         try:
-            return await asyncio.wait_for(q.get(), WAIT_FOR_WORKER)
+            async with asyncio.timeout(WAIT_FOR_WORKER):
+                return await q.get()
         except TimeoutError:
             raise Unavailable(
                 f"no function-call worker for {image} became free in {WAIT_FOR_WORKER:.0f}s"
@@ -171,9 +173,11 @@ class WorkerPool:
     async def _recycle(self, image: str, worker: str, healthy: bool) -> None:
         if healthy and not self._closed:
             try:
-                await asyncio.wait_for(self._reset(worker), 30)
+                async with asyncio.timeout(30):
+                    await self._reset(worker)
                 if self._prepare is not None:
-                    await asyncio.wait_for(self._prepare(image, worker), PREPARE_WITHIN)
+                    async with asyncio.timeout(PREPARE_WITHIN):
+                        await self._prepare(image, worker)
             except Exception as exc:
                 log.warning("fncall.reset_failed", worker=worker, error=str(exc))
             else:
@@ -246,7 +250,8 @@ class WorkerPool:
         bounded time: the agent is going away)."""
         self._closed = True
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._none_held.wait(), 60)
+            async with asyncio.timeout(60):
+                await self._none_held.wait()
         while self._tasks:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*list(self._tasks))

@@ -126,7 +126,8 @@ class AgentChannel:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One exec-client connection, as one stream."""
         try:
-            await asyncio.wait_for(self._connected.wait(), 30)
+            async with asyncio.timeout(30):
+                await self._connected.wait()
         except TimeoutError:
             writer.close()
             return

@@ -339,9 +339,8 @@ class Watcher:
             if self._syncs < 0:
                 raise ConnectError("not_found", f"watcher {self.id} has ended")
             await self.svc.send_stdin(self.sandbox, self.pid, b"\n")
-            await asyncio.wait_for(
-                self._synced.wait_for(lambda: self._syncs >= want or self._syncs < 0), 10
-            )
+            async with asyncio.timeout(10):
+                await self._synced.wait_for(lambda: self._syncs >= want or self._syncs < 0)
         taken, self.pending = self.pending, []
         return taken
 
@@ -350,7 +349,8 @@ class Watcher:
         yield {"start": {}}
         while True:
             try:
-                ev = await asyncio.wait_for(self.live.get(), keepalive)
+                async with asyncio.timeout(keepalive):
+                    ev = await self.live.get()
             except TimeoutError:
                 yield {"keepalive": {}}
                 continue
@@ -365,6 +365,7 @@ class Watcher:
                 await self.svc.send_stdin(self.sandbox, self.pid, b"", eof=True)
         if self._task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5)
+                async with asyncio.timeout(5):
+                    await asyncio.shield(self._task)
             except Exception:
                 self._task.cancel()

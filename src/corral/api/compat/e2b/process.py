@@ -181,7 +181,8 @@ class Processes:
         try:
             while True:
                 try:
-                    m = await asyncio.wait_for(queue.get(), keepalive)
+                    async with asyncio.timeout(keepalive):
+                        m = await queue.get()
                 except TimeoutError:
                     yield _event("keepalive", {})
                     continue
