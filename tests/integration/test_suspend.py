@@ -450,3 +450,28 @@ async def test_an_idle_microvm_gives_its_memory_back_and_gets_it_again(
         r = await sbx.commands.run("md5sum < /tmp/blob", timeout=120)
         assert r.stdout.split()[0] == digest  # read back from (z)swap
         await sbx.close()
+
+
+async def test_a_cancelled_resume_still_ends_running(
+    client: corral.AsyncClient, node: Node
+) -> None:
+    """The caller stops waiting; the resume goes on. Before, a cancel during
+    CRIU's restore left the restored tree running under a record that said
+    suspended, and the next resume failed on it."""
+    _needs_criu()
+    sbx = await client.sandboxes.create(image=IMAGE, memory="64MiB")
+    await sbx.commands.run("echo kept > /tmp/state")
+    for delay in (0.0, 0.02, 0.08, 0.2):
+        await sbx.suspend("disk")
+        resuming = asyncio.create_task(sbx.resume())
+        await asyncio.sleep(delay)
+        if not resuming.done():  # a restore here takes ~0.1-0.3 s
+            resuming.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await resuming
+        info = await sbx.resume()  # waits for the one in flight, or finds it done
+        assert info.state == "running", (delay, info)
+        assert (await sbx.files.read_text("/tmp/state")) == "kept\n"
+        inits = [p for p in node.init_processes() if sbx.id in Path(f"/proc/{p}/cgroup").read_text()]
+        assert len(inits) == 1, (delay, inits)  # one tree, not a second restore beside it
+    await sbx.close()

@@ -93,6 +93,7 @@ class Snapshots:
         self.children = children
         self.activity = activity
         self._reclaims: dict[str, asyncio.Task[None]] = {}
+        self._resumes: dict[str, asyncio.Task[SandboxInfo]] = {}
 
     # ---------------------------------------------------------------- suspend
 
@@ -188,8 +189,11 @@ class Snapshots:
                  ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
 
     async def aclose(self) -> None:
-        """Let the reclaims in flight finish (each is one blocking write)."""
-        await asyncio.gather(*self._reclaims.values(), return_exceptions=True)
+        """Let the reclaims (each is one blocking write) and resumes in
+        flight finish."""
+        await asyncio.gather(
+            *self._reclaims.values(), *self._resumes.values(), return_exceptions=True
+        )
 
     async def settled(self, sandbox_id: str) -> None:
         """Wait for a freeze's reclaim of this sandbox, if one runs: a
@@ -237,6 +241,19 @@ class Snapshots:
                     break
                 await asyncio.sleep(0.01)
             return self.records.info(self.records.running(sandbox_id))
+        # Once begun, a resume ends (running, or suspended again) whatever
+        # its caller does: a cancel half-way left a restored process tree
+        # running under a record that said suspended, and the next resume
+        # failed on it. The caller that cancels stops waiting, nothing more.
+        job = asyncio.create_task(self._resume(rec))
+        self._resumes[sandbox_id] = job
+        job.add_done_callback(
+            lambda j: self._resumes.pop(sandbox_id) if self._resumes.get(sandbox_id) is j else None
+        )
+        return await asyncio.shield(job)
+
+    async def _resume(self, rec: SandboxRecord) -> SandboxInfo:
+        sandbox_id, db = rec.id, self.store
         t0 = time.monotonic()
         mode = rec.suspended or "disk"
         runtime, mode = self._suspendable(rec, mode)
@@ -256,7 +273,7 @@ class Snapshots:
                 )
         except BaseException as exc:
             db.transition(sandbox_id, ["resuming"], "suspended")
-            if isinstance(exc, CorralError):
+            if isinstance(exc, CorralError) or not isinstance(exc, Exception):
                 raise
             raise SandboxFailed(f"sandbox {sandbox_id}: resume failed: {exc}") from exc
         if rec.kind in VM_KINDS and not is_disk(rec.spec["image"]):
