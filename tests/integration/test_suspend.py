@@ -475,3 +475,29 @@ async def test_a_cancelled_resume_still_ends_running(
         inits = [p for p in node.init_processes() if sbx.id in Path(f"/proc/{p}/cgroup").read_text()]
         assert len(inits) == 1, (delay, inits)  # one tree, not a second restore beside it
     await sbx.close()
+
+
+async def test_a_cancelled_suspend_still_ends_suspended_or_running(
+    client: corral.AsyncClient, node: Node
+) -> None:
+    """As a resume: the caller stops waiting, the suspend goes on, and the
+    sandbox is whole either way."""
+    _needs_criu()
+    sbx = await client.sandboxes.create(image=IMAGE, memory="64MiB")
+    await sbx.commands.run("echo kept > /tmp/state")
+    for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
+        suspending = asyncio.create_task(sbx.suspend("disk"))
+        await asyncio.sleep(delay)
+        if not suspending.done():
+            suspending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await suspending
+        for _ in range(500):  # the suspend in flight ends
+            if (await client.sandboxes.get(sbx.id)).info.state in ("running", "suspended"):
+                break
+            await asyncio.sleep(0.01)
+        assert (await sbx.files.read_text("/tmp/state")) == "kept\n", delay
+        assert (await sbx.resume()).state == "running"
+        inits = [p for p in node.init_processes() if sbx.id in Path(f"/proc/{p}/cgroup").read_text()]
+        assert len(inits) == 1, (delay, inits)
+    await sbx.close()

@@ -16,8 +16,9 @@ import builtins
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
+from typing import Any
 
 from corral import labels, metrics
 from corral.api.models import (
@@ -93,7 +94,9 @@ class Snapshots:
         self.children = children
         self.activity = activity
         self._reclaims: dict[str, asyncio.Task[None]] = {}
-        self._resumes: dict[str, asyncio.Task[SandboxInfo]] = {}
+        # Suspends and resumes in flight (at most one per sandbox: its state
+        # says which), each its own task: see _to_the_end.
+        self._changing: dict[str, asyncio.Task[SandboxInfo]] = {}
 
     # ---------------------------------------------------------------- suspend
 
@@ -154,6 +157,12 @@ class Snapshots:
             state = self.records.get(sandbox_id).state
             raise Conflict(f"sandbox {sandbox_id} is {state}: it cannot be suspended now",
                            sandbox=sandbox_id, state=state)  # fmt: skip
+        return await self._to_the_end(sandbox_id, self._suspend(rec, runtime, mode, unplug))
+
+    async def _suspend(
+        self, rec: SandboxRecord, runtime: Suspendable, mode: str, unplug: bool
+    ) -> SandboxInfo:
+        sandbox_id, db = rec.id, self.store
         t0 = time.monotonic()
         try:
             if unplug:
@@ -189,11 +198,28 @@ class Snapshots:
                  ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
 
     async def aclose(self) -> None:
-        """Let the reclaims (each is one blocking write) and resumes in
-        flight finish."""
+        """Let the reclaims (each is one blocking write), suspends and
+        resumes in flight finish."""
         await asyncio.gather(
-            *self._reclaims.values(), *self._resumes.values(), return_exceptions=True
+            *self._reclaims.values(), *self._changing.values(), return_exceptions=True
         )
+
+    async def _to_the_end(
+        self, sandbox_id: str, work: Coroutine[Any, Any, SandboxInfo]
+    ) -> SandboxInfo:
+        """Run a suspend or resume that has begun (its record says
+        suspending or resuming) to its end, whatever its caller does: the
+        caller that cancels stops waiting, nothing more. A cancel half-way
+        through CRIU's dump or restore had left the sandbox's processes
+        ended, or restored twice, under a record that said otherwise."""
+        job = asyncio.create_task(work)
+        self._changing[sandbox_id] = job
+        job.add_done_callback(
+            lambda j: (
+                self._changing.pop(sandbox_id) if self._changing.get(sandbox_id) is j else None
+            )
+        )
+        return await asyncio.shield(job)
 
     async def settled(self, sandbox_id: str) -> None:
         """Wait for a freeze's reclaim of this sandbox, if one runs: a
@@ -241,16 +267,7 @@ class Snapshots:
                     break
                 await asyncio.sleep(0.01)
             return self.records.info(self.records.running(sandbox_id))
-        # Once begun, a resume ends (running, or suspended again) whatever
-        # its caller does: a cancel half-way left a restored process tree
-        # running under a record that said suspended, and the next resume
-        # failed on it. The caller that cancels stops waiting, nothing more.
-        job = asyncio.create_task(self._resume(rec))
-        self._resumes[sandbox_id] = job
-        job.add_done_callback(
-            lambda j: self._resumes.pop(sandbox_id) if self._resumes.get(sandbox_id) is j else None
-        )
-        return await asyncio.shield(job)
+        return await self._to_the_end(sandbox_id, self._resume(rec))
 
     async def _resume(self, rec: SandboxRecord) -> SandboxInfo:
         sandbox_id, db = rec.id, self.store
