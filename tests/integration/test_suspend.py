@@ -472,7 +472,9 @@ async def test_a_cancelled_resume_still_ends_running(
         info = await sbx.resume()  # waits for the one in flight, or finds it done
         assert info.state == "running", (delay, info)
         assert (await sbx.files.read_text("/tmp/state")) == "kept\n"
-        inits = [p for p in node.init_processes() if sbx.id in Path(f"/proc/{p}/cgroup").read_text()]
+        inits = [
+            p for p in node.init_processes() if sbx.id in Path(f"/proc/{p}/cgroup").read_text()
+        ]
         assert len(inits) == 1, (delay, inits)  # one tree, not a second restore beside it
     await sbx.close()
 
@@ -498,6 +500,8 @@ async def test_a_cancelled_suspend_still_ends_suspended_or_running(
             await asyncio.sleep(0.01)
         assert (await sbx.files.read_text("/tmp/state")) == "kept\n", delay
         assert (await sbx.resume()).state == "running"
-        inits = [p for p in node.init_processes() if sbx.id in Path(f"/proc/{p}/cgroup").read_text()]
+        inits = [
+            p for p in node.init_processes() if sbx.id in Path(f"/proc/{p}/cgroup").read_text()
+        ]
         assert len(inits) == 1, (delay, inits)
     await sbx.close()
