@@ -24,13 +24,19 @@ def _cmdline(pid: Path) -> list[str] | None:
 
 
 def init_processes(config: NodeConfig) -> list[int]:
-    """corral-init processes (sandboxes' PID 1) in this node's cgroups."""
+    """corral-init processes (sandboxes' PID 1) in this node's cgroups. A
+    dead one the host's PID 1 has yet to reap is not counted (an init whose
+    agent is not its subreaper is the host's to reap); one dead under an
+    agent is (the agent must reap its own)."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             if (d / "comm").read_text().strip() != "corral-init":
+                continue
+            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if state == "Z" and ppid == "1":
                 continue
             if f"/{config.cgroup_parent}/" in (d / "cgroup").read_text():
                 found.append(int(d.name))

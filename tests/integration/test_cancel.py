@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import collections
 
+import pytest
+
 from ..framework import IMAGE, Node
 
 STEP = 0.00025  # s between cancel points; a cold create takes ~7-15 ms here
@@ -41,5 +43,54 @@ async def test_a_cancelled_create_is_cancelled_and_leaves_nothing(fresh_node: No
         assert seen["returned a sandbox after its cancel"] == 0, seen
         assert seen["cancelled"] >= POINTS // 2, seen  # the sweep hit the create's path
         assert await c.sandboxes.list() == []
+    assert fresh_node.records() == []
+    assert fresh_node.leftovers() == {}
+
+
+async def test_a_cancelled_close_still_closes_everything(fresh_node: Node) -> None:
+    """Before, a close cancelled half-way left the sandbox "closing" with
+    its cgroups, disk and processes held, and a second close returned at
+    once without closing it."""
+    cancelled = 0
+    async with fresh_node.client() as c:
+        for i in range(POINTS // 2):
+            sbx = await c.sandboxes.create(image=IMAGE)
+            closing = asyncio.create_task(sbx.close())
+            await asyncio.sleep(i * 2 * STEP)
+            if not closing.done():
+                closing.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await closing
+                cancelled += 1
+            await sbx.close()  # waits for the close in flight
+            assert (await c.sandboxes.get(sbx.id)).info.state == "closed"
+        assert cancelled >= POINTS // 8
+    assert fresh_node.records() == []
+    assert fresh_node.leftovers() == {}
+
+
+async def test_a_cancelled_fork_leaves_the_source_alone_and_no_copy(fresh_node: Node) -> None:
+    """All or nothing, cancels included: a copy made before the cancel
+    landed is closed (nobody will ever see its id), and the source runs on."""
+    async with fresh_node.client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        await src.commands.run("echo kept > /tmp/state")
+        for delay in (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3):
+            forking = asyncio.create_task(c.sandboxes.fork(src, 2))
+            await asyncio.sleep(delay)
+            if forking.done():
+                for copy in forking.result():
+                    await copy.close()
+                continue
+            forking.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await forking
+            for _ in range(500):  # the copies made before the cancel are closing
+                if [s.id for s in await c.sandboxes.list()] == [src.id]:
+                    break
+                await asyncio.sleep(0.01)
+            assert [s.id for s in await c.sandboxes.list()] == [src.id], delay
+            assert (await src.files.read_text("/tmp/state")) == "kept\n"
+        await src.close()
     assert fresh_node.records() == []
     assert fresh_node.leftovers() == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,13 +90,28 @@ async def test_a_timeout_kills_and_reaps() -> None:
     assert _zombies_of_ours() == []
 
 
-async def test_a_cancelled_caller_still_reaps_the_child() -> None:
-    task = asyncio.ensure_future(spawn.run([sys.executable, "-c", "import time; time.sleep(0.3)"]))
+async def test_a_cancelled_caller_returns_once_its_child_has_ended(tmp_path: Path) -> None:
+    # What the helper makes after the cancel is there when the cancel
+    # reaches its caller (a caller's cleanup then sees all of it).
+    made = tmp_path / "made"
+    code = f"import time; time.sleep(0.3); open({str(made)!r}, 'w').write('x')"
+    task = asyncio.ensure_future(spawn.run([sys.executable, "-c", code]))
     await asyncio.sleep(0.1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(1.0)  # the child exits; the loop reaps it
+    assert made.read_text() == "x"
+    assert _zombies_of_ours() == []
+
+
+async def test_a_cancelled_caller_waits_no_longer_than_the_timeout() -> None:
+    task = asyncio.ensure_future(
+        spawn.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+    )
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):  # the caller's cancel, not the timeout
+        await task
     assert _zombies_of_ours() == []
 
 

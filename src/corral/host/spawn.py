@@ -8,10 +8,11 @@ helper (corral-nsexec running crun), so at 16 creates in flight that was
 a cost of every one of them (docs/warm-pool.md). Here the loop watches
 the child's pidfd and its pipes like any other file descriptor.
 
-Invariants: every child started here is reaped, whether or not its caller
-is still waiting (a cancelled caller leaves the pidfd watched until the
-child exits, as asyncio does); a child's output is kept up to `LIMIT`
-bytes per stream (the tail), so a chatty helper cannot grow the agent.
+Invariants: every child started here is reaped; a cancelled caller
+returns only once its child has ended (killed at the timeout, if one was
+given), so nothing a helper makes appears after its caller unwound; a
+child's output is kept up to `LIMIT` bytes per stream (the tail), so a
+chatty helper cannot grow the agent.
 """
 
 from __future__ import annotations
@@ -72,21 +73,37 @@ async def run(
 
     loop.add_reader(pidfd, reap)
     streams = [_Stream(loop, p) for p in (proc.stdout, proc.stderr) if p is not None]
+    deadline = None if timeout is None else loop.time() + timeout
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout_at(deadline):
             code = await asyncio.shield(exited)
             for s in streams:
                 await s.done
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await asyncio.shield(exited)
+        await _kill(proc, exited)
+        raise
+    except asyncio.CancelledError:
+        # A cancelled caller waits for its helper to end (up to the
+        # timeout) before it unwinds: a helper left running goes on making
+        # what its caller is about to clean up (a CRIU restore finished
+        # after its create had been released: a process tree nobody owned).
+        try:
+            async with asyncio.timeout_at(deadline):
+                await asyncio.shield(exited)
+        except TimeoutError:
+            await _kill(proc, exited)
         raise
     finally:
         for s in streams:
             s.close()
     err = streams[-1].data()
     return Finished(code=code, stdout=streams[0].data() if stdout else b"", stderr=err)
+
+
+async def _kill(proc: subprocess.Popen[bytes], exited: asyncio.Future[int]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    await asyncio.shield(exited)
 
 
 class _Stream:

@@ -49,6 +49,7 @@ from corral.node.records import Records
 from corral.node.sandboxdirs import SandboxDirs
 from corral.node.store import SandboxRecord, Store
 from corral.node.templates import Templates
+from corral.node.tothend import ToTheEnd
 from corral.runtimes import drawn
 from corral.runtimes.base import (
     Boot,
@@ -180,6 +181,7 @@ class Lifecycle:
         self._end_sessions = end_sessions
         self.templates = templates  # full VM desktops loaded, not booted
         self.after_load = after_load  # a copy's fresh randomness and clock
+        self.changes = ToTheEnd()  # releases in flight
 
     def runtime(self, kind: str) -> Runtime:
         runtime = self.runtimes.get(kind)
@@ -453,7 +455,12 @@ class Lifecycle:
 
     async def release(self, sandbox_id: str, final_state: str, reason: str) -> None:
         """Release every resource of a sandbox that is creating or closing
-        (this process won that state), then mark it final_state."""
+        (this process won that state), then mark it final_state. Once begun
+        it runs to its end (node/tothend.py): a cancelled close had left
+        the sandbox "closing", half released, for good."""
+        await self.changes.run(sandbox_id, self._release(sandbox_id, final_state, reason))
+
+    async def _release(self, sandbox_id: str, final_state: str, reason: str) -> None:
         rec = self.store.get(sandbox_id)
         if rec is not None:
             try:
@@ -506,6 +513,8 @@ class Lifecycle:
             if rec.state == "creating" and rec.owner == self.owner:
                 # Our own create is in flight: it sees the state and unwinds.
                 db.transition(sandbox_id, ["creating"], "closing")
+            else:  # closing: returns once closed, if this process closes it
+                await self.changes.wait(sandbox_id)
             return
         await self.release(sandbox_id, "closed", reason)
         metrics.SANDBOXES_CLOSED.labels(rec.kind, reason.split(" ")[0]).inc()

@@ -16,9 +16,8 @@ import builtins
 import json
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from corral import labels, metrics
 from corral.api.models import (
@@ -52,6 +51,7 @@ from corral.node.network import SandboxNetworks
 from corral.node.records import Records
 from corral.node.reseed import reseed_copies, set_guest_clock
 from corral.node.store import SandboxRecord, Store
+from corral.node.tothend import ToTheEnd
 from corral.runtimes.base import Runtime, Snapshottable, Suspendable, unsupported
 
 log = get_logger("corral.node")
@@ -94,9 +94,7 @@ class Snapshots:
         self.children = children
         self.activity = activity
         self._reclaims: dict[str, asyncio.Task[None]] = {}
-        # Suspends and resumes in flight (at most one per sandbox: its state
-        # says which), each its own task: see _to_the_end.
-        self._changing: dict[str, asyncio.Task[SandboxInfo]] = {}
+        self.changes = ToTheEnd()  # suspends and resumes in flight
 
     # ---------------------------------------------------------------- suspend
 
@@ -157,7 +155,7 @@ class Snapshots:
             state = self.records.get(sandbox_id).state
             raise Conflict(f"sandbox {sandbox_id} is {state}: it cannot be suspended now",
                            sandbox=sandbox_id, state=state)  # fmt: skip
-        return await self._to_the_end(sandbox_id, self._suspend(rec, runtime, mode, unplug))
+        return await self.changes.run(sandbox_id, self._suspend(rec, runtime, mode, unplug))
 
     async def _suspend(
         self, rec: SandboxRecord, runtime: Suspendable, mode: str, unplug: bool
@@ -200,26 +198,8 @@ class Snapshots:
     async def aclose(self) -> None:
         """Let the reclaims (each is one blocking write), suspends and
         resumes in flight finish."""
-        await asyncio.gather(
-            *self._reclaims.values(), *self._changing.values(), return_exceptions=True
-        )
-
-    async def _to_the_end(
-        self, sandbox_id: str, work: Coroutine[Any, Any, SandboxInfo]
-    ) -> SandboxInfo:
-        """Run a suspend or resume that has begun (its record says
-        suspending or resuming) to its end, whatever its caller does: the
-        caller that cancels stops waiting, nothing more. A cancel half-way
-        through CRIU's dump or restore had left the sandbox's processes
-        ended, or restored twice, under a record that said otherwise."""
-        job = asyncio.create_task(work)
-        self._changing[sandbox_id] = job
-        job.add_done_callback(
-            lambda j: (
-                self._changing.pop(sandbox_id) if self._changing.get(sandbox_id) is j else None
-            )
-        )
-        return await asyncio.shield(job)
+        await asyncio.gather(*self._reclaims.values(), return_exceptions=True)
+        await self.changes.aclose()
 
     async def settled(self, sandbox_id: str) -> None:
         """Wait for a freeze's reclaim of this sandbox, if one runs: a
@@ -267,7 +247,7 @@ class Snapshots:
                     break
                 await asyncio.sleep(0.01)
             return self.records.info(self.records.running(sandbox_id))
-        return await self._to_the_end(sandbox_id, self._resume(rec))
+        return await self.changes.run(sandbox_id, self._resume(rec))
 
     async def _resume(self, rec: SandboxRecord) -> SandboxInfo:
         sandbox_id, db = rec.id, self.store

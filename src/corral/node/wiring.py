@@ -111,6 +111,7 @@ class NodeParts:
         self.networks.stop_resolver()
         await self.keyed.aclose()
         await self.snapshots.aclose()
+        await self.lifecycle.changes.aclose()
         await self.steplog.db.aclose()
         self.sessions.close_all()
         for runtime in self.runtimes.values():

@@ -315,7 +315,7 @@ async def restore(
     try:
         argv += ["--listen-fd", str(listener.fileno()), "--log", str(out), "--",
                  CRIU, "restore", "-D", str(images), "-o", "restore.log", "--root", str(rootfs),
-                 "--restore-detached", "--restore-sibling", "--pidfile", str(pidfile),
+                 "--restore-detached", "--pidfile", str(pidfile),
                  "--manage-cgroups", "--file-locks", "--tcp-established"]  # fmt: skip
         if cgroup_root is not None:  # another sandbox's cgroups (made by the node)
             argv += ["--cgroup-root", cgroup_root]

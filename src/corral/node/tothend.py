@@ -1,0 +1,60 @@
+"""State changes of a sandbox that, once begun, run to their end.
+
+A suspend, a resume or a release moves a sandbox through the kernel (CRIU
+dumps and restores, cgroups, mounts, processes) while its record says
+"suspending", "resuming" or "closing". A caller's cancel (a trainer's
+step timing out, a client going away) must not stop one half-way: each
+had left a sandbox whose kernel state and record disagreed (processes
+ended under "running", a restored tree under "suspended", cgroups, disk
+and processes held under "closing" that a second close found nothing to
+do about). So the change runs as a task of its own; the caller awaits it
+through a shield and, cancelled, only stops waiting. A second caller for
+the same sandbox waits for the change in flight.
+
+Invariant: at most one change per sandbox is in flight in this process
+(the record's state machine lets only one win its transition)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from corral.log import get_logger
+
+T = TypeVar("T")
+log = get_logger("corral.node")
+
+
+class ToTheEnd:
+    def __init__(self) -> None:
+        self._running: dict[str, asyncio.Task[Any]] = {}
+
+    async def run(self, sandbox_id: str, change: Coroutine[Any, Any, T]) -> T:
+        """Start `change` for `sandbox_id` and wait for it."""
+        task: asyncio.Task[T] = asyncio.create_task(change)
+        self._running[sandbox_id] = task
+        task.add_done_callback(lambda t: self._forget(sandbox_id, t))
+        return await asyncio.shield(task)
+
+    async def wait(self, sandbox_id: str) -> bool:
+        """Wait for the change in flight for `sandbox_id`, if one is (its
+        error is its own caller's); whether there was one."""
+        task = self._running.get(sandbox_id)
+        if task is None:
+            return False
+        await asyncio.shield(asyncio.gather(task, return_exceptions=True))
+        return True
+
+    async def aclose(self) -> None:
+        """Let every change in flight end."""
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    def _forget(self, sandbox_id: str, task: asyncio.Task[Any]) -> None:
+        if self._running.get(sandbox_id) is task:
+            del self._running[sandbox_id]
+        # Its caller may have stopped waiting: the failure is said here too
+        # (and taken, so asyncio does not call it unretrieved).
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.warning("sandbox.change_failed", sandbox=sandbox_id, error=str(exc) or repr(exc))
