@@ -94,3 +94,29 @@ async def test_a_cancelled_fork_leaves_the_source_alone_and_no_copy(fresh_node: 
         await src.close()
     assert fresh_node.records() == []
     assert fresh_node.leftovers() == {}
+
+
+async def test_a_fork_cancelled_once_a_copy_runs_closes_that_copy(fresh_node: Node) -> None:
+    async with fresh_node.client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        caught = 0
+        for _ in range(3):
+            forking = asyncio.create_task(c.sandboxes.fork(src, 4))
+            while not forking.done():
+                made = fresh_node.records(labels={"corral.forked_from": src.id})
+                if any(r.state == "running" for r in made):
+                    forking.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await forking
+                    caught += 1
+                    break
+                await asyncio.sleep(0.001)
+            else:
+                for copy in forking.result():
+                    await copy.close()
+                continue
+            assert [s.id for s in await c.sandboxes.list()] == [src.id]
+        assert caught >= 1
+        await src.close()
+    assert fresh_node.records() == []
+    assert fresh_node.leftovers() == {}

@@ -324,13 +324,24 @@ class Snapshots:
 
         state = self.config.sandboxes_dir / sandbox_id / f"fork-{secrets.token_hex(4)}.state"
         t0 = time.monotonic()
+        made_so_far: builtins.list[SandboxInfo] = []
+
+        async def one(key: str | None) -> SandboxInfo:
+            info = await self.lifecycle.create(copy(key), state=state)
+            made_so_far.append(info)
+            return info
+
         try:
             size = await runtime.snapshot(sandbox_id, state)
             saved = time.monotonic() - t0
-            results = await asyncio.gather(
-                *(self.lifecycle.create(copy(key), state=state) for key in keys),
-                return_exceptions=True,
-            )
+            try:
+                results = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+            except asyncio.CancelledError:
+                # All or nothing, a cancel included: the copies made before
+                # it landed would run on with ids nobody was given.
+                closes = (self.lifecycle.close(i.id, "its fork was cancelled") for i in made_so_far)
+                await asyncio.shield(asyncio.gather(*closes, return_exceptions=True))
+                raise
         finally:
             # With what the runtime kept beside it (a user's disk's overlay).
             for kept in [state, *state.parent.glob(f"{state.name}.*")]:
