@@ -505,3 +505,33 @@ async def test_a_cancelled_suspend_still_ends_suspended_or_running(
         ]
         assert len(inits) == 1, (delay, inits)
     await sbx.close()
+
+
+async def test_a_resume_that_breaks_after_the_restore_fails_the_sandbox(
+    fresh_node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CRIU restores the tree, then the sandbox does not answer (injected:
+    the readiness check fails once). Its processes run, so it cannot go
+    back to "suspended" (before, it did, with the restored tree running
+    beside the record); it fails, and nothing of it is left."""
+    _needs_criu()
+    from corral.errors import SandboxFailed
+    from corral.node import snapshots
+
+    async with fresh_node.client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        await sbx.suspend("disk")
+        real = snapshots.wait_ready
+
+        async def never_ready(sandbox_id: str, control: Path, image: str) -> None:
+            raise SandboxFailed("injected: the exec server did not answer", sandbox=sandbox_id)
+
+        monkeypatch.setattr(snapshots, "wait_ready", never_ready)
+        with pytest.raises(SandboxFailed, match="once its state was loaded"):
+            await sbx.resume()
+        monkeypatch.setattr(snapshots, "wait_ready", real)
+        info = (await c.sandboxes.get(sbx.id)).info
+        assert info.state == "failed", info
+        assert "injected" in (info.error or "")
+    assert fresh_node.records() == []
+    assert fresh_node.leftovers() == {}

@@ -255,6 +255,7 @@ class Snapshots:
         mode = rec.suspended or "disk"
         runtime, mode = self._suspendable(rec, mode)
         await self.settled(sandbox_id)
+        started = None
         try:
             started = await runtime.resume(sandbox_id, mode)
             if started is not None:
@@ -269,6 +270,16 @@ class Snapshots:
                     sandbox_id, started.pid, self.runtimes[rec.kind].net_tap
                 )
         except BaseException as exc:
+            if started is not None:
+                # Loaded, then broken (its exec server never answered, its
+                # network would not come back): its processes run, so it is
+                # not suspended, and it cannot be used, so it is not running.
+                # It fails and is released, its checkpoint with it.
+                why = f"resume failed once its state was loaded: {exc or type(exc).__name__}"
+                await self.lifecycle.fail(self.records.get(sandbox_id), why)
+                if not isinstance(exc, Exception):
+                    raise
+                raise SandboxFailed(f"sandbox {sandbox_id}: {why}", sandbox=sandbox_id) from exc
             db.transition(sandbox_id, ["resuming"], "suspended")
             if isinstance(exc, CorralError) or not isinstance(exc, Exception):
                 raise
