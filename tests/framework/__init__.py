@@ -14,6 +14,7 @@ a test drives, by concept.
 from .blobd import Blobd
 from .cluster import Cluster
 from .images import IMAGE, IMAGES, oci_layout, require_image
+from .leftovers import zombies_of_this_process
 from .node import Node, agent_of, close_everything
 from .pixels import png_pixels
 from .processes import GatewayProcess, Server, free_port, run_sync
@@ -33,4 +34,5 @@ __all__ = [
     "png_pixels",
     "require_image",
     "run_sync",
+    "zombies_of_this_process",
 ]

@@ -4,6 +4,7 @@ gone, a bad-input test that none of it grew."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from corral.config import NodeConfig
@@ -43,6 +44,23 @@ def init_processes(config: NodeConfig) -> list[int]:
         except OSError:
             continue
     return sorted(found)
+
+
+def zombies_of_this_process() -> list[tuple[int, str]]:
+    """(pid, name) of this process's children that exited and were never
+    reaped: what an embedded agent must not leave in its caller."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            head, tail = (d / "stat").read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        state, ppid = tail.split()[:2]
+        if state == "Z" and int(ppid) == os.getpid():
+            found.append((int(d.name), head.split("(", 1)[1]))
+    return found
 
 
 def qemu_processes(config: NodeConfig, sandbox_id: str | None = None) -> list[int]:

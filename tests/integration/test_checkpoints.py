@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from corral.host.cgroups import Cgroups
 from corral.node.lifecycle import control_path
 from corral.runtimes.container import criu
 
-from ..framework import IMAGE, Node
+from ..framework import IMAGE, Node, zombies_of_this_process
 
 SECRET = (
     'nohup python3 -c "\nimport os,time\nsecret=os.urandom(8).hex()\nn=0\n'
@@ -130,19 +129,7 @@ async def test_a_container_forks_into_copies_of_its_memory_and_files(node: Node)
         # Nor a dead init in this (embedded) process: CRIU restored each as
         # a child of criu, not of the caller (--restore-sibling had made
         # every closed copy a zombie of the caller's process, for good).
-        assert _zombies_of_this_process() == []
-
-
-def _zombies_of_this_process() -> list[int]:
-    found = []
-    for d in Path("/proc").iterdir():
-        try:
-            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, IndexError):
-            continue
-        if state == "Z" and int(ppid) == os.getpid():
-            found.append(int(d.name))
-    return found
+        assert zombies_of_this_process() == []
 
 
 async def test_a_fork_is_refused_while_a_command_runs(node: Node) -> None:

@@ -15,7 +15,7 @@ import corral
 from corral.host import swap
 from corral.runtimes.container import criu
 
-from ..framework import IMAGE, Node
+from ..framework import IMAGE, Node, zombies_of_this_process
 
 # The count is replaced, not rewritten in place: a read never sees the
 # file truncated and not yet written (which read as 0 and failed a test).
@@ -548,3 +548,24 @@ async def test_a_resume_that_breaks_after_the_restore_fails_the_sandbox(
         assert "injected" in (info.error or "")
     assert fresh_node.records() == []
     assert fresh_node.leftovers() == {}
+
+
+async def test_an_embedded_caller_keeps_no_zombie_of_its_vms(fresh_node: Node) -> None:
+    """QEMU is the agent's own child, in a caller's process too: a closed or
+    suspended VM's QEMU is reaped by the agent (before, it stayed a zombie
+    until the caller's next subprocess happened to collect it)."""
+    async with fresh_node.client() as c:
+        vm = await c.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+        await vm.suspend()  # QEMU saves the guest and quits
+        assert await _no_zombie_soon(), zombies_of_this_process()
+        await vm.resume()
+        await vm.close()
+        assert await _no_zombie_soon(), zombies_of_this_process()
+
+
+async def _no_zombie_soon() -> bool:
+    for _ in range(60):  # the agent's tick reaps (reaper_interval)
+        if not zombies_of_this_process():
+            return True
+        await asyncio.sleep(0.05)
+    return False

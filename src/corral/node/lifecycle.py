@@ -398,7 +398,7 @@ class Lifecycle:
                 if from_template:
                     (sandbox_dir / "template.state").unlink(missing_ok=True)
             phase("start")
-            self.children.add(started.pid)
+            self.children.add(started)
             self.cpu.place(rec.id, req.cpu_class, req.cpu)
             try:
                 await wait_ready(rec.id, prep.control, req.image)

@@ -259,7 +259,7 @@ class Snapshots:
         try:
             started = await runtime.resume(sandbox_id, mode)
             if started is not None:
-                self.children.add(started.pid)
+                self.children.add(started)
                 # A new cgroup (a restored checkpoint's): its class again.
                 self.lifecycle.cpu.place(
                     sandbox_id, rec.spec.get("cpu_class", INTERACTIVE), rec.spec.get("cpu", 1.0)

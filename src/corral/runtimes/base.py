@@ -16,8 +16,9 @@ protocol, nothing else.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -85,6 +86,9 @@ FRESH = Boot()
 class Started:
     pid: int
     pid_start: int
+    # Set where the process is this process's own child (QEMU, started
+    # with Popen): it is reaped through it, subreaper or not.
+    process: subprocess.Popen[bytes] | None = field(default=None, compare=False)
 
 
 Releaser = Callable[[str], Awaitable[None]]

@@ -228,7 +228,7 @@ class MicroVMRuntime:
             raise SandboxFailed(f"sandbox {sandbox_id}: QEMU exited at once; see {d / 'qemu.log'}")
         # With its start time: a pid alone may name another process later.
         (d / "qemu.pid").write_text(f"{proc.pid} {started} {self.kind}\n")
-        return Started(pid=proc.pid, pid_start=started)
+        return Started(pid=proc.pid, pid_start=started, process=proc)
 
     async def _save(self, sandbox_id: str, state: Path, *, then: str) -> int:
         """Save the paused guest's memory and devices to `state`, then
