@@ -120,3 +120,38 @@ async def test_a_fork_cancelled_once_a_copy_runs_closes_that_copy(fresh_node: No
         await src.close()
     assert fresh_node.records() == []
     assert fresh_node.leftovers() == {}
+
+
+async def test_a_create_whose_http_client_left_is_closed(fresh_node: Node) -> None:
+    """Over HTTP the node does not see a cancel, only the connection going
+    away: the create finishes there, and the sandbox it made, answered to
+    nobody, is closed (before, it lived until its TTL). One with an
+    idempotency key is kept: a retry with the key gets it."""
+    fresh_node.server.start()
+    try:
+        async with fresh_node.http_client() as c:
+            await (await c.sandboxes.create(image=IMAGE)).close()  # caches warm
+            for delay in (0.002, 0.004, 0.006):
+                creating = asyncio.create_task(c.sandboxes.create(image=IMAGE))
+                await asyncio.sleep(delay)
+                assert not creating.done()
+                creating.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await creating
+            keyed = asyncio.create_task(c.sandboxes.create(image=IMAGE, idempotency_key="left-1"))
+            await asyncio.sleep(0.004)
+            keyed.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await keyed
+            for _ in range(200):  # the node finishes the creates, then closes them
+                if len(await c.sandboxes.list()) == 1 and not fresh_node.records(["creating"]):
+                    break
+                await asyncio.sleep(0.05)
+            (kept,) = await c.sandboxes.list()
+            again = await c.sandboxes.create(image=IMAGE, idempotency_key="left-1")
+            assert again.id == kept.id
+            await again.close()
+    finally:
+        fresh_node.server.stop()
+    assert fresh_node.records() == []
+    assert fresh_node.leftovers() == {}

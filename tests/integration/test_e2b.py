@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 import corral
+from corral.node import states
 
 from ..framework import Node, Server
 from ..framework.images import require_image
@@ -459,3 +460,21 @@ async def test_envd_serves_a_microvm_as_it_serves_a_container(e2b_env: str) -> N
         assert await s.commands.kill(bg.pid)
     finally:
         await s.kill()
+
+
+async def test_a_create_whose_client_timed_out_is_closed(e2b_env: str, node: Node) -> None:
+    """E2B's create with a client timeout shorter than the create: the
+    client gives up, and the sandbox made for it is closed, not kept for
+    its TTL."""
+    every = states.ALL
+    before = {r.id for r in node.records(every)}
+    headers = {"X-API-KEY": KEY}
+    async with httpx.AsyncClient(base_url=e2b_env, headers=headers) as http:
+        with pytest.raises(httpx.TimeoutException):
+            await http.post("/sandboxes", json={"templateID": "base"}, timeout=0.003)
+    for _ in range(200):  # the node makes it, then closes it
+        made = [r for r in node.records(every) if r.id not in before]
+        if made and all(r.state in ("closed", "failed") for r in made):
+            break
+        await asyncio.sleep(0.05)
+    assert [r.state for r in made] == ["closed"]

@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import log, trace
+from corral.api.abandoned import AbandonedCreates
 from corral.api.models import Event, ExecEvent
 from corral.api.service import SandboxService
 from corral.api.wire import error_line, event_line
@@ -169,7 +170,13 @@ class RequestContext:
 class CorralApp(FastAPI):
     """FastAPI with RequestContext outermost, in front of even the error
     middleware: the log line of an unexpected error carries the request's
-    id, and its 500 echoes X-Request-Id like every other answer."""
+    id, and its 500 echoes X-Request-Id like every other answer. Inside it,
+    AbandonedCreates closes what a create made for a client that left."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return RequestContext(super().build_middleware_stack())
+        inner = AbandonedCreates(super().build_middleware_stack(), self._resolve)
+        return RequestContext(inner)
+
+    async def _resolve(self, request: Request) -> SandboxService:
+        svc: SandboxService = await self.state.resolve(request)
+        return svc
