@@ -106,6 +106,9 @@ class AbandonedCreates:
         except CorralError as exc:
             log.warning("api.abandoned_close_failed", sandbox=sandbox_id, error=exc.message)
             return
+        except Exception as exc:  # the answer is sent: nothing must escape to the server
+            log.error("api.abandoned_close_failed", sandbox=sandbox_id, error=str(exc), exc=True)
+            return
         log.info("api.abandoned_create_closed", sandbox=sandbox_id)
 
 
