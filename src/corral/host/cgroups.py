@@ -20,12 +20,19 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from corral.errors import Unavailable
 from corral.host import mounts, spawn
 from corral.log import get_logger
 
 log = get_logger("corral.cgroups")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# v2 controllers a sandbox's cgroup must have (its limits), and those it
+# uses where the host offers them (cpusets for CPU classes, io limits).
+_V2_REQUIRED = ("cpu", "memory", "pids")
+_V2_OPTIONAL = ("cpuset", "io")
+# Limit files a kernel may lack without a ceiling going: swap accounting.
+_OPTIONAL = frozenset({"memory.memsw.limit_in_bytes", "memory.swap.max"})
 
 
 class Mode(StrEnum):
@@ -127,6 +134,7 @@ class Cgroups:
         # runs in them) lands where the node can remove it with the sandbox.
         # (Made by the node once its run tmpfs is up.)
         self.unified = unified if self.mode is Mode.HYBRID else None
+        self._delegated = False  # v2: controllers enabled down to the parent
         if self.mode is Mode.V2:
             self.hierarchies = [CGROUP_ROOT]
         else:
@@ -339,25 +347,7 @@ class Cgroups:
         create: for a restored checkpoint, which crun never started. Every
         limit crun writes from the bundle is written here too (a copy that
         missed one would be a sandbox with a ceiling lifted)."""
-        for h in self.hierarchies:
-            # Every create with corral-run comes here (oci.py): the node's
-            # own directories are made once, then one mkdir a hierarchy.
-            try:
-                os.mkdir(h / self.parent / sandbox_id)
-                made = [h / self.parent / sandbox_id]
-            except FileExistsError:
-                made = []
-            except FileNotFoundError:
-                made = []
-                d = h
-                for part in [*self.parent.split("/"), sandbox_id]:
-                    d = d / part
-                    if not d.is_dir():
-                        d.mkdir()
-                        made.append(d)
-            if "cpuset" in h.name.split(","):  # v1: empty until inherited
-                for d in made:
-                    _fill_cpuset(d)
+        self.make_dirs(sandbox_id)
         limits: dict[str, list[tuple[str, str]]]
         if self.mode is Mode.V2:
             limits = {"": [("memory.max", str(memory)), ("memory.swap.max", "0"),
@@ -380,13 +370,88 @@ class Cgroups:
             if base is None:
                 continue
             for name, value in writes:
-                # a file this kernel lacks (memsw without swap accounting) is skipped
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     fd = os.open(base / self.parent / sandbox_id / name, os.O_WRONLY)
-                    try:
-                        os.write(fd, value.encode())
-                    finally:
-                        os.close(fd)
+                except FileNotFoundError:
+                    if name in _OPTIONAL:
+                        continue
+                    # A limit with no file is a sandbox without that ceiling.
+                    raise Unavailable(
+                        f"cgroup {base / self.parent / sandbox_id} has no {name}: its "
+                        f"controller is not enabled for it ({self._why_missing(name)})"
+                    ) from None
+                try:
+                    os.write(fd, value.encode())
+                finally:
+                    os.close(fd)
+
+    def make_dirs(self, sandbox_id: str) -> None:
+        """The sandbox's cgroup directories, one a hierarchy, each with what
+        it needs before a process joins: on v2 its controllers (delegate),
+        on v1 a cpuset's cpus and memory nodes."""
+        if self.mode is Mode.V2 and not self._delegated:
+            self.delegate()
+        for h in self.hierarchies:
+            # Every create with corral-run comes here (oci.py): the node's
+            # own directories are made once, then one mkdir a hierarchy.
+            try:
+                os.mkdir(h / self.parent / sandbox_id)
+                made = [h / self.parent / sandbox_id]
+            except FileExistsError:
+                made = []
+            except FileNotFoundError:
+                if self.mode is Mode.V2:
+                    # The parent went (a node removes it when it holds no
+                    # sandbox, maybe another agent of it): made again with
+                    # its controllers.
+                    self.delegate()
+                    os.mkdir(h / self.parent / sandbox_id)
+                    continue
+                made = []
+                d = h
+                for part in [*self.parent.split("/"), sandbox_id]:
+                    d = d / part
+                    if not d.is_dir():
+                        d.mkdir()
+                        made.append(d)
+            if "cpuset" in h.name.split(","):  # v1: empty until inherited
+                for d in made:
+                    _fill_cpuset(d)
+
+    def delegate(self) -> None:
+        """v2: a cgroup has a controller's files only where its parent
+        enables the controller (cgroup.subtree_control), and so on up to the
+        root. Enable every controller a sandbox is limited by, from the root
+        down to our parent, making the parent's directories. Required ones
+        the root does not offer are refused here, before any sandbox runs
+        without its ceiling."""
+        d = CGROUP_ROOT
+        for part in ["", *self.parent.split("/")]:
+            d = d / part if part else d
+            d.mkdir(exist_ok=True)
+            offered = set((d / "cgroup.controllers").read_text().split())
+            absent = [c for c in _V2_REQUIRED if c not in offered]
+            if absent:
+                raise Unavailable(
+                    f"cgroup v2: {d} is not offered the {', '.join(absent)} controller(s) "
+                    f"a sandbox's limits need (cgroup.controllers: {' '.join(sorted(offered))}; "
+                    "a systemd host: run the node with Delegate=yes or as root of the tree)"
+                )
+            enabled = set((d / "cgroup.subtree_control").read_text().split())
+            wanted = [c for c in (*_V2_REQUIRED, *_V2_OPTIONAL) if c in offered - enabled]
+            if wanted:
+                (d / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in wanted))
+        self._delegated = True
+
+    def _why_missing(self, name: str) -> str:
+        if self.mode is not Mode.V2:
+            return f"is the {name.split('.')[0]} hierarchy mounted?"
+        parent = CGROUP_ROOT / self.parent
+        try:
+            enabled = (parent / "cgroup.subtree_control").read_text().split()
+        except OSError as e:
+            return f"{parent}: {e.strerror}"
+        return f"{parent}/cgroup.subtree_control enables: {' '.join(enabled) or 'nothing'}"
 
     # ------------------------------------------------------------ freezing
 
@@ -520,6 +585,7 @@ class Cgroups:
 
     def remove_parent(self) -> None:
         """Remove our (empty) parent cgroups, e.g. when the node has no sandbox."""
+        self._delegated = False
         for h in [*self.all, *([self.unified] if self.unified else [])]:
             parts = self.parent.split("/")
             for depth in range(len(parts), 0, -1):

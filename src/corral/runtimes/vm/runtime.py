@@ -191,8 +191,7 @@ class MicroVMRuntime:
         self, sandbox_id: str, argv: list[str], memory: int, state: Path | None
     ) -> Started:
         """QEMU for `argv` in the sandbox's cgroup: booted, or loaded from `state`."""
-        for cg in self.cgroups.dirs(sandbox_id):
-            cg.mkdir(parents=True, exist_ok=True)
+        self.cgroups.make_dirs(sandbox_id)
         self.cgroups.set_memory(sandbox_id, memory + VM_OVERHEAD)
         # Kept for resume: a saved state loads only into the same machine.
         (self._dir(sandbox_id) / "qemu.argv").write_text(json.dumps(argv))
