@@ -1,7 +1,7 @@
 # The two commands a newcomer runs (as root, on Debian 12):
 #   make demo   install everything, then run the main job
 #   make test   install everything, then run the test suite
-.PHONY: install demo test lint unit integration bench e2b-conformance sf-conformance clean
+.PHONY: install demo test lint unit integration bench e2b-conformance sf-conformance v2-host clean
 
 install:
 	./scripts/install.sh
@@ -37,6 +37,11 @@ e2b-conformance:
 # SF_MIRROR=<git dir>.
 sf-conformance:
 	./scripts/sf-conformance.sh
+
+# The cgroup-bound suites on a pure cgroup v2 host: a QEMU guest on Debian's
+# 6.12 kernel over this checkout (docs/cgroups.md). Long under TCG.
+v2-host: install
+	.venv/bin/python -m tests.framework.v2host
 
 clean:
 	rm -rf build .stamps

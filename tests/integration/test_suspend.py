@@ -5,6 +5,7 @@ in bulk by label, and by the node's idle policy."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from dataclasses import replace
 from pathlib import Path
@@ -26,8 +27,36 @@ COUNTER = (
 )
 
 
+async def _first_tick(bg: corral.AsyncCommandHandle) -> None:
+    """Until the counter has counted (python starts in seconds, not
+    milliseconds, on an emulated CPU: tests/framework/v2host.py)."""
+    for _ in range(1200):
+        if bg.stdout.strip():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the counter printed nothing in 60 s")
+
+
 async def _ticks(sbx: corral.AsyncSandbox) -> int:
     return int((await sbx.files.read_text("/tmp/ticks")).strip() or 0)
+
+
+async def _ticks_past(sbx: corral.AsyncSandbox, n: int) -> None:
+    """Until the counter counts past `n`: it runs on (in tenths of a second
+    here, in seconds on an emulated CPU)."""
+    for _ in range(300):
+        if await _ticks(sbx) > n:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the counter stayed at {n} for 30 s")
+
+
+async def _read_when_written(sbx: corral.AsyncSandbox, path: str) -> str:
+    for _ in range(600):
+        with contextlib.suppress(corral.FileNotFound):
+            return await sbx.files.read_text(path)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{path} was not written in 60 s")
 
 
 async def test_a_frozen_container_keeps_its_processes_and_stops_them(
@@ -36,7 +65,7 @@ async def test_a_frozen_container_keeps_its_processes_and_stops_them(
     sbx = await client.sandboxes.create(image=IMAGE, memory="256MiB")
     await sbx.files.write("/tmp/state", "kept")
     bg = await sbx.commands.start(COUNTER)
-    await asyncio.sleep(0.5)
+    await _first_tick(bg)
     info = await sbx.suspend()
     assert (info.state, info.suspended) == ("suspended", "freeze")
     assert (await client.sandboxes.get(sbx.id)).info.state == "suspended"
@@ -48,9 +77,7 @@ async def test_a_frozen_container_keeps_its_processes_and_stops_them(
     assert len(bg.stdout.split()) == seen
     info = await sbx.resume()
     assert (info.state, info.suspended) == ("running", None)
-    before = await _ticks(sbx)
-    await asyncio.sleep(0.4)
-    assert await _ticks(sbx) > before  # the same process runs on
+    await _ticks_past(sbx, await _ticks(sbx))  # the same process runs on
     # Its output stream continued: one connection, numbers without a gap.
     numbers = [int(x) for x in bg.stdout.split()]
     assert numbers == list(range(1, len(numbers) + 1))
@@ -247,8 +274,8 @@ async def test_a_container_suspended_to_disk_holds_no_process_and_comes_back(
     sbx = await client.sandboxes.create(image=IMAGE, memory="256MiB")
     await sbx.files.write("/tmp/state", "kept")
     await sbx.commands.run(SERVER)
-    await asyncio.sleep(1.0)
-    born = await sbx.files.read_text("/tmp/born")
+    born = await _read_when_written(sbx, "/tmp/born")
+    await _ticks_past(sbx, 0)
     for _ in range(2):  # twice: a restored sandbox checkpoints again
         before = await _ticks(sbx)
         info = await sbx.suspend("disk")
@@ -267,8 +294,7 @@ async def test_a_container_suspended_to_disk_holds_no_process_and_comes_back(
         # (CI once saw 6 ticks, 300 ms).
         assert after >= before
         assert await sbx.files.read_text("/tmp/born") == born
-        await asyncio.sleep(0.3)
-        assert await _ticks(sbx) > after  # its process, its socket pair, run on
+        await _ticks_past(sbx, after)  # its process, its socket pair, run on
     assert (await sbx.files.read_text("/tmp/state")) == "kept"
     # init's park socket (its way back, docs/preemption.md) is gone once unparked.
     unix = await sbx.files.read_text("/proc/net/unix")

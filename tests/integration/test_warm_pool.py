@@ -16,6 +16,7 @@ import pytest
 import corral
 from corral import labels
 from corral.api.models import Window
+from corral.host.cgroups import Mode
 from corral.runtimes.vm import desktop
 
 from ..framework import IMAGE, Node, png_pixels, require_image
@@ -57,9 +58,13 @@ async def test_a_create_claims_a_warm_sandbox_made_into_the_callers(fresh_node: 
         assert (info.memory, info.cpu, info.pids, info.labels) == (200 << 20, 0.5, 64, {"job": "w"})
         assert info.cpu_class == "background" and info.network is not None
         assert info.expires_at is not None and info.expires_at - info.created_at == 600
-        assert cgroup(node, "memory", warm, "memory.limit_in_bytes") == str(200 << 20)
+        if node.agent.parts.cgroups.mode is Mode.V2:
+            assert cgroup(node, "memory", warm, "memory.max") == str(200 << 20)
+            assert cgroup(node, "cpu", warm, "cpu.max").split()[0] == "50000"
+        else:
+            assert cgroup(node, "memory", warm, "memory.limit_in_bytes") == str(200 << 20)
+            assert cgroup(node, "cpu", warm, "cpu.cfs_quota_us") == "50000"
         assert cgroup(node, "pids", warm, "pids.max") == "64"
-        assert cgroup(node, "cpu", warm, "cpu.cfs_quota_us") == "50000"
         assert cgroup(node, "cpu", warm, "cpu.idle") == "1"
         assert (await claimed.commands.run("echo $GREETING")).stdout == "hi\n"
         # The guard is the cold sandbox's, to the byte.

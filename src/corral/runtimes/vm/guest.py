@@ -191,13 +191,21 @@ def kernel_package() -> tuple[str, str]:
 
 
 def extract_vmlinux(bzimage: bytes) -> bytes:
-    """The ELF kernel inside an xz-compressed bzImage."""
+    """The ELF kernel inside a bzImage: xz (bookworm's 6.1) or zstd (its 6.12)."""
     at = bzimage.find(b"\xfd7zXZ\x00")
-    if at < 0:
-        raise Unavailable("the kernel image has no xz payload (not a Debian amd64 bzImage?)")
-    elf = lzma.LZMADecompressor().decompress(bzimage[at:])
+    if at >= 0:
+        elf = lzma.LZMADecompressor().decompress(bzimage[at:])
+    else:
+        at = bzimage.find(b"\x28\xb5\x2f\xfd")
+        if at < 0:
+            raise Unavailable("the kernel image has no xz or zstd payload (not a Debian bzImage?)")
+        # zstd stops at the end of its frame and complains about the bytes
+        # the bzImage has after it: the frame's output is what counts.
+        elf = subprocess.run(
+            ["zstd", "-dcq"], input=bzimage[at:], capture_output=True, check=False
+        ).stdout
     if not elf.startswith(b"\x7fELF"):
-        raise Unavailable("the kernel's xz payload is not an ELF image")
+        raise Unavailable("the kernel's payload is not an ELF image")
     return elf
 
 
@@ -212,7 +220,7 @@ def module_closure(modules_dir: Path, wanted: list[str]) -> list[Path]:
         path = by_name.get(name)
         if path is None or path in order:
             return  # built in to this kernel, or already placed
-        found = re.search(rb"(?:^|\x00)depends=([^\x00]*)\x00", _decompressed(path))
+        found = re.search(rb"(?:^|\x00)depends=([^\x00]*)\x00", decompressed(path))
         for dep in found.group(1).decode().split(",") if found else []:
             if dep:
                 visit(dep.replace("-", "_"))
@@ -223,7 +231,7 @@ def module_closure(modules_dir: Path, wanted: list[str]) -> list[Path]:
     return order
 
 
-def _cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
+def cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
     """A newc archive of (name, mode, data); a symlink's data is its target."""
     out = io.BytesIO()
 
@@ -241,7 +249,7 @@ def _cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
     return out.getvalue()
 
 
-def _decompressed(path: Path) -> bytes:
+def decompressed(path: Path) -> bytes:
     data = path.read_bytes()
     if path.suffix == ".xz":
         return lzma.decompress(data)
@@ -327,13 +335,13 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             for m in group:
                 name = m.name.split(".ko")[0]
                 names.append(name)
-                entries.append((f"lib/modules/{name}.ko", 0o100644, _decompressed(m)))
+                entries.append((f"lib/modules/{name}.ko", 0o100644, decompressed(m)))
             entries.append((f"etc/{listing}", 0o100644, ("\n".join(names) + "\n").encode()))
         staging = out / f".{version}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         (staging / "vmlinux").write_bytes(extract_vmlinux(bz.read_bytes()))
-        (staging / "initrd.cpio").write_bytes(_cpio_newc(entries))
+        (staging / "initrd.cpio").write_bytes(cpio_newc(entries))
         (staging / "release").write_text(release + "\n")
         (staging / "ready").write_text(f"{package} {pkg_version}\n")
         shutil.rmtree(target, ignore_errors=True)
