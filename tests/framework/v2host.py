@@ -66,13 +66,10 @@ NETFILTER = re.compile(
     r"^(nf_tables|nft_.*|nf_conntrack|nf_nat|nf_defrag_ipv[46]|nf_reject_ipv[46])$"
 )
 
-INIT = """#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-for m in $(cat /etc/modules.order); do insmod /lib/modules/$m.ko 2>/dev/null; done
-fail() { echo "v2host: $*"; poweroff -f; }
+INIT = (
+    "#!/bin/busybox sh\n"
+    + guest.BOOT
+    + """fail() { echo "v2host: $*"; poweroff -f; }
 mkdir -p /host /rw /newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 host /host \
   || fail "no host root"
@@ -100,6 +97,15 @@ chmod 1777 /newroot/tmp
 for d in run var/tmp; do mount -t tmpfs -o mode=1777 tmp /newroot/$d; done
 mkdir -p /newroot/v2out
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /newroot/v2out || fail "no out"
+# A checkout under one of those (a CI's fresh clone in /tmp) is hidden by
+# them: shown again, writable, over the host's.
+repo=$(cat /newroot/v2out/cwd)
+case "$repo" in
+  /tmp/*|/run/*|/var/tmp/*)
+    mkdir -p "/newroot$repo" /newroot/tmp/.v2repo/up /newroot/tmp/.v2repo/work
+    mount -t overlay -o "lowerdir=/host$repo,upperdir=/newroot/tmp/.v2repo/up,workdir=/newroot/tmp/.v2repo/work" \
+      overlay "/newroot$repo" || fail "no checkout at $repo" ;;
+esac
 ip link set lo up
 hostname v2host
 echo "v2host: up after $(cut -d" " -f1 /proc/uptime) s, cgroup2 controllers: $(cat /newroot/sys/fs/cgroup/cgroup.subtree_control)"
@@ -115,6 +121,7 @@ sync
 STAGE
 exec switch_root /newroot /bin/sh /run/v2stage
 """
+)
 
 
 @dataclass(frozen=True)

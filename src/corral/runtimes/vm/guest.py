@@ -58,14 +58,21 @@ PMEM_MODULES = ["libnvdimm", "nd_btt", "nd_pmem", "nd_virtio", "virtio_pmem"]
 # A NIC (corral.ip=<address> corral.gw=<gateway>): the sandbox's egress.
 NET_MODULES = ["virtio_net"]
 
-INIT = """#!/bin/busybox sh
-# Corral guest init: modules, the image's layers, then the agent as PID 1.
-/bin/busybox --install -s /bin
+# An initramfs's first steps: busybox's commands, the kernel's file
+# systems, the modules /etc/modules.order lists (dependencies first).
+BOOT = """/bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /etc/modules.order); do insmod /lib/modules/$m.ko 2>/dev/null; done
-display=0
+"""
+
+INIT = (
+    """#!/bin/busybox sh
+# Corral guest init: modules, the image's layers, then the agent as PID 1.
+"""
+    + BOOT
+    + """display=0
 grep -q "corral.display=1" /proc/cmdline && display=1
 if [ "$display" = 1 ]; then
   for m in $(cat /etc/modules.display); do insmod /lib/modules/$m.ko 2>/dev/null; done
@@ -161,6 +168,7 @@ fi
 echo "corral: agent on $port"
 exec /corral-init --serial "$port"
 """
+)
 
 
 @dataclass(frozen=True)
