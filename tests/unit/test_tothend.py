@@ -65,3 +65,23 @@ async def test_a_failed_change_is_its_callers_and_is_logged_when_nobody_waits(
         ("sandbox.change_failed", "s2"),
     ]
     assert await changes.wait("s2") is False
+
+
+async def test_finish_raises_the_cancel_only_once_the_change_ended() -> None:
+    changes, steps = ToTheEnd(), list[str]()
+    gate = asyncio.Event()
+
+    async def change() -> None:
+        await gate.wait()
+        steps.append("ended")
+
+    caller = asyncio.create_task(changes.finish("s1", change()))
+    await asyncio.sleep(0)
+    caller.cancel()
+    await asyncio.sleep(0.01)
+    assert not caller.done()  # still waiting: the change has not ended
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert steps == ["ended"]
+    assert await changes.wait("s1") is False

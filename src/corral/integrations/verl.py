@@ -26,6 +26,7 @@ an observation, never an exception in the trainer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -37,7 +38,10 @@ from corral.errors import CorralError, InvalidArgument
 from corral.integrations.actions import from_arguments
 from corral.integrations.connect import client as connect
 from corral.integrations.episode import AsyncEpisode, EpisodeSpec, clip
+from corral.log import get_logger
 from corral.sdk.client import AsyncClient
+
+log = get_logger("corral.integrations.verl")
 
 _SANDBOX_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -220,9 +224,14 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
 
     async def aclose(self) -> None:
         """Close every open trajectory's sandbox and the client."""
-        await asyncio.gather(*(self.end(k) for k in list(self._episodes)))
         if self._reaper is not None:
+            # Stopped first, and waited for: a release it has begun ends
+            # (its close runs on after the cancel) while the client is open.
             self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
+        await asyncio.gather(*(self.end(k) for k in list(self._episodes)))
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -232,7 +241,10 @@ class CorralSandboxTool(BaseTool):  # type: ignore[misc]
             await asyncio.sleep(min(30.0, self.idle_release / 4))
             cutoff = time.monotonic() - self.idle_release
             for key in [k for k, t in self._last_use.items() if t < cutoff]:
-                await self.end(key)
+                try:
+                    await self.end(key)
+                except CorralError as exc:  # one sandbox's failure stops no other release
+                    log.warning("verl.release_failed", request=key, error=str(exc))
 
 
 class CorralCodeTool(BaseTool):  # type: ignore[misc]

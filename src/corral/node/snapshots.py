@@ -343,7 +343,10 @@ class Snapshots:
             return info
 
         try:
-            size = await runtime.snapshot(sandbox_id, state)
+            # To its end, a cancel included: a save stopped half-way had
+            # left the source parked with no listener, or frozen, or in
+            # CRIU's hands (its exec server refused every later request).
+            size = await self.changes.finish(sandbox_id, runtime.snapshot(sandbox_id, state))
             saved = time.monotonic() - t0
             try:
                 results = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)

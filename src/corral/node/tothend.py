@@ -50,6 +50,19 @@ class ToTheEnd:
         """Let every change in flight end."""
         await asyncio.gather(*self._running.values(), return_exceptions=True)
 
+    async def finish(self, sandbox_id: str, change: Coroutine[Any, Any, T]) -> T:
+        """Like run(), but a cancelled caller waits for the change to end
+        before its CancelledError: for a change whose caller cleans up
+        after it (a fork's source saved to a file the fork then removes)."""
+        task: asyncio.Task[T] = asyncio.create_task(change)
+        self._running[sandbox_id] = task
+        task.add_done_callback(lambda t: self._forget(sandbox_id, t))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.shield(asyncio.gather(task, return_exceptions=True))
+            raise
+
     def _forget(self, sandbox_id: str, task: asyncio.Task[Any]) -> None:
         if self._running.get(sandbox_id) is task:
             del self._running[sandbox_id]
