@@ -103,7 +103,8 @@ class Server:
             stdout=self._log,
             stderr=self._log,
         )  # fmt: skip
-        deadline = time.monotonic() + 30
+        # ~1 s here; tens of seconds in tests/framework/v2host.py's TCG guest.
+        deadline = time.monotonic() + 120
         while not self.sock.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"corral serve did not start; see {self.log_path}")

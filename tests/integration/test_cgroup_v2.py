@@ -37,7 +37,7 @@ CORE = [
 ]
 
 
-@pytest.mark.timeout(1500)  # a guest under TCG: python starts in seconds
+@pytest.mark.timeout(2100)  # a guest under TCG: python starts in seconds (10-15 min seen)
 def test_the_cgroup_bound_core_passes_on_a_pure_cgroup_v2_host() -> None:
     if detect() is Mode.V2:
         pytest.skip("this host is cgroup v2 itself: the suite runs on it directly")
@@ -45,6 +45,6 @@ def test_the_cgroup_bound_core_passes_on_a_pure_cgroup_v2_host() -> None:
         ".venv/bin/pytest -q -p no:cacheprovider -m 'integration or redteam' -rfE "
         + " ".join(shlex.quote(t) for t in CORE)
     )
-    r = v2host.run(command, timeout=1200)
+    r = v2host.run(command, timeout=1800)
     assert r.rc == 0, r.output[-8000:]
     assert " passed" in r.output, r.output[-3000:]

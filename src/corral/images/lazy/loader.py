@@ -17,7 +17,10 @@ from corral.host import mounts
 from corral.log import get_logger
 
 log = get_logger("corral.lazy")
-START_TIMEOUT = 20.0
+# A hung loader is refused after this; one that exits is seen at once. It
+# starts in ~0.3 s on a host, but a python under TCG (tests/framework/
+# v2host.py's guest) has taken 13-30 s to import and mount.
+START_TIMEOUT = 90.0
 
 
 class LazyLoader:
