@@ -37,7 +37,9 @@ CORE = [
 ]
 
 
-@pytest.mark.timeout(2100)  # a guest under TCG: python starts in seconds (10-15 min seen)
+# A guest under TCG: python starts in seconds; the core took 10-15 min, and
+# a rerun after a panic may take twice that.
+@pytest.mark.timeout(3800)
 def test_the_cgroup_bound_core_passes_on_a_pure_cgroup_v2_host() -> None:
     if detect() is Mode.V2:
         pytest.skip("this host is cgroup v2 itself: the suite runs on it directly")
@@ -45,6 +47,12 @@ def test_the_cgroup_bound_core_passes_on_a_pure_cgroup_v2_host() -> None:
         ".venv/bin/pytest -q -p no:cacheprovider -m 'integration or redteam' -rfE "
         + " ".join(shlex.quote(t) for t in CORE)
     )
-    r = v2host.run(command, timeout=1800)
+    try:
+        r = v2host.run(command, timeout=1500)
+    except v2host.GuestPanicked as panic:
+        # Once more with the vCPUs on one thread (v2host.GuestPanicked says
+        # why); a second panic there is a failure, with its console.
+        print(f"v2 host panicked, running again on one TCG thread: {str(panic)[-1500:]}")
+        r = v2host.run(command, timeout=2100, tcg_thread="single")
     assert r.rc == 0, r.output[-8000:]
     assert " passed" in r.output, r.output[-3000:]
