@@ -53,9 +53,12 @@ async def _ticks_past(sbx: corral.AsyncSandbox, n: int) -> None:
 
 
 async def _read_when_written(sbx: corral.AsyncSandbox, path: str) -> str:
+    """Its first non-empty content (open(path, 'w') makes it empty first:
+    the v2 guest once read it between the open and the write)."""
     for _ in range(600):
         with contextlib.suppress(corral.FileNotFound):
-            return await sbx.files.read_text(path)
+            if text := await sbx.files.read_text(path):
+                return text
         await asyncio.sleep(0.1)
     raise AssertionError(f"{path} was not written in 60 s")
 
