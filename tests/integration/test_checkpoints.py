@@ -132,6 +132,52 @@ async def test_a_container_forks_into_copies_of_its_memory_and_files(node: Node)
         assert zombies_of_this_process() == []
 
 
+async def test_forks_and_a_suspend_of_one_source_at_once_each_see_it_whole(node: Node) -> None:
+    """Two forks and a freeze asked at once: the saves and the freeze take
+    turns (two CRIU dumps of one tree, or a freeze under a dump, had failed
+    a fork or left the source thawed under "suspended"). Each fork copies
+    the running program; the source ends frozen or running, and whole."""
+    async with node.client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="128MiB")
+        try:
+            await src.commands.run(SECRET)
+            secret = await _secret(src)
+            for round_ in range(3):
+                results = await asyncio.gather(
+                    c.sandboxes.fork(src, 1), c.sandboxes.fork(src, 1), src.suspend("freeze"),
+                    return_exceptions=True,
+                )  # fmt: skip
+                *forks, frozen = results
+                # The freeze may be refused while a fork wakes the source.
+                assert isinstance(frozen, corral.SandboxInfo | corral.Conflict), (round_, frozen)
+                for copies in forks:
+                    assert isinstance(copies, list), (round_, copies)
+                    (copy,) = copies
+                    assert await _secret(copy) == secret, round_
+                    assert await _ticking(copy), round_
+                    await copy.close()
+                    assert node.resources(copy.id) == []
+                info = await src.refresh()
+                if isinstance(frozen, corral.SandboxInfo) and info.state.value == "suspended":
+                    # Frozen means stopped: no tick while it is.
+                    before = await asyncio.to_thread(_host_ticks, node, src.id)
+                    await asyncio.sleep(0.3)
+                    assert await asyncio.to_thread(_host_ticks, node, src.id) == before, round_
+                assert await _secret(src) == secret, round_  # the next request resumes it
+                assert await _ticking(src), round_
+        finally:
+            await src.close()
+        assert node.resources(src.id) == []
+
+
+def _host_ticks(node: Node, sandbox_id: str) -> str:
+    """The counter, read from the host through the frozen sandbox's root
+    (a request would resume it)."""
+    rec = node.record(sandbox_id)
+    assert rec is not None and rec.init_pid is not None
+    return Path(f"/proc/{rec.init_pid}/root/tmp/ticks").read_text()
+
+
 async def test_a_fork_is_refused_while_a_command_runs(node: Node) -> None:
     async with node.with_config(checkpoint_wait=0.5).client() as c:
         src = await c.sandboxes.create(image=IMAGE, memory="64MiB")

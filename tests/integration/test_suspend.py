@@ -356,6 +356,31 @@ async def test_resuming_a_sandbox_being_checkpointed_is_refused(
     await sbx.close()
 
 
+@pytest.mark.parametrize("change", ["suspend", "resume"])
+async def test_a_close_during_a_suspend_or_resume_closes_the_sandbox(
+    change: str, client: corral.AsyncClient, node: Node
+) -> None:
+    """The close waits for the change in flight and then closes (before, it
+    returned at once and the sandbox stayed, suspended or running)."""
+    _needs_criu()
+    sbx = await client.sandboxes.create(image=IMAGE, memory="64MiB")
+    if change == "resume":
+        await sbx.suspend("disk")
+    moving = asyncio.create_task(sbx.suspend("disk") if change == "suspend" else sbx.resume())
+    middle = f"{change.removesuffix('e')}ing"
+    for _ in range(20000):  # polled: the state lives in the node's store
+        rec = node.record(sbx.id)
+        if rec is not None and rec.state == middle:
+            break
+        await asyncio.sleep(0.0005)
+    else:
+        pytest.fail(f"the sandbox was never seen {middle}")
+    await sbx.close()
+    assert node.record(sbx.id).state == "closed"  # type: ignore[union-attr]
+    await asyncio.gather(moving, return_exceptions=True)  # its own outcome
+    assert node.resources(sbx.id) == []
+
+
 async def test_closing_a_container_suspended_to_disk_releases_it(node: Node) -> None:
     _needs_criu()
     async with node.client() as c:

@@ -85,3 +85,38 @@ async def test_finish_raises_the_cancel_only_once_the_change_ended() -> None:
         await caller
     assert steps == ["ended"]
     assert await changes.wait("s1") is False
+
+
+async def test_changes_of_one_sandbox_take_turns_and_others_do_not_wait() -> None:
+    """A fork's save and a suspend of one sandbox never run at once; a
+    failed change does not stop the next; another sandbox's runs beside."""
+    changes, steps = ToTheEnd(), list[str]()
+    gates = {name: asyncio.Event() for name in ("save", "suspend", "other")}
+
+    async def change(name: str, fail: bool = False) -> str:
+        steps.append(f"{name} begun")
+        await gates[name].wait()
+        steps.append(f"{name} ended")
+        if fail:
+            raise RuntimeError(name)
+        return name
+
+    save = asyncio.create_task(changes.finish("s1", change("save", fail=True)))
+    suspend = asyncio.create_task(changes.run("s1", change("suspend")))
+    other = asyncio.create_task(changes.run("s2", change("other")))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert steps == ["save begun", "other begun"]
+    gates["suspend"].set()  # ready, and still waits for its turn
+    waiter = asyncio.create_task(changes.wait("s1"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert steps == ["save begun", "other begun"] and not waiter.done()
+    gates["save"].set()
+    with pytest.raises(RuntimeError, match="save"):
+        await save
+    assert await suspend == "suspend"
+    assert await waiter is True  # it waited for both
+    assert steps == ["save begun", "other begun", "save ended", "suspend begun", "suspend ended"]
+    gates["other"].set()
+    assert await other == "other"

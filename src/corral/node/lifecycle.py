@@ -23,6 +23,7 @@ from corral import ids, metrics, trace
 from corral.api.models import CreateSandbox, SandboxInfo
 from corral.config import NodeConfig
 from corral.errors import (
+    Conflict,
     CorralError,
     InvalidArgument,
     SandboxClosed,
@@ -182,6 +183,9 @@ class Lifecycle:
         self.templates = templates  # full VM desktops loaded, not booted
         self.after_load = after_load  # a copy's fresh randomness and clock
         self.changes = ToTheEnd()  # releases in flight
+        # Suspends, resumes and forks' saves in flight (node/snapshots.py
+        # runs them): a close waits for them (retire).
+        self.moves = ToTheEnd()
 
     def runtime(self, kind: str) -> Runtime:
         runtime = self.runtimes.get(kind)
@@ -504,18 +508,39 @@ class Lifecycle:
 
     async def retire(self, sandbox_id: str, reason: str) -> None:
         """Close any sandbox of the node: the node's own path (TTL, idle,
-        pools, recovery)."""
-        rec = self.records.get(sandbox_id)
+        pools, recovery). A suspend, resume or fork's save in flight ends
+        first: the close then starts from where it left the sandbox (before,
+        a close of a sandbox "suspending" returned and left it as it was)."""
         db = self.store
-        if rec.state in ("closed", "failed"):
-            return
-        if not db.transition(sandbox_id, ["running", "suspended"], "closing"):
+        for _ in range(5):  # each turn, a change in flight ended
+            rec = self.records.get(sandbox_id)
+            if rec.state in ("closed", "failed"):
+                return
+            if db.transition(sandbox_id, ["running", "suspended"], "closing"):
+                break
+            if rec.state in ("suspending", "resuming"):
+                # Registered with the transition that set the state, so
+                # in flight here unless another process holds it.
+                if await self.moves.wait(sandbox_id):
+                    continue
+                raise Conflict(
+                    f"sandbox {sandbox_id} is {rec.state} in another process: close it once "
+                    "that ends", sandbox=sandbox_id, state=rec.state,
+                )  # fmt: skip
             if rec.state == "creating" and rec.owner == self.owner:
                 # Our own create is in flight: it sees the state and unwinds.
                 db.transition(sandbox_id, ["creating"], "closing")
             else:  # closing: returns once closed, if this process closes it
                 await self.changes.wait(sandbox_id)
             return
+        else:
+            raise Conflict(
+                f"sandbox {sandbox_id} was suspended and resumed again and again while it "
+                "was being closed: close it again", sandbox=sandbox_id,
+            )  # fmt: skip
+        # A fork's save leaves the record "running": its dump ends before
+        # the release takes the processes it reads.
+        await self.moves.wait(sandbox_id)
         await self.release(sandbox_id, "closed", reason)
         metrics.SANDBOXES_CLOSED.labels(rec.kind, reason.split(" ")[0]).inc()
         log.info("sandbox.closed", sandbox=sandbox_id, reason=reason)

@@ -51,7 +51,6 @@ from corral.node.network import SandboxNetworks
 from corral.node.records import Records
 from corral.node.reseed import reseed_copies, set_guest_clock
 from corral.node.store import SandboxRecord, Store
-from corral.node.tothend import ToTheEnd
 from corral.runtimes.base import Runtime, Snapshottable, Suspendable, unsupported
 
 log = get_logger("corral.node")
@@ -94,7 +93,7 @@ class Snapshots:
         self.children = children
         self.activity = activity
         self._reclaims: dict[str, asyncio.Task[None]] = {}
-        self.changes = ToTheEnd()  # suspends and resumes in flight
+        self.changes = lifecycle.moves  # suspends, resumes, forks' saves in flight
 
     # ---------------------------------------------------------------- suspend
 
@@ -306,14 +305,30 @@ class Snapshots:
             )
         return runtime
 
+    async def _running_and_idle(self, sandbox_id: str, runtime: Snapshottable) -> SandboxRecord:
+        """Its record, running and with no command, as of the return: a
+        suspend asked while the fork waited for commands to end is waited
+        for and undone (the next request would resume it too)."""
+        for _ in range(5):
+            await self.awake(sandbox_id)
+            await self._idle_for_checkpoint(sandbox_id, runtime)
+            rec = self.records.get(sandbox_id)
+            if rec.state == "running":
+                return rec
+        raise Conflict(
+            f"sandbox {sandbox_id} was suspended again and again while it was being forked: "
+            "fork it again", sandbox=sandbox_id,
+        )  # fmt: skip
+
     async def fork(self, sandbox_id: str, req: ForkRequest) -> builtins.list[SandboxInfo]:
         """`n` new sandboxes, each a copy of this one as it is now: its
         memory, processes and files. The source pauses while its state is
         saved (~0.1 s per 256 MiB), then runs on; each copy loads the state
         into a machine of its own (its own id, channel and cgroup)."""
-        rec = await self.awake(sandbox_id)
-        runtime = self._snapshottable(rec, "fork")
-        await self._idle_for_checkpoint(sandbox_id, runtime)
+        runtime = self._snapshottable(self.records.get(sandbox_id), "fork")
+        rec = await self._running_and_idle(sandbox_id, runtime)
+        # From here to the save's registration, no await: a suspend asked
+        # meanwhile waits for the save (node/tothend.py).
         if self.networks.has_network(sandbox_id):
             # Every copy would wake up holding the source's address.
             raise InvalidArgument(

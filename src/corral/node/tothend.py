@@ -11,8 +11,13 @@ do about). So the change runs as a task of its own; the caller awaits it
 through a shield and, cancelled, only stops waiting. A second caller for
 the same sandbox waits for the change in flight.
 
-Invariant: at most one change per sandbox is in flight in this process
-(the record's state machine lets only one win its transition)."""
+Invariant: at most one change per sandbox runs at a time in this process.
+The record's state machine lets only one suspend, resume or close win its
+transition, but a fork's save leaves the record "running": a second fork,
+or a suspend, asked while it runs is started once it ends (two CRIU dumps
+of one tree, or a freeze under a dump, had hung or thawed a sandbox
+recorded as frozen). So a change never asks for another change of its own
+sandbox from the same ToTheEnd: it would wait for itself."""
 
 from __future__ import annotations
 
@@ -31,11 +36,9 @@ class ToTheEnd:
         self._running: dict[str, asyncio.Task[Any]] = {}
 
     async def run(self, sandbox_id: str, change: Coroutine[Any, Any, T]) -> T:
-        """Start `change` for `sandbox_id` and wait for it."""
-        task: asyncio.Task[T] = asyncio.create_task(change)
-        self._running[sandbox_id] = task
-        task.add_done_callback(lambda t: self._forget(sandbox_id, t))
-        return await asyncio.shield(task)
+        """Start `change` for `sandbox_id` (after the one in flight, if
+        any) and wait for it."""
+        return await asyncio.shield(self._start(sandbox_id, change))
 
     async def wait(self, sandbox_id: str) -> bool:
         """Wait for the change in flight for `sandbox_id`, if one is (its
@@ -54,14 +57,31 @@ class ToTheEnd:
         """Like run(), but a cancelled caller waits for the change to end
         before its CancelledError: for a change whose caller cleans up
         after it (a fork's source saved to a file the fork then removes)."""
-        task: asyncio.Task[T] = asyncio.create_task(change)
-        self._running[sandbox_id] = task
-        task.add_done_callback(lambda t: self._forget(sandbox_id, t))
+        task = self._start(sandbox_id, change)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.gather(task, return_exceptions=True))
             raise
+
+    def _start(self, sandbox_id: str, change: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """The change's task, registered before this returns (no await
+        between a caller's check of the record and the registration)."""
+        before = self._running.get(sandbox_id)
+
+        async def in_turn() -> T:
+            if before is not None:
+                try:
+                    await asyncio.gather(before, return_exceptions=True)
+                except BaseException:
+                    change.close()  # never started: nothing of it to undo
+                    raise
+            return await change
+
+        task = asyncio.create_task(in_turn())
+        self._running[sandbox_id] = task
+        task.add_done_callback(lambda t: self._forget(sandbox_id, t))
+        return task
 
     def _forget(self, sandbox_id: str, task: asyncio.Task[Any]) -> None:
         if self._running.get(sandbox_id) is task:
