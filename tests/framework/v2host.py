@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corral.runtimes.vm import guest, qemu
 
@@ -271,6 +272,18 @@ def run(
         )
 
 
+def run_past_a_panic(command: str, timeout: float, single_timeout: float, **kw: Any) -> Result:
+    """run(); after a panic, once more with the vCPUs on one TCG thread
+    (GuestPanicked says why) within `single_timeout`. A second panic is
+    raised, with its console."""
+    try:
+        return run(command, timeout=timeout, **kw)
+    except GuestPanicked as panic:
+        print(f"v2host: the guest panicked, running again on one TCG thread: {str(panic)[-1500:]}",
+              flush=True)  # fmt: skip
+        return run(command, timeout=single_timeout, tcg_thread="single", **kw)
+
+
 # What `make v2-host` runs: the suites whose outcome the cgroup layout can
 # change (docs/cgroups.md has the table of the last run).
 WIDE = [
@@ -305,7 +318,7 @@ def main(argv: list[str]) -> int:
         f"--junitxml=/v2out/junit.xml {' '.join(shlex.quote(t) for t in tests)}"
     )
     print(f"v2host: running in the guest, output in {keep}/output", flush=True)
-    r = run(command, timeout=4 * 3600, keep=keep)
+    r = run_past_a_panic(command, timeout=4 * 3600, single_timeout=6 * 3600, keep=keep)
     print(r.output[-6000:])
     print(f"v2host: exit {r.rc}, booted in {r.boot_s:.1f} s, {r.wall_s:.0f} s in all")
     return r.rc

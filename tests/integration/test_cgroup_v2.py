@@ -47,12 +47,6 @@ def test_the_cgroup_bound_core_passes_on_a_pure_cgroup_v2_host() -> None:
         ".venv/bin/pytest -q -p no:cacheprovider -m 'integration or redteam' -rfE "
         + " ".join(shlex.quote(t) for t in CORE)
     )
-    try:
-        r = v2host.run(command, timeout=1500)
-    except v2host.GuestPanicked as panic:
-        # Once more with the vCPUs on one thread (v2host.GuestPanicked says
-        # why); a second panic there is a failure, with its console.
-        print(f"v2 host panicked, running again on one TCG thread: {str(panic)[-1500:]}")
-        r = v2host.run(command, timeout=2100, tcg_thread="single")
+    r = v2host.run_past_a_panic(command, timeout=1500, single_timeout=2100)
     assert r.rc == 0, r.output[-8000:]
     assert " passed" in r.output, r.output[-3000:]
