@@ -236,6 +236,39 @@ async def test_a_saved_container_is_restored_on_another_node(node: Node, fresh_n
             await src.close()
 
 
+async def test_a_request_during_a_save_waits_and_the_saved_moment_holds(
+    node: Node, fresh_node: Node
+) -> None:
+    """A command sent while a save suspends the sandbox resumes it only
+    once the state is packed and stored (a resume during the pack had
+    removed CRIU's images under tar and let later writes into the copy)."""
+    async with node.client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="128MiB")
+        try:
+            await src.commands.run(SECRET)
+            secret = await _secret(src)
+            saving = asyncio.create_task(src.save())
+            for _ in range(20000):  # polled: the state lives in the node's store
+                rec = node.record(src.id)
+                if rec is not None and rec.state != "running":
+                    break
+                await asyncio.sleep(0.0005)
+            after = await src.commands.run("mkdir -p /work && echo later > /work/after && echo ok")
+            assert after.stdout == "ok\n", after
+            saved = await saving
+            async with fresh_node.client() as other:
+                moved = await other.sandboxes.restore(saved)
+                try:
+                    assert await _secret(moved) == secret
+                    with pytest.raises(corral.FileNotFound):
+                        await moved.files.read_text("/work/after")
+                finally:
+                    await moved.close()
+        finally:
+            await src.close()
+        assert node.resources(src.id) == []
+
+
 @pytest.mark.parametrize(("entropy", "errno_name"), [
     (b"", "EINVAL"),             # nothing to credit
     (b"x" * 31, "EINVAL"),       # too little to re-key from

@@ -428,13 +428,24 @@ class Snapshots:
                 "policy",
             )
         store = self._store(req.store)
-        if rec.state == "running" or rec.suspended == "freeze":
+        for _ in range(5):
+            rec = self.records.get(sandbox_id)
+            if rec.state == "suspended" and rec.suspended == "disk":
+                # No await from this check to the copy's registration: a
+                # request's resume waits for the copy (node/tothend.py).
+                return await self.changes.run(sandbox_id, self._save(rec, runtime, store, req))
+            if rec.state not in ("running", "suspended"):
+                break
             await self.suspend(sandbox_id, "disk")
-        rec = self.records.get(sandbox_id)
-        if rec.state != "suspended":
-            raise Conflict(
-                f"sandbox {sandbox_id} is {rec.state}, not suspended", sandbox=sandbox_id
-            )
+        raise Conflict(f"sandbox {sandbox_id} is {rec.state}, not suspended", sandbox=sandbox_id)
+
+    async def _save(
+        self, rec: SandboxRecord, runtime: Snapshottable, store: ObjectStore, req: SaveRequest
+    ) -> SavedState:
+        """Pack and copy a sandbox suspended to disk. A change of its own:
+        a resume meanwhile had removed CRIU's images under the pack, and
+        the writes after it had reached the copy."""
+        sandbox_id = rec.id
         key = f"{VM_STATES}/{sandbox_id}"
         state = await runtime.saved_state(sandbox_id)
         version = await runtime.state_version()
