@@ -236,6 +236,30 @@ async def test_a_saved_container_is_restored_on_another_node(node: Node, fresh_n
             await src.close()
 
 
+async def test_requests_during_a_fork_wait_for_its_save(node: Node) -> None:
+    """Commands and file reads sent one after another while the source is
+    saved each wait for the save and run (half of them had failed as if
+    the sandbox had died: the save parks its exec server)."""
+    async with node.client() as c:
+        src = await c.sandboxes.create(image=IMAGE, memory="128MiB")
+        try:
+            await src.files.write("/tmp/note", "kept")
+            forking = asyncio.create_task(c.sandboxes.fork(src, 1))
+            answers: list[int] = []
+            while not forking.done() or len(answers) < 10:
+                i = len(answers)
+                r = await src.commands.run(f"echo {i}")
+                assert r.stdout == f"{i}\n", (i, r)
+                assert await src.files.read_text("/tmp/note") == "kept", i
+                answers.append(i)
+                await asyncio.sleep(0.002)
+            (copy,) = await forking
+            assert await copy.files.read_text("/tmp/note") == "kept"
+            await copy.close()
+        finally:
+            await src.close()
+
+
 async def test_a_request_during_a_save_waits_and_the_saved_moment_holds(
     node: Node, fresh_node: Node
 ) -> None:

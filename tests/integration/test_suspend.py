@@ -460,6 +460,15 @@ async def test_an_idle_container_gives_its_memory_back_and_gets_it_again(
         await sbx.files.write("/tmp/resident.py", RESIDENT.encode())
         # A daemon, not a running command: a sandbox running a command is busy.
         await sbx.commands.run("nohup python3 /tmp/resident.py >/dev/null 2>&1 &")
+        # Its memory held (it makes the fifo after): the idle spell starts
+        # after this request. An emulated CPU's python took longer than
+        # reclaim_after to get there, and the spell's one reclaim came first.
+        for _ in range(1200):
+            if await sbx.files.exists("/tmp/ask"):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the resident process never held its memory in 60 s")
         cg = node.agent.parts.cgroups
         peak = 0
         for _ in range(200):

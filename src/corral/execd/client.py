@@ -11,7 +11,7 @@ import builtins
 import contextlib
 import errno as errno_mod
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from corral.errors import (
@@ -90,21 +90,37 @@ def raise_remote(err: p.RemoteError, path: str | None = None) -> None:
 
 
 class ExecdClient:
-    def __init__(self, socket_path: str, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        connect_timeout: float = 10.0,
+        settle: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
+        """`settle`, on a refused connection: wait for a change of the
+        sandbox in flight, if one is (a fork's save parks the server, its
+        listener closed), and say whether there was one: then the
+        connection is tried again."""
         self.socket_path = socket_path
         self.connect_timeout = connect_timeout
+        self.settle = settle
 
     async def connect(self) -> Connection:
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_unix_connection(
-                    self.socket_path, limit=4 * p.MAX_PAYLOAD
-                )
-        except (TimeoutError, OSError) as exc:
-            raise Unavailable(
-                f"sandbox exec server at {self.socket_path} is not reachable: {exc}"
-            ) from exc
-        return Connection(reader, writer)
+        for _ in range(3):  # each retry after a change that had ended
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    reader, writer = await asyncio.open_unix_connection(
+                        self.socket_path, limit=4 * p.MAX_PAYLOAD
+                    )
+                return Connection(reader, writer)
+            except (TimeoutError, OSError) as exc:
+                if self.settle is not None and await self.settle():
+                    continue
+                raise Unavailable(
+                    f"sandbox exec server at {self.socket_path} is not reachable: {exc}"
+                ) from exc
+        raise Unavailable(
+            f"sandbox exec server at {self.socket_path} was parked again and again: try again"
+        )
 
     async def ping(self) -> tuple[int, int]:
         conn = await self.connect()

@@ -158,6 +158,7 @@ class Lifecycle:
         children: Children,
         cpu: CpuClasses,
         end_sessions: Callable[[str], None],
+        moves: ToTheEnd,
         templates: Templates | None = None,
         after_load: Callable[[SandboxInfo], Awaitable[None]] | None = None,
     ) -> None:
@@ -183,9 +184,9 @@ class Lifecycle:
         self.templates = templates  # full VM desktops loaded, not booted
         self.after_load = after_load  # a copy's fresh randomness and clock
         self.changes = ToTheEnd()  # releases in flight
-        # Suspends, resumes and forks' saves in flight (node/snapshots.py
-        # runs them): a close waits for them (retire).
-        self.moves = ToTheEnd()
+        # Suspends, resumes and saves in flight (node/snapshots.py runs
+        # them): a close waits for them (retire).
+        self.moves = moves
 
     def runtime(self, kind: str) -> Runtime:
         runtime = self.runtimes.get(kind)

@@ -98,16 +98,18 @@ class Snapshots:
     # ---------------------------------------------------------------- suspend
 
     async def awake(self, sandbox_id: str) -> SandboxRecord:
-        """The record of a running sandbox; a suspended one is resumed
-        first (the next request restores it)."""
-        state = self.records.get(sandbox_id).state
-        for _ in range(3000):  # a suspend in flight: the request resumes it after
-            if state != "suspending":
-                break
-            await asyncio.sleep(0.01)
+        """The record of a running sandbox: a change in flight (a suspend,
+        a resume, a fork's save) ends first, and a suspended one is
+        resumed (the next request restores it). A request during a fork's
+        save had found the exec server parked and failed as if the
+        sandbox had died."""
+        for _ in range(5):  # each turn, a change in flight ended
+            await self.changes.wait(sandbox_id)
             state = self.records.get(sandbox_id).state
-        if state == "suspended":
-            await self.resume(sandbox_id)
+            if state == "suspended":
+                await self.resume(sandbox_id)
+            elif state not in ("suspending", "resuming"):
+                break
         return self.records.running(sandbox_id)
 
     def _suspendable(self, rec: SandboxRecord, mode: str | None) -> tuple[Suspendable, str]:

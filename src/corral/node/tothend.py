@@ -22,6 +22,7 @@ sandbox from the same ToTheEnd: it would wait for itself."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -29,6 +30,12 @@ from corral.log import get_logger
 
 T = TypeVar("T")
 log = get_logger("corral.node")
+
+# The sandboxes whose change this task runs in (inherited by the tasks it
+# starts): wait() from inside a change does not wait for itself.
+_IN_CHANGE: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "in_change", default=frozenset()
+)
 
 
 class ToTheEnd:
@@ -42,9 +49,11 @@ class ToTheEnd:
 
     async def wait(self, sandbox_id: str) -> bool:
         """Wait for the change in flight for `sandbox_id`, if one is (its
-        error is its own caller's); whether there was one."""
+        error is its own caller's); whether there was one. Called from
+        within that change (a step that reaches the sandbox's exec
+        server), it does not wait: there is none other."""
         task = self._running.get(sandbox_id)
-        if task is None:
+        if task is None or sandbox_id in _IN_CHANGE.get():
             return False
         await asyncio.shield(asyncio.gather(task, return_exceptions=True))
         return True
@@ -76,6 +85,7 @@ class ToTheEnd:
                 except BaseException:
                     change.close()  # never started: nothing of it to undo
                     raise
+            _IN_CHANGE.set(_IN_CHANGE.get() | {sandbox_id})
             return await change
 
         task = asyncio.create_task(in_turn())

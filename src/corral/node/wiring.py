@@ -62,6 +62,7 @@ from corral.node.snapshots import Snapshots
 from corral.node.steplog import StepLog
 from corral.node.store import Store
 from corral.node.templates import Templates
+from corral.node.tothend import ToTheEnd
 from corral.node.warmpool import WarmPool
 from corral.runtimes.base import HoldsHandles, Reattachable, Releaser, Runtime
 from corral.runtimes.container.oci import OciRuntime
@@ -344,6 +345,10 @@ async def _wire(
     runtimes: dict[str, Runtime],
 ) -> NodeParts:
 
+    # Suspends, resumes and forks' saves in flight (node/tothend.py): a
+    # request refused by a server a save parked waits for the save.
+    moves = ToTheEnd()
+
     def execd(sandbox_id: str) -> ExecdClient:
         rec = store.get(sandbox_id)
         if rec is not None and is_disk(rec.spec["image"]):
@@ -354,7 +359,9 @@ async def _wire(
                 "keyboard and pointer (sbx.display) work",
                 rec.spec["image"],
             )
-        return ExecdClient(str(control_path(cfg.run_dir, sandbox_id)))
+        return ExecdClient(
+            str(control_path(cfg.run_dir, sandbox_id)), settle=lambda: moves.wait(sandbox_id)
+        )
 
     activity = Activity(store)
     cpu = CpuClasses(
@@ -394,6 +401,7 @@ async def _wire(
         cfg, store, owner=owner, records=records, admission=admission, ledger=ledger,
         runtimes=runtimes, layers=layers, scratch=scratch, dirs=dirs, networks=networks,
         audit=audit, activity=activity, children=children, cpu=cpu, end_sessions=sessions.end,
+        moves=moves,
         templates=Templates(cfg.data_dir / "templates", cfg.vm_templates, {
             "pmem": cfg.vm_pmem, "reporting": cfg.vm_free_page_reporting,
             "tcg_cache": cfg.vm_tcg_cache_mib,
