@@ -1536,6 +1536,24 @@ static int listen_on_path(const char *path) {
     return fd;
 }
 
+/* Closing the listener would reset the connections queued on it without a
+ * word, and the node could not tell that nothing of their requests ran. So
+ * new connections are refused from here (the node's client waits for the
+ * change and connects again), and each queued one is told ERR_PARKED. Its
+ * request is read first where it has arrived: a peer whose unread bytes
+ * are dropped gets a reset before it can read the answer. */
+static void refuse_queued(int lfd) {
+    shutdown(lfd, SHUT_RD);
+    for (;;) {
+        int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) break;
+        char sink[4096];
+        while (recv(c, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+        send_error_stage(c, EAGAIN, ERR_PARKED, "the exec server was parked: ask again");
+        close(c);
+    }
+}
+
 /* REQ_PARK: the listener becomes a memfd placeholder (see proto.h); returns
  * the abstract socket to wait on, or -1 (the listener is kept). Closes conn:
  * the node freezes the sandbox once it sees conn end, and no socket of the
@@ -1561,6 +1579,7 @@ static int park(int conn, int lfd, const unsigned char *nonce) {
         if (pk >= 0) close(pk);
         return -1;
     }
+    refuse_queued(lfd);
     /* Swapped before the answer: the node freezes the sandbox on hearing it. */
     dup3(mfd, lfd, O_CLOEXEC);
     close(mfd);

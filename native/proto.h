@@ -71,6 +71,9 @@ enum {
 #define ERR_USER 1u   /* the user does not exist or cannot be switched to */
 #define ERR_CWD 2u    /* the working directory cannot be entered */
 #define ERR_EXEC 3u   /* the program cannot be executed */
+#define ERR_PARKED 4u /* (EAGAIN) the listener was parked with this connection queued on it:
+                       * nothing of the request ran; send it again once the change that
+                       * parked it has ended (REQ_PARK) */
 
 /* REQ_EXEC flags */
 #define EXEC_STDIN_STREAM 0x1u  /* REQ_STDIN frames follow; otherwise stdin is /dev/null */

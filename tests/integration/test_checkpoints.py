@@ -6,7 +6,10 @@ and its source is untouched."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 
 import corral
 from corral import metrics
+from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
 from corral.host.cgroups import Cgroups
 from corral.node.lifecycle import control_path
@@ -292,6 +296,78 @@ async def test_a_request_during_a_save_waits_and_the_saved_moment_holds(
         finally:
             await src.close()
         assert node.resources(src.id) == []
+
+
+async def test_requests_queued_when_a_save_parks_the_server_are_told_and_sent_again(
+    node: Node,
+) -> None:
+    """Connections queued on the exec server's listener when a save parks
+    it are answered ERR_PARKED (they had been reset without a word, and a
+    request sent just before the save failed as 'lost its exec server'),
+    and the node's client sends each again once the change has ended: each
+    command runs once. Init is stopped while the park and the requests
+    queue up behind one another, so the order is certain."""
+    async with node.client() as c:
+        s = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        try:
+            rec = node.record(s.id)
+            assert rec is not None and rec.init_pid is not None
+            pid, control = rec.init_pid, control_path(node.config.run_dir, s.id)
+            nonce = "0123456789abcdef"
+            parked = asyncio.Event()
+            woken: asyncio.Task[None] | None = None
+
+            async def wake() -> None:  # the save's end: a new listener
+                await parked.wait()
+                listener = criu.listen(control)
+                try:
+                    await asyncio.to_thread(criu.unpark, pid, nonce, listener)
+                finally:
+                    listener.close()
+
+            async def settle() -> bool:
+                nonlocal woken
+                woken = woken or asyncio.create_task(wake())
+                await asyncio.shield(woken)
+                return True
+
+            async def run(i: int) -> int:
+                client = ExecdClient(str(control), settle=settle)
+                session = await client.start(
+                    ["sh", "-c", f"echo {i} >> /tmp/ran"], [], user="root", cwd="/",
+                    timeout=30, stdout_cap=1024, stderr_cap=1024, stdin=None,
+                )  # fmt: skip
+                async for kind, payload in session.events():
+                    if kind == proto.RSP_EXIT:
+                        return proto.parse_exit(payload).exit_code
+                raise AssertionError("no exit")
+
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                park = await ExecdClient(str(control)).connect()
+                await park.send(proto.frame(proto.REQ_PARK, nonce.encode()))
+                raw = await ExecdClient(str(control)).connect()
+                await raw.send(proto.file_request(proto.REQ_STAT, "root", "/"))
+                runs = [asyncio.create_task(run(i)) for i in range(3)]
+                await asyncio.sleep(0.3)  # each has connected and sent
+                assert not any(r.done() for r in runs)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert (await park.recv()).kind == proto.RSP_OK
+            with pytest.raises(ConnectionError):
+                await park.recv()  # init closes it once parked
+            parked.set()
+            told = await raw.recv()
+            assert told.kind == proto.RSP_ERROR
+            err = proto.parse_error(told.payload)
+            assert (err.errno, err.stage) == (errno.EAGAIN, proto.ERR_PARKED), err
+            raw.close()
+            park.close()
+            assert await asyncio.gather(*runs) == [0, 0, 0]
+            ran = await s.files.read_text("/tmp/ran")
+            assert sorted(ran.split()) == ["0", "1", "2"], ran  # each once
+        finally:
+            await s.close()
 
 
 @pytest.mark.parametrize(("entropy", "errno_name"), [

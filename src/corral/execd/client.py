@@ -72,6 +72,13 @@ class Connection:
         self.writer.close()
 
 
+def _parked(f: Frame) -> bool:
+    """The server's word that it parked with this request unread (proto.h ERR_PARKED)."""
+    if f.kind != p.RSP_ERROR or len(f.payload) < 8:
+        return False
+    return p.parse_error(f.payload).stage == p.ERR_PARKED
+
+
 def raise_remote(err: p.RemoteError, path: str | None = None) -> None:
     """Turn an exec server error into the SDK's exception for it."""
     if err.stage == p.ERR_USER:
@@ -122,11 +129,47 @@ class ExecdClient:
             f"sandbox exec server at {self.socket_path} was parked again and again: try again"
         )
 
+    async def _exchange(
+        self, send: Callable[[Connection], Awaitable[None]]
+    ) -> tuple[Connection, Frame]:
+        """Connect, send a request (`send` writes it) and read its first
+        answer. A request that a change of the sandbox left unanswered is
+        sent again on a new connection once that change has ended: one
+        queued when a save parked the server (ERR_PARKED, or a reset: a
+        peer whose bytes were not all read is reset before it can read).
+        Safe because a change cuts no handler off (a save waits for them
+        before it freezes): a connection that ends unanswered while a change
+        is in flight ran nothing."""
+        for _ in range(3):  # each retry after a change that had ended
+            conn = await self.connect()
+            try:
+                # A reset while sending: the answer may have come all the
+                # same (a command that exited without reading all its
+                # input, tar refusing a bad archive, as a pipe's reader
+                # going away; or a parked server's ERR_PARKED).
+                with contextlib.suppress(ConnectionError):
+                    await send(conn)
+                first = await conn.recv()
+            except ConnectionError:
+                conn.close()
+                if self.settle is not None and await self.settle():
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            if not _parked(first):
+                return conn, first
+            conn.close()
+            if self.settle is None or not await self.settle():
+                raise Unavailable(f"sandbox exec server at {self.socket_path} is parked: try again")
+        raise Unavailable(
+            f"sandbox exec server at {self.socket_path} was parked again and again: try again"
+        )
+
     async def ping(self) -> tuple[int, int]:
-        conn = await self.connect()
+        conn, f = await self._exchange(lambda c: c.send(p.frame(p.REQ_PING)))
         try:
-            await conn.send(p.frame(p.REQ_PING))
-            f = await conn.recv()
             if f.kind != p.RSP_PONG:
                 raise SandboxFailed(f"unexpected answer 0x{f.kind:x} to ping")
             version, pid = struct.unpack("<II", f.payload[:8])
@@ -136,16 +179,15 @@ class ExecdClient:
 
     async def _until_ok(self, request: bytes, path: str) -> AsyncIterator[Frame]:
         """Send one request and yield its frames up to OK; ERROR raises."""
-        conn = await self.connect()
+        conn, f = await self._exchange(lambda c: c.send(request))
         try:
-            await conn.send(request)
             while True:
-                f = await conn.recv()
                 if f.kind == p.RSP_ERROR:
                     raise_remote(p.parse_error(f.payload), path)
                 if f.kind == p.RSP_OK:
                     return
                 yield f
+                f = await conn.recv()
         finally:
             conn.close()
 
@@ -174,18 +216,20 @@ class ExecdClient:
     ) -> int:
         flags = (p.FILE_MKDIRS if mkdirs else 0) | (p.FILE_APPEND if append else 0)
         flags |= p.FILE_NOFOLLOW if nofollow else 0
-        conn = await self.connect()
-        try:
-            head = p.file_request(
-                p.REQ_WRITE, user, path, p.u32(mode) + p.u32(flags) + p.u64(max_bytes)
-            )
+        head = p.file_request(
+            p.REQ_WRITE, user, path, p.u32(mode) + p.u32(flags) + p.u64(max_bytes)
+        )
+
+        async def send(conn: Connection) -> None:
             conn.writer.write(head)
             view = memoryview(data)
             for off in range(0, len(view), CHUNK):
                 conn.writer.write(p.frame(p.REQ_DATA, bytes(view[off : off + CHUNK])))
                 await conn.writer.drain()
             await conn.send(p.frame(p.REQ_END))
-            f = await conn.recv()
+
+        conn, f = await self._exchange(send)
+        try:
             if f.kind == p.RSP_ERROR:
                 raise_remote(p.parse_error(f.payload), path)
             return int(struct.unpack("<Q", f.payload[:8])[0])
@@ -202,10 +246,8 @@ class ExecdClient:
         return entries
 
     async def stat(self, user: str, path: str) -> p.Entry:
-        conn = await self.connect()
+        conn, f = await self._exchange(lambda c: c.send(p.file_request(p.REQ_STAT, user, path)))
         try:
-            await conn.send(p.file_request(p.REQ_STAT, user, path))
-            f = await conn.recv()
             if f.kind == p.RSP_ERROR:
                 raise_remote(p.parse_error(f.payload), path)
             return p.parse_entry(f.payload, f.kind)
@@ -213,10 +255,8 @@ class ExecdClient:
             conn.close()
 
     async def _ok(self, request: bytes, path: str | None) -> None:
-        conn = await self.connect()
+        conn, f = await self._exchange(lambda c: c.send(request))
         try:
-            await conn.send(request)
-            f = await conn.recv()
             if f.kind == p.RSP_ERROR:
                 raise_remote(p.parse_error(f.payload), path)
         finally:
@@ -300,37 +340,31 @@ class ExecdClient:
     ) -> ExecSession:
         """Start a command; the session yields its output and exit. With
         `stdin_open` its stdin stays open for ExecSession.send_stdin."""
-        conn = await self.connect()
-        try:
-            await conn.send(
-                p.exec_request(
-                    argv,
-                    env,
-                    user=user,
-                    cwd=cwd,
-                    timeout_ms=int(timeout * 1000) if timeout else 0,
-                    stdout_cap=stdout_cap,
-                    stderr_cap=stderr_cap,
-                    stdin_stream=stdin is not None or stdin_open,
-                    pty=pty,
-                    idle=idle,
-                )
-            )
+        request = p.exec_request(
+            argv,
+            env,
+            user=user,
+            cwd=cwd,
+            timeout_ms=int(timeout * 1000) if timeout else 0,
+            stdout_cap=stdout_cap,
+            stderr_cap=stderr_cap,
+            stdin_stream=stdin is not None or stdin_open,
+            pty=pty,
+            idle=idle,
+        )
+
+        async def send(conn: Connection) -> None:
+            conn.writer.write(request)
             if stdin is not None or stdin_open:
                 view = memoryview(stdin or b"")
-                try:
-                    for off in range(0, len(view), CHUNK):
-                        conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
-                    if not stdin_open:
-                        conn.writer.write(p.frame(p.REQ_STDIN_EOF))
-                    await conn.writer.drain()
-                except (ConnectionResetError, BrokenPipeError):
-                    # The command exited without reading all its input (tar
-                    # refusing a bad archive) and the server dropped the
-                    # rest: like a pipe's reader going away. What it said
-                    # before that is still ours to read.
-                    pass
-            f = await conn.recv()
+                for off in range(0, len(view), CHUNK):
+                    conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
+                if not stdin_open:
+                    conn.writer.write(p.frame(p.REQ_STDIN_EOF))
+            await conn.writer.drain()
+
+        conn, f = await self._exchange(send)
+        try:
             if f.kind == p.RSP_ERROR:
                 raise_remote(p.parse_error(f.payload))
             if f.kind != p.RSP_STARTED:

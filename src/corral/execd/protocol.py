@@ -53,6 +53,7 @@ ERR_GENERIC = 0
 ERR_USER = 1
 ERR_CWD = 2
 ERR_EXEC = 3
+ERR_PARKED = 4  # EAGAIN: queued when the listener was parked; nothing of it ran
 
 EXEC_STDIN_STREAM = 0x1
 EXEC_PTY = 0x2

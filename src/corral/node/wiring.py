@@ -360,8 +360,17 @@ async def _wire(
                 rec.spec["image"],
             )
         return ExecdClient(
-            str(control_path(cfg.run_dir, sandbox_id)), settle=lambda: moves.wait(sandbox_id)
+            str(control_path(cfg.run_dir, sandbox_id)), settle=lambda: settle(sandbox_id)
         )
+
+    async def settle(sandbox_id: str) -> bool:
+        """A refused or parked request's wait: for the change in flight,
+        then, where it suspended the sandbox, for its resume, as before
+        any request (Snapshots.awake). Whether there was a change."""
+        if not await moves.wait(sandbox_id):
+            return False
+        await snapshots.awake(sandbox_id)
+        return True
 
     activity = Activity(store)
     cpu = CpuClasses(
