@@ -61,7 +61,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "init.h"
 #include "proto.h"
+#include "sudo.h"
 
 #define LISTEN_FD 3
 #define IO_CHUNK (64 * 1024)
@@ -71,7 +73,7 @@
 
 extern char **environ;
 
-static void logmsg(const char *fmt, ...) {
+void logmsg(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "corral-init[%d]: ", getpid());
@@ -230,12 +232,6 @@ static char **cur_strv(struct cursor *c) {
 
 /* ------------------------------------------------------------------ users */
 
-struct ident {
-    uid_t uid;
-    gid_t gid;
-    char home[PATH_MAX];
-};
-
 static int all_digits(const char *s) {
     if (!*s) return 0;
     for (; *s; s++)
@@ -249,7 +245,7 @@ static int all_digits(const char *s) {
  * bounded in size, and never executed; it can only choose the uid of a user
  * the caller asked for by name.
  */
-static int resolve_user(const char *spec, struct ident *id) {
+int resolve_user(const char *spec, struct ident *id) {
     id->uid = 0;
     id->gid = 0;
     strcpy(id->home, "/");
@@ -310,7 +306,7 @@ static int resolve_user(const char *spec, struct ident *id) {
     return 0;
 }
 
-static int become(const struct ident *id) {
+int become(const struct ident *id) {
     if (setgroups(1, &id->gid) < 0) return -1;
     if (setresgid(id->gid, id->gid, id->gid) < 0) return -1;
     if (setresuid(id->uid, id->uid, id->uid) < 0) return -1;
@@ -318,6 +314,22 @@ static int become(const struct ident *id) {
 }
 
 /* ------------------------------------------------------------------ exec */
+
+void command_child_defaults(void) {
+    sigset_t none;
+    sigemptyset(&none);
+    for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    /* User code, not corral-init, must be what the memory cgroup's OOM
+     * killer picks: raise the command's score (raising needs no
+     * capability; corral-init itself stays at 0, or -1000 where the
+     * agent could set it). */
+    int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (oom >= 0) {
+        if (write(oom, "300", 3) < 0) { /* best effort */ }
+        close(oom);
+    }
+}
 
 struct outstream {
     int fd;          /* read end, non-blocking; -1 once closed */
@@ -365,7 +377,7 @@ static void forward(struct exec_state *st, struct outstream *o, int drain) {
 
 /* Kill every process left below this handler, including orphans that
  * re-parented to it (it is their subreaper), until none remain. */
-static void kill_tree(void) {
+void kill_tree(void) {
     for (int round = 0; round < 2000; round++) {
         int any = 0;
         DIR *d = opendir("/proc");
@@ -491,19 +503,7 @@ static int handle_exec(int conn, struct cursor *c) {
         dup2(out[1], 1);
         dup2((flags & EXEC_PTY) ? slave : err[1], 2);
         if (flags & EXEC_PTY) ioctl(0, TIOCSCTTY, 0); /* its controlling terminal */
-        sigset_t none;
-        sigemptyset(&none);
-        for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        /* User code, not corral-init, must be what the memory cgroup's OOM
-         * killer picks: raise the command's score (raising needs no
-         * capability; corral-init itself stays at 0, or -1000 where the
-         * agent could set it). */
-        int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-        if (oom >= 0) {
-            if (write(oom, "300", 3) < 0) { /* best effort */ }
-            close(oom);
-        }
+        command_child_defaults();
         if (flags & EXEC_IDLE) {
             /* Best effort: the cgroup's idle class is what holds a background
              * sandbox back from its neighbours; this orders the commands of
@@ -1618,8 +1618,38 @@ static int unpark(int pk, int lfd) {
     return 1;
 }
 
+static int uid_of(const char *name, uid_t *uid) {
+    struct ident id;
+    if (resolve_user(name, &id) < 0) return -1;
+    *uid = id.uid;
+    return 0;
+}
+
+/* A sudo request: the broker runs in a handler of its own. */
+static void accept_sudo(int sudo_fd, int lfd, int sfd) {
+    int c = accept4(sudo_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0) return;
+    if (!sudo_allowed(c)) {
+        static const char no[] = "Eyou may not run sudo in this sandbox (" SUDO_USERS " does not name you)";
+        if (send(c, no, sizeof no - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {}
+        close(c);
+        return;
+    }
+    pid_t h = fork();
+    if (h == 0) {
+        close(lfd);
+        close(sfd);
+        close(sudo_fd);
+        sudo_serve(c);
+        _exit(0);
+    }
+    close(c);
+}
+
 int main(int argc, char **argv) {
-    int lfd = LISTEN_FD, serial = 0, parked = -1;
+    const char *called = strrchr(argv[0], '/');
+    if (strcmp(called ? called + 1 : argv[0], "sudo") == 0) return sudo_main(argc, argv);
+    int lfd = LISTEN_FD, serial = 0, parked = -1, sudo_fd = -1;
     /* `--listen PATH` serves on a path: used by tests outside a container. */
     if (argc == 3 && strcmp(argv[1], "--listen") == 0) lfd = listen_on_path(argv[2]);
     else if (argc == 3 && strcmp(argv[1], "--serial") == 0) {
@@ -1657,6 +1687,9 @@ int main(int argc, char **argv) {
         if (mkdir("/dev/shm", 01777) == 0) chmod("/dev/shm", 01777);
     }
 
+    /* Not for `--listen` (tests on the host): it would listen on the host's /run. */
+    if (lfd == LISTEN_FD || serial) sudo_fd = sudo_listen(uid_of);
+
     signal(SIGPIPE, SIG_IGN);
     sigset_t chld;
     sigemptyset(&chld);
@@ -1666,8 +1699,9 @@ int main(int argc, char **argv) {
 
     for (;;) {
         /* Parked: the listener is a placeholder (always "readable"). */
-        struct pollfd p[2] = {{parked >= 0 ? parked : lfd, POLLIN, 0}, {sfd, POLLIN, 0}};
-        if (poll(p, 2, -1) < 0) {
+        struct pollfd p[3] = {{parked >= 0 ? parked : lfd, POLLIN, 0}, {sfd, POLLIN, 0},
+                              {sudo_fd, POLLIN, 0}};
+        if (poll(p, sudo_fd >= 0 ? 3 : 2, -1) < 0) {
             if (errno == EINTR) continue;
             logmsg("poll: %s", strerror(errno));
             return 1;
@@ -1677,6 +1711,7 @@ int main(int argc, char **argv) {
             while (read(sfd, &si, sizeof si) > 0) {}
             while (waitpid(-1, NULL, WNOHANG) > 0) {}
         }
+        if (sudo_fd >= 0 && p[2].revents) accept_sudo(sudo_fd, lfd, sfd);
         if (p[0].revents && parked >= 0) {
             if (unpark(parked, lfd)) {
                 /* Afresh, as at create: after a restore this process's
@@ -1725,9 +1760,15 @@ int main(int argc, char **argv) {
             if (!serial && got >= FRAME_HEADER + 16 && peek[8] == REQ_PARK &&
                 get_u32le(peek) == 16) {
                 unsigned char req[FRAME_HEADER + 16];
-                if (recv(conn, req, sizeof req, MSG_DONTWAIT) == (ssize_t)sizeof req)
+                if (recv(conn, req, sizeof req, MSG_DONTWAIT) == (ssize_t)sizeof req) {
                     parked = park(conn, lfd, req + FRAME_HEADER);
-                else
+                    /* Its socket is the sandbox's, but CRIU need not carry
+                     * it: init execs itself once unparked and listens again. */
+                    if (parked >= 0) {
+                        sudo_close(sudo_fd);
+                        sudo_fd = -1;
+                    }
+                } else
                     close(conn);
                 continue;
             }

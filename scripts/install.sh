@@ -165,9 +165,10 @@ say "images: fncall-python:bookworm (the Python packages code problems import, o
 say "images: fncall-langs:bookworm (SandboxFusion's languages: Go, Java, Node.js, PHP, C#, Rust, R, ...; built in a sandbox; cached)"
 .venv/bin/python -m corral.cli.toolchains
 
-say "images: e2b-user:bookworm (E2B's 'base' template: the user 'user', home /home/user)"
+say "images: e2b-user:bookworm (E2B's 'base' template: the user 'user', home /home/user, sudo)"
+# sudo is the platform's (docs/sudo.md): /etc/corral/sudo names who may.
 .venv/bin/corral image build e2b-user:bookworm --run debian-python:bookworm --kind toolkit -- \
-  bash -c "(id user >/dev/null 2>&1 || useradd -m -s /bin/bash -u 1000 user) && { [ -s /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts; }"
+  bash -c "(id user >/dev/null 2>&1 || useradd -m -s /bin/bash -u 1000 user) && { [ -s /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts; } && mkdir -p /etc/corral && echo user > /etc/corral/sudo && ln -sfn /.corral/bin/corral-init /usr/bin/sudo"
 
 say "images: e2b-code-interpreter:bookworm (E2B's code-interpreter template: Jupyter, Deno, port 49999; cached)"
 .venv/bin/python -m corral.images.interpreter

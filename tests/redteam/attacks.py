@@ -196,6 +196,56 @@ async def forge_control_requests(sbx: corral.AsyncSandbox) -> Outcome:
     return Outcome(ok, r.stdout.strip().replace("\n", "; ")[:300])
 
 
+# As a user the image does not name (nobody), against the platform's sudo
+# (native/sudo.h): a request of its own making, one claiming another uid
+# (SCM_CREDENTIALS), and a broker of its own in the socket's place.
+STEAL_SUDO_SCRIPT = r"""
+import os, socket, struct
+req = struct.pack("<II", 3, 0) + b"/\0sh\0-c\0touch /tmp/owned\0"
+def ask(creds):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect("/run/corral-sudo")
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))]
+        if creds:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            anc.append((socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("3i", os.getpid(), 1000, 1000)))
+        s.sendmsg([req], anc)
+        return s.recv(512)[:1]
+    except OSError as e:
+        return e.errno
+print("plain", ask(False))
+print("forged", ask(True))
+for path in ("/run/corral-sudo", "/run/x"):
+    try:
+        os.unlink(path)
+        print("replaced", path)
+    except OSError:
+        pass
+    try:
+        socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).bind(path)
+        print("bound", path)
+    except OSError:
+        pass
+print("owned", os.path.exists("/tmp/owned"))
+"""
+
+
+async def steal_sudo(sbx: corral.AsyncSandbox) -> Outcome:
+    """Root through the platform's sudo, as a user its image does not name."""
+    r = await sbx.commands.run(_py(STEAL_SUDO_SCRIPT), user="nobody", timeout=60)
+    after = await sbx.commands.run("test -e /tmp/owned; echo $?", user="root")
+    ok = (
+        "plain" in r.stdout  # refused (b'E', or a reset) or unreachable: never b'S'
+        and "b'S'" not in r.stdout
+        and "replaced" not in r.stdout
+        and "bound" not in r.stdout
+        and "owned False" in r.stdout
+        and after.stdout.strip() == "1"
+    )
+    return Outcome(ok, (r.stdout + r.stderr).strip().replace("\n", "; ")[:300])
+
+
 async def read_for_answers(sbx: corral.AsyncSandbox) -> Outcome:
     """DSec incident 3: search logs and the whole file system for leftover
     reference answers (the platform keeps graders and logs on the host)."""

@@ -14,8 +14,10 @@ import pytest
 import corral
 from corral.config import NodeConfig
 
+from ..framework.images import require_image
 from . import attacks as a
 from .attacks import Neighbour, Outcome
+from .conftest import ATTACKER
 from .standins import Standin, UpstreamDNS
 
 
@@ -70,6 +72,18 @@ async def test_forged_requests_reach_nothing(
     outcome, ratio = await a.during(neighbour, a.forge_control_requests(attacker))
     await check(neighbour, outcome, ratio)
     assert (await attacker.audit()).syscalls.get("pidfd_getfd") == 1
+
+
+async def test_sudo_is_not_had_by_a_user_the_image_does_not_name(
+    rt_client: corral.AsyncClient, neighbour: Neighbour
+) -> None:
+    require_image("e2b-user:bookworm")
+    sbx = await rt_client.sandboxes.create(**{**ATTACKER, "toolkit": ["e2b-user:bookworm"]})
+    try:
+        outcome, ratio = await a.during(neighbour, a.steal_sudo(sbx))
+        await check(neighbour, outcome, ratio)
+    finally:
+        await sbx.close()
 
 
 async def test_no_answers_or_platform_logs_inside(
