@@ -113,6 +113,13 @@ echo "v2host: up after $(cut -d" " -f1 /proc/uptime) s, cgroup2 controllers: $(c
 # A real root, not a chroot: a chrooted process may not make a user namespace.
 cat > /newroot/run/v2stage <<'STAGE'
 cd "$(cat /v2out/cwd)"
+# The static keys the command would flip, turned on with one vCPU running
+# and held on (tests/framework/v2keys.py says why).
+echo 0 > /sys/devices/system/cpu/cpu1/online
+python3 tests/framework/v2keys.py > /run/v2keys 2>&1 &
+for _ in $(seq 1 600); do grep -q held /run/v2keys && break; sleep 0.1; done
+grep -q held /run/v2keys || { echo "v2host: keys not held:"; cat /run/v2keys; }
+echo 1 > /sys/devices/system/cpu/cpu1/online
 /bin/sh /v2out/cmd.sh > /v2out/output 2>&1 < /dev/null &
 # PID 1 is this shell: it reaps what the command leaves to it while it waits.
 wait $!
@@ -201,12 +208,12 @@ def build() -> tuple[Path, Path]:
 
 
 class GuestPanicked(RuntimeError):
-    """The guest's kernel panicked. Seen once under multi-threaded TCG:
-    the idle task at an invalid opcode in __schedule, its RIP one byte
-    into a jump, as where the kernel patches its code (a static key
-    flipped by a cgroup change) while the other vCPU runs it. QEMU's
-    threads racing the patch, not the kernel's fault as far as one case
-    shows; with one TCG thread no vCPU runs while another writes."""
+    """The guest's kernel panicked. Seen about once in three runs under
+    multi-threaded TCG before v2keys.py: each time one byte into an
+    instruction the kernel patches when a static key flips (an int3 at
+    __schedule+0x407, a NOP in __alloc_pages), QEMU's vCPU threads racing
+    the patch; with one TCG thread no vCPU runs while another writes. The
+    guest now holds those keys on before the command runs."""
 
 
 def run(
