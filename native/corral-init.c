@@ -1647,6 +1647,7 @@ static void accept_sudo(int sudo_fd, int lfd, int sfd) {
 }
 
 int main(int argc, char **argv) {
+    if (argc < 1) return 2; /* run with no argv[0] at all: by no one of ours */
     const char *called = strrchr(argv[0], '/');
     if (strcmp(called ? called + 1 : argv[0], "sudo") == 0) return sudo_main(argc, argv);
     int lfd = LISTEN_FD, serial = 0, parked = -1, sudo_fd = -1;

@@ -101,12 +101,14 @@ async def test_changes_of_one_sandbox_take_turns_and_others_do_not_wait() -> Non
             raise RuntimeError(name)
         return name
 
+    assert not changes.busy("s1")
     save = asyncio.create_task(changes.finish("s1", change("save", fail=True)))
     suspend = asyncio.create_task(changes.run("s1", change("suspend")))
     other = asyncio.create_task(changes.run("s2", change("other")))
     for _ in range(5):
         await asyncio.sleep(0)
     assert steps == ["save begun", "other begun"]
+    assert changes.busy("s1") and changes.busy("s2") and not changes.busy("s3")
     gates["suspend"].set()  # ready, and still waits for its turn
     waiter = asyncio.create_task(changes.wait("s1"))
     for _ in range(5):
@@ -118,5 +120,7 @@ async def test_changes_of_one_sandbox_take_turns_and_others_do_not_wait() -> Non
     assert await suspend == "suspend"
     assert await waiter is True  # it waited for both
     assert steps == ["save begun", "other begun", "save ended", "suspend begun", "suspend ended"]
+    assert not changes.busy("s1")  # both of its changes ended
     gates["other"].set()
     assert await other == "other"
+    assert not changes.busy("s2")

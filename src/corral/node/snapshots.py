@@ -133,30 +133,40 @@ class Snapshots:
         ("freeze", its memory pushed out where the host can) or saved to
         disk and ended ("disk"). resume() or the next request brings it
         back. A suspended sandbox is left as it is, unless asked to go
-        deeper (disk, from freeze: it is thawed and saved). With
-        `key`, only the first call with that key acts: a retried preemption
-        hook does not suspend a sandbox that was resumed since."""
+        deeper (disk, from freeze: it is thawed and saved). A suspend or
+        resume of it in flight here ends first (a request's resume had made
+        a suspend asked meanwhile a Conflict). With `key`, only the first
+        call with that key acts: a retried preemption hook does not suspend
+        a sandbox that was resumed since."""
         rec = self.records.get(sandbox_id)
-        if rec.state in ("closed", "failed", "closing"):
-            raise Conflict(f"sandbox {sandbox_id} is {rec.state}: it cannot be suspended",
-                           sandbox=sandbox_id)  # fmt: skip
+        self._suspendable_now(rec)
         runtime, mode = self._suspendable(rec, mode)
         if key is not None and not self.store.op_key(sandbox_id, f"suspend:{key}"):
             return self.records.info(rec)  # this key already acted
-        if rec.state == "suspended":
-            if not (rec.suspended == "freeze" and mode == "disk"):
-                return self.records.info(rec)
-            await self.resume(sandbox_id)
-        checkpoint = mode == "disk" and getattr(runtime, "disk_needs_idle", False)
-        if checkpoint:
-            await self._idle_for_checkpoint(sandbox_id, runtime)
-        unplug = checkpoint and self.networks.has_network(sandbox_id)
-        db = self.store
-        if not db.transition(sandbox_id, ["running"], "suspending"):
-            state = self.records.get(sandbox_id).state
-            raise Conflict(f"sandbox {sandbox_id} is {state}: it cannot be suspended now",
-                           sandbox=sandbox_id, state=state)  # fmt: skip
-        return await self.changes.run(sandbox_id, self._suspend(rec, runtime, mode, unplug))
+        for _ in range(5):  # each turn, a change in flight here ended
+            await self.changes.wait(sandbox_id)
+            rec = self.records.get(sandbox_id)
+            self._suspendable_now(rec)
+            if rec.state == "suspended":
+                if not (rec.suspended == "freeze" and mode == "disk"):
+                    return self.records.info(rec)
+                await self.resume(sandbox_id)
+            checkpoint = mode == "disk" and getattr(runtime, "disk_needs_idle", False)
+            if checkpoint:
+                await self._idle_for_checkpoint(sandbox_id, runtime)
+            unplug = checkpoint and self.networks.has_network(sandbox_id)
+            if self.store.transition(sandbox_id, ["running"], "suspending"):
+                return await self.changes.run(sandbox_id, self._suspend(rec, runtime, mode, unplug))
+            if not self.changes.busy(sandbox_id):
+                break
+        state = self.records.get(sandbox_id).state
+        raise Conflict(f"sandbox {sandbox_id} is {state}: it cannot be suspended now",
+                       sandbox=sandbox_id, state=state)  # fmt: skip
+
+    def _suspendable_now(self, rec: SandboxRecord) -> None:
+        if rec.state in ("closed", "failed", "closing"):
+            raise Conflict(f"sandbox {rec.id} is {rec.state}: it cannot be suspended",
+                           sandbox=rec.id)  # fmt: skip
 
     async def _suspend(
         self, rec: SandboxRecord, runtime: Suspendable, mode: str, unplug: bool
@@ -229,26 +239,30 @@ class Snapshots:
             )
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
-        """Bring a suspended sandbox back; a running one is left as it is."""
-        rec = self.records.get(sandbox_id)
-        if rec.state == "running":
-            return self.records.info(rec)
-        if rec.state == "suspending":
+        """Bring a suspended sandbox back; a running one is left as it is.
+        A suspend or resume of it in flight here ends first."""
+        for _ in range(5):  # each turn, a change in flight here ended
+            await self.changes.wait(sandbox_id)
+            rec = self.records.get(sandbox_id)
+            if rec.state == "running":
+                return self.records.info(rec)
+            if self.store.transition(sandbox_id, ["suspended"], "resuming"):
+                return await self.changes.run(sandbox_id, self._resume(rec))
+            if not self.changes.busy(sandbox_id):
+                break
+        if rec.state == "suspending":  # by another process: its agent died, or it is
             raise Conflict(
-                f"sandbox {sandbox_id} is being suspended: resume it once it is suspended "
-                "(a request to it waits for that and resumes it)",
+                f"sandbox {sandbox_id} is being suspended by another process: resume it "
+                "once it is suspended",
                 sandbox=sandbox_id,
                 state=rec.state,
             )
-        db = self.store
-        if not db.transition(sandbox_id, ["suspended"], "resuming"):
-            for _ in range(3000):  # another request is resuming it: wait for that
-                rec = self.records.get(sandbox_id)
-                if rec.state != "resuming":
-                    break
-                await asyncio.sleep(0.01)
-            return self.records.info(self.records.running(sandbox_id))
-        return await self.changes.run(sandbox_id, self._resume(rec))
+        for _ in range(3000):  # polled: another process is resuming it
+            rec = self.records.get(sandbox_id)
+            if rec.state != "resuming":
+                break
+            await asyncio.sleep(0.01)
+        return self.records.info(self.records.running(sandbox_id))
 
     async def _resume(self, rec: SandboxRecord) -> SandboxInfo:
         sandbox_id, db = rec.id, self.store

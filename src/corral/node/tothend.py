@@ -58,6 +58,10 @@ class ToTheEnd:
         await asyncio.shield(asyncio.gather(task, return_exceptions=True))
         return True
 
+    def busy(self, sandbox_id: str) -> bool:
+        """Whether a change of `sandbox_id` is in flight in this process."""
+        return sandbox_id in self._running
+
     async def aclose(self) -> None:
         """Let every change in flight end."""
         await asyncio.gather(*self._running.values(), return_exceptions=True)
