@@ -1543,6 +1543,7 @@ static int listen_on_path(const char *path) {
  * request is read first where it has arrived: a peer whose unread bytes
  * are dropped gets a reset before it can read the answer. */
 static void refuse_queued(int lfd) {
+    fcntl(lfd, F_SETFL, fcntl(lfd, F_GETFL) | O_NONBLOCK); /* never waits, whatever the kernel */
     shutdown(lfd, SHUT_RD);
     for (;;) {
         int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -1628,7 +1629,15 @@ static int uid_of(const char *name, uid_t *uid) {
 /* A sudo request: the broker runs in a handler of its own. */
 static void accept_sudo(int sudo_fd, int lfd, int sfd) {
     int c = accept4(sudo_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (c < 0) return;
+    if (c < 0) {
+        /* Out of fds or memory (a full memory cgroup): the connection
+         * stays queued and the listener readable; a pause, not a spin. */
+        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+        return;
+    }
     if (!sudo_allowed(c)) {
         static const char no[] = "Eyou may not run sudo in this sandbox (" SUDO_USERS " does not name you)";
         if (send(c, no, sizeof no - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {}
@@ -1777,6 +1786,9 @@ int main(int argc, char **argv) {
             if (h == 0) {
                 close(lfd);
                 close(sfd);
+                /* Root's broker is no handler's: a file request becomes
+                 * its user in this process, and a park must close it. */
+                if (sudo_fd >= 0) close(sudo_fd);
                 prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
                 serve_connection(conn);
                 linger_input(conn);

@@ -31,9 +31,23 @@ extern char **environ;
 #define SUDO_USERS_MAX 64
 #define SUDO_FILE_MAX (64 * 1024)
 #define SECURE_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-/* Answers: 'S' then the command's i32 wait status, or 'E' then why not. */
+/* Answers: 'S' then the command's i32 wait status, or 'E' then why not.
+ * While it runs the caller may send a signal's number (i32) for the
+ * command's process group: what its own terminal or killer sent it. */
 #define ANSWER_STATUS 'S'
 #define ANSWER_REFUSED 'E'
+
+/* A control buffer aligned for struct cmsghdr. */
+union fds_ctl {
+    char buf[CMSG_SPACE(3 * sizeof(int))];
+    struct cmsghdr align;
+};
+
+/* What a caller may pass on: the signals a terminal or a kill sends. */
+static int forwarded(int sig) {
+    return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT || sig == SIGUSR1 ||
+           sig == SIGUSR2 || sig == SIGWINCH;
+}
 
 static uid_t sudoers[SUDO_USERS_MAX];
 static int n_sudoers;
@@ -140,9 +154,10 @@ static char **strings(char **at, const char *end, uint32_t n) {
 
 void sudo_serve(int conn) {
     char *buf = malloc(SUDO_REQ_MAX);
-    char ctl[CMSG_SPACE(3 * sizeof(int))];
+    union fds_ctl ctl;
     struct iovec iov = {buf, SUDO_REQ_MAX};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                       .msg_controllen = sizeof ctl.buf};
     struct pollfd first = {conn, POLLIN, 0};
     if (!buf || poll(&first, 1, 10000) != 1) return;
     ssize_t n = recvmsg(conn, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
@@ -194,35 +209,47 @@ void sudo_serve(int conn) {
     }
     for (int i = 0; i < 3; i++) close(fds[i]);
 
-    /* SIGCHLD is blocked here, as in PID 1 this was forked from. */
+    /* SIGCHLD is blocked here, as in PID 1 this was forked from. Orphans
+     * of the command re-parent here (a subreaper): each is reaped too. */
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     for (;;) {
         struct pollfd p[2] = {{conn, POLLIN, 0}, {sfd, POLLIN, 0}};
-        if (poll(p, 2, -1) < 0 && errno != EINTR) break;
+        /* Without a signalfd, a look at the children every 100 ms. */
+        if (poll(p, sfd >= 0 ? 2 : 1, sfd >= 0 ? -1 : 100) < 0 && errno != EINTR) break;
         int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            int32_t s = status;
-            answer(conn, ANSWER_STATUS, &s, sizeof s);
-            return;
+        pid_t w;
+        while ((w = waitpid(-1, &status, WNOHANG)) > 0) {
+            if (w != pid) continue;
+            int32_t st = status;
+            answer(conn, ANSWER_STATUS, &st, sizeof st);
+            return; /* its orphans, if any, go on under PID 1 */
         }
-        if (p[0].revents) break; /* the caller is gone (or spoke out of turn) */
+        if (p[0].revents) {
+            int32_t sig;
+            ssize_t got = recv(conn, &sig, sizeof sig, MSG_DONTWAIT);
+            if (got == (ssize_t)sizeof sig && forwarded(sig)) kill(-pid, sig);
+            else if (got != -1 || (errno != EAGAIN && errno != EINTR)) break; /* gone */
+        }
         struct signalfd_siginfo si;
-        while (read(sfd, &si, sizeof si) > 0) {}
+        while (sfd >= 0 && read(sfd, &si, sizeof si) > 0) {}
     }
-    kill_tree();
+    kill_tree(); /* the caller is gone (or spoke out of turn): so is its command */
 }
 
 /* ------------------------------------------------------------- the caller */
 
 static void usage(FILE *to) {
     fprintf(to,
-            "usage: sudo [-EHknS] [-u root] [-i | -s] [--] [command [arg ...]]\n"
+            "usage: sudo [-EHknSv] [-p prompt] [-u root] [-i | -s] [VAR=value] [--] [command [arg ...]]\n"
+            "       sudo -l | -V | -h\n"
             "Runs the command as root: this sandbox's image names the users who may\n"
             "(" SUDO_USERS "). There is no password and no sudoers file.\n");
 }
+
+#define VERSION_LINE "sudo (Corral's, for sandboxes under no_new_privs; docs/sudo.md)\n"
 
 /* What sudo's env_reset keeps of the caller's environment. */
 static int kept(const char *e) {
@@ -241,8 +268,108 @@ static int replaced(const char *e) {
     return 0;
 }
 
+/* --preserve-env=A,B: whether `e` is one of the names listed. */
+static int listed(const char *e, const char *list) {
+    size_t n = strcspn(e, "=");
+    for (const char *p = list; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == n && strncmp(p, e, n) == 0) return 1;
+        p += k + (p[k] == ',');
+    }
+    return 0;
+}
+
+/* NAME=value before the command: a variable for it, as sudo takes one. */
+static int assignment(const char *a) {
+    const char *eq = strchr(a, '=');
+    if (!eq || eq == a) return 0;
+    for (const char *c = a; c < eq; c++)
+        if (!(*c == '_' || (*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') ||
+              (c > a && *c >= '0' && *c <= '9')))
+            return 0;
+    return 1;
+}
+
+static void *need(void *p) {
+    if (!p) {
+        fprintf(stderr, "sudo: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/* -s and -i hand the command to a shell as one string: each character but
+ * letters, digits, '_', '-' and '$' escaped, as sudo does. */
+static char *shell_words(char **words, int n) {
+    size_t len = 1;
+    for (int k = 0; k < n; k++) len += 2 * strlen(words[k]) + 1;
+    char *out = need(calloc(len, 1)), *o = out;
+    for (int k = 0; k < n; k++) {
+        if (k) *o++ = ' ';
+        for (const char *c = words[k]; *c; c++) {
+            int plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                        (*c >= '0' && *c <= '9') || *c == '_' || *c == '-' || *c == '$';
+            if (!plain) *o++ = '\\';
+            *o++ = *c;
+        }
+    }
+    return out;
+}
+
+/* The caller's side once the request is sent: what the caller's terminal
+ * or killer sends it goes to the command, and the answer is its status. */
+static int wait_answer(int s) {
+    sigset_t fw;
+    sigemptyset(&fw);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (forwarded(sig)) sigaddset(&fw, sig);
+    sigprocmask(SIG_BLOCK, &fw, NULL);
+    int sfd = signalfd(-1, &fw, SFD_CLOEXEC | SFD_NONBLOCK);
+    char ans[512];
+    ssize_t n = -1;
+    int resets = 0; /* a reset is reported once, before what is queued */
+    for (;;) {
+        struct pollfd p[2] = {{s, POLLIN, 0}, {sfd, POLLIN, 0}};
+        if (poll(p, sfd >= 0 ? 2 : 1, -1) < 0 && errno != EINTR) break;
+        struct signalfd_siginfo si;
+        while (sfd >= 0 && read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+            int32_t sig = (int32_t)si.ssi_signo;
+            if (send(s, &sig, sizeof sig, MSG_NOSIGNAL) < 0) {}
+        }
+        if (!p[0].revents) continue;
+        n = recv(s, ans, sizeof ans - 1, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR || (errno == ECONNRESET && resets++ == 0)))
+            continue;
+        break;
+    }
+    if (n == 5 && ans[0] == ANSWER_STATUS) {
+        int32_t status;
+        memcpy(&status, ans + 1, 4);
+        if (WIFSIGNALED(status)) { /* as the caller's shell would have seen it */
+            sigprocmask(SIG_UNBLOCK, &fw, NULL);
+            signal(WTERMSIG(status), SIG_DFL);
+            raise(WTERMSIG(status));
+            return 128 + WTERMSIG(status);
+        }
+        return WEXITSTATUS(status);
+    }
+    if (n > 1 && ans[0] == ANSWER_REFUSED) {
+        ans[n] = 0;
+        fprintf(stderr, "sudo: %s\n", ans + 1);
+        return 1;
+    }
+    fprintf(stderr, "sudo: the sandbox's init ended the request without an answer\n");
+    return 1;
+}
+
 int sudo_main(int argc, char **argv) {
-    int preserve = 0, login = 0, shell = 0, i = 1;
+    /* A closed stdin, stdout or stderr becomes /dev/null before any other
+     * fd is made (the socket would take its number, and the command's
+     * output would go to the broker). */
+    for (int k = 0; k < 3; k++)
+        if (fcntl(k, F_GETFD) < 0 && open("/dev/null", O_RDWR) != k) return 1;
+    int preserve = 0, login = 0, shell = 0, validate = 0, list = 0, i = 1;
+    const char *keep_list = NULL;
     for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) {
@@ -254,40 +381,47 @@ int sudo_main(int argc, char **argv) {
             return 0;
         }
         if (strcmp(a, "--version") == 0) {
-            printf("sudo (Corral's, for sandboxes under no_new_privs)\n");
+            printf(VERSION_LINE);
             return 0;
         }
         const char *user = NULL;
         if (strncmp(a, "--user=", 7) == 0) user = a + 7;
+        else if (strcmp(a, "--user") == 0 && i + 1 < argc) user = argv[++i];
         else if (strcmp(a, "--preserve-env") == 0) preserve = 1;
+        else if (strncmp(a, "--preserve-env=", 15) == 0) keep_list = a + 15;
         else if (strcmp(a, "--login") == 0) login = 1;
         else if (strcmp(a, "--shell") == 0) shell = 1;
-        else if (strcmp(a, "--non-interactive") == 0) {}
+        else if (strcmp(a, "--non-interactive") == 0 || strcmp(a, "--stdin") == 0) {}
+        else if (strncmp(a, "--prompt=", 9) == 0) {}
+        else if (strcmp(a, "--prompt") == 0 && i + 1 < argc) i++;
         else if (a[1] == '-') {
             fprintf(stderr, "sudo: unknown option %s\n", a);
             usage(stderr);
             return 1;
         } else {
-            for (const char *c = a + 1; *c && !user; c++) {
+            for (const char *c = a + 1; *c; c++) {
+                int takes = *c == 'u' || *c == 'p';
+                const char *arg = takes ? (c[1] ? c + 1 : (i + 1 < argc ? argv[++i] : NULL)) : NULL;
+                if (takes && !arg) {
+                    fprintf(stderr, "sudo: option requires an argument -- '%c'\n", *c);
+                    return 1;
+                }
                 switch (*c) {
                 case 'E': preserve = 1; break;
                 case 'i': login = 1; break;
                 case 's': shell = 1; break;
-                case 'H': case 'n': case 'S': case 'k': case 'K': break;
+                case 'v': validate = 1; break;
+                case 'l': list = 1; break;
+                case 'H': case 'n': case 'S': case 'k': case 'K': case 'p': break;
+                case 'u': user = arg; break;
                 case 'h': usage(stdout); return 0;
-                case 'V': printf("sudo (Corral's, for sandboxes under no_new_privs)\n"); return 0;
-                case 'u':
-                    user = c[1] ? c + 1 : (i + 1 < argc ? argv[++i] : NULL);
-                    if (!user) {
-                        fprintf(stderr, "sudo: option requires an argument -- 'u'\n");
-                        return 1;
-                    }
-                    break;
+                case 'V': printf(VERSION_LINE); return 0;
                 default:
                     fprintf(stderr, "sudo: invalid option -- '%c'\n", *c);
                     usage(stderr);
                     return 1;
                 }
+                if (takes) break; /* the rest of this word was its argument */
             }
         }
         if (user && strcmp(user, "root") != 0 && strcmp(user, "0") != 0 && strcmp(user, "#0") != 0) {
@@ -295,61 +429,70 @@ int sudo_main(int argc, char **argv) {
             return 1;
         }
     }
-    int nargs = argc - i;
+    int first_var = i;
+    while (i < argc && assignment(argv[i])) i++;
+    int nvars = i - first_var, nargs = argc - i;
+    if (list) { /* what the broker would allow is only known by asking it */
+        printf("(root) NOPASSWD: ALL, where " SUDO_USERS " names you\n");
+        return 0;
+    }
     if (nargs == 0 && !login && !shell) {
-        if (argc > 1) return 0; /* -k, -K: nothing is cached to forget */
+        if (validate || (argc == 2 && (strcmp(argv[1], "-k") == 0 || strcmp(argv[1], "-K") == 0)))
+            return 0; /* no credentials are cached: nothing to validate or forget */
         usage(stderr);
         return 1;
     }
 
-    /* The command: as given, or through root's shell (-i) or the caller's (-s). */
     /* Copied: getpwuid's answer is overwritten by the next call. */
     char root_shell[PATH_MAX] = "/bin/sh", root_home[PATH_MAX] = "/root", me[64] = "?";
     struct passwd *pw = getpwuid(0);
     if (pw && pw->pw_shell[0]) snprintf(root_shell, sizeof root_shell, "%s", pw->pw_shell);
     if (pw && pw->pw_dir[0]) snprintf(root_home, sizeof root_home, "%s", pw->pw_dir);
     if ((pw = getpwuid(getuid()))) snprintf(me, sizeof me, "%s", pw->pw_name);
+
+    /* The command: as given, or through root's shell (-i) or the caller's (-s). */
     const char *via = login ? root_shell : (getenv("SHELL") ? getenv("SHELL") : root_shell);
-    char **cmd = calloc((size_t)nargs + 4, sizeof *cmd);
+    char **cmd = need(calloc((size_t)nargs + 5, sizeof *cmd));
     int cn = 0;
     if (login || shell) {
         cmd[cn++] = (char *)via;
         if (login) cmd[cn++] = "-l";
         if (nargs) {
-            size_t len = 1;
-            for (int k = i; k < argc; k++) len += strlen(argv[k]) + 1;
-            char *joined = calloc(len, 1);
-            for (int k = i; k < argc; k++) {
-                if (k > i) strcat(joined, " ");
-                strcat(joined, argv[k]);
-            }
             cmd[cn++] = "-c";
-            cmd[cn++] = joined;
+            cmd[cn++] = shell_words(argv + i, nargs);
         }
     } else {
         for (int k = i; k < argc; k++) cmd[cn++] = argv[k];
     }
 
-    /* The environment, as sudo's env_reset leaves it (all of it with -E),
-     * with root's PATH, HOME and names, and who asked. */
+    /* The environment, as sudo's env_reset leaves it (all of it with -E,
+     * what --preserve-env= names), with root's PATH, HOME and names, who
+     * asked, and the command line's own variables last. */
     size_t ne = 0;
     while (environ[ne]) ne++;
-    char **env = calloc(ne + 16, sizeof *env);
+    char **env = need(calloc(ne + (size_t)nvars + 16, sizeof *env));
     size_t en = 0;
-    for (size_t k = 0; k < ne; k++)
-        if ((preserve && !replaced(environ[k])) || (!preserve && kept(environ[k]))) env[en++] = environ[k];
-    char extra[6][300];
+    for (size_t k = 0; k < ne; k++) {
+        int keep = preserve ? !replaced(environ[k])
+                            : kept(environ[k]) || (keep_list && listed(environ[k], keep_list));
+        if (keep) env[en++] = environ[k];
+    }
+    char *command = shell_words(cmd, cn);
+    char extra[5][300];
     snprintf(extra[0], sizeof extra[0], "SUDO_USER=%s", me);
     snprintf(extra[1], sizeof extra[1], "SUDO_UID=%u", (unsigned)getuid());
     snprintf(extra[2], sizeof extra[2], "SUDO_GID=%u", (unsigned)getgid());
-    snprintf(extra[3], sizeof extra[3], "SUDO_COMMAND=%s", cmd[0]);
-    snprintf(extra[4], sizeof extra[4], "SHELL=%s", root_shell);
-    snprintf(extra[5], sizeof extra[5], "HOME=%s", root_home);
-    for (int k = 0; k < 6; k++) env[en++] = extra[k];
+    snprintf(extra[3], sizeof extra[3], "SHELL=%s", root_shell);
+    snprintf(extra[4], sizeof extra[4], "HOME=%s", root_home);
+    for (int k = 0; k < 5; k++) env[en++] = extra[k];
+    size_t clen = strlen(command) + 14;
+    env[en] = need(malloc(clen));
+    snprintf(env[en++], clen, "SUDO_COMMAND=%s", command);
     env[en++] = "PATH=" SECURE_PATH;
     env[en++] = "USER=root";
     env[en++] = "LOGNAME=root";
     env[en++] = "MAIL=/var/mail/root";
+    for (int k = 0; k < nvars; k++) env[en++] = argv[first_var + k];
 
     char cwd[PATH_MAX];
     if (login) snprintf(cwd, sizeof cwd, "%s", root_home);
@@ -367,9 +510,9 @@ int sudo_main(int argc, char **argv) {
     size_t len = 8;
     uint32_t counts[2] = {(uint32_t)cn, (uint32_t)en};
     memcpy(req, counts, 8);
-    const char *parts[2 + 1] = {cwd, NULL, NULL};
+    char *where[1] = {cwd};
     for (int pass = 0; pass < 3; pass++) {
-        char **v = pass == 0 ? (char **)parts : pass == 1 ? cmd : env;
+        char **v = pass == 0 ? where : pass == 1 ? cmd : env;
         size_t count = pass == 0 ? 1 : pass == 1 ? (size_t)cn : en;
         for (size_t k = 0; k < count; k++) {
             size_t l = strlen(v[k]) + 1;
@@ -390,38 +533,29 @@ int sudo_main(int argc, char **argv) {
                 SUDO_USERS);
         return 1;
     }
+    /* Only root's socket is the broker: anything else would take the
+     * caller's descriptors and make up an answer. */
+    struct ucred peer;
+    socklen_t plen = sizeof peer;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &peer, &plen) < 0 || peer.uid != 0) {
+        fprintf(stderr, "sudo: %s is not root's: refused\n", SUDO_SOCKET);
+        return 1;
+    }
     int fds[3] = {0, 1, 2};
-    char ctl[CMSG_SPACE(sizeof fds)];
-    memset(ctl, 0, sizeof ctl);
+    union fds_ctl ctl;
+    memset(&ctl, 0, sizeof ctl);
     struct iovec iov = {req, len};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                       .msg_controllen = sizeof ctl.buf};
     struct cmsghdr *h = CMSG_FIRSTHDR(&m);
     h->cmsg_level = SOL_SOCKET;
     h->cmsg_type = SCM_RIGHTS;
     h->cmsg_len = CMSG_LEN(sizeof fds);
     memcpy(CMSG_DATA(h), fds, sizeof fds);
-    /* Refused, the broker has answered and closed: its answer is read all the same. */
-    int sent = sendmsg(s, &m, MSG_NOSIGNAL) >= 0;
-    char ans[512];
-    ssize_t n;
-    int resets = 0; /* a reset is reported once, before what is queued */
-    do n = recv(s, ans, sizeof ans - 1, sent ? 0 : MSG_DONTWAIT);
-    while (n < 0 && (errno == EINTR || (errno == ECONNRESET && resets++ == 0)));
-    if (n == 5 && ans[0] == ANSWER_STATUS) {
-        int32_t status;
-        memcpy(&status, ans + 1, 4);
-        if (WIFSIGNALED(status)) { /* as the caller's shell would have seen it */
-            signal(WTERMSIG(status), SIG_DFL);
-            raise(WTERMSIG(status));
-            return 128 + WTERMSIG(status);
-        }
-        return WEXITSTATUS(status);
-    }
-    if (n > 1 && ans[0] == ANSWER_REFUSED) {
-        ans[n] = 0;
-        fprintf(stderr, "sudo: %s\n", ans + 1);
+    if (sendmsg(s, &m, MSG_NOSIGNAL) < 0 && errno != EPIPE && errno != ECONNRESET) {
+        fprintf(stderr, "sudo: sending the request: %s\n", strerror(errno));
         return 1;
     }
-    fprintf(stderr, "sudo: you may not run sudo in this sandbox\n");
-    return 1;
+    /* Refused, the broker has answered and closed: its answer is read all the same. */
+    return wait_answer(s);
 }

@@ -50,6 +50,21 @@ async def sbx(client: corral.AsyncClient) -> AsyncIterator[corral.AsyncSandbox]:
         ("user", "sudo -E printenv PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
          ""),
         ("root", "sudo id -u", "0", ""),
+        ("user", "sudo DEBIAN_FRONTEND=noninteractive printenv DEBIAN_FRONTEND", "noninteractive",
+         ""),
+        ("user", "sudo --preserve-env=FOO printenv FOO", "bar", ""),
+        ("user", "sudo printenv SUDO_COMMAND", "printenv SUDO_COMMAND", ""),
+        # -s hands a shell the words, each escaped: no word is run as code.
+        ("user", "sudo -s echo 'a;id' '$(id)'", "a;id $(id)", ""),
+        ("user", "sudo -S -p '' true; echo $?", "0", ""),
+        ("user", "sudo -v; echo $?", "0", ""),
+        ("user", "sudo -E; echo $?", "1", "usage: sudo"),
+        ("user", "sudo -nu root whoami", "root", ""),
+        # Closed stdio goes as /dev/null.
+        ("user", "sudo sh -c 'echo out' >&-; echo $?", "0", ""),
+        # The caller's signals reach the command (a terminal's Ctrl-C, a kill).
+        ("user", "sudo sh -c 'trap \"echo got-term; exit 3\" TERM; sleep 5 & wait' & "
+                 "sleep 1; kill -TERM $!; wait $!; echo $?", "got-term\n3", ""),
         # Refused, each with its reason.
         ("user", "sudo nosuch; echo $?", "1", "sudo: nosuch: command not found"),
         ("user", "sudo -u nobody id; echo $?", "1", "runs commands as root only, not as nobody"),
@@ -130,5 +145,41 @@ async def test_sudo_in_a_microvm(client: corral.AsyncClient) -> None:
         assert (r.exit_code, r.stdout) == (0, "0\nin\n"), r
         r = await s.commands.run("sudo id", user="nobody", timeout=60)
         assert r.exit_code == 1 and "does not name you" in r.stderr, r
+    finally:
+        await s.close()
+
+
+FAKE_BROKER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind("/tmp/fake-broker")
+s.listen(1)
+open("/tmp/fake-ready", "w").close()
+c, _ = s.accept()
+c.settimeout(5)
+try:
+    got = c.recv(65536)
+except OSError:
+    got = b""
+print("request" if got else "nothing", flush=True)
+"""
+
+
+async def test_sudo_talks_only_to_roots_broker(client: corral.AsyncClient) -> None:
+    """A socket at the broker's path that is not root's never gets the
+    caller's request or descriptors (it could run nothing as root, but
+    would read the command and make up its answer)."""
+    s = await client.sandboxes.create(image=IMAGE, memory="64MiB")
+    try:
+        await s.commands.run("ln -s /tmp/fake-broker /run/corral-sudo", user="root")
+        fake = await s.commands.start(["python3", "-c", FAKE_BROKER], user="nobody")
+        for _ in range(200):  # polled: the listener's python starts
+            if (await s.commands.run("test -e /tmp/fake-ready; echo $?")).stdout == "0\n":
+                break
+            await asyncio.sleep(0.05)
+        r = await s.commands.run("exec -a sudo /.corral/bin/corral-init id", user="nobody")
+        assert r.exit_code == 1 and "is not root's: refused" in r.stderr, r
+        done = await fake.wait()
+        assert done.stdout.strip() == "nothing", done
     finally:
         await s.close()
