@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,7 +53,7 @@ async def main(n: int) -> None:
         sbx = await client.sandboxes.create(image=IMAGE, toolkit=[TOOLKIT], memory="256MiB")
         try:
             api: dict[str, list[float]] = {"user": [], "sudo": [], "root": []}
-            calls = {
+            calls: dict[str, Callable[[], Awaitable[corral.CommandResult]]] = {
                 "user": lambda: sbx.commands.run("true", user="user"),
                 "sudo": lambda: sbx.commands.run("sudo true", user="user"),
                 "root": lambda: sbx.commands.run("true", user="root"),
