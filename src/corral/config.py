@@ -50,7 +50,7 @@ DEFAULT_E2B_TEMPLATES = {
     # The same in a microVM: its own kernel (QEMU; KVM where the host has it).
     "base-microvm": "debian-python:bookworm toolkit=e2b-user:bookworm memory=512MiB kind=microvm",
     "code-interpreter-v1": "debian-python:bookworm "
-    "toolkit=e2b-user:bookworm,e2b-code-interpreter:bookworm memory=1GiB "
+    "toolkit=e2b-user:bookworm,e2b-ci-langs:bookworm,e2b-code-interpreter:bookworm memory=1GiB "
     "start=/opt/corral/interpreter/start",
 }
 

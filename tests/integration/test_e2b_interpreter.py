@@ -6,6 +6,7 @@ through every call it makes. (Its own test suite: `make e2b-conformance`.)"""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ KEY = "e2b_" + "0" * 40
 
 @pytest.fixture
 def e2b_env(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    require_image("e2b-ci-langs:bookworm")
     require_image("e2b-code-interpreter:bookworm")
     for k, v in {
         "E2B_API_URL": server.tcp_url, "E2B_SANDBOX_URL": server.tcp_url, "E2B_API_KEY": KEY,
@@ -80,6 +82,62 @@ async def test_javascript_typescript_and_bash_kernels(sbx: ci.AsyncSandbox) -> N
     assert (await sbx.run_code("process.cwd()", language="js")).text == "/home/user"
     r = await sbx.run_code("echo $((6 * 7)); pwd", language="bash")
     assert "".join(r.logs.stdout) == "42\n/home/user\n"
+
+
+async def test_r_kernel_with_env_and_cwd(sbx: ci.AsyncSandbox) -> None:
+    async def shown(code: str, **kw: Any) -> str | None:
+        # IRkernel shows a value as display data, not as the main result.
+        r = await sbx.run_code(code, language="r", **kw)
+        assert r.error is None, r.error
+        return r.results[0].text if r.results else None
+
+    r = await sbx.run_code('print("hi")', language="r")
+    assert r.logs.stdout == ['[1] "hi"\n']
+    assert await shown("6 * 7") == "[1] 42"
+    assert await shown("getwd()") == '[1] "/home/user"'
+    assert await shown('Sys.getenv("FROM_CREATE")') == '[1] "yes"'
+    assert await shown('Sys.getenv("ONCE")', envs={"ONCE": 'a "q" b'}) == '[1] "a \\"q\\" b"'
+    assert await shown('Sys.getenv("ONCE", unset = "gone")') == '[1] "gone"'
+    r = await sbx.run_code('stop("boom")', language="r")
+    assert r.error is not None and "boom" in r.error.value
+
+
+async def test_java_kernel_streams_results_errors_and_env(sbx: ci.AsyncSandbox) -> None:
+    """Corral's Java kernel (JShell): as IJava, a println streams its text and
+    its line end apart, the last expression is the result, env vars are
+    system properties, and a cell stops at its first error."""
+    r = await sbx.run_code('System.out.println("Hello"); int x = 41;\nx + 1', language="java")
+    assert (r.logs.stdout, r.text) == (["Hello", "\n"], "42")
+    assert (await sbx.run_code("x", language="java")).text == "41"  # state is kept
+    r = await sbx.run_code('System.getProperty("user.dir")', language="java")
+    assert r.text == "/home/user"
+    assert (await sbx.run_code('System.getProperty("FROM_CREATE")', language="java")).text == "yes"
+    once = 'line\nbreak "q" \\u00e9 é'
+    r = await sbx.run_code('System.getProperty("ONCE")', envs={"ONCE": once}, language="java")
+    assert r.text == once
+    r = await sbx.run_code('System.getProperty("ONCE", "gone")', language="java")
+    assert r.text == "gone"
+    r = await sbx.run_code('int y = "no";', language="java")
+    assert r.error is not None and r.error.name == "CompilationException"
+    assert "incompatible types" in r.error.value
+    r = await sbx.run_code('System.out.print("a");\nInteger.parseInt("z");\nSystem.out.print("b");',
+                           language="java")  # fmt: skip
+    assert r.logs.stdout == ["a"]  # the cell stopped at the exception
+    assert r.error is not None and r.error.name == "java.lang.NumberFormatException"
+    assert "NumberFormatException" in r.error.traceback
+
+
+async def test_java_kernel_is_interrupted_and_outlives_system_exit(sbx: ci.AsyncSandbox) -> None:
+    await sbx.run_code("int n = 1;", language="java")
+    with pytest.raises(ci.TimeoutException):
+        await sbx.run_code("while (true) { n++; }", language="java", timeout=3)
+    # The abandoned loop was stopped: the next cell runs, with the state.
+    assert (await sbx.run_code("n > 1", language="java", timeout=30)).text == "true"
+    r = await sbx.run_code("System.exit(3);", language="java")
+    assert r.error is not None and r.error.name == "JVMExited" and "status 3" in r.error.value
+    # A new JVM: the kernel answers, without the old state.
+    assert (await sbx.run_code("1 + 1", language="java")).text == "2"
+    assert (await sbx.run_code("n", language="java")).error is not None
 
 
 async def test_contexts_are_separate_kernels(sbx: ci.AsyncSandbox) -> None:

@@ -138,6 +138,15 @@ def build_from_dir(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def files_digest(root: Path) -> str:
+    """A digest of every file under `root`, its path and its bytes: the
+    part of a cached layer's key that its source folder makes."""
+    digest = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def build_cached(
     store: ImageStore,
     tag: str,

@@ -10,7 +10,14 @@ What it holds (on debian-python:bookworm + e2b-user:bookworm):
     (images/interpreter-files/, run inside the sandbox; docs/e2b.md).
 
 Built once, found again by its label (the pins are the key).
-`python -m corral.images.interpreter` builds it (the install script does).
+
+Its second layer, e2b-ci-langs, is what E2B's template installs from its
+distribution's packages, built in a sandbox (build/scripted.py) from
+Debian's: the R kernel (IRkernel), a JDK with Corral's Java kernel over
+JShell (interpreter-langs-files/, docs/e2b.md), and the command-line tools
+E2B's template has (curl, git, jq, procps).
+
+`python -m corral.cli.interpreter` builds both (the install script does).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from pathlib import Path
 
 from corral.errors import Unavailable
 from corral.images import pypi
-from corral.images.build import build_cached
+from corral.images.build import build_cached, files_digest
 from corral.images.layer import Layer
 from corral.images.store import ImageStore, ProgressFn
 
@@ -67,6 +74,27 @@ KERNELS = {
         "language": "bash",
     },
 }
+
+
+LANGS_TAG = "e2b-ci-langs:bookworm"
+LANGS_FILES = Path(__file__).with_name("interpreter-langs-files")
+LANGS_HOME = "/opt/corral/interpreter/java"
+# Debian bookworm's packages (their versions are the suite's).
+LANGS_DEBIAN = [
+    "ca-certificates",
+    "curl",
+    "git",
+    "jq",
+    "procps",
+    "r-cran-irkernel",
+    "openjdk-17-jdk-headless",
+]
+# The layers the template is made of, bottom to top, over debian-python.
+TOOLKITS = ("e2b-user:bookworm", LANGS_TAG, TAG)
+
+
+def langs_key() -> str:
+    return "e2b-ci-langs:" + ",".join(LANGS_DEBIAN) + ":" + files_digest(LANGS_FILES)
 
 
 def key() -> str:
@@ -125,13 +153,3 @@ def build(store: ImageStore, cache: Path, progress: ProgressFn) -> Layer:
         os.chmod(stage / "root", 0o700)
 
     return build_cached(store, TAG, key(), fill, progress=progress)
-
-
-if __name__ == "__main__":
-    from corral.config import NodeConfig
-    from corral.progress import progress_bar
-
-    cfg = NodeConfig.from_env()
-    with progress_bar() as bar:
-        built = build(ImageStore(cfg.images_dir), cfg.data_dir / "cache" / "npm", bar)
-    print(f"{TAG} {built.digest} ({built.content_size / 2**20:.1f} MiB)")

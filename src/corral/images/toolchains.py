@@ -16,11 +16,10 @@ does); the build itself is there, since it drives a sandbox through the SDK.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
-from corral.images.build import build_cached
+from corral.images.build import build_cached, files_digest
 from corral.images.layer import Layer
 from corral.images.store import ImageStore, ProgressFn
 
@@ -63,24 +62,15 @@ DEBIAN = [
     "sqlite3",
     "iverilog",
 ]
-ECOSYSTEMS = {"debian": True, "npm": True}
-HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
-CA_IN_SANDBOX = "/tmp/host-ca.pem"
+ECOSYSTEMS = ("debian", "npm")
 
 
 def key() -> str:
-    files = sorted(p for p in FILES.rglob("*") if p.is_file())
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(str(f.relative_to(FILES)).encode() + b"\0" + f.read_bytes())
-    return "toolchains:" + ",".join(DEBIAN) + ":" + digest.hexdigest()[:16]
+    return "toolchains:" + ",".join(DEBIAN) + ":" + files_digest(FILES)
 
 
 def build_runners(store: ImageStore, progress: ProgressFn) -> Layer:
     files = sorted(p for p in RUNNERS.rglob("*") if p.is_file())
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(str(f.relative_to(RUNNERS)).encode() + b"\0" + f.read_bytes())
 
     def fill(stage: Path) -> None:
         for f in files:
@@ -89,5 +79,5 @@ def build_runners(store: ImageStore, progress: ProgressFn) -> Layer:
             shutil.copyfile(f, out)
             out.chmod(0o755 if f.parent.name == "bin" else 0o644)
 
-    key = "runners:" + digest.hexdigest()[:16]
+    key = "runners:" + files_digest(RUNNERS)
     return build_cached(store, RUNNERS_TAG, key, fill, progress=progress)

@@ -129,6 +129,34 @@ def _env_code(language: str, env: dict[str, str], saved: str) -> tuple[str, str]
                 f"else unset {k}; fi"
             )
         return "\n".join(lines + sets), "\n".join([*restores, f"unset {saved}"])
+    if language == "r":
+        # A JSON string is an R string literal too (the same escapes). A
+        # name may not start with "_" in R unless quoted.
+        saved = f"`{saved}`"
+        keys = "c(" + ", ".join(json.dumps(k) for k in env) + ")"
+        sets = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in env.items())
+        return (
+            f"{saved} <- Sys.getenv({keys}, unset = NA, names = TRUE); "
+            f"do.call(Sys.setenv, list({sets}))",
+            f"for (k in names({saved})) if (is.na({saved}[[k]])) Sys.unsetenv(k) "
+            f"else do.call(Sys.setenv, setNames(list({saved}[[k]]), k)); rm({saved})",
+        )
+    if language == "java":
+        # E2B's Java contexts take env vars as system properties. A JSON
+        # string is a Java literal: json.dumps writes a line break as a
+        # backslash and n, never as a unicode escape, which Java would turn
+        # into a real line break before lexing.
+        keys = ", ".join(json.dumps(k) for k in env)
+        sets = " ".join(f"System.setProperty({json.dumps(k)}, {json.dumps(v)});"
+                        for k, v in env.items())  # fmt: skip
+        return (
+            f"java.util.Map<String, String> {saved} = new java.util.HashMap<>();"
+            f" for (String k : new String[] {{{keys}}}) {saved}.put(k, System.getProperty(k));"
+            f" {sets}",
+            f"for (var e : {saved}.entrySet()) {{ if (e.getValue() == null)"
+            f" System.clearProperty(e.getKey());"
+            f" else System.setProperty(e.getKey(), e.getValue()); }} {saved} = null;",
+        )
     raise Failure(400, f"env_vars are not supported for {language}")
 
 
@@ -139,6 +167,11 @@ def _cd_code(language: str, cwd: str) -> str:
         return f"Deno.chdir({json.dumps(cwd)});"
     if language == "bash":
         return "cd '" + cwd.replace("'", "'\\''") + "'"
+    if language == "r":
+        return f"setwd({json.dumps(cwd)})"
+    if language == "java":
+        # A JVM cannot change its directory; E2B's sets user.dir, as here.
+        return f'System.setProperty("user.dir", {json.dumps(cwd)});'
     return ""
 
 
