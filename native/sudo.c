@@ -25,8 +25,10 @@
 
 extern char **environ;
 
-/* A request: u32 argc, u32 envc, then cwd, argv and env, each NUL-ended,
- * in one datagram, with the caller's fds 0, 1 and 2. */
+/* A request: u32 argc, u32 envc, then the user to run as, cwd, argv and
+ * env, each NUL-ended, in one datagram, with the caller's fds 0, 1 and 2.
+ * The user is the caller's choice (a sudo user may become root, so any
+ * user); who may ask at all is the kernel's word. */
 #define SUDO_REQ_MAX (128 * 1024)
 #define SUDO_USERS_MAX 64
 #define SUDO_FILE_MAX (64 * 1024)
@@ -173,13 +175,19 @@ void sudo_serve(int conn) {
     memcpy(&argc, buf, 4);
     memcpy(&envc, buf + 4, 4);
     char *at = buf + 8, *end = buf + n;
-    char **cwd = strings(&at, end, 1);
-    char **argv = cwd ? strings(&at, end, argc) : NULL;
+    char **head = strings(&at, end, 2); /* the user, the cwd */
+    char **argv = head ? strings(&at, end, argc) : NULL;
     char **env = argv ? strings(&at, end, envc) : NULL;
     if (!env || argc == 0) {
         refuse(conn, "malformed request");
         return;
     }
+    struct ident target;
+    if (resolve_user(head[0], &target) < 0) {
+        refuse(conn, "unknown user");
+        return;
+    }
+    const char *cwd = head[1];
 
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     pid_t pid = fork();
@@ -192,13 +200,12 @@ void sudo_serve(int conn) {
         for (int i = 0; i < 3; i++) dup2(fds[i], i);
         syscall(SYS_close_range, 3, ~0U, 0);
         command_child_defaults();
-        struct ident root = {.uid = 0, .gid = 0, .home = "/root"};
-        if (become(&root) < 0) {
-            dprintf(2, "sudo: becoming root: %s\n", strerror(errno));
+        if (become(&target) < 0) {
+            dprintf(2, "sudo: becoming uid %u: %s\n", (unsigned)target.uid, strerror(errno));
             _exit(1);
         }
-        if (chdir(cwd[0]) < 0) {
-            dprintf(2, "sudo: unable to change directory to %s: %s\n", cwd[0], strerror(errno));
+        if (chdir(cwd) < 0) {
+            dprintf(2, "sudo: unable to change directory to %s: %s\n", cwd, strerror(errno));
             _exit(1);
         }
         environ = env;
@@ -243,9 +250,9 @@ void sudo_serve(int conn) {
 
 static void usage(FILE *to) {
     fprintf(to,
-            "usage: sudo [-EHknSv] [-p prompt] [-u root] [-i | -s] [VAR=value] [--] [command [arg ...]]\n"
+            "usage: sudo [-EHknSv] [-p prompt] [-u user] [-i | -s] [VAR=value] [--] [command [arg ...]]\n"
             "       sudo -l | -V | -h\n"
-            "Runs the command as root: this sandbox's image names the users who may\n"
+            "Runs the command as root (or -u user): this sandbox's image names the users who may\n"
             "(" SUDO_USERS "). There is no password and no sudoers file.\n");
 }
 
@@ -369,7 +376,7 @@ int sudo_main(int argc, char **argv) {
     for (int k = 0; k < 3; k++)
         if (fcntl(k, F_GETFD) < 0 && open("/dev/null", O_RDWR) != k) return 1;
     int preserve = 0, login = 0, shell = 0, validate = 0, list = 0, i = 1;
-    const char *keep_list = NULL;
+    const char *keep_list = NULL, *runas = "root";
     for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) {
@@ -424,16 +431,13 @@ int sudo_main(int argc, char **argv) {
                 if (takes) break; /* the rest of this word was its argument */
             }
         }
-        if (user && strcmp(user, "root") != 0 && strcmp(user, "0") != 0 && strcmp(user, "#0") != 0) {
-            fprintf(stderr, "sudo: this sandbox's sudo runs commands as root only, not as %s\n", user);
-            return 1;
-        }
+        if (user) runas = user;
     }
     int first_var = i;
     while (i < argc && assignment(argv[i])) i++;
     int nvars = i - first_var, nargs = argc - i;
     if (list) { /* what the broker would allow is only known by asking it */
-        printf("(root) NOPASSWD: ALL, where " SUDO_USERS " names you\n");
+        printf("(ALL) NOPASSWD: ALL, where " SUDO_USERS " names you\n");
         return 0;
     }
     if (nargs == 0 && !login && !shell) {
@@ -443,15 +447,34 @@ int sudo_main(int argc, char **argv) {
         return 1;
     }
 
-    /* Copied: getpwuid's answer is overwritten by the next call. */
-    char root_shell[PATH_MAX] = "/bin/sh", root_home[PATH_MAX] = "/root", me[64] = "?";
-    struct passwd *pw = getpwuid(0);
-    if (pw && pw->pw_shell[0]) snprintf(root_shell, sizeof root_shell, "%s", pw->pw_shell);
-    if (pw && pw->pw_dir[0]) snprintf(root_home, sizeof root_home, "%s", pw->pw_dir);
+    /* Who to run as: a name, or #uid, in the image's /etc/passwd (root
+     * needs no entry). Copied: getpw*'s answer is overwritten by the next
+     * call. */
+    char to_shell[PATH_MAX] = "/bin/sh", to_home[PATH_MAX] = "/root", to_name[64] = "root",
+         me[64] = "?";
+    uid_t to_uid = 0;
+    struct passwd *pw = NULL;
+    if (runas[0] == '#') {
+        char *e = NULL;
+        unsigned long u = strtoul(runas + 1, &e, 10);
+        if (runas[1] && !*e) pw = getpwuid((uid_t)u);
+    } else {
+        pw = getpwnam(runas);
+    }
+    if (!pw && strcmp(runas, "root") != 0 && strcmp(runas, "#0") != 0) {
+        fprintf(stderr, "sudo: unknown user %s\n", runas);
+        return 1;
+    }
+    if (pw) {
+        to_uid = pw->pw_uid;
+        snprintf(to_name, sizeof to_name, "%s", pw->pw_name);
+        if (pw->pw_shell[0]) snprintf(to_shell, sizeof to_shell, "%s", pw->pw_shell);
+        if (pw->pw_dir[0]) snprintf(to_home, sizeof to_home, "%s", pw->pw_dir);
+    }
     if ((pw = getpwuid(getuid()))) snprintf(me, sizeof me, "%s", pw->pw_name);
 
-    /* The command: as given, or through root's shell (-i) or the caller's (-s). */
-    const char *via = login ? root_shell : (getenv("SHELL") ? getenv("SHELL") : root_shell);
+    /* The command: as given, or through the target's shell (-i) or the caller's (-s). */
+    const char *via = login ? to_shell : (getenv("SHELL") ? getenv("SHELL") : to_shell);
     char **cmd = need(calloc((size_t)nargs + 5, sizeof *cmd));
     int cn = 0;
     if (login || shell) {
@@ -466,8 +489,8 @@ int sudo_main(int argc, char **argv) {
     }
 
     /* The environment, as sudo's env_reset leaves it (all of it with -E,
-     * what --preserve-env= names), with root's PATH, HOME and names, who
-     * asked, and the command line's own variables last. */
+     * what --preserve-env= names), with the secure PATH, the target's HOME
+     * and names, who asked, and the command line's own variables last. */
     size_t ne = 0;
     while (environ[ne]) ne++;
     char **env = need(calloc(ne + (size_t)nvars + 16, sizeof *env));
@@ -478,27 +501,27 @@ int sudo_main(int argc, char **argv) {
         if (keep) env[en++] = environ[k];
     }
     char *command = shell_words(cmd, cn);
-    char extra[5][300];
+    char extra[8][PATH_MAX + 16];
     snprintf(extra[0], sizeof extra[0], "SUDO_USER=%s", me);
     snprintf(extra[1], sizeof extra[1], "SUDO_UID=%u", (unsigned)getuid());
     snprintf(extra[2], sizeof extra[2], "SUDO_GID=%u", (unsigned)getgid());
-    snprintf(extra[3], sizeof extra[3], "SHELL=%s", root_shell);
-    snprintf(extra[4], sizeof extra[4], "HOME=%s", root_home);
-    for (int k = 0; k < 5; k++) env[en++] = extra[k];
+    snprintf(extra[3], sizeof extra[3], "SHELL=%s", to_shell);
+    snprintf(extra[4], sizeof extra[4], "HOME=%s", to_home);
+    snprintf(extra[5], sizeof extra[5], "USER=%s", to_name);
+    snprintf(extra[6], sizeof extra[6], "LOGNAME=%s", to_name);
+    snprintf(extra[7], sizeof extra[7], "MAIL=/var/mail/%s", to_name);
+    for (int k = 0; k < 8; k++) env[en++] = extra[k];
     size_t clen = strlen(command) + 14;
     env[en] = need(malloc(clen));
     snprintf(env[en++], clen, "SUDO_COMMAND=%s", command);
     env[en++] = "PATH=" SECURE_PATH;
-    env[en++] = "USER=root";
-    env[en++] = "LOGNAME=root";
-    env[en++] = "MAIL=/var/mail/root";
     for (int k = 0; k < nvars; k++) env[en++] = argv[first_var + k];
 
     char cwd[PATH_MAX];
-    if (login) snprintf(cwd, sizeof cwd, "%s", root_home);
+    if (login) snprintf(cwd, sizeof cwd, "%s", to_home);
     else if (!getcwd(cwd, sizeof cwd)) strcpy(cwd, "/");
 
-    if (getuid() == 0) { /* root already: nothing to ask for */
+    if (getuid() == 0 && to_uid == 0) { /* root already: nothing to ask for */
         if (chdir(cwd) < 0) {}
         environ = env;
         execvp(cmd[0], cmd);
@@ -510,10 +533,12 @@ int sudo_main(int argc, char **argv) {
     size_t len = 8;
     uint32_t counts[2] = {(uint32_t)cn, (uint32_t)en};
     memcpy(req, counts, 8);
-    char *where[1] = {cwd};
+    char uid_text[16];
+    snprintf(uid_text, sizeof uid_text, "%u", (unsigned)to_uid);
+    char *head[2] = {uid_text, cwd};
     for (int pass = 0; pass < 3; pass++) {
-        char **v = pass == 0 ? where : pass == 1 ? cmd : env;
-        size_t count = pass == 0 ? 1 : pass == 1 ? (size_t)cn : en;
+        char **v = pass == 0 ? head : pass == 1 ? cmd : env;
+        size_t count = pass == 0 ? 2 : pass == 1 ? (size_t)cn : en;
         for (size_t k = 0; k < count; k++) {
             size_t l = strlen(v[k]) + 1;
             if (len + l > sizeof req) {

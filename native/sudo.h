@@ -6,7 +6,8 @@
  * runs a broker on the socket SUDO_SOCKET when the image's SUDO_USERS names
  * users; `sudo` (corral-init called by that name) sends the broker its
  * argv, environment, working directory and stdin/stdout/stderr, and the
- * broker runs the command as root with those, and answers its wait status.
+ * broker runs the command as root (or the user the caller names) with those,
+ * and answers its wait status.
  *
  * Invariants:
  *  - Who asks is the kernel's word (SO_PEERCRED), never the request's.

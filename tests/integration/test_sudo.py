@@ -67,7 +67,16 @@ async def sbx(client: corral.AsyncClient) -> AsyncIterator[corral.AsyncSandbox]:
                  "sleep 1; kill -TERM $!; wait $!; echo $?", "got-term\n3", ""),
         # Refused, each with its reason.
         ("user", "sudo nosuch; echo $?", "1", "sudo: nosuch: command not found"),
-        ("user", "sudo -u nobody id; echo $?", "1", "runs commands as root only, not as nobody"),
+        # -u: any user of the image's /etc/passwd, by name or #uid, with its
+        # HOME and names; -i starts in its home.
+        ("user", "sudo -u nobody id", "uid=65534(nobody) gid=65534(nogroup) groups=65534(nogroup)", ""),
+        ("user", "sudo -u '#65534' id -un", "nobody", ""),
+        ("user", "sudo -u nobody printenv HOME USER LOGNAME SUDO_USER", "/nonexistent\nnobody\nnobody\nuser", ""),
+        ("user", "sudo -i -u user pwd", "/home/user", ""),
+        ("root", "sudo -u user id -un", "user", ""),
+        ("user", "sudo -u nosuchuser id; echo $?", "1", "sudo: unknown user nosuchuser"),
+        ("user", "sudo -u '#99999' id; echo $?", "1", "sudo: unknown user #99999"),
+        ("user", "sudo -l", "(ALL) NOPASSWD: ALL, where /etc/corral/sudo names you", ""),
         ("user", "sudo -Z id; echo $?", "1", "invalid option -- 'Z'"),
         ("user", "sudo; echo $?", "1", "usage: sudo"),
         ("nobody", "sudo id; echo $?", "1", "does not name you"),
