@@ -30,7 +30,7 @@ from _common import pct, serve, table, timed, wait_up, write_result
 DATA = Path("/var/lib/corral-e2b-bench")
 SPEC: dict[str, Any] = {
     "image": "debian-python:bookworm",
-    "toolkit": "e2b-user:bookworm",
+    "toolkit": ["e2b-user:bookworm", "e2b-tools:bookworm"],
     "memory": "512MiB",
 }
 # What the E2B SDK runs for commands.run("true"): a login shell. Corral's

@@ -170,8 +170,8 @@ say "images: e2b-user:bookworm (E2B's 'base' template: the user 'user', home /ho
 .venv/bin/corral image build e2b-user:bookworm --run debian-python:bookworm --kind toolkit -- \
   bash -c "(id user >/dev/null 2>&1 || useradd -m -s /bin/bash -u 1000 user) && { [ -s /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts; } && mkdir -p /etc/corral && echo user > /etc/corral/sudo && ln -sfn /.corral/bin/corral-init /usr/bin/sudo"
 
-say "images: e2b-ci-langs:bookworm + e2b-code-interpreter:bookworm (E2B's code-interpreter template: R, Java, Jupyter, Deno, port 49999; built in a sandbox, cached)"
-.venv/bin/python -m corral.cli.interpreter
+say "images: e2b-tools, e2b-ci-langs, e2b-code-interpreter (E2B's base template's tools: pip, Node.js, git, curl; its code interpreter: R, Java, Jupyter, Deno, port 49999; built in sandboxes, cached)"
+.venv/bin/python -m corral.cli.e2b_templates
 
 say "images: debian-desktop:bookworm + corral-desktop (the full-VM desktop: X, twm, xterm; cached)"
 .venv/bin/corral image build debian-desktop:bookworm --desktop

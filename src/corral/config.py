@@ -40,17 +40,20 @@ MAX_OVERCOMMIT = 1000.0
 
 
 # E2B's "base": Corral's Python image with E2B's user (install.sh builds
-# it), sized as E2B's own base template (512 MiB), and "base-microvm" the
+# it) and its base template's tools (images/e2b_tools.py), sized as E2B's
+# own base template (512 MiB), and "base-microvm" the
 # same in a microVM. "code-interpreter-v1"
 # (e2b-code-interpreter's default): Jupyter and Corral's code-interpreter
 # server on port 49999 (images/interpreter.py), started before the create
 # answers.
 DEFAULT_E2B_TEMPLATES = {
-    "base": "debian-python:bookworm toolkit=e2b-user:bookworm memory=512MiB",
+    "base": "debian-python:bookworm toolkit=e2b-user:bookworm,e2b-tools:bookworm memory=512MiB",
     # The same in a microVM: its own kernel (QEMU; KVM where the host has it).
-    "base-microvm": "debian-python:bookworm toolkit=e2b-user:bookworm memory=512MiB kind=microvm",
+    "base-microvm": "debian-python:bookworm toolkit=e2b-user:bookworm,e2b-tools:bookworm "
+    "memory=512MiB kind=microvm",
     "code-interpreter-v1": "debian-python:bookworm "
-    "toolkit=e2b-user:bookworm,e2b-ci-langs:bookworm,e2b-code-interpreter:bookworm memory=1GiB "
+    "toolkit=e2b-user:bookworm,e2b-tools:bookworm,e2b-ci-langs:bookworm,"
+    "e2b-code-interpreter:bookworm memory=1GiB "
     "start=/opt/corral/interpreter/start",
 }
 

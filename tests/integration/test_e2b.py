@@ -29,6 +29,7 @@ KEY = "e2b_" + "0" * 40
 @pytest.fixture
 def e2b_env(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     require_image("e2b-user:bookworm")
+    require_image("e2b-tools:bookworm")
     url = server.tcp_url
     for k, v in {
         "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": KEY,
@@ -37,6 +38,30 @@ def e2b_env(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("E2B_DEBUG", raising=False)
     yield url
+
+
+async def test_the_base_template_has_e2b_bases_tools(e2b_env: str) -> None:
+    """What agents written for E2B run on its base template: pip that
+    installs (no PEP 668 refusal), Node.js and npm, git, curl, pgrep."""
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        r = await s.commands.run(
+            "node -e 'console.log(6 * 7)' && npm --version >/dev/null && git --version"
+            " && curl --version | head -1 && pgrep -x bash >/dev/null && echo pgrep-ok"
+            " && python3 -m venv /tmp/v && echo venv-ok"
+        )
+        out = r.stdout.splitlines()
+        assert out[0] == "42" and out[1].startswith("git version") and out[2].startswith("curl")
+        assert out[3:] == ["pgrep-ok", "venv-ok"], r.stdout
+        # A local package installs with pip as the user, without a venv.
+        await s.files.write("/home/user/pkg/setup.py", "from setuptools import setup\n"
+                            "setup(name='corralpkg', version='1', py_modules=['corralmod'])\n")  # fmt: skip
+        await s.files.write("/home/user/pkg/corralmod.py", "X = 42\n")
+        r = await s.commands.run("pip install --no-build-isolation --no-index ./pkg -q 2>&1; "
+                                 "python3 -c 'import corralmod; print(corralmod.X)'")  # fmt: skip
+        assert r.stdout.strip().splitlines()[-1] == "42", r.stdout
+    finally:
+        await s.kill()
 
 
 async def test_a_sandbox_lives_and_dies_through_e2bs_control_api(e2b_env: str) -> None:

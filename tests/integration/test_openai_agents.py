@@ -22,6 +22,7 @@ SCRIPT = Path(__file__).parent / "agents_e2b" / "scripted_agent.py"
 
 def test_a_scripted_openai_agent_runs_on_corral_through_e2b(server: Server) -> None:
     require_image("e2b-user:bookworm")
+    require_image("e2b-tools:bookworm")
     if not PYTHON.exists():
         pytest.fail(f"{PYTHON} is missing: the install script makes it (openai-agents[e2b])")
     url = server.tcp_url

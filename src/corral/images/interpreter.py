@@ -11,13 +11,14 @@ What it holds (on debian-python:bookworm + e2b-user:bookworm):
 
 Built once, found again by its label (the pins are the key).
 
-Its second layer, e2b-ci-langs, is what E2B's template installs from its
+Under it, e2b-ci-langs is what E2B's template installs from its
 distribution's packages, built in a sandbox (build/scripted.py) from
-Debian's: the R kernel (IRkernel), a JDK with Corral's Java kernel over
-JShell (interpreter-langs-files/, docs/e2b.md), and the command-line tools
-E2B's template has (curl, git, jq, procps).
+Debian's: the R kernel (IRkernel) and a JDK with Corral's Java kernel over
+JShell (interpreter-langs-files/, docs/e2b.md). The command-line tools
+(curl, git, jq, procps, pip, Node.js) are E2B's base template's, in
+e2b-tools (images/e2b_tools.py), under both.
 
-`python -m corral.cli.interpreter` builds both (the install script does).
+`python -m corral.cli.e2b_templates` builds them (the install script does).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import tarfile
 from pathlib import Path
 
 from corral.errors import Unavailable
-from corral.images import pypi
+from corral.images import e2b_tools, pypi
 from corral.images.build import build_cached, files_digest
 from corral.images.layer import Layer
 from corral.images.store import ImageStore, ProgressFn
@@ -80,21 +81,14 @@ LANGS_TAG = "e2b-ci-langs:bookworm"
 LANGS_FILES = Path(__file__).with_name("interpreter-langs-files")
 LANGS_HOME = "/opt/corral/interpreter/java"
 # Debian bookworm's packages (their versions are the suite's).
-LANGS_DEBIAN = [
-    "ca-certificates",
-    "curl",
-    "git",
-    "jq",
-    "procps",
-    "r-cran-irkernel",
-    "openjdk-17-jdk-headless",
-]
-# The layers the template is made of, bottom to top, over debian-python.
-TOOLKITS = ("e2b-user:bookworm", LANGS_TAG, TAG)
+LANGS_DEBIAN = ["r-cran-irkernel", "openjdk-17-jdk-headless"]
 
 
 def langs_key() -> str:
-    return "e2b-ci-langs:" + ",".join(LANGS_DEBIAN) + ":" + files_digest(LANGS_FILES)
+    # Built over e2b-tools: a new tools layer builds this one again, so
+    # that its copy of dpkg's status (on top) keeps the tools' packages.
+    return (f"e2b-ci-langs:{','.join(LANGS_DEBIAN)}:{files_digest(LANGS_FILES)}:"
+            f"{e2b_tools.key()}")  # fmt: skip
 
 
 def key() -> str:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs inside the build sandbox (debian-python:bookworm + e2b-user, as root,
+# Runs inside the build sandbox (debian-python:bookworm + e2b-user + e2b-tools, as root,
 # with Debian's package sources reachable and nothing else); what it leaves
 # under / becomes the e2b-ci-langs toolkit. Arguments: the Debian packages.
 # The rest of this folder has been written to /opt/corral/interpreter/java.
