@@ -98,6 +98,12 @@ async def test_r_kernel_with_env_and_cwd(sbx: ci.AsyncSandbox) -> None:
     assert await shown('Sys.getenv("FROM_CREATE")') == '[1] "yes"'
     assert await shown('Sys.getenv("ONCE")', envs={"ONCE": 'a "q" b'}) == '[1] "a \\"q\\" b"'
     assert await shown('Sys.getenv("ONCE", unset = "gone")') == '[1] "gone"'
+    # The restore touches none of the user's names, and survives rm(list = ls()).
+    await sbx.run_code('k <- "mine"', language="r")
+    await shown('Sys.getenv("ONCE")', envs={"ONCE": "x"})
+    assert await shown("k") == '[1] "mine"'
+    await shown("rm(list = ls()); 1", envs={"ONCE": "y"})
+    assert await shown('Sys.getenv("ONCE", unset = "gone")') == '[1] "gone"'
     r = await sbx.run_code('stop("boom")', language="r")
     assert r.error is not None and "boom" in r.error.value
 
@@ -117,6 +123,7 @@ async def test_java_kernel_streams_results_errors_and_env(sbx: ci.AsyncSandbox) 
     assert r.text == once
     r = await sbx.run_code('System.getProperty("ONCE", "gone")', language="java")
     assert r.text == "gone"
+    assert (await sbx.run_code("x = 7", language="java")).results == []  # as IJava: no result
     r = await sbx.run_code('int y = "no";', language="java")
     assert r.error is not None and r.error.name == "CompilationException"
     assert "incompatible types" in r.error.value
@@ -128,12 +135,21 @@ async def test_java_kernel_streams_results_errors_and_env(sbx: ci.AsyncSandbox) 
 
 
 async def test_java_kernel_is_interrupted_and_outlives_system_exit(sbx: ci.AsyncSandbox) -> None:
-    await sbx.run_code("int n = 1;", language="java")
+    await sbx.run_code("long n = 1;", language="java")  # long: 3 s of n++ overflow an int
     with pytest.raises(ci.TimeoutException):
         await sbx.run_code("while (true) { n++; }", language="java", timeout=3)
     # The abandoned loop was stopped: the next cell runs, with the state.
     assert (await sbx.run_code("n > 1", language="java", timeout=30)).text == "true"
-    r = await sbx.run_code("System.exit(3);", language="java")
+    # A class of the user's named System changes nothing of the platform's code.
+    await sbx.run_code("class System { }", language="java")
+    r = await sbx.run_code(
+        'java.lang.System.getProperty("ONCE")', envs={"ONCE": "z"}, language="java"
+    )
+    assert r.text == "z"
+    r = await sbx.run_code('java.lang.System.getProperty("ONCE", "gone")', language="java")
+    assert r.text == "gone"
+    # Its env vars are put back on a JVM that is gone: nothing fails.
+    r = await sbx.run_code("java.lang.System.exit(3);", language="java", envs={"ONCE": "1"})
     assert r.error is not None and r.error.name == "JVMExited" and "status 3" in r.error.value
     # A new JVM: the kernel answers, without the old state.
     assert (await sbx.run_code("1 + 1", language="java")).text == "2"

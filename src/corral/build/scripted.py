@@ -15,6 +15,7 @@ keeps none) and named by the usual variables.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,24 @@ class ScriptedToolkit:
     memory: int = 4 * 2**30
     disk: int = 16 * 2**30
     timeout: float = 5400.0
+
+
+class _Lines:
+    """Chunks of a stream in, whole lines out."""
+
+    def __init__(self, each: Callable[[str], None]) -> None:
+        self.each = each
+        self.part = ""
+
+    def __call__(self, chunk: str) -> None:
+        *whole, self.part = (self.part + chunk).split("\n")
+        for text in whole:
+            self.each(text)
+
+    def flush(self) -> None:
+        if self.part:
+            self.each(self.part)
+            self.part = ""
 
 
 def ensure(spec: ScriptedToolkit, store: ImageStore, data_dir: Path, progress: ProgressFn) -> Layer:
@@ -80,13 +99,15 @@ async def _build(
             steps = 0
             lines: list[str] = []
 
-            def out(text: str) -> None:
+            def line(text: str) -> None:
                 nonlocal steps
-                for line in text.splitlines():
-                    lines[:] = [*lines[-40:], line]
-                    if line.startswith("step: "):
-                        steps += 1
-                        progress(f"{name}: {line[6:][:60]}", steps, spec.steps)
+                lines[:] = [*lines[-40:], text]
+                if text.startswith("step: "):
+                    steps += 1
+                    progress(f"{name}: {text[6:][:60]}", steps, spec.steps)
+
+            # Output comes in chunks, not lines: each stream keeps its part line.
+            out, err = _Lines(line), _Lines(line)
 
             env: dict[str, Any] = {}
             if Path(HOST_CA).is_file():
@@ -96,9 +117,11 @@ async def _build(
                 ["bash", f"{spec.home}/{spec.script}", *spec.args],
                 timeout=spec.timeout,
                 on_stdout=out,
-                on_stderr=out,
+                on_stderr=err,
                 env=env,
             )
+            out.flush()
+            err.flush()
             if r.exit_code != 0:
                 raise Unavailable(f"the build of {spec.tag} failed: {chr(10).join(lines)[-2000:]}")
             info = await sbx.commit(spec.tag, kind="toolkit", labels={spec.label: spec.key})

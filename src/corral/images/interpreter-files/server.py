@@ -130,32 +130,47 @@ def _env_code(language: str, env: dict[str, str], saved: str) -> tuple[str, str]
             )
         return "\n".join(lines + sets), "\n".join([*restores, f"unset {saved}"])
     if language == "r":
-        # A JSON string is an R string literal too (the same escapes). A
-        # name may not start with "_" in R unless quoted.
-        saved = f"`{saved}`"
+        # A JSON string is an R string literal too (the same escapes). The
+        # saved values live under a dot-name, which ls() (and so
+        # rm(list = ls())) leaves alone, and the restore runs in local() so
+        # it touches none of the user's names; a saved object gone (the
+        # kernel restarted) restores nothing.
+        name = json.dumps("." + saved.lstrip("_"))
         keys = "c(" + ", ".join(json.dumps(k) for k in env) + ")"
         sets = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in env.items())
         return (
-            f"{saved} <- Sys.getenv({keys}, unset = NA, names = TRUE); "
+            f"assign({name}, Sys.getenv({keys}, unset = NA, names = TRUE), envir = globalenv()); "
             f"do.call(Sys.setenv, list({sets}))",
-            f"for (k in names({saved})) if (is.na({saved}[[k]])) Sys.unsetenv(k) "
-            f"else do.call(Sys.setenv, setNames(list({saved}[[k]]), k)); rm({saved})",
+            f"if (exists({name}, envir = globalenv())) local({{ s <- get({name}, envir = "
+            f"globalenv()); for (k in names(s)) if (is.na(s[[k]])) Sys.unsetenv(k) else "
+            f"do.call(Sys.setenv, setNames(list(s[[k]]), k)); rm(list = {name}, envir = "
+            f"globalenv()) }})",
         )
     if language == "java":
         # E2B's Java contexts take env vars as system properties. A JSON
         # string is a Java literal: json.dumps writes a line break as a
         # backslash and n, never as a unicode escape, which Java would turn
-        # into a real line break before lexing.
+        # into a real line break before lexing. Blocks, so no JShell
+        # variable is left behind; java.lang names in full, so a user's
+        # class System changes nothing; the saved values are a property of
+        # their own, so a restarted JVM restores nothing instead of failing.
+        key = json.dumps("corral." + saved)
         keys = ", ".join(json.dumps(k) for k in env)
-        sets = " ".join(f"System.setProperty({json.dumps(k)}, {json.dumps(v)});"
-                        for k, v in env.items())  # fmt: skip
+        sets = " ".join(
+            f"java.lang.System.setProperty({json.dumps(k)}, {json.dumps(v)});"
+            for k, v in env.items()
+        )
         return (
-            f"java.util.Map<String, String> {saved} = new java.util.HashMap<>();"
-            f" for (String k : new String[] {{{keys}}}) {saved}.put(k, System.getProperty(k));"
-            f" {sets}",
-            f"for (var e : {saved}.entrySet()) {{ if (e.getValue() == null)"
-            f" System.clearProperty(e.getKey());"
-            f" else System.setProperty(e.getKey(), e.getValue()); }} {saved} = null;",
+            "{ java.util.Map<java.lang.String, java.lang.String> s = new java.util.HashMap<>();"
+            f" for (java.lang.String k : new java.lang.String[] {{{keys}}})"
+            " s.put(k, java.lang.System.getProperty(k));"
+            f" java.lang.System.getProperties().put({key}, s); {sets} }}",
+            f"{{ java.lang.Object m = java.lang.System.getProperties().remove({key});"
+            " if (m instanceof java.util.Map) for (java.util.Map.Entry<?, ?> e :"
+            " ((java.util.Map<?, ?>) m).entrySet()) { if (e.getValue() == null)"
+            " java.lang.System.clearProperty((java.lang.String) e.getKey()); else"
+            " java.lang.System.setProperty((java.lang.String) e.getKey(),"
+            " (java.lang.String) e.getValue()); } }",
         )
     raise Failure(400, f"env_vars are not supported for {language}")
 
@@ -171,7 +186,7 @@ def _cd_code(language: str, cwd: str) -> str:
         return f"setwd({json.dumps(cwd)})"
     if language == "java":
         # A JVM cannot change its directory; E2B's sets user.dir, as here.
-        return f'System.setProperty("user.dir", {json.dumps(cwd)});'
+        return f'java.lang.System.setProperty("user.dir", {json.dumps(cwd)});'
     return ""
 
 

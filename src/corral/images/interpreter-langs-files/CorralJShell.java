@@ -42,6 +42,9 @@ public final class CorralJShell {
     // Set by SIGINT, cleared when a cell starts: a stopped snippet must not
     // be followed by the rest of its cell.
     private static volatile boolean interrupted;
+    // A cell is running: an interrupt keeps stopping it until it ends (a
+    // stop that lands while a snippet compiles does nothing).
+    private static volatile boolean running;
 
     static synchronized void send(char kind, byte[] data, int off, int len) {
         try {
@@ -105,8 +108,20 @@ public final class CorralJShell {
         }
         JShell shell = JShell.builder().executionEngine("local").out(out).err(err).build();
         sun.misc.Signal.handle(new sun.misc.Signal("INT"), s -> {
+            if (!running) return; // between cells: nothing to stop
             interrupted = true;
-            shell.stop();
+            Thread stopper = new Thread(() -> {
+                while (running && interrupted) {
+                    shell.stop();
+                    try {
+                        Thread.sleep(20);
+                    } catch (InterruptedException e) {
+                        return;
+                    }
+                }
+            }, "corral-stop");
+            stopper.setDaemon(true);
+            stopper.start();
         });
         send('d', "");
         while (true) {
@@ -120,10 +135,13 @@ public final class CorralJShell {
             in.readFully(body);
             if (kind == 'x') {
                 interrupted = false;
+                running = true;
                 try {
                     cell(shell, new String(body, StandardCharsets.UTF_8));
-                } catch (RuntimeException e) {
+                } catch (Throwable e) { // the loop must answer 'd', whatever the cell did
                     error(e.getClass().getName(), String.valueOf(e.getMessage()), trace(e.toString(), e));
+                } finally {
+                    running = false;
                 }
                 out.flush();
                 err.flush();
@@ -154,6 +172,10 @@ public final class CorralJShell {
                     rest = "";
             }
             value = null;
+            if (interrupted) {
+                error("InterruptedException", "the execution was interrupted", "");
+                return;
+            }
             for (SnippetEvent ev : shell.eval(source)) {
                 if (ev.causeSnippet() != null) continue; // a dependent's update
                 if (interrupted) {
@@ -168,18 +190,25 @@ public final class CorralJShell {
                     rejected(shell, ev.snippet());
                     return;
                 }
+                if (ev.status() == Snippet.Status.RECOVERABLE_NOT_DEFINED) {
+                    unresolved(shell, ev.snippet());
+                    return;
+                }
                 if (shows(ev.snippet()) && ev.value() != null) value = shown(ev.snippet(), ev.value());
             }
         }
-        if (value != null) send('r', value);
+        // A null value is no result, as IJava shows none.
+        if (value != null && !value.equals("null")) send('r', value);
     }
 
-    /** An expression's value is shown; a declaration's or a statement's is not. */
+    /**
+     * An expression's value is shown; a declaration's, an assignment's or a
+     * statement's is not (as IJava).
+     */
     static boolean shows(Snippet s) {
         switch (s.subKind()) {
             case TEMP_VAR_EXPRESSION_SUBKIND:
             case VAR_VALUE_SUBKIND:
-            case ASSIGNMENT_SUBKIND:
             case OTHER_EXPRESSION_SUBKIND:
                 return true;
             default:
@@ -195,7 +224,10 @@ public final class CorralJShell {
         String type = s instanceof VarSnippet ? ((VarSnippet) s).typeName()
                 : s instanceof ExpressionSnippet ? ((ExpressionSnippet) s).typeName() : "";
         boolean string = "String".equals(type) || "java.lang.String".equals(type);
-        if (!string || value.length() < 2 || value.charAt(0) != '"') return value;
+        boolean character = "char".equals(type) || "Character".equals(type)
+                || "java.lang.Character".equals(type);
+        char quote = string ? '"' : '\'';
+        if (!(string || character) || value.length() < 2 || value.charAt(0) != quote) return value;
         StringBuilder b = new StringBuilder();
         for (int i = 1; i < value.length() - 1; i++) {
             char c = value.charAt(i);
@@ -237,11 +269,22 @@ public final class CorralJShell {
             String head = e.getExceptionClassName() + (e.getMessage() == null ? "" : ": " + e.getMessage());
             error(e.getExceptionClassName(), String.valueOf(e.getMessage()), trace(head, e));
         } else if (x instanceof UnresolvedReferenceException) {
-            String name = ((UnresolvedReferenceException) x).getSnippet().toString();
-            error("UnresolvedReferenceException", "unresolved: " + name, "");
+            String name = ((UnresolvedReferenceException) x).getSnippet().name();
+            error("UnresolvedReferenceException", name + " uses what is not defined", "");
         } else {
             error(x.getClass().getSimpleName(), String.valueOf(x.getMessage()), trace(x.toString(), x));
         }
+    }
+
+    /** A declaration that names what does not exist: IJava's compile error. */
+    static void unresolved(JShell shell, Snippet s) {
+        String names = "";
+        if (s instanceof jdk.jshell.DeclarationSnippet) {
+            names = shell.unresolvedDependencies((jdk.jshell.DeclarationSnippet) s)
+                    .collect(Collectors.joining(", "));
+        }
+        String msg = "cannot find symbol" + (names.isEmpty() ? "" : ": " + names);
+        error("CompilationException", msg, "error: " + msg + "\n" + s.source());
     }
 
     static void rejected(JShell shell, Snippet s) {

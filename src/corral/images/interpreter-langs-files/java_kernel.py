@@ -34,13 +34,16 @@ from ipykernel.kernelbase import Kernel
 HERE = Path(__file__).resolve().parent
 PR_SET_PDEATHSIG = 1
 JAVA = ["java", "-XX:+UseSerialGC", "-Djava.awt.headless=true", "-cp", str(HERE), "CorralJShell"]
+# Resolved here, not in the child: a fork of a threaded process may not
+# dlopen before exec.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
 def _child_setup() -> None:
     """In the JVM before exec: it dies with this kernel, and takes SIGINT
     (the kernel app ignores it outside a request, and an ignored signal
     stays ignored across exec: the JVM would never see an interrupt)."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -51,11 +54,15 @@ class JavaProcess:
     def __init__(self) -> None:
         r, w = os.pipe()
         try:
+            # A session of its own: Jupyter interrupts the kernel's process
+            # group, and the JVM must get SIGINT only from this kernel, only
+            # while a cell runs (do_execute forwards it).
             self.proc = subprocess.Popen(
                 [*JAVA, f"/proc/self/fd/{w}"],
                 stdin=subprocess.PIPE,
                 pass_fds=(w,),
                 preexec_fn=_child_setup,
+                start_new_session=True,
             )
         finally:
             os.close(w)
@@ -65,7 +72,8 @@ class JavaProcess:
             raise RuntimeError(f"the JVM did not start (exit {self.proc.wait()})")
 
     def send(self, code: str) -> None:
-        body = code.encode()
+        """Raises OSError when the JVM is gone."""
+        body = code.encode(errors="replace")
         assert self.proc.stdin is not None
         self.proc.stdin.write(b"x" + struct.pack(">i", len(body)) + body)
         self.proc.stdin.flush()
@@ -88,6 +96,8 @@ class JavaProcess:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         self.frames.close()
 
 
@@ -119,36 +129,21 @@ class JavaKernel(Kernel):
         *,
         cell_id: str | None = None,
     ) -> dict[str, Any]:
-        decoders = {c: codecs.getincrementaldecoder("utf-8")("replace") for c in "oe"}
+        decoders: dict[str, codecs.IncrementalDecoder] = {
+            c: codecs.getincrementaldecoder("utf-8")("replace") for c in "oe"
+        }
         error: tuple[str, str, list[str]] | None = None
         previous = signal.signal(signal.SIGINT, lambda *_: self.java.interrupt())
         try:
-            self.java.send(code)
-            while True:
-                kind, body = self.java.read()
-                if kind == "d":
-                    break
-                if kind == "":
-                    status = self.java.proc.wait()
-                    self.java.close()
-                    self.java = JavaProcess()
-                    error = ("JVMExited", f"the JVM exited (status {status}); a new one was "
-                             "started, with none of the earlier cells' state", [])  # fmt: skip
-                    break
-                if kind in "oe":
-                    text = decoders[kind].decode(body)
-                    if text and not silent:
-                        stream = {"name": "stdout" if kind == "o" else "stderr", "text": text}
-                        self.send_response(self.iopub_socket, "stream", stream)
-                elif kind == "r" and not silent:
-                    self.send_response(self.iopub_socket, "execute_result", {
-                        "execution_count": self.execution_count,
-                        "data": {"text/plain": body.decode(errors="replace")},
-                        "metadata": {},
-                    })  # fmt: skip
-                elif kind == "E":
-                    name, value, text = body.decode(errors="replace").split("\0", 2)
-                    error = (name, value, text.splitlines())
+            error = self._run(code, silent, decoders)
+        except Exception as exc:  # the cell must get a reply, whatever broke
+            # Frames may be half read: the JVM is not trusted again.
+            try:
+                self._restart()
+                again = "a new JVM was started, with none of the earlier cells' state"
+            except Exception as start:
+                again = f"no new JVM could be started ({start}); the next cell tries again"
+            error = (type(exc).__name__, f"the Java kernel failed: {exc}; {again}", [])
         finally:
             signal.signal(signal.SIGINT, previous)
         if error is None:
@@ -163,6 +158,57 @@ class JavaKernel(Kernel):
         if not silent:
             self.send_response(self.iopub_socket, "error", content)
         return {"status": "error", "execution_count": self.execution_count, **content}
+
+    def _restart(self) -> None:
+        try:
+            self.java.close()
+        finally:
+            self.java = JavaProcess()
+
+    def _run(
+        self, code: str, silent: bool, decoders: dict[str, codecs.IncrementalDecoder]
+    ) -> tuple[str, str, list[str]] | None:
+        """Sends a cell and relays its frames; its error, if any."""
+        error = None
+        try:
+            self.java.send(code)
+        except (OSError, ValueError):
+            # Gone between cells (a thread's System.exit, the OOM killer),
+            # or closed when a restart failed.
+            kind = ""
+        else:
+            kind = "?"
+        while kind:
+            kind, body = self.java.read()
+            if kind == "d":
+                break
+            if kind in ("o", "e"):
+                self._stream(kind, decoders[kind].decode(body), silent)
+            elif kind == "r" and not silent:
+                self.send_response(self.iopub_socket, "execute_result", {
+                    "execution_count": self.execution_count,
+                    "data": {"text/plain": body.decode(errors="replace")},
+                    "metadata": {},
+                })  # fmt: skip
+            elif kind == "E":
+                name, value, text = body.decode(errors="replace").split("\0", 2)
+                error = (name, value, text.splitlines())
+        for k, d in decoders.items():
+            self._stream(k, d.decode(b"", final=True), silent)
+        if kind == "":
+            try:
+                status: int | None = self.java.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                status = None  # its pipe closed, it lingers: the restart kills it
+            self._restart()
+            return ("JVMExited", f"the JVM exited (status {status}); a new one was "
+                    "started, with none of the earlier cells' state", [])  # fmt: skip
+        return error
+
+    def _stream(self, kind: str, text: str, silent: bool) -> None:
+        if text and not silent:
+            stream = {"name": "stdout" if kind == "o" else "stderr", "text": text}
+            self.send_response(self.iopub_socket, "stream", stream)
 
     def do_shutdown(self, restart: bool) -> dict[str, Any]:
         self.java.close()
