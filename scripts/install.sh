@@ -28,6 +28,7 @@ APT_PACKAGES=(
   bubblewrap                # a peer in the function-call benchmark
   postgresql                # the cluster state store (started by Corral, not by systemd)
   qemu-system-x86           # microVMs (TCG here; KVM where the host has it)
+  ipxe-qemu                 # own disks' NIC option ROM: the firmware's network (DHCP at boot)
   qemu-utils ovmf           # users' own disks: qemu-img (checks, overlays), UEFI firmware
   grub-pc-bin grub-efi-amd64-bin xorriso mtools  # the own-disk tests' small bootable disk
   gcc libc6-dev make        # the static platform helpers

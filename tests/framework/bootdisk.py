@@ -6,7 +6,10 @@ Corral agent, driven through the screen alone, and a write the guest
 makes that must land in the sandbox's overlay and never in the disk.
 
 Menu entry 1 shows the state GRUB read from the FAT partition at boot;
-entry 2 writes "written" there (save_env) and says WROTE.
+entry 2 writes "written" there (save_env) and says WROTE; entry 3 (UEFI,
+with the firmware's network driver; key n) asks for an address by DHCP,
+looks a name up, and writes what it got to the serial port as well;
+Escape goes back to the menu.
 """
 
 from __future__ import annotations
@@ -27,6 +30,19 @@ menuentry "Corral disk: write" {{
   save_env -f ($env)/grubenv corral_state
   echo WROTE
   sleep 100000
+}}
+menuentry "Corral disk: network" --hotkey=n {{
+  serial --unit=0 --speed=115200
+  terminal_output --append serial
+  insmod efinet
+  net_bootp
+  net_ls_addr
+  net_ls_routes
+  echo dns:
+  net_ls_dns
+  net_nslookup corral-denied.example
+  echo NETDONE
+  sleep --interruptible 100000
 }}
 """
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -180,6 +182,54 @@ async def test_a_disk_boots_again_with_its_own_writes_gone_for_a_new_sandbox(
         await second.close()
 
 
+def _console(node: Node, sandbox_id: str) -> str:
+    """The guest's serial port's text, terminal escapes left out (GRUB
+    writes each line twice: its own and the firmware's console)."""
+    log = node.config.sandboxes_dir / sandbox_id / "console.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return re.sub(r"\x1b\[[0-9;=?]*[A-Za-z]", "", text)
+
+
+async def _network_entry(node: Node, sbx: corral.AsyncSandbox) -> str:
+    """Run the disk's network entry (hotkey n); its serial output."""
+    before = _console(node, sbx.id).count("NETDONE")
+    await sbx.display.key("n")
+    deadline = time.monotonic() + 120
+    while (text := _console(node, sbx.id)).count("NETDONE") == before:
+        assert time.monotonic() < deadline, f"the network entry never ended: {text[-2000:]}"
+        await asyncio.sleep(0.5)
+    return text.split("NETDONE")[before]
+
+
+async def test_an_own_disk_asks_for_its_address_by_dhcp(
+    embedded: corral.AsyncClient, node: Node, disks: dict[str, Path]
+) -> None:
+    """No agent tells the guest its address: its firmware's network driver
+    asks by DHCP (GRUB's net_bootp over iPXE's e1000 driver) and the node
+    answers with the sandbox's block: address, gateway, resolver. A name
+    it looks up reaches the node's resolver (refused: the policy does not
+    name it, and the sandbox's audit says so)."""
+    pool = ipaddress.ip_network(node.config.network_pool)
+    sbx = await embedded.sandboxes.create(
+        kind="fullvm", image="disk:grub-qcow2", firmware="uefi", memory="512MiB",
+        display_size="800x600", network={"domains": ["example.com"]},
+    )  # fmt: skip
+    try:
+        out = await _network_entry(node, sbx)
+        found = re.search(r"efinet\d+:dhcp \S+ (\d+\.\d+\.\d+\.\d+)", out)
+        assert found, out
+        address = ipaddress.ip_address(found.group(1))
+        assert address in pool and int(address) % 4 == 2, out
+        gateway = address - 1  # the host end of its /30: router and resolver
+        routes, dns = out.split("dns:", 1)
+        assert re.search(rf"0\.0\.0\.0/0 .*gw .*{gateway}", routes), out
+        assert str(gateway) in dns, out
+        report = await sbx.audit()
+        assert report.dns_denied_names.get("corral-denied.example", 0) >= 1, report
+    finally:
+        await sbx.close()
+
+
 BAD_CREATES: list[tuple[dict[str, Any], str]] = [
     ({"image": "disk:not-added"}, "image"),
     ({"image": "disk:../etc/passwd"}, "image"),
@@ -189,7 +239,7 @@ BAD_CREATES: list[tuple[dict[str, Any], str]] = [
     ({"image": IMAGE, "firmware": "uefi"}, "firmware"),
     ({"image": "disk:grub-raw", "workspace": "ws:1"}, "workspace"),
     ({"image": "disk:grub-raw", "toolkit": ["tk:1"]}, "toolkit"),
-    ({"image": "disk:grub-raw", "network": {"domains": ["example.com"]}}, "network"),
+    ({"image": "disk:grub-raw", "network": {"ecosystems": {"nosuch": True}}}, "network.ecosystems"),
 ]
 
 

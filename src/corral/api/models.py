@@ -156,7 +156,6 @@ def check_labels(v: dict[str, str], *, most: int, longest: int) -> None:
 OWN_DISK_LACKS = {
     "workspace": "its files are the disk's own (no layers are mounted in it)",
     "toolkit": "its files are the disk's own (no layers are mounted in it)",
-    "network": "it has no network yet (docs/own-disk.md)",
 }
 
 
@@ -222,7 +221,7 @@ class CreateSandbox(StrictModel):
             )
         return v
 
-    @field_validator("workspace", "network", mode="after")
+    @field_validator("workspace", mode="after")
     @classmethod
     def _not_on_own_disk(cls, v: object, info: Any) -> object:
         if v is not None and is_disk(info.data.get("image", "")):

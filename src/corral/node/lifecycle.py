@@ -405,6 +405,14 @@ class Lifecycle:
             phase("start")
             self.children.add(started)
             self.cpu.place(rec.id, req.cpu_class, req.cpu)
+            agentless = is_disk(req.image)
+            if agentless and req.network is not None and net_index is not None:
+                # Before its firmware runs: the guest's OS asks for its
+                # address by DHCP as it boots, and may not ask again soon.
+                await self.networks.connect(
+                    rec.id, started.pid, net_index, req.network, runtime.net_tap, agentless=True
+                )
+                phase("network")
             try:
                 await wait_ready(rec.id, prep.control, req.image)
             except SandboxFailed as exc:
@@ -423,7 +431,7 @@ class Lifecycle:
                     assert isinstance(runtime, Snapshottable)
                     await self.templates.make(runtime, rec.id, template)
                     phase("template")
-            if req.network is not None and net_index is not None:
+            if req.network is not None and net_index is not None and not agentless:
                 await self.networks.connect(
                     rec.id, started.pid, net_index, req.network, runtime.net_tap
                 )

@@ -1,6 +1,7 @@
 """Sandboxes on the network: giving one its interface and policy, taking
-them away, and the node's DNS resolver that only answers what a policy
-allows (the plumbing itself is guard/network.py)."""
+them away, the node's DNS resolver that only answers what a policy
+allows, and DHCP for guests with no agent to be told their address (the
+plumbing itself is guard/network.py, guard/dhcp.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from corral.api.models import NetworkPolicy
 from corral.config import NodeConfig
 from corral.errors import CorralError, InvalidArgument
 from corral.execd.client import ExecdClient
+from corral.guard.dhcp import Lease, Responder
 from corral.guard.dns import DENIED_NAME, Resolver, upstream_from_resolv_conf
 from corral.guard.network import NodeNetwork
 from corral.log import get_logger
@@ -34,6 +36,7 @@ class SandboxNetworks:
         self._resolver: asyncio.DatagramTransport | None = None
         self._protocol: Resolver | None = None
         self._policies: dict[int, tuple[str, NetworkPolicy]] = {}  # index -> (json, parsed)
+        self._dhcp: dict[str, Responder] = {}  # sandbox id -> its guest's DHCP server
 
     def guest_addresses(self, index: int) -> tuple[str, str]:
         """(the sandbox's address, its gateway) for network block `index`."""
@@ -41,13 +44,25 @@ class SandboxNetworks:
         return guest_ip, host_ip
 
     async def connect(
-        self, sandbox_id: str, pid: int, index: int, policy: NetworkPolicy, tap: str | None = None
+        self,
+        sandbox_id: str,
+        pid: int,
+        index: int,
+        policy: NetworkPolicy,
+        tap: str | None = None,
+        *,
+        agentless: bool = False,
     ) -> None:
         """Give a running sandbox its interface and policy, and point its
         resolver at the node's (the only DNS it can reach anyway). A VM's
-        `pid` is its QEMU, and its veth is bridged to the VM's `tap`."""
+        `pid` is its QEMU, and its veth is bridged to the VM's `tap`.
+        `agentless`: a guest no agent configures (a user's own disk) asks
+        for its address, gateway and resolver by DHCP, answered here."""
         att = await asyncio.to_thread(self.network.attach, index, pid, tap)
         await asyncio.to_thread(self.network.apply, index, policy)
+        if agentless:
+            self.serve_dhcp(sandbox_id, index)
+            return
         client = self._execd(sandbox_id)
         try:
             await client.remove("root", "/etc/resolv.conf", recursive=False)
@@ -61,20 +76,52 @@ class SandboxNetworks:
             mkdirs=True,
         )
 
-    async def reconnect(self, sandbox_id: str, pid: int, tap: str | None) -> None:
+    def serve_dhcp(self, sandbox_id: str, index: int | None = None) -> None:
+        """Answer the guest's DHCP on its veth's host end, from now until
+        unplug or disconnect (again after an agent's restart: recovery)."""
+        if index is None:
+            row = self.store.net_get(sandbox_id)
+            if row is None:
+                return
+            index = row[0]
+        self._stop_dhcp(sandbox_id)
+        host_ip, guest_ip = self.network.addresses(index)
+        responder = Responder(
+            sandbox_id, self.network.host_if(index), Lease(guest_ip, host_ip),
+            self.network.host_mac(index),
+        )  # fmt: skip
+        responder.start()
+        self._dhcp[sandbox_id] = responder
+        log.info("dhcp.serving", sandbox=sandbox_id, interface=responder.ifname)
+
+    def _stop_dhcp(self, sandbox_id: str) -> None:
+        responder = self._dhcp.pop(sandbox_id, None)
+        if responder is not None:
+            if responder.dropped:
+                self.store.count(sandbox_id, "dhcp_flooded", responder.dropped)
+            responder.close()
+
+    async def reconnect(
+        self, sandbox_id: str, pid: int, tap: str | None, *, agentless: bool = False
+    ) -> None:
         """After a resume: the new process has a new namespace (and a VM a
         new tap), and the sandbox's veth died with the old one. Same
         address, same policy."""
         row = self.store.net_get(sandbox_id)
         if row is None:
             return
+        self._stop_dhcp(sandbox_id)
         await asyncio.to_thread(self.network.detach, row[0])
-        await self.connect(sandbox_id, pid, row[0], NetworkPolicy.model_validate_json(row[1]), tap)
+        await self.connect(
+            sandbox_id, pid, row[0], NetworkPolicy.model_validate_json(row[1]), tap,
+            agentless=agentless,
+        )  # fmt: skip
 
     async def unplug(self, sandbox_id: str) -> None:
         """Take a sandbox's interface away, keeping its address and policy
         for reconnect() (a checkpoint cannot carry a veth whose peer is on
         the host)."""
+        self._stop_dhcp(sandbox_id)
         row = self.store.net_get(sandbox_id)
         if row is not None:
             await asyncio.to_thread(self.network.detach, row[0])
@@ -84,6 +131,7 @@ class SandboxNetworks:
 
     def disconnect(self, sandbox_id: str) -> None:
         """Release a sandbox's network (the `net` resource); idempotent."""
+        self._stop_dhcp(sandbox_id)
         db = self.store
         row = db.net_get(sandbox_id)
         if row is None:

@@ -133,6 +133,9 @@ class Recovery:
                     and not await answers(control)
                 ):
                     await runtime.attach(rec.id, control)
+                if own_disk and not procs.owner_alive(rec.owner):
+                    # Its guest's DHCP was answered by the agent that died.
+                    self.lifecycle.networks.serve_dhcp(rec.id)
                 report.reattached += 1
                 continue
             if rec.state == "creating" and rec.owner == self.owner:

@@ -282,8 +282,9 @@ class Snapshots:
                 control = control_path(self.config.run_dir, sandbox_id)
                 await wait_ready(sandbox_id, control, rec.spec["image"])
                 await self.networks.reconnect(
-                    sandbox_id, started.pid, self.runtimes[rec.kind].net_tap
-                )
+                    sandbox_id, started.pid, self.runtimes[rec.kind].net_tap,
+                    agentless=is_disk(rec.spec["image"]),
+                )  # fmt: skip
         except BaseException as exc:
             if started is not None:
                 # Loaded, then broken (its exec server never answered, its

@@ -16,6 +16,7 @@ from pathlib import Path
 from corral.errors import Unavailable
 
 QEMU = "qemu-system-x86_64"
+NETDEV = "n0"  # the guest NIC's backend id
 # Under TCG the TSC calibration races the emulated clock: microvm hangs in
 # about one boot of ten without these (HOST-NOTES).
 TCG_CMDLINE = "tsc_early_khz=2000000 no_timer_check tsc=reliable"
@@ -162,8 +163,8 @@ class MicroVM:
                 argv += vnc_args(self.vnc_socket)
         if self.tap is not None:
             argv += [
-                "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no",
-                "-device", f"virtio-net-{bus},netdev=n0",
+                "-netdev", tap_netdev(self.tap),
+                "-device", f"virtio-net-{bus},netdev={NETDEV}",
             ]  # fmt: skip
         if self.pmem is not None:
             argv += [
@@ -179,6 +180,12 @@ class MicroVM:
                 "-device", f"virtio-blk-{bus},drive=d{i},serial={d.serial}",
             ]  # fmt: skip
         return argv
+
+
+def tap_netdev(tap: str) -> str:
+    """The guest's NIC's backend: the tap QEMU makes in its own network
+    namespace, which the node bridges to the sandbox's veth."""
+    return f"tap,id={NETDEV},ifname={tap},script=no,downscript=no"
 
 
 def vnc_args(socket: Path) -> list[str]:
@@ -207,6 +214,7 @@ class DiskVM:
     vars: Path | None = None
     accel: str = "tcg"
     tb_mib: int = 0
+    tap: str | None = None  # a NIC (an Intel e1000, which every OS drives) on this tap
 
     def argv(self) -> list[str]:
         accel = self.accel
@@ -236,6 +244,15 @@ class DiskVM:
             "-device", "ide-hd,drive=disk0,bus=ide.0,bootindex=0",
             *vnc_args(self.vnc_socket),
         ]  # fmt: skip
+        if self.tap is not None:
+            # Its option ROM (Debian's ipxe-qemu) gives the firmware, and a
+            # boot loader through it, the network too. OVMF starts drivers
+            # only for devices in QEMU's boot order, so the NIC is in it,
+            # after the disk.
+            argv += [
+                "-netdev", tap_netdev(self.tap),
+                "-device", f"e1000,netdev={NETDEV},bootindex=1",
+            ]  # fmt: skip
         if self.vars is not None:
             argv += [
                 "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",

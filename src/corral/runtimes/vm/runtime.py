@@ -507,6 +507,7 @@ class FullVMRuntime(MicroVMRuntime):
             vars=own.vars,
             accel=accelerator(),
             tb_mib=self.tcg_cache_mib,
+            tap=TAP if boot.net is not None else None,
         )
         return await self._launch(spec.id, vm.argv(), memory, boot.state)
 
