@@ -1,7 +1,9 @@
 """A user's own disk on a full VM (docs/own-disk.md) next to bare QEMU
 booting the same disk on the same devices, in one run: boot to the first
 screen with BIOS and UEFI, fork, suspend and resume, screenshots and
-keys, host memory per idle sandbox, and what the overlay holds.
+keys, host memory per idle sandbox, what the overlay holds, and the
+guest's DHCP (GRUB's net_bootp, UEFI) answered by the node against QEMU's
+own user-mode network (slirp's DHCP) on the same NIC.
 
 The disk is the tests' (tests/framework/bootdisk.py: GRUB's menu, raw).
 Bare QEMU is DiskVM's own command line over a fresh overlay, polled
@@ -35,7 +37,7 @@ from corral.config import NodeConfig  # noqa: E402
 from corral.images.disks import Disks  # noqa: E402
 from corral.runtimes.drawn import STILL_ROWS  # noqa: E402
 from corral.runtimes.vm import owndisk, pixels  # noqa: E402
-from corral.runtimes.vm.qemu import OVMF_VARS, DiskVM, accelerator  # noqa: E402
+from corral.runtimes.vm.qemu import NETDEV, OVMF_VARS, DiskVM, accelerator  # noqa: E402
 from corral.runtimes.vm.qmp import Qmp  # noqa: E402
 
 WORK = Path("/var/lib/corral-own-disk")
@@ -86,6 +88,72 @@ async def bare_boot(disk: Path, firmware: str, work: Path) -> float:
     return first
 
 
+LEASED = "efinet0:dhcp"  # what GRUB's net_ls_addr prints once net_bootp has an address
+
+
+async def _serial_has(log: Path, text: str, after: int = 0, timeout: float = 120) -> None:
+    deadline = time.perf_counter() + timeout
+    while text not in log.read_text(errors="replace")[after:]:
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{text!r} never on {log}")
+        await asyncio.sleep(0.01)
+
+
+async def bare_dhcp(disk: Path, work: Path) -> float:
+    """Bare QEMU, UEFI, the same e1000 on QEMU's user-mode network: seconds
+    from the key that runs the disk's network entry to its address."""
+    fresh_dir(work)
+    overlay = work / "o.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(disk), "-F", "raw", str(overlay)],
+        check=True,
+    )
+    vars_ = work / "vars.fd"
+    vars_.write_bytes(OVMF_VARS.read_bytes())
+    log = work / "console.log"
+    log.touch()
+    vm = DiskVM(
+        overlay, log, work / "qmp.sock", work / "vnc.sock", SIZE, memory_mib=512, vars=vars_,
+        accel=accelerator(),
+    )  # fmt: skip
+    argv = [*vm.argv(), "-netdev", f"user,id={NETDEV}",
+            "-device", f"e1000,netdev={NETDEV},bootindex=1"]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        await _serial_has(log, "Corral disk: network")
+        await asyncio.sleep(1)
+        qmp = await Qmp.connect(work / "qmp.sock", timeout=10)
+        try:
+            mark = len(log.read_text(errors="replace"))
+            t0 = time.perf_counter()
+            await qmp.execute("send-key", keys=[{"type": "qcode", "data": "n"}])
+            await _serial_has(log, LEASED, mark)
+            return time.perf_counter() - t0
+        finally:
+            qmp.close()
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def corral_dhcp(c: corral.AsyncClient, cfg: NodeConfig) -> float:
+    """The same through Corral: the node's DHCP, over the sandbox's veth."""
+    s = await c.sandboxes.create(
+        kind="fullvm", image="disk:bench", firmware="uefi", memory="512MiB", network={}
+    )
+    try:
+        log = cfg.sandboxes_dir / s.id / "console.log"
+        mark = len(log.read_text(errors="replace"))
+        t0 = time.perf_counter()
+        await s.display.key("n")
+        await _serial_has(log, LEASED, mark)
+        return time.perf_counter() - t0
+    finally:
+        await s.close()
+
+
 async def measure(c: corral.AsyncClient, cfg: NodeConfig, a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fw in FIRMWARES:
@@ -104,6 +172,13 @@ async def measure(c: corral.AsyncClient, cfg: NodeConfig, a: argparse.Namespace)
             bare.append(await bare_boot(cfg.disks_dir / "bench", fw, WORK / "bare"))
             print(f"{fw}: create {creates[-1]:.2f}s, bare to menu {bare[-1]:.2f}s", flush=True)
         out[fw] = {"create": creates, "bare": bare}
+
+    dhcp, dhcp_bare = [], []
+    for _ in range(a.creates):
+        dhcp.append(await corral_dhcp(c, cfg))
+        dhcp_bare.append(await bare_dhcp(cfg.disks_dir / "bench", WORK / "bare"))
+        print(f"dhcp: corral {dhcp[-1]:.2f}s, bare (slirp) {dhcp_bare[-1]:.2f}s", flush=True)
+    out.update(dhcp=dhcp, dhcp_bare=dhcp_bare)
 
     spec = {"kind": "fullvm", "image": "disk:bench", "memory": "512MiB"}
     s = await c.sandboxes.create(**spec)
@@ -178,6 +253,13 @@ async def main(a: argparse.Namespace) -> None:
     def ms(key: str) -> list[str]:
         return [f"{pct(r[key], 50) * 1000:.1f}", f"{pct(r[key], 99) * 1000:.1f}"]
 
+    dhcp, bare_dhcp_s = r["dhcp"], r["dhcp_bare"]
+    dhcp_rows = [
+        ["Corral: the node's DHCP over the veth", f"{pct(dhcp, 50):.2f}", f"{pct(dhcp, 99):.2f}",
+         f"{pct(dhcp, 50) / pct(bare_dhcp_s, 50):.2f}x"],
+        ["bare QEMU, user-mode network (slirp's DHCP)", f"{pct(bare_dhcp_s, 50):.2f}",
+         f"{pct(bare_dhcp_s, 99):.2f}", "1.00x"],
+    ]  # fmt: skip
     sections = [
         f"## Boot to the first screen (s; {a.creates} each; accelerator: {accelerator()})\n\n"
         "GRUB's menu from a raw disk (tests/framework/bootdisk.py), 1024x768 asked (BIOS "
@@ -188,6 +270,13 @@ async def main(a: argparse.Namespace) -> None:
             ["", "p50", "p99", "vs bare"],
             [row for fw in FIRMWARES for row in boot_rows(fw)],
         ),
+        f"## The guest's DHCP (s; {a.creates} each; UEFI)\n\n"
+        "From the key that runs the disk's network entry to GRUB's address on the serial "
+        "port: GRUB's `net_bootp` over iPXE's e1000 driver (its DISCOVER, the OFFER, its "
+        "REQUEST, the ACK), then `net_ls_addr`. Corral: the node answers on the sandbox's "
+        "veth (guard/dhcp.py), under its egress policy. Bare: the same disk and NIC on "
+        "QEMU's user-mode network, whose own DHCP answers inside QEMU.\n\n"
+        + table(["", "p50", "p99", "vs bare"], dhcp_rows),
         f"## Operations (ms, {a.n} each; forks and suspends {a.creates} each)\n\n"
         + table(
             ["", "p50", "p99"],

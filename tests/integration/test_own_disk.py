@@ -15,6 +15,7 @@ import hashlib
 import ipaddress
 import json
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -240,6 +241,37 @@ async def test_an_own_disk_asks_for_its_address_by_dhcp_and_again_after_a_resume
         assert report.dns_denied_names.get("corral-denied.example", 0) >= 2, report
     finally:
         await sbx.close()
+
+
+async def test_the_agent_that_recovers_a_sandbox_answers_its_guests_dhcp(
+    fresh_node: Node, tmp_path: Path
+) -> None:
+    """The agent that answered the guest's DHCP is killed (-9); the one
+    started after it answers from then on."""
+    if why := bootdisk.missing_tools():
+        pytest.skip(why)
+    _, qcow2 = bootdisk.build(tmp_path)
+    fresh_node.cli("disk", "rm", "grub-recover", check=False)
+    fresh_node.cli("disk", "add", str(qcow2), "--name", "grub-recover")
+    srv = fresh_node.server
+    srv.start()
+    try:
+        async with fresh_node.http_client() as c:
+            sbx = await c.sandboxes.create(
+                kind="fullvm", image="disk:grub-recover", firmware="uefi", memory="512MiB",
+                network={},
+            )  # fmt: skip
+        srv.kill(signal.SIGKILL)
+        srv.start()
+        async with fresh_node.http_client() as c:
+            sbx = await c.sandboxes.get(sbx.id)
+            out = await _network_entry(fresh_node, sbx)
+            assert re.search(r"efinet\d+:dhcp \S+ 10\.", out), out
+            await sbx.close()
+    finally:
+        srv.stop()
+        fresh_node.cli("disk", "rm", "grub-recover", check=False)
+    assert fresh_node.leftovers() == {}
 
 
 BAD_CREATES: list[tuple[dict[str, Any], str]] = [

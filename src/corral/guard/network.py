@@ -4,7 +4,9 @@ routed (no bridge: sandboxes share no L2), filtered by nftables.
 Per node, one table `inet corral_<node>`:
   - prerouting: every DNS packet from a sandbox goes to the node's resolver
     (guard/dns.py), whatever server the sandbox asked;
-  - input: from a sandbox, only that resolver port reaches the host;
+  - input: from a sandbox, only that resolver port reaches the host (an
+    own disk's DHCP is read before input, by a packet socket on its veth:
+    guard/dhcp.py);
   - forward: into a sandbox, only replies; out of a sandbox, a per-sandbox
     chain chosen by interface (never by source address, which a sandbox
     cannot spoof anyway without CAP_NET_RAW/NET_ADMIN);
