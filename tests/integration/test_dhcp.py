@@ -72,7 +72,9 @@ async def test_udhcpc_gets_the_lease(link: tuple[str, str, str], tmp_path: Path)
         async with asyncio.timeout(30):
             out, _ = await proc.communicate()
     finally:
-        server.close()
+        await asyncio.to_thread(server.close)  # as a release does, from a worker thread
+    await asyncio.sleep(0)
+    assert server.sock.fileno() == -1
     text = out.decode()
     assert proc.returncode == 0, text
     assert "bound ip=10.200.9.2 mask=255.255.255.252 router=10.200.9.1 dns=10.200.9.1" in text
@@ -98,3 +100,26 @@ async def test_a_flood_of_discovers_gets_a_bounded_number_of_answers(
     # At most a burst and a second's refill went out, however many came.
     assert 0 < server.answered <= 3 * RATE, (server.answered, server.dropped)
     assert server.dropped > 0
+
+
+async def test_the_server_closes_itself_when_its_veth_goes(link: tuple[str, str, str]) -> None:
+    """A VM's QEMU ends (suspend to disk, a guest that powers off): its
+    veth goes, and the server closes and tells its owner, once."""
+    host, _, _ = link
+    gone: list[Responder] = []
+    told = asyncio.Event()
+
+    def on_gone(r: Responder) -> None:
+        gone.append(r)
+        told.set()
+
+    server = Responder("t", host, Lease("10.200.9.2", "10.200.9.1"), HOST_MAC, on_gone=on_gone)
+    server.start()
+    try:
+        _sh(f"ip link del {host}")
+        async with asyncio.timeout(10):
+            await told.wait()
+        await asyncio.sleep(0.2)
+        assert gone == [server] and server.sock.fileno() == -1
+    finally:
+        server.close()

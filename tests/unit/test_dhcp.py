@@ -43,10 +43,16 @@ def reply_of(kind: int | None, **kw: bytes) -> tuple[bytes, dict[int, bytes]]:
     assert req is not None
     out = answer(req, LEASE, SERVER_MAC)
     assert out is not None
-    assert out[:6] == b"\xff" * 6 and out[6:12] == SERVER_MAC
     ip = out[14:34]
     assert dhcp._checksum(ip) == 0, "the IP header's checksum"
-    assert ip[12:16] == socket.inet_aton(LEASE.gateway) and ip[16:20] == b"\xff" * 4
+    assert ip[12:16] == socket.inet_aton(LEASE.gateway) and out[6:12] == SERVER_MAC
+    if req.ciaddr == socket.inet_aton(LEASE.address) and out[14 + 20 + 8 + 240 + 2] != dhcp.NAK:
+        # To a client that holds its address: that address, its MAC.
+        assert out[:6] == MAC and ip[16:20] == req.ciaddr
+    else:
+        assert out[:6] == b"\xff" * 6 and ip[16:20] == b"\xff" * 4
+    pseudo = ip[12:20] + bytes([0, 17]) + out[38:40]
+    assert dhcp._checksum(pseudo + out[34:]) == 0, "the UDP checksum"
     udp = out[34:]
     assert struct.unpack("!HH", udp[:4]) == (67, 68)
     msg = udp[8:]

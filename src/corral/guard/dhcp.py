@@ -13,10 +13,11 @@ Invariants:
     guest asks for, by any client id or MAC, it gets that one or a NAK;
   - a frame is parsed with every length checked against what arrived; a
     malformed one is dropped, never answered, never raised;
-  - at most RATE answers a second per sandbox (a guest flooding DISCOVERs
-    costs the node a counter);
-  - replies go to the Ethernet and IP broadcast addresses: the segment
-    holds the guest alone, and every client in every state accepts them.
+  - at most RATE frames a second per sandbox are read, answered or not;
+    past that the socket is left unread and the kernel drops the flood;
+  - replies go out on the sandbox's own veth only: to the broadcast
+    addresses (the segment holds the guest alone), or, to a client that
+    already holds its address, to that address and its MAC.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import ipaddress
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from corral.log import get_logger
@@ -40,7 +42,7 @@ PACKET_OUTGOING = 4
 MAGIC = b"\x63\x82\x53\x63"
 BOOTP_FIXED = 236  # op .. file, before the magic cookie
 MIN_BOOTP = 300  # BOOTP's minimum message; some clients drop shorter replies
-RATE = 20  # answers a second per sandbox, burst as many
+RATE = 20  # frames read a second per sandbox, answered or not, burst as many
 # Renewed at half of it: rarely enough that an idle guest is seldom woken
 # for it, often enough that an agent's restart (which answers again once
 # recovery runs) is never noticed.
@@ -209,6 +211,10 @@ def answer(req: Request, lease: Lease, server_mac: bytes) -> bytes | None:
     msg.append(OPT_END)
     if len(msg) < MIN_BOOTP:
         msg += bytes(MIN_BOOTP - len(msg))
+    if kind != NAK and req.ciaddr == ours:
+        # A client that holds its address (renewing) may listen on a socket
+        # bound to it, and hear only what is sent to it (RFC 2131 4.1).
+        return _frame(bytes(msg), server_ip, server_mac, ours, req.chaddr[:6])
     return _frame(bytes(msg), server_ip, server_mac)
 
 
@@ -222,8 +228,13 @@ def _checksum(data: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def _frame(payload: bytes, src_ip: bytes, src_mac: bytes) -> bytes:
-    dst_ip = b"\xff\xff\xff\xff"
+def _frame(
+    payload: bytes,
+    src_ip: bytes,
+    src_mac: bytes,
+    dst_ip: bytes = b"\xff" * 4,
+    dst_mac: bytes = b"\xff" * 6,
+) -> bytes:
     udp_len = 8 + len(payload)
     pseudo = src_ip + dst_ip + struct.pack("!BBH", 0, 17, udp_len)
     udp = struct.pack("!HHHH", SERVER_PORT, CLIENT_PORT, udp_len, 0) + payload
@@ -231,7 +242,7 @@ def _frame(payload: bytes, src_ip: bytes, src_mac: bytes) -> bytes:
     udp = udp[:6] + struct.pack("!H", udp_sum) + udp[8:]
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0x10, 20 + udp_len, 0, 0, 64, 17, 0, src_ip, dst_ip)
     ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
-    return b"\xff" * 6 + src_mac + b"\x08\x00" + ip + udp
+    return dst_mac + src_mac + b"\x08\x00" + ip + udp
 
 
 def mac_bytes(mac: str) -> bytes:
@@ -240,22 +251,41 @@ def mac_bytes(mac: str) -> bytes:
 
 class Responder:
     """Answers one sandbox's guest on `ifname` (the host end of its veth)
-    until closed. Runs on the node agent's event loop."""
+    until closed. Runs on the node agent's event loop.
 
-    def __init__(self, sandbox_id: str, ifname: str, lease: Lease, server_mac: str) -> None:
+    Every frame the kernel lets up costs a token (RATE a second, burst as
+    many), answered or not, before it is parsed; with none left the socket
+    is not read until one comes back, so a flood waits in the socket's
+    small buffer and the kernel drops the rest: a guest can make the node
+    do RATE frames' work a second, no more. `on_gone` is called once the
+    veth has gone (its QEMU ended) and the responder has closed itself."""
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        ifname: str,
+        lease: Lease,
+        server_mac: str,
+        on_gone: Callable[[Responder], None] | None = None,
+    ) -> None:
         self.sandbox_id = sandbox_id
         self.ifname = ifname
         self.lease = lease
         self.server_mac = mac_bytes(server_mac)
+        self.on_gone = on_gone
         self.answered = 0
-        self.dropped = 0  # past RATE
+        self.dropped = 0  # frames left unread past RATE (at least; the kernel drops more)
         self._tokens = float(RATE)
         self._refilled = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_IP))
+        self._paused: asyncio.TimerHandle | None = None
+        self._closed = False
+        # Protocol 0 until bound: a packet socket made for a protocol hears
+        # it from every interface at once, and what it queued before the
+        # bind would be answered on this veth.
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         try:
             _attach_filter(self.sock)
-            # A flood waits in the kernel at most this much; the rest is dropped there.
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
             self.sock.bind((ifname, ETH_P_IP))
             self.sock.setblocking(False)
@@ -269,31 +299,45 @@ class Responder:
 
     def close(self) -> None:
         """Stop answering; from the loop's thread or any other (a release
-        runs in a worker thread)."""
+        runs in a worker thread). Idempotent."""
         loop = self._loop
         try:
             here = asyncio.get_running_loop()
         except RuntimeError:
             here = None
-        if loop is not None and here is not loop and not loop.is_closed():
-            loop.call_soon_threadsafe(self.close)
+        if loop is not None and here is not loop:
+            try:
+                loop.call_soon_threadsafe(self.close)
+                return
+            except RuntimeError:  # that loop is closed: nothing reads for it any more
+                self._loop = loop = None
+        if self._closed:
             return
+        self._closed = True
+        if self._paused is not None:
+            self._paused.cancel()
         if loop is not None:
             loop.remove_reader(self.sock.fileno())
             self._loop = None
         self.sock.close()
 
     def _readable(self) -> None:
-        for _ in range(64):  # then back to the loop; the rest next time
+        for _ in range(RATE):  # then back to the loop; the rest next time
+            if not self._take():
+                self._pause()
+                return
             try:
                 frame, addr = self.sock.recvfrom(2048)
             except (BlockingIOError, InterruptedError):
+                self._tokens += 1  # nothing was read: the token stays
                 return
-            except OSError as exc:  # the veth went away under us
-                log.warning("dhcp.read_failed", sandbox=self.sandbox_id, error=str(exc))
+            except OSError as exc:  # the veth went away (its QEMU ended)
+                log.info("dhcp.gone", sandbox=self.sandbox_id, error=str(exc))
                 self.close()
+                if self.on_gone is not None:
+                    self.on_gone(self)
                 return
-            if addr[2] == PACKET_OUTGOING:
+            if addr[0] != self.ifname or addr[2] == PACKET_OUTGOING:
                 continue
             req = parse(frame)
             if req is None:
@@ -301,21 +345,27 @@ class Responder:
             reply = answer(req, self.lease, self.server_mac)
             if reply is None:
                 continue
-            if not self._take():
-                self.dropped += 1
-                continue
             try:
                 self.sock.send(reply)
             except OSError as exc:
                 log.warning("dhcp.send_failed", sandbox=self.sandbox_id, error=str(exc))
                 continue
             self.answered += 1
-            log.info(
-                "dhcp.answered",
-                sandbox=self.sandbox_id,
-                request=req.kind,
-                address=self.lease.address,
-            )
+            log.debug("dhcp.answered", sandbox=self.sandbox_id, request=req.kind)
+
+    def _pause(self) -> None:
+        """Stop reading until a token is back (the kernel holds or drops
+        what comes meanwhile)."""
+        if self._loop is None or self._paused is not None:
+            return
+        self.dropped += 1
+        self._loop.remove_reader(self.sock.fileno())
+        self._paused = self._loop.call_later(1.0 / RATE, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = None
+        if self._loop is not None and not self._closed:
+            self._loop.add_reader(self.sock.fileno(), self._readable)
 
     def _take(self) -> bool:
         now = time.monotonic()

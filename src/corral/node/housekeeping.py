@@ -190,6 +190,16 @@ class Housekeeping:
                 owners[owner] = procs.owner_alive(owner)
             if not owners[owner]:
                 await self.lifecycle.retire(sid, reason="its function-call pool is gone")
+        # A guest's DHCP is answered by the agent that started it; when that
+        # one has died, by the leader (the guest asks again within its lease).
+        networks = self.lifecycle.networks
+        for sid, owner in db.running_networked_own_disks():
+            if owner == self.owner or networks.serves_dhcp(sid):
+                continue
+            if owner not in owners:
+                owners[owner] = procs.owner_alive(owner)
+            if not owners[owner]:
+                networks.serve_dhcp(sid)
 
     async def _reclaim_idle(self, now: float) -> None:
         """Memory back from sandboxes idle for reclaim_after (no command,

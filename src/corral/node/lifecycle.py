@@ -407,8 +407,8 @@ class Lifecycle:
             self.cpu.place(rec.id, req.cpu_class, req.cpu)
             agentless = is_disk(req.image)
             if agentless and req.network is not None and net_index is not None:
-                # Before its firmware runs: the guest's OS asks for its
-                # address by DHCP as it boots, and may not ask again soon.
+                # While its firmware initializes: the guest's OS asks for
+                # its address by DHCP as it boots, and may not ask again soon.
                 await self.networks.connect(
                     rec.id, started.pid, net_index, req.network, runtime.net_tap, agentless=True
                 )

@@ -78,7 +78,10 @@ class SandboxNetworks:
 
     def serve_dhcp(self, sandbox_id: str, index: int | None = None) -> None:
         """Answer the guest's DHCP on its veth's host end, from now until
-        unplug or disconnect (again after an agent's restart: recovery)."""
+        unplug or disconnect, or its veth goes (again after a resume, and
+        by the leader once the agent that served it has died:
+        housekeeping). Without an index, the sandbox's own; a sandbox
+        whose veth is gone meanwhile is left alone."""
         if index is None:
             row = self.store.net_get(sandbox_id)
             if row is None:
@@ -86,13 +89,24 @@ class SandboxNetworks:
             index = row[0]
         self._stop_dhcp(sandbox_id)
         host_ip, guest_ip = self.network.addresses(index)
-        responder = Responder(
-            sandbox_id, self.network.host_if(index), Lease(guest_ip, host_ip),
-            self.network.host_mac(index),
-        )  # fmt: skip
+        try:
+            responder = Responder(
+                sandbox_id, self.network.host_if(index), Lease(guest_ip, host_ip),
+                self.network.host_mac(index), on_gone=self._dhcp_gone,
+            )  # fmt: skip
+        except OSError as exc:  # no such interface: closed or suspended meanwhile
+            log.warning("dhcp.not_served", sandbox=sandbox_id, error=str(exc))
+            return
         responder.start()
         self._dhcp[sandbox_id] = responder
         log.info("dhcp.serving", sandbox=sandbox_id, interface=responder.ifname)
+
+    def serves_dhcp(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._dhcp
+
+    def _dhcp_gone(self, responder: Responder) -> None:
+        if self._dhcp.get(responder.sandbox_id) is responder:
+            self._stop_dhcp(responder.sandbox_id)
 
     def _stop_dhcp(self, sandbox_id: str) -> None:
         responder = self._dhcp.pop(sandbox_id, None)

@@ -134,7 +134,8 @@ class Recovery:
                 ):
                     await runtime.attach(rec.id, control)
                 if own_disk and not procs.owner_alive(rec.owner):
-                    # Its guest's DHCP was answered by the agent that died.
+                    # Its guest's DHCP was answered by the agent that died
+                    # (housekeeping also looks, each liveness interval).
                     self.lifecycle.networks.serve_dhcp(rec.id)
                 report.reattached += 1
                 continue

@@ -439,6 +439,15 @@ class Store:
             (key,),
         )
 
+    def running_networked_own_disks(self) -> builtins.list[tuple[str, str]]:
+        """(id, owner) of running sandboxes booted from a user's own disk
+        that have a network: those whose guests ask for DHCP."""
+        return self._tuples(
+            "SELECT s.id, s.owner FROM sandboxes s JOIN net n ON n.sandbox_id = s.id "
+            "WHERE s.state = 'running' AND json_extract(s.spec, '$.image') LIKE 'disk:%'",
+            (),
+        )
+
     def idle_unreclaimed(
         self, kinds: Iterable[str], before: float, most: int
     ) -> builtins.list[tuple[str, float]]:
