@@ -171,3 +171,19 @@ def test_id_blocks_and_address_blocks_fill_the_lowest_gap(tmp_path: Path) -> Non
     assert [s.net_allocate(sid, "{}", 3) for sid in ("a", "b")] == [1, 2]
     with pytest.raises(ResourceExhausted, match="all 2 sandbox address blocks"):
         s.net_allocate("c", "{}", 3)
+
+
+def test_networked_own_disks_are_listed_for_their_dhcp(tmp_path: Path) -> None:
+    s = Store(tmp_path / "s.db")
+    for sid, image, state, net in [
+        ("disk-net", "disk:win11", "running", True),
+        ("disk-no-net", "disk:win11", "running", False),
+        ("disk-closed", "disk:win11", "closed", True),
+        ("image-net", "debian:12", "running", True),
+    ]:
+        rec = _rec(sid, state=state)
+        rec.kind, rec.spec = "fullvm", {"memory": 1, "image": image}
+        s.insert(rec)
+        if net:
+            s.net_allocate(sid, "{}", 64)
+    assert s.running_networked_own_disks() == [("disk-net", "1:2")]
