@@ -239,17 +239,6 @@ static int all_digits(const char *s) {
     return 1;
 }
 
-/* A uid or gid in decimal: 0 and the value, or -1 for anything else,
- * including values past what an id holds ((uid_t)-1 means "none" to the
- * kernel): a number must never wrap round to root. */
-static int parse_id(const char *s, uint32_t *out) {
-    if (!all_digits(s) || strlen(s) > 10) return -1;
-    unsigned long long v = strtoull(s, NULL, 10);
-    if (v >= UINT32_MAX) return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
 /* An image's small text file (/etc/passwd, /etc/group), NUL-terminated, or
  * NULL: absent, not a regular file, or larger than PASSWD_MAX. */
 static char *read_image_file(const char *path) {
@@ -293,9 +282,8 @@ static void add_member_groups(const char *name, struct ident *id) {
     for (char *line = strtok_r(buf, "\n", &save); line && id->ngroups < IDENT_GROUPS;
          line = strtok_r(NULL, "\n", &save)) {
         char *f[4];
-        uint32_t parsed;
-        if (!fields(line, f, 4) || parse_id(f[2], &parsed) < 0) continue;
-        gid_t gid = (gid_t)parsed;
+        if (!fields(line, f, 4) || !all_digits(f[2])) continue;
+        gid_t gid = (gid_t)strtoul(f[2], NULL, 10);
         int member = 0;
         char *msave = NULL;
         for (char *m = strtok_r(f[3], ",", &msave); m && !member; m = strtok_r(NULL, ",", &msave))
@@ -310,14 +298,12 @@ static void add_member_groups(const char *name, struct ident *id) {
 
 /*
  * Resolve "root", "name", "1000" or "1000:1000" against the image's
- * /etc/passwd and, with `groups`, /etc/group. The files belong to the
- * (untrusted) image: they are only read, bounded in size, and never
- * executed; they can only choose the ids of a user the caller asked for by
- * name, and ids are all the sandbox's own (its user namespace maps nothing
- * else). As runc's exec: an explicit group ("uid:gid") is the only group;
- * otherwise the primary one, then those whose member lists name the user.
+ * /etc/passwd and /etc/group. The files belong to the (untrusted) image:
+ * they are only read, bounded in size, and never executed; they can only
+ * choose the ids of a user the caller asked for by name, and ids are all
+ * the sandbox's own (its user namespace maps nothing else).
  */
-static int lookup_user(const char *spec, struct ident *id, int groups) {
+int resolve_user(const char *spec, struct ident *id) {
     id->uid = 0;
     id->gid = 0;
     id->ngroups = 0;
@@ -328,9 +314,7 @@ static int lookup_user(const char *spec, struct ident *id, int groups) {
     if (nlen == 0 || nlen >= sizeof name) return -1;
     memcpy(name, spec, nlen);
     name[nlen] = 0;
-    uint32_t num = 0;
     int numeric = all_digits(name);
-    if (numeric && parse_id(name, &num) < 0) return -1;
     int found = 0;
 
     char *buf = read_image_file("/etc/passwd");
@@ -338,15 +322,13 @@ static int lookup_user(const char *spec, struct ident *id, int groups) {
         char *save = NULL;
         for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
             char *f[7];
-            uint32_t uid, gid;
             if (!fields(line, f, 7)) continue;
             int match = numeric ? strcmp(f[2], name) == 0 : strcmp(f[0], name) == 0;
-            if (!match || parse_id(f[2], &uid) < 0 || parse_id(f[3], &gid) < 0) continue;
-            id->uid = (uid_t)uid;
-            id->gid = (gid_t)gid;
+            if (!match || !all_digits(f[2]) || !all_digits(f[3])) continue;
+            id->uid = (uid_t)strtoul(f[2], NULL, 10);
+            id->gid = (gid_t)strtoul(f[3], NULL, 10);
             snprintf(id->home, sizeof id->home, "%s", f[5][0] ? f[5] : "/");
-            /* A name too long to keep whole is not matched against groups. */
-            if (strlen(f[0]) < sizeof pwname) strcpy(pwname, f[0]);
+            snprintf(pwname, sizeof pwname, "%s", f[0]);
             found = 1;
             break;
         }
@@ -355,8 +337,8 @@ static int lookup_user(const char *spec, struct ident *id, int groups) {
 
     if (!found) {
         if (numeric) {
-            id->uid = (uid_t)num;
-            id->gid = (gid_t)num;
+            id->uid = (uid_t)strtoul(name, NULL, 10);
+            id->gid = (gid_t)id->uid;
         } else if (strcmp(name, "root") == 0) {
             strcpy(id->home, "/root");
             strcpy(pwname, "root");
@@ -365,17 +347,12 @@ static int lookup_user(const char *spec, struct ident *id, int groups) {
         }
     }
     if (colon) {
-        uint32_t gid;
-        if (parse_id(colon + 1, &gid) < 0) return -1;
-        id->gid = (gid_t)gid;
+        if (!all_digits(colon + 1)) return -1;
+        id->gid = (gid_t)strtoul(colon + 1, NULL, 10);
     }
     id->groups[id->ngroups++] = id->gid;
-    if (groups && !colon && pwname[0]) add_member_groups(pwname, id);
+    if (pwname[0]) add_member_groups(pwname, id);
     return 0;
-}
-
-int resolve_user(const char *spec, struct ident *id) {
-    return lookup_user(spec, id, 1);
 }
 
 /* setgroups(2) refuses the whole list (EINVAL) if one gid is not mapped in
@@ -1706,7 +1683,7 @@ static int unpark(int pk, int lfd) {
 
 static int uid_of(const char *name, uid_t *uid) {
     struct ident id;
-    if (lookup_user(name, &id, 0) < 0) return -1; /* the uid alone: no /etc/group */
+    if (resolve_user(name, &id) < 0) return -1;
     *uid = id.uid;
     return 0;
 }

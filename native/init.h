@@ -20,8 +20,7 @@ struct ident {
 
 void logmsg(const char *fmt, ...);
 /* "root", "name", "1000" or "1000:1000" against the image's /etc/passwd,
- * and, unless a group is given, the user's other groups from its
- * /etc/group. */
+ * and the user's supplementary groups from its /etc/group. */
 int resolve_user(const char *spec, struct ident *id);
 /* This process becomes `id` (groups, gid, uid): -1 on failure. */
 int become(const struct ident *id);
