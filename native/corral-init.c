@@ -239,77 +239,18 @@ static int all_digits(const char *s) {
     return 1;
 }
 
-/* An image's small text file (/etc/passwd, /etc/group), NUL-terminated, or
- * NULL: absent, not a regular file, or larger than PASSWD_MAX. */
-static char *read_image_file(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) return NULL;
-    struct stat st;
-    char *buf = NULL;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size <= PASSWD_MAX) {
-        buf = malloc((size_t)st.st_size + 1);
-        ssize_t n = buf ? read(fd, buf, (size_t)st.st_size) : -1;
-        if (n >= 0) {
-            buf[n] = 0;
-        } else {
-            free(buf);
-            buf = NULL;
-        }
-    }
-    close(fd);
-    return buf;
-}
-
-/* Split a line into `want` colon-separated fields in place: 0 if it has
- * fewer. */
-static int fields(char *line, char **f, int want) {
-    int k = 0;
-    char *s = line;
-    f[k++] = s;
-    while (k < want && (s = strchr(s, ':'))) {
-        *s++ = 0;
-        f[k++] = s;
-    }
-    return k == want;
-}
-
-/* The groups /etc/group lists `name` in, after the primary gid, as login(1)
- * and runc's exec do. Duplicates and malformed lines are left out. */
-static void add_member_groups(const char *name, struct ident *id) {
-    char *buf = read_image_file("/etc/group");
-    if (!buf) return;
-    char *save = NULL;
-    for (char *line = strtok_r(buf, "\n", &save); line && id->ngroups < IDENT_GROUPS;
-         line = strtok_r(NULL, "\n", &save)) {
-        char *f[4];
-        if (!fields(line, f, 4) || !all_digits(f[2])) continue;
-        gid_t gid = (gid_t)strtoul(f[2], NULL, 10);
-        int member = 0;
-        char *msave = NULL;
-        for (char *m = strtok_r(f[3], ",", &msave); m && !member; m = strtok_r(NULL, ",", &msave))
-            member = strcmp(m, name) == 0;
-        if (!member) continue;
-        int seen = 0;
-        for (int i = 0; i < id->ngroups && !seen; i++) seen = id->groups[i] == gid;
-        if (!seen) id->groups[id->ngroups++] = gid;
-    }
-    free(buf);
-}
-
 /*
  * Resolve "root", "name", "1000" or "1000:1000" against the image's
- * /etc/passwd and /etc/group. The files belong to the (untrusted) image:
- * they are only read, bounded in size, and never executed; they can only
- * choose the ids of a user the caller asked for by name, and ids are all
- * the sandbox's own (its user namespace maps nothing else).
+ * /etc/passwd. The file belongs to the (untrusted) image: it is only read,
+ * bounded in size, and never executed; it can only choose the uid of a user
+ * the caller asked for by name.
  */
 int resolve_user(const char *spec, struct ident *id) {
     id->uid = 0;
     id->gid = 0;
-    id->ngroups = 0;
     strcpy(id->home, "/");
     const char *colon = strchr(spec, ':');
-    char name[256], pwname[256] = "";
+    char name[256];
     size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
     if (nlen == 0 || nlen >= sizeof name) return -1;
     memcpy(name, spec, nlen);
@@ -317,23 +258,36 @@ int resolve_user(const char *spec, struct ident *id) {
     int numeric = all_digits(name);
     int found = 0;
 
-    char *buf = read_image_file("/etc/passwd");
-    if (buf) {
-        char *save = NULL;
-        for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-            char *f[7];
-            if (!fields(line, f, 7)) continue;
-            int match = numeric ? strcmp(f[2], name) == 0 : strcmp(f[0], name) == 0;
-            if (!match || !all_digits(f[2]) || !all_digits(f[3])) continue;
-            id->uid = (uid_t)strtoul(f[2], NULL, 10);
-            id->gid = (gid_t)strtoul(f[3], NULL, 10);
-            snprintf(id->home, sizeof id->home, "%s", f[5][0] ? f[5] : "/");
-            snprintf(pwname, sizeof pwname, "%s", f[0]);
-            found = 1;
-            break;
+    int fd = open("/etc/passwd", O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size <= PASSWD_MAX) {
+        char *buf = malloc((size_t)st.st_size + 1);
+        ssize_t n = buf ? read(fd, buf, (size_t)st.st_size) : -1;
+        if (n >= 0) {
+            buf[n] = 0;
+            char *save = NULL;
+            for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                char *f[7] = {0};
+                int k = 0;
+                char *s = line;
+                f[k++] = s;
+                while (k < 7 && (s = strchr(s, ':'))) {
+                    *s++ = 0;
+                    f[k++] = s;
+                }
+                if (k < 7) continue;
+                int match = numeric ? strcmp(f[2], name) == 0 : strcmp(f[0], name) == 0;
+                if (!match || !all_digits(f[2]) || !all_digits(f[3])) continue;
+                id->uid = (uid_t)strtoul(f[2], NULL, 10);
+                id->gid = (gid_t)strtoul(f[3], NULL, 10);
+                snprintf(id->home, sizeof id->home, "%s", f[5][0] ? f[5] : "/");
+                found = 1;
+                break;
+            }
         }
         free(buf);
     }
+    if (fd >= 0) close(fd);
 
     if (!found) {
         if (numeric) {
@@ -341,7 +295,6 @@ int resolve_user(const char *spec, struct ident *id) {
             id->gid = (gid_t)id->uid;
         } else if (strcmp(name, "root") == 0) {
             strcpy(id->home, "/root");
-            strcpy(pwname, "root");
         } else {
             return -1;
         }
@@ -350,26 +303,11 @@ int resolve_user(const char *spec, struct ident *id) {
         if (!all_digits(colon + 1)) return -1;
         id->gid = (gid_t)strtoul(colon + 1, NULL, 10);
     }
-    id->groups[id->ngroups++] = id->gid;
-    if (pwname[0]) add_member_groups(pwname, id);
     return 0;
 }
 
-/* setgroups(2) refuses the whole list (EINVAL) if one gid is not mapped in
- * the sandbox's user namespace (an image's /etc/group may name any): then
- * the mapped ones, so one stray line does not stop every command. */
-static int set_groups(const struct ident *id) {
-    if (setgroups((size_t)id->ngroups, id->groups) == 0) return 0;
-    if (errno != EINVAL) return -1;
-    gid_t ok[IDENT_GROUPS];
-    size_t n = 0;
-    for (int i = 0; i < id->ngroups; i++)
-        if (setgroups(1, &id->groups[i]) == 0) ok[n++] = id->groups[i];
-    return setgroups(n, ok);
-}
-
 int become(const struct ident *id) {
-    if (set_groups(id) < 0) return -1;
+    if (setgroups(1, &id->gid) < 0) return -1;
     if (setresgid(id->gid, id->gid, id->gid) < 0) return -1;
     if (setresuid(id->uid, id->uid, id->uid) < 0) return -1;
     return 0;
