@@ -333,14 +333,17 @@ class MicroVMRuntime:
         return started
 
     def _not_loaded(self, sandbox_id: str, why: str) -> SandboxFailed:
+        return self._qemu_failed(sandbox_id, "its saved state did not load", why)
+
+    def _qemu_failed(self, sandbox_id: str, what: str, why: str) -> SandboxFailed:
+        """`what` went wrong, with the last lines QEMU wrote."""
         try:
             said = (self._dir(sandbox_id) / "qemu.log").read_text(errors="replace")
         except OSError:
             said = ""
         tail = " | ".join(said.strip().splitlines()[-3:])
         return SandboxFailed(
-            f"sandbox {sandbox_id}: its saved state did not load: {why}"
-            + (f"; QEMU said: {tail}" if tail else ""),
+            f"sandbox {sandbox_id}: {what}: {why}" + (f"; QEMU said: {tail}" if tail else ""),
             sandbox=sandbox_id,
         )
 
@@ -509,7 +512,16 @@ class FullVMRuntime(MicroVMRuntime):
             tb_mib=self.tcg_cache_mib,
             tap=TAP if boot.net is not None else None,
         )
-        return await self._launch(spec.id, vm.argv(), memory, boot.state)
+        started = await self._launch(spec.id, vm.argv(), memory, boot.state)
+        if vm.tap is not None and boot.state is None:
+            # The node bridges the tap as soon as this returns (no agent to
+            # wait for), and QEMU makes it during its start: its control
+            # socket greets only once the machine, NIC backends included, is up.
+            try:
+                (await Qmp.connect(d / "qmp.sock")).close()
+            except (OSError, SandboxFailed) as exc:
+                raise self._qemu_failed(spec.id, "its machine did not start", str(exc)) from None
+        return started
 
     async def _saved(self, sandbox_id: str, state: Path, then: str) -> None:
         own = OwnDisk.of(self._dir(sandbox_id))
