@@ -193,6 +193,10 @@ class NodeConfig:
     chunk_cache_size: int = 20 * 1024**3
     lazy_readahead: int = 4  # chunks fetched per miss
     lazy_deadline: float = 20.0  # seconds a read may spend retrying the store
+    # A loader that holds its lock but has not answered for this long is
+    # hung: killed, and the node's sandboxes reading through it failed. Past
+    # lazy_deadline with room: one read retrying a slow store may hold it.
+    lazy_hang_timeout: float = 60.0
     # Layers may be shared by several nodes of one machine (tests, the
     # multi-node setup); None means <data_dir>/images.
     images: Path | None = None
@@ -399,6 +403,7 @@ class NodeConfig:
                 "cpu_overcommit",
                 "reaper_interval",
                 "lazy_deadline",
+                "lazy_hang_timeout",
                 "liveness_interval",
                 "vm_hang_timeout",
                 "suspend_after",

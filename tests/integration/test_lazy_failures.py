@@ -4,6 +4,7 @@ chunk, the loader killed; and the chunk cache surviving an agent restart."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -132,6 +133,58 @@ async def test_a_killed_loader_fails_its_sandboxes_and_is_replaced(
     fresh = await lazy_client.sandboxes.create(image=IMAGE)
     assert (await fresh.commands.run("python3 -c 'print(3)'")).stdout == "3\n"
     await fresh.close()
+
+
+async def test_a_silent_loader_is_waited_for_not_condemned(pulled_node: Node) -> None:
+    """A loader that holds its lock but answers nothing (stopped here; slow
+    on a busy host or an emulated CPU) for less than lazy_hang_timeout is
+    not dead: its sandboxes run on, and a create meanwhile gets its files."""
+    node = pulled_node.with_config(lazy_hang_timeout=60.0)
+    async with node.client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE)
+        await sbx.commands.run("true")
+        pid = int((node.config.data_dir / "lazy.lock").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # Several liveness checks (0.3 s apart), each given 2 s to answer.
+            await asyncio.sleep(5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert (await sbx.refresh()).state == corral.SandboxState.running
+        assert (await sbx.commands.run("python3 -c 'print(3)'")).stdout == "3\n"
+        other = await c.sandboxes.create(image=IMAGE)
+        assert (await other.commands.run(f"wc -c < {BIG}")).stdout.strip().isdigit()
+        assert int((node.config.data_dir / "lazy.lock").read_text()) == pid
+        await other.close()
+        await sbx.close()
+
+
+async def test_a_loader_silent_past_the_hang_timeout_is_killed_and_replaced(
+    pulled_node: Node,
+) -> None:
+    node = pulled_node.with_config(lazy_hang_timeout=2.0)
+    async with node.client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE)
+        await sbx.commands.run("true")
+        pid = int((node.config.data_dir / "lazy.lock").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for _ in range(200):
+                if (await sbx.refresh()).state == corral.SandboxState.failed:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        assert sbx.info.state == corral.SandboxState.failed
+        assert "loader" in (sbx.info.error or "")
+        assert (
+            not Path(f"/proc/{pid}/status").exists()
+            or "zombie" in Path(f"/proc/{pid}/status").read_text()
+        )
+        fresh = await c.sandboxes.create(image=IMAGE)
+        assert (await fresh.commands.run("python3 -c 'print(3)'")).stdout == "3\n"
+        await fresh.close()
 
 
 def test_mounts_left_by_a_killed_loader_are_replaced_at_next_use(pulled_node: Node) -> None:

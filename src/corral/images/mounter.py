@@ -60,12 +60,7 @@ class LayerMounts:
         the lock: a create pays one lock (and one trip off its loop)."""
         fd = self._locked()
         try:
-            if self._loader_dead():
-                # A killed loader leaves its FUSE mount and every layer
-                # mount reading through it answering EIO: reusing them would
-                # hand the new sandbox a root it cannot exec from.
-                log.warning("lazy.dead_mounts_cleared", root=str(self.root))
-                self._unmount_all()
+            self._clear_if_loader_dead()
             targets = []
             for layer in layers:
                 target = self.path(layer.digest)
@@ -126,6 +121,28 @@ class LayerMounts:
         # are inert (inside a sandbox its own mount decides, in its userns).
         flags = mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV
         mounts.mount(str(meta), str(target), "erofs", flags, opts)
+
+    def clear_dead_loader(self) -> bool:
+        """Unmount the layer mounts and the loader's if the loader is dead;
+        True if they were. Decided under the layer lock: a create that has
+        just replaced a dead loader keeps the mounts it made through the
+        new one (a check made outside the lock once unmounted them under
+        it, and the sandbox started on an empty root)."""
+        fd = self._locked()
+        try:
+            return self._clear_if_loader_dead()
+        finally:
+            os.close(fd)
+
+    def _clear_if_loader_dead(self) -> bool:
+        """Caller holds the layer lock. A killed loader leaves its FUSE
+        mount and every layer mount reading through it answering EIO:
+        reusing them would hand a new sandbox a root it cannot exec from."""
+        if not self._loader_dead():
+            return False
+        log.warning("lazy.dead_mounts_cleared", root=str(self.root))
+        self._unmount_all()
+        return True
 
     def _loader_dead(self) -> bool:
         """True when the loader's FUSE mount is there but no loader holds

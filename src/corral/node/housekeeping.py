@@ -81,6 +81,7 @@ class Housekeeping:
         self._last_gc = 0.0
         self._last_liveness = 0.0
         self._silent_since: dict[str, float] = {}  # VM guests not answering, since when
+        self._loader_silent_since: float | None = None  # the lazy loader's, likewise
         self.recovered: GcReport | None = None  # what taking the lead reclaimed
 
     async def start(self) -> None:
@@ -144,7 +145,7 @@ class Housekeeping:
         check_liveness = now - self._last_liveness >= self.config.liveness_interval
         if check_liveness:
             self._last_liveness = now
-            await self._check_loader()
+            await self._check_loader(now)
         # Each second: what is due, as the database answers it. Nothing
         # here walks every sandbox held on the event loop (store.py).
         for sid, reason in db.due_to_retire(now):
@@ -294,18 +295,33 @@ class Housekeeping:
         for gone in set(self._silent_since) - pinged:
             del self._silent_since[gone]
 
-    async def _check_loader(self) -> None:
+    async def _check_loader(self, now: float) -> None:
         """A dead lazy loader leaves every sandbox reading through it with
         EIO forever: fail them now, clear its mounts; the next create starts
-        a new loader."""
+        a new loader. One that is only silent is slow until it has been
+        silent for lazy_hang_timeout: then it is hung, and killed."""
         lazy = self.layers.lazy
-        if lazy is None or await asyncio.to_thread(lazy.alive):
+        if lazy is None:
+            return
+        health = await asyncio.to_thread(lazy.health)
+        if health != "silent":
+            self._loader_silent_since = None
+        else:
+            since = self._loader_silent_since = self._loader_silent_since or now
+            if now - since < self.config.lazy_hang_timeout:
+                log.warning("lazy.silent", seconds=round(now - since, 1))
+                return
+            self._loader_silent_since = None
+            pid = await asyncio.to_thread(lazy.kill)
+            log.error("lazy.hung", pid=pid, seconds=round(now - since, 1))
+        if health == "absent" or health == "serving":
             return
         victims = self.store.list(["running"])
+        if not await asyncio.to_thread(self.layers.clear_dead_loader):
+            return  # a create replaced it meanwhile, under the layer lock
         log.error("lazy.dead", sandboxes=len(victims))
         metrics.LOADER_FAILURES.inc()
         for rec in victims:
             await self.lifecycle.fail(
                 rec, "the node's lazy layer loader died; the sandbox lost its files"
             )
-        await asyncio.to_thread(self.layers.release_all)

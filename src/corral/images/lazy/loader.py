@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from corral.errors import Unavailable
 from corral.host import mounts
@@ -21,6 +23,8 @@ log = get_logger("corral.lazy")
 # starts in ~0.3 s on a host, but a python under TCG (tests/framework/
 # v2host.py's guest) has taken 13-30 s to import and mount.
 START_TIMEOUT = 90.0
+
+Health = Literal["absent", "serving", "silent", "dead"]
 
 
 class LazyLoader:
@@ -130,11 +134,31 @@ class LazyLoader:
         t.join(timeout)
         return box[0] if box else None
 
-    def alive(self) -> bool:
-        """False when the loader's mount exists but nobody serves it."""
+    def health(self) -> Health:
+        """ "absent": no loader mount (nothing to serve). "dead": its mount is
+        there and no process holds its lock; the kernel drops a lock with
+        its holder, so this is certain. "silent": a holder that did not
+        answer in time; slow (a busy host, an emulated CPU, a read
+        retrying the store) until it has been silent for long, so this
+        alone condemns nothing. "serving": it answered."""
         if not self.mounted():
-            return True  # nothing to serve: not dead
-        return self.running_pid() is not None and self.stats() is not None
+            return "absent"
+        if self.running_pid() is None:
+            return "dead"
+        return "serving" if self.stats() is not None else "silent"
+
+    def kill(self) -> int | None:
+        """Kill the loader holding the lock (a hung one: it is not asked)
+        and wait, briefly, for the lock to be free. Its pid, or None."""
+        pid = self.running_pid()
+        if pid is None or pid <= 0:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while self.running_pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return pid
 
     def stop(self) -> None:
         if self.mounted():
