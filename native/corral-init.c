@@ -239,75 +239,160 @@ static int all_digits(const char *s) {
     return 1;
 }
 
+/* A uid or gid in decimal: 0 and the value, or -1 for anything else,
+ * including values past what an id holds ((uid_t)-1 means "none" to the
+ * kernel): a number must never wrap round to root. */
+static int parse_id(const char *s, uint32_t *out) {
+    if (!all_digits(s) || strlen(s) > 10) return -1;
+    unsigned long long v = strtoull(s, NULL, 10);
+    if (v >= UINT32_MAX) return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* An image's small text file (/etc/passwd, /etc/group), NUL-terminated, or
+ * NULL: absent, not a regular file, or larger than PASSWD_MAX. */
+static char *read_image_file(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return NULL;
+    struct stat st;
+    char *buf = NULL;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size <= PASSWD_MAX) {
+        buf = malloc((size_t)st.st_size + 1);
+        ssize_t n = buf ? read(fd, buf, (size_t)st.st_size) : -1;
+        if (n >= 0) {
+            buf[n] = 0;
+        } else {
+            free(buf);
+            buf = NULL;
+        }
+    }
+    close(fd);
+    return buf;
+}
+
+/* Split a line into `want` colon-separated fields in place: 0 if it has
+ * fewer. */
+static int fields(char *line, char **f, int want) {
+    int k = 0;
+    char *s = line;
+    f[k++] = s;
+    while (k < want && (s = strchr(s, ':'))) {
+        *s++ = 0;
+        f[k++] = s;
+    }
+    return k == want;
+}
+
+/* The groups /etc/group lists `name` in, after the primary gid, as login(1)
+ * and runc's exec do. Duplicates and malformed lines are left out. */
+static void add_member_groups(const char *name, struct ident *id) {
+    char *buf = read_image_file("/etc/group");
+    if (!buf) return;
+    char *save = NULL;
+    for (char *line = strtok_r(buf, "\n", &save); line && id->ngroups < IDENT_GROUPS;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *f[4];
+        uint32_t parsed;
+        if (!fields(line, f, 4) || parse_id(f[2], &parsed) < 0) continue;
+        gid_t gid = (gid_t)parsed;
+        int member = 0;
+        char *msave = NULL;
+        for (char *m = strtok_r(f[3], ",", &msave); m && !member; m = strtok_r(NULL, ",", &msave))
+            member = strcmp(m, name) == 0;
+        if (!member) continue;
+        int seen = 0;
+        for (int i = 0; i < id->ngroups && !seen; i++) seen = id->groups[i] == gid;
+        if (!seen) id->groups[id->ngroups++] = gid;
+    }
+    free(buf);
+}
+
 /*
  * Resolve "root", "name", "1000" or "1000:1000" against the image's
- * /etc/passwd. The file belongs to the (untrusted) image: it is only read,
- * bounded in size, and never executed; it can only choose the uid of a user
- * the caller asked for by name.
+ * /etc/passwd and, with `groups`, /etc/group. The files belong to the
+ * (untrusted) image: they are only read, bounded in size, and never
+ * executed; they can only choose the ids of a user the caller asked for by
+ * name, and ids are all the sandbox's own (its user namespace maps nothing
+ * else). As runc's exec: an explicit group ("uid:gid") is the only group;
+ * otherwise the primary one, then those whose member lists name the user.
  */
-int resolve_user(const char *spec, struct ident *id) {
+static int lookup_user(const char *spec, struct ident *id, int groups) {
     id->uid = 0;
     id->gid = 0;
+    id->ngroups = 0;
     strcpy(id->home, "/");
     const char *colon = strchr(spec, ':');
-    char name[256];
+    char name[256], pwname[256] = "";
     size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
     if (nlen == 0 || nlen >= sizeof name) return -1;
     memcpy(name, spec, nlen);
     name[nlen] = 0;
+    uint32_t num = 0;
     int numeric = all_digits(name);
+    if (numeric && parse_id(name, &num) < 0) return -1;
     int found = 0;
 
-    int fd = open("/etc/passwd", O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size <= PASSWD_MAX) {
-        char *buf = malloc((size_t)st.st_size + 1);
-        ssize_t n = buf ? read(fd, buf, (size_t)st.st_size) : -1;
-        if (n >= 0) {
-            buf[n] = 0;
-            char *save = NULL;
-            for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-                char *f[7] = {0};
-                int k = 0;
-                char *s = line;
-                f[k++] = s;
-                while (k < 7 && (s = strchr(s, ':'))) {
-                    *s++ = 0;
-                    f[k++] = s;
-                }
-                if (k < 7) continue;
-                int match = numeric ? strcmp(f[2], name) == 0 : strcmp(f[0], name) == 0;
-                if (!match || !all_digits(f[2]) || !all_digits(f[3])) continue;
-                id->uid = (uid_t)strtoul(f[2], NULL, 10);
-                id->gid = (gid_t)strtoul(f[3], NULL, 10);
-                snprintf(id->home, sizeof id->home, "%s", f[5][0] ? f[5] : "/");
-                found = 1;
-                break;
-            }
+    char *buf = read_image_file("/etc/passwd");
+    if (buf) {
+        char *save = NULL;
+        for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            char *f[7];
+            uint32_t uid, gid;
+            if (!fields(line, f, 7)) continue;
+            int match = numeric ? strcmp(f[2], name) == 0 : strcmp(f[0], name) == 0;
+            if (!match || parse_id(f[2], &uid) < 0 || parse_id(f[3], &gid) < 0) continue;
+            id->uid = (uid_t)uid;
+            id->gid = (gid_t)gid;
+            snprintf(id->home, sizeof id->home, "%s", f[5][0] ? f[5] : "/");
+            /* A name too long to keep whole is not matched against groups. */
+            if (strlen(f[0]) < sizeof pwname) strcpy(pwname, f[0]);
+            found = 1;
+            break;
         }
         free(buf);
     }
-    if (fd >= 0) close(fd);
 
     if (!found) {
         if (numeric) {
-            id->uid = (uid_t)strtoul(name, NULL, 10);
-            id->gid = (gid_t)id->uid;
+            id->uid = (uid_t)num;
+            id->gid = (gid_t)num;
         } else if (strcmp(name, "root") == 0) {
             strcpy(id->home, "/root");
+            strcpy(pwname, "root");
         } else {
             return -1;
         }
     }
     if (colon) {
-        if (!all_digits(colon + 1)) return -1;
-        id->gid = (gid_t)strtoul(colon + 1, NULL, 10);
+        uint32_t gid;
+        if (parse_id(colon + 1, &gid) < 0) return -1;
+        id->gid = (gid_t)gid;
     }
+    id->groups[id->ngroups++] = id->gid;
+    if (groups && !colon && pwname[0]) add_member_groups(pwname, id);
     return 0;
 }
 
+int resolve_user(const char *spec, struct ident *id) {
+    return lookup_user(spec, id, 1);
+}
+
+/* setgroups(2) refuses the whole list (EINVAL) if one gid is not mapped in
+ * the sandbox's user namespace (an image's /etc/group may name any): then
+ * the mapped ones, so one stray line does not stop every command. */
+static int set_groups(const struct ident *id) {
+    if (setgroups((size_t)id->ngroups, id->groups) == 0) return 0;
+    if (errno != EINVAL) return -1;
+    gid_t ok[IDENT_GROUPS];
+    size_t n = 0;
+    for (int i = 0; i < id->ngroups; i++)
+        if (setgroups(1, &id->groups[i]) == 0) ok[n++] = id->groups[i];
+    return setgroups(n, ok);
+}
+
 int become(const struct ident *id) {
-    if (setgroups(1, &id->gid) < 0) return -1;
+    if (set_groups(id) < 0) return -1;
     if (setresgid(id->gid, id->gid, id->gid) < 0) return -1;
     if (setresuid(id->uid, id->uid, id->uid) < 0) return -1;
     return 0;
@@ -1621,7 +1706,7 @@ static int unpark(int pk, int lfd) {
 
 static int uid_of(const char *name, uid_t *uid) {
     struct ident id;
-    if (resolve_user(name, &id) < 0) return -1;
+    if (lookup_user(name, &id, 0) < 0) return -1; /* the uid alone: no /etc/group */
     *uid = id.uid;
     return 0;
 }

@@ -78,7 +78,8 @@ static int read_users(int (*uid_of)(const char *name, uid_t *uid)) {
         line[strcspn(line, " \t\r#")] = 0;
         uid_t uid;
         if (!*line || uid_of(line, &uid) < 0 || uid == 0) continue;
-        if (n_sudoers < SUDO_USERS_MAX) sudoers[n_sudoers++] = uid;
+        sudoers[n_sudoers++] = uid;
+        if (n_sudoers == SUDO_USERS_MAX) break; /* the rest would each read /etc/passwd */
     }
     free(buf);
     return n_sudoers;

@@ -46,6 +46,40 @@ async def test_cwd_env_user_stdin(sbx: corral.AsyncSandbox) -> None:
     assert (await sbx.commands.run("cat", stdin="héllo")).stdout == "héllo"
 
 
+async def test_a_user_has_the_groups_the_images_etc_group_gives_it(
+    sbx: corral.AsyncSandbox,
+) -> None:
+    """As login and runc's exec: the primary group, then every group whose
+    member list names the user. A line naming a gid the sandbox's user
+    namespace does not map (70000), or a malformed one, costs that group
+    only, not the command; a gid past 32 bits never wraps round to root's."""
+    await sbx.commands.run(
+        "printf '%s\\n' 'extra:x:4242:bob,nobody' 'broken line' 'far:x:70000:nobody' "
+        "'bad:x:12a:nobody' 'more:x:4343:nobody' 'again:x:4242:nobody' 'none:x:4444:' "
+        "'prefix:x:4545:nobodyx' 'wrap:x:4294967296:nobody' >> /etc/group",
+        user="root",
+    )
+    assert (await sbx.commands.run("id -G", user="nobody")).stdout.split() == [
+        "65534", "4242", "4343"
+    ]  # fmt: skip
+    # By uid the same user; a group given (uid:gid) is the only one, as in runc.
+    assert (await sbx.commands.run("id -G", user="65534")).stdout.split() == [
+        "65534", "4242", "4343"
+    ]  # fmt: skip
+    assert (await sbx.commands.run("id -G", user="65534:99")).stdout.split() == ["99"]
+    # A uid the image does not name has its own group only.
+    assert (await sbx.commands.run("id -G", user="1234")).stdout.split() == ["1234"]
+    # The group's files are the user's to read.
+    r = await sbx.commands.run(
+        "install -d -m 0770 -g 4343 /srv/team && echo hi > /srv/team/f && "
+        "chgrp 4343 /srv/team/f && chmod 0640 /srv/team/f",
+        user="root",
+    )
+    assert r.exit_code == 0, r
+    assert (await sbx.commands.run("cat /srv/team/f", user="nobody")).stdout == "hi\n"
+    assert (await sbx.commands.run("cat /srv/team/f", user="1234")).exit_code == 1
+
+
 async def test_dev_shm_serves_any_user_without_a_superblock_of_its_own(
     sbx: corral.AsyncSandbox,
 ) -> None:
@@ -76,9 +110,10 @@ async def test_bad_cwd_user_and_program_are_invalid_arguments(sbx: corral.AsyncS
     with pytest.raises(corral.InvalidArgument) as exc:
         await sbx.commands.run("true", cwd="/does/not/exist")
     assert exc.value.field == "cwd"
-    with pytest.raises(corral.InvalidArgument) as exc:
-        await sbx.commands.run("true", user="nosuchuser")
-    assert exc.value.field == "user"
+    for user in ("nosuchuser", "4294967296", "4294967295", "0:4294967296"):
+        with pytest.raises(corral.InvalidArgument) as exc:
+            await sbx.commands.run("true", user=user)  # no such user; never a wrap to 0
+        assert exc.value.field == "user", user
     with pytest.raises(corral.InvalidArgument) as exc:
         await sbx.commands.run(["/no/such/program"])
     assert exc.value.field == "cmd"

@@ -63,8 +63,10 @@ async def sbx(client: corral.AsyncClient) -> AsyncIterator[corral.AsyncSandbox]:
         # Closed stdio goes as /dev/null.
         ("user", "sudo sh -c 'echo out' >&-; echo $?", "0", ""),
         # The caller's signals reach the command (a terminal's Ctrl-C, a kill).
-        ("user", "sudo sh -c 'trap \"echo got-term; exit 3\" TERM; sleep 5 & wait' & "
-                 "sleep 1; kill -TERM $!; wait $!; echo $?", "got-term\n3", ""),
+        # (Sent once the trap is set: a fixed second was too short under load.)
+        ("user", "sudo sh -c 'trap \"echo got-term; exit 3\" TERM; : > /tmp/trap-set; sleep 5 & "
+                 "wait' & until [ -e /tmp/trap-set ]; do sleep 0.05; done; kill -TERM $!; "
+                 "wait $!; echo $?", "got-term\n3", ""),
         # Refused, each with its reason.
         ("user", "sudo nosuch; echo $?", "1", "sudo: nosuch: command not found"),
         # -u: any user of the image's /etc/passwd, by name or #uid, with its
@@ -74,6 +76,9 @@ async def sbx(client: corral.AsyncClient) -> AsyncIterator[corral.AsyncSandbox]:
         ("user", "sudo -u nobody printenv HOME USER LOGNAME SUDO_USER", "/nonexistent\nnobody\nnobody\nuser", ""),
         ("user", "sudo -i -u user pwd", "/home/user", ""),
         ("root", "sudo -u user id -un", "user", ""),
+        # ... with the groups /etc/group gives it, as sudo's initgroups.
+        ("root", "echo 'extra:x:4242:nobody' >> /etc/group && sudo -u nobody id -G", "65534 4242",
+         ""),
         ("user", "sudo -u nosuchuser id; echo $?", "1", "sudo: unknown user nosuchuser"),
         ("user", "sudo -u '#99999' id; echo $?", "1", "sudo: unknown user #99999"),
         ("user", "sudo -l", "(ALL) NOPASSWD: ALL, where /etc/corral/sudo names you", ""),
@@ -154,6 +159,11 @@ async def test_sudo_in_a_microvm(client: corral.AsyncClient) -> None:
         assert (r.exit_code, r.stdout) == (0, "0\nin\n"), r
         r = await s.commands.run("sudo id", user="nobody", timeout=60)
         assert r.exit_code == 1 and "does not name you" in r.stderr, r
+        # The image's /etc/group, as in a container.
+        r = await s.commands.run(
+            "echo 'extra:x:4242:nobody' >> /etc/group && sudo -u nobody id -G", user="root"
+        )
+        assert (r.exit_code, r.stdout) == (0, "65534 4242\n"), r
     finally:
         await s.close()
 

@@ -195,8 +195,10 @@ class AsyncCommands:
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's
         own static bash (`bash -c`; programs still come from the image's
-        PATH), a list runs as given. `user` defaults to the image's
-        user, else root. Raises CommandTimeout (a
+        PATH), a list runs as given. `user` (a name, a uid, or uid:gid)
+        defaults to the image's user, else root; without a gid the
+        command also has the user's groups from the image's /etc/group
+        (as runc's exec). Raises CommandTimeout (a
         TimeoutError) after killing the command's whole process tree.
 
         With `key`, the command runs at most once in this sandbox: running

@@ -357,9 +357,10 @@ class Commands:
         cpu_class: str | None = None,
     ) -> CommandResult:
         """Run a command to its end. A string runs through the platform's own static bash (`bash
-        -c`; programs still come from the image's PATH), a list runs as given. `user` defaults
-        to the image's user, else root. Raises CommandTimeout (a TimeoutError) after killing the
-        command's whole process tree."""
+        -c`; programs still come from the image's PATH), a list runs as given. `user` (a name, a
+        uid, or uid:gid) defaults to the image's user, else root; without a gid the command also
+        has the user's groups from the image's /etc/group (as runc's exec). Raises
+        CommandTimeout (a TimeoutError) after killing the command's whole process tree."""
         result = self._portal.call(
             self._inner.run,
             cmd,
