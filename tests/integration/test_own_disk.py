@@ -274,6 +274,40 @@ async def test_the_agent_that_recovers_a_sandbox_answers_its_guests_dhcp(
     assert fresh_node.leftovers() == {}
 
 
+async def test_the_leader_answers_the_dhcp_of_a_guest_whose_agent_died(
+    fresh_node: Node, tmp_path: Path
+) -> None:
+    """A non-leader agent that answered a guest's DHCP is killed (-9) and
+    none takes its place: the node's leader answers from its next liveness
+    check (the guest asks again within its lease)."""
+    if why := bootdisk.missing_tools():
+        pytest.skip(why)
+    _, qcow2 = bootdisk.build(tmp_path)
+    fresh_node.cli("disk", "rm", "grub-leader", check=False)
+    fresh_node.cli("disk", "add", str(qcow2), "--name", "grub-leader")
+    srv = fresh_node.server
+    try:
+        # Opened first: this embedded agent leads the node.
+        async with fresh_node.client() as leader:
+            srv.start()
+            async with fresh_node.http_client() as c:
+                made = await c.sandboxes.create(
+                    kind="fullvm", image="disk:grub-leader", firmware="uefi", memory="512MiB",
+                    network={},
+                )  # fmt: skip
+            srv.kill(signal.SIGKILL)
+            sbx = await leader.sandboxes.get(made.id)
+            try:
+                out = await _network_entry(fresh_node, sbx)
+                assert re.search(r"efinet\d+:dhcp \S+ 10\.", out), out
+            finally:
+                await sbx.close()
+    finally:
+        srv.stop()
+        fresh_node.cli("disk", "rm", "grub-leader", check=False)
+    assert fresh_node.leftovers() == {}
+
+
 BAD_CREATES: list[tuple[dict[str, Any], str]] = [
     ({"image": "disk:not-added"}, "image"),
     ({"image": "disk:../etc/passwd"}, "image"),
