@@ -17,6 +17,10 @@ from corral.log import get_logger
 log = get_logger("corral.seccompd")
 SLOTS = 1024
 OTHER_ARCH = SLOTS - 1
+# It binds its socket within milliseconds on a host, but took over 10 s in
+# the v2 test host's emulated guest under load (tests/framework/v2host.py).
+# A daemon not up after this is refused; one that exits is seen at once.
+START_TIMEOUT = 30.0
 # The kernel's syscall tables as the C library's headers spell them.
 UNISTD = Path("/usr/include/x86_64-linux-gnu/asm")
 _NR = re.compile(r"^#define __NR_(\w+)\s+(\d+)$", re.M)
@@ -149,10 +153,15 @@ class SeccompDaemon:
                 stderr=out,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + START_TIMEOUT
         while self.running_pid() is None or not self.socket.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise Unavailable(f"corral-seccompd did not start; see {self.log_file}")
+            rc = proc.poll()
+            if rc is not None or time.monotonic() > deadline:
+                how = f"it exited ({rc})" if rc is not None else f"not up in {START_TIMEOUT:.0f} s"
+                said = self.log_file.read_text(errors="replace")[-1500:].strip()
+                raise Unavailable(
+                    f"corral-seccompd did not start: {how}; {self.log_file} says: {said or '-'}"
+                )
             time.sleep(0.01)
         log.info("seccompd.started", pid=proc.pid)
         return True
@@ -160,10 +169,11 @@ class SeccompDaemon:
     def _serving(self) -> bool:
         """A daemon serves the node: its lock held and its socket there.
         One another agent has just started may not have bound its socket
-        yet (the run tmpfs is new): waited for, rather than started twice.
-        One whose socket is gone (its run dir unmounted under it) is
-        stopped, and False returned."""
-        deadline = time.monotonic() + 5
+        yet (the run tmpfs is new): waited for as long as a start may take,
+        rather than started twice (stopping a slow one broke the creates of
+        the agent that started it). One whose socket is gone (its run dir
+        unmounted under it) is stopped, and False returned."""
+        deadline = time.monotonic() + START_TIMEOUT
         while self.running_pid() is not None:
             if self.socket.exists():
                 return True
