@@ -135,21 +135,30 @@ async def test_a_killed_loader_fails_its_sandboxes_and_is_replaced(
     await fresh.close()
 
 
+@contextlib.asynccontextmanager
+async def _loader_stopped(node: Node) -> AsyncIterator[int]:
+    """The node's lazy loader stopped (SIGSTOP: it holds its lock and
+    answers nothing) for the block; its pid."""
+    pid = int((node.config.data_dir / "lazy.lock").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
 async def test_a_silent_loader_is_waited_for_not_condemned(pulled_node: Node) -> None:
     """A loader that holds its lock but answers nothing (stopped here; slow
     on a busy host or an emulated CPU) for less than lazy_hang_timeout is
-    not dead: its sandboxes run on, and a create meanwhile gets its files."""
+    not dead: its sandboxes run on, and the next create reads through it."""
     node = pulled_node.with_config(lazy_hang_timeout=60.0)
     async with node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE)
         await sbx.commands.run("true")
-        pid = int((node.config.data_dir / "lazy.lock").read_text())
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        async with _loader_stopped(node) as pid:
             # Several liveness checks (0.3 s apart), each given 2 s to answer.
             await asyncio.sleep(5)
-        finally:
-            os.kill(pid, signal.SIGCONT)
         assert (await sbx.refresh()).state == corral.SandboxState.running
         assert (await sbx.commands.run("python3 -c 'print(3)'")).stdout == "3\n"
         other = await c.sandboxes.create(image=IMAGE)
@@ -166,16 +175,11 @@ async def test_a_loader_silent_past_the_hang_timeout_is_killed_and_replaced(
     async with node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE)
         await sbx.commands.run("true")
-        pid = int((node.config.data_dir / "lazy.lock").read_text())
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        async with _loader_stopped(node) as pid:
             for _ in range(200):
                 if (await sbx.refresh()).state == corral.SandboxState.failed:
                     break
                 await asyncio.sleep(0.1)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
         assert sbx.info.state == corral.SandboxState.failed
         assert "loader" in (sbx.info.error or "")
         assert (

@@ -11,6 +11,7 @@ the disk (GRUB's save_env), which a later boot of the same disk shows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -243,35 +244,52 @@ async def test_an_own_disk_asks_for_its_address_by_dhcp_and_again_after_a_resume
         await sbx.close()
 
 
+@contextlib.contextmanager
+def _served_disk(node: Node, tmp_path: Path, name: str) -> Iterator[None]:
+    """The test disk added to `node` as `name` for the block; after it, the
+    node's server stopped, the disk removed, and nothing left behind."""
+    if why := bootdisk.missing_tools():
+        pytest.skip(why)
+    _, qcow2 = bootdisk.build(tmp_path)
+    node.cli("disk", "rm", name, check=False)
+    node.cli("disk", "add", str(qcow2), "--name", name)
+    try:
+        yield
+    finally:
+        node.server.stop()
+        node.cli("disk", "rm", name, check=False)
+    assert node.leftovers() == {}
+
+
+async def _networked_disk_sandbox(c: corral.AsyncClient, name: str) -> corral.AsyncSandbox:
+    return await c.sandboxes.create(
+        kind="fullvm", image=f"disk:{name}", firmware="uefi", memory="512MiB", network={}
+    )
+
+
+async def _assert_answered(node: Node, sbx: corral.AsyncSandbox) -> None:
+    out = await _network_entry(node, sbx)
+    assert re.search(r"efinet\d+:dhcp \S+ 10\.", out), out
+
+
 async def test_the_agent_that_recovers_a_sandbox_answers_its_guests_dhcp(
     fresh_node: Node, tmp_path: Path
 ) -> None:
     """The agent that answered the guest's DHCP is killed (-9); the one
     started after it answers from then on."""
-    if why := bootdisk.missing_tools():
-        pytest.skip(why)
-    _, qcow2 = bootdisk.build(tmp_path)
-    fresh_node.cli("disk", "rm", "grub-recover", check=False)
-    fresh_node.cli("disk", "add", str(qcow2), "--name", "grub-recover")
     srv = fresh_node.server
-    srv.start()
-    try:
+    with _served_disk(fresh_node, tmp_path, "grub-recover"):
+        srv.start()
         async with fresh_node.http_client() as c:
-            sbx = await c.sandboxes.create(
-                kind="fullvm", image="disk:grub-recover", firmware="uefi", memory="512MiB",
-                network={},
-            )  # fmt: skip
+            made = await _networked_disk_sandbox(c, "grub-recover")
         srv.kill(signal.SIGKILL)
         srv.start()
         async with fresh_node.http_client() as c:
-            sbx = await c.sandboxes.get(sbx.id)
-            out = await _network_entry(fresh_node, sbx)
-            assert re.search(r"efinet\d+:dhcp \S+ 10\.", out), out
-            await sbx.close()
-    finally:
-        srv.stop()
-        fresh_node.cli("disk", "rm", "grub-recover", check=False)
-    assert fresh_node.leftovers() == {}
+            sbx = await c.sandboxes.get(made.id)
+            try:
+                await _assert_answered(fresh_node, sbx)
+            finally:
+                await sbx.close()
 
 
 async def test_the_leader_answers_the_dhcp_of_a_guest_whose_agent_died(
@@ -280,32 +298,19 @@ async def test_the_leader_answers_the_dhcp_of_a_guest_whose_agent_died(
     """A non-leader agent that answered a guest's DHCP is killed (-9) and
     none takes its place: the node's leader answers from its next liveness
     check (the guest asks again within its lease)."""
-    if why := bootdisk.missing_tools():
-        pytest.skip(why)
-    _, qcow2 = bootdisk.build(tmp_path)
-    fresh_node.cli("disk", "rm", "grub-leader", check=False)
-    fresh_node.cli("disk", "add", str(qcow2), "--name", "grub-leader")
     srv = fresh_node.server
-    try:
+    with _served_disk(fresh_node, tmp_path, "grub-leader"):
         # Opened first: this embedded agent leads the node.
         async with fresh_node.client() as leader:
             srv.start()
             async with fresh_node.http_client() as c:
-                made = await c.sandboxes.create(
-                    kind="fullvm", image="disk:grub-leader", firmware="uefi", memory="512MiB",
-                    network={},
-                )  # fmt: skip
+                made = await _networked_disk_sandbox(c, "grub-leader")
             srv.kill(signal.SIGKILL)
             sbx = await leader.sandboxes.get(made.id)
             try:
-                out = await _network_entry(fresh_node, sbx)
-                assert re.search(r"efinet\d+:dhcp \S+ 10\.", out), out
+                await _assert_answered(fresh_node, sbx)
             finally:
                 await sbx.close()
-    finally:
-        srv.stop()
-        fresh_node.cli("disk", "rm", "grub-leader", check=False)
-    assert fresh_node.leftovers() == {}
 
 
 BAD_CREATES: list[tuple[dict[str, Any], str]] = [
