@@ -144,11 +144,12 @@ JEST = (
     "test('adds', () => { expect(_.add(2, 3)).toBe(%s); });\n"
 )
 D_UT = "int add(int a, int b) { return a + b; }\nunittest { assert(add(2, 3) == %s); }\nvoid main() {}\n"
+LUAUNIT = "local lu = require('luaunit')\nlu.assertEquals(2 + 3, %s)\n"
 
 
 @pytest.mark.parametrize(
     ("language", "template"),
-    [("go_test", GO_TEST), ("junit", JUNIT), ("jest", JEST), ("D_ut", D_UT)],
+    [("go_test", GO_TEST), ("junit", JUNIT), ("jest", JEST), ("D_ut", D_UT), ("lua", LUAUNIT)],
 )
 async def test_test_runners_pass_and_fail(
     client: corral.AsyncClient, language: str, template: str

@@ -49,6 +49,8 @@ DEBIAN = [
     "mono-runtime",
     "rustc",
     "lua5.4",
+    # LuaUnit 3.4, which SandboxFusion's Lua problems require ("lua-unit").
+    "lua-unit",
     "r-base-core",
     "perl",
     # What SandboxFusion's Perl problems use.
