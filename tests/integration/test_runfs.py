@@ -191,6 +191,32 @@ def test_a_seccomp_daemon_still_binding_its_socket_is_waited_for(tmp_path: Path)
         holder.wait()
 
 
+def test_agents_that_start_at_once_share_one_seccomp_daemon(tmp_path: Path) -> None:
+    # Two agents of a node that both found no daemon both started one; the
+    # one whose daemon lost the lock failed its create (seen in CI).
+    (tmp_path / "run").mkdir()
+    daemons = [SeccompDaemon(tmp_path, NSEXEC.parent / "corral-seccompd") for _ in range(4)]
+    barrier = threading.Barrier(len(daemons))
+    started: list[bool | BaseException] = []
+
+    def start(d: SeccompDaemon) -> None:
+        barrier.wait()
+        try:
+            started.append(d.ensure())
+        except BaseException as e:  # reported below, with the others
+            started.append(e)
+
+    threads = [threading.Thread(target=start, args=(d,)) for d in daemons]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert sorted(started, key=str) == [False, False, False, True], started
+    finally:
+        daemons[0].stop()
+
+
 def test_the_seccomp_daemon_takes_its_hard_open_files_limit(tmp_path: Path) -> None:
     # A login shell's soft limit (1,024 on a stock Debian) would stop the
     # node at ~1,000 containers: the daemon raises it to the hard one, and

@@ -101,6 +101,10 @@ class SeccompDaemon:
         self.socket = data_dir / "run" / "seccomp.sock"
         self.audit_dir = data_dir / "audit"
         self.lock = data_dir / "seccompd.lock"
+        # Held by the agent that checks for a daemon and starts one: two
+        # agents of a node that both found none started two, and the one
+        # that lost the daemon's own lock failed its create.
+        self.start_lock = data_dir / "seccompd.start.lock"
         self.policy = data_dir / "run" / "seccomp.policy"
         self.log_file = data_dir / "seccompd.log"
 
@@ -131,6 +135,15 @@ class SeccompDaemon:
     def ensure(self) -> bool:
         """Start the daemon unless one serves this node already; True if
         this call started it."""
+        self.start_lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.start_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel drops it with its holder
+            return self._ensure_locked()
+        finally:
+            os.close(fd)
+
+    def _ensure_locked(self) -> bool:
         if self._serving():
             return False
         self.audit_dir.mkdir(parents=True, exist_ok=True)
