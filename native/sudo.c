@@ -227,6 +227,11 @@ void sudo_serve(int conn) {
         struct pollfd p[2] = {{conn, POLLIN, 0}, {sfd, POLLIN, 0}};
         /* Without a signalfd, a look at the children every 100 ms. */
         if (poll(p, sfd >= 0 ? 2 : 1, sfd >= 0 ? -1 : 100) < 0 && errno != EINTR) break;
+        /* Drained before the children are looked at, never after: a
+         * SIGCHLD read after the look (the command dying of a signal just
+         * passed on) would be lost, and this loop would wait forever. */
+        struct signalfd_siginfo si;
+        while (sfd >= 0 && read(sfd, &si, sizeof si) > 0) {}
         int status;
         pid_t w;
         while ((w = waitpid(-1, &status, WNOHANG)) > 0) {
@@ -241,8 +246,6 @@ void sudo_serve(int conn) {
             if (got == (ssize_t)sizeof sig && forwarded(sig)) kill(-pid, sig);
             else if (got != -1 || (errno != EAGAIN && errno != EINTR)) break; /* gone */
         }
-        struct signalfd_siginfo si;
-        while (sfd >= 0 && read(sfd, &si, sizeof si) > 0) {}
     }
     kill_tree(); /* the caller is gone (or spoke out of turn): so is its command */
 }
