@@ -329,12 +329,15 @@ static char *shell_words(char **words, int n) {
 
 /* The caller's side once the request is sent: what the caller's terminal
  * or killer sends it goes to the command, and the answer is its status. */
-static int wait_answer(int s) {
-    sigset_t fw;
-    sigemptyset(&fw);
+static void forwarded_set(sigset_t *fw) {
+    sigemptyset(fw);
     for (int sig = 1; sig < NSIG; sig++)
-        if (forwarded(sig)) sigaddset(&fw, sig);
-    sigprocmask(SIG_BLOCK, &fw, NULL);
+        if (forwarded(sig)) sigaddset(fw, sig);
+}
+
+static int wait_answer(int s) {
+    sigset_t fw; /* blocked since sudo_main began */
+    forwarded_set(&fw);
     int sfd = signalfd(-1, &fw, SFD_CLOEXEC | SFD_NONBLOCK);
     char ans[512];
     ssize_t n = -1;
@@ -373,7 +376,24 @@ static int wait_answer(int s) {
     return 1;
 }
 
+static int request(int argc, char **argv);
+static sigset_t caller_mask; /* what the command execs with, as the caller had it */
+
 int sudo_main(int argc, char **argv) {
+    /* Blocked from the start, not from the request's sending: a signal
+     * sent once the caller saw the command begin (the command starts
+     * before this process reaches its wait) killed this process and never
+     * reached the command. wait_answer reads and passes on what came; one
+     * that comes outside it is delivered once unblocked, as to any process. */
+    sigset_t fw;
+    forwarded_set(&fw);
+    sigprocmask(SIG_BLOCK, &fw, &caller_mask);
+    int rc = request(argc, argv);
+    sigprocmask(SIG_SETMASK, &caller_mask, NULL);
+    return rc;
+}
+
+static int request(int argc, char **argv) {
     /* A closed stdin, stdout or stderr becomes /dev/null before any other
      * fd is made (the socket would take its number, and the command's
      * output would go to the broker). */
@@ -528,6 +548,7 @@ int sudo_main(int argc, char **argv) {
     if (getuid() == 0 && to_uid == 0) { /* root already: nothing to ask for */
         if (chdir(cwd) < 0) {}
         environ = env;
+        sigprocmask(SIG_SETMASK, &caller_mask, NULL);
         execvp(cmd[0], cmd);
         fprintf(stderr, "sudo: %s: %s\n", cmd[0], errno == ENOENT ? "command not found" : strerror(errno));
         return 1;
