@@ -117,6 +117,17 @@ async def test_a_corrupt_cached_chunk_is_refetched_and_reported(
     assert _stats(pulled_node)["corrupt_chunks"] > 0
 
 
+async def _failed_for_the_loader(sbx: corral.AsyncSandbox) -> None:
+    """It is failed, with the loader named (polled: the leader checks every
+    liveness_interval)."""
+    for _ in range(200):
+        if (await sbx.refresh()).state == corral.SandboxState.failed:
+            break
+        await asyncio.sleep(0.1)
+    assert sbx.info.state == corral.SandboxState.failed
+    assert "loader" in (sbx.info.error or "")
+
+
 async def test_a_killed_loader_fails_its_sandboxes_and_is_replaced(
     lazy_client: corral.AsyncClient, pulled_node: Node
 ) -> None:
@@ -124,15 +135,36 @@ async def test_a_killed_loader_fails_its_sandboxes_and_is_replaced(
     await sbx.commands.run("true")
     pid = int((pulled_node.config.data_dir / "lazy.lock").read_text())
     os.kill(pid, signal.SIGKILL)
-    for _ in range(100):
-        if (await sbx.refresh()).state == corral.SandboxState.failed:
-            break
-        await asyncio.sleep(0.1)
-    assert sbx.info.state == corral.SandboxState.failed
-    assert "loader" in (sbx.info.error or "")
+    await _failed_for_the_loader(sbx)
     fresh = await lazy_client.sandboxes.create(image=IMAGE)
     assert (await fresh.commands.run("python3 -c 'print(3)'")).stdout == "3\n"
     await fresh.close()
+
+
+async def test_a_loader_a_create_replaced_first_still_fails_its_sandboxes(
+    pulled_node: Node,
+) -> None:
+    """A create that finds the loader dead clears its mounts and starts a
+    new one: the sandboxes that read through the dead one are failed all
+    the same (before, the leader then found a live loader and failed none:
+    they ran on, every read answering EIO), and the create's own runs."""
+    node = pulled_node.with_config(liveness_interval=3.0)  # the create comes first
+    async with node.client() as c:
+        old = await c.sandboxes.create(image=IMAGE)
+        await old.commands.run("true")
+        cfg = node.config
+        loader = LazyLoader(cfg.data_dir, cfg.images_dir, cache_size=cfg.chunk_cache_size)
+        os.kill(loader.running_pid() or 0, signal.SIGKILL)
+        for _ in range(100):
+            if loader.running_pid() is None:
+                break
+            await asyncio.sleep(0.02)
+        new = await c.sandboxes.create(image=IMAGE)
+        await _failed_for_the_loader(old)
+        assert (await new.refresh()).state == corral.SandboxState.running
+        assert (await new.commands.run(f"wc -c < {BIG}")).stdout.strip().isdigit()
+        await new.close()
+        await old.close()
 
 
 @contextlib.asynccontextmanager
@@ -176,12 +208,7 @@ async def test_a_loader_silent_past_the_hang_timeout_is_killed_and_replaced(
         sbx = await c.sandboxes.create(image=IMAGE)
         await sbx.commands.run("true")
         async with _loader_stopped(node) as pid:
-            for _ in range(200):
-                if (await sbx.refresh()).state == corral.SandboxState.failed:
-                    break
-                await asyncio.sleep(0.1)
-        assert sbx.info.state == corral.SandboxState.failed
-        assert "loader" in (sbx.info.error or "")
+            await _failed_for_the_loader(sbx)
         assert (
             not Path(f"/proc/{pid}/status").exists()
             or "zombie" in Path(f"/proc/{pid}/status").read_text()

@@ -12,10 +12,11 @@ new sandboxes from using it until it is mounted again.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from corral.errors import Unavailable
@@ -27,6 +28,8 @@ from corral.images.store import ImageStore
 from corral.log import get_logger
 
 log = get_logger("corral.layers")
+# In a sandbox's dir: the loader epoch its layers were mounted in.
+LOADER_STAMP = "loader-epoch"
 
 
 class LayerMounts:
@@ -39,17 +42,24 @@ class LayerMounts:
     def path(self, digest: str) -> Path:
         return self.root / digest.removeprefix("sha256:")[:16]
 
-    def _locked(self) -> int:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The node's layer lock (across threads and agents), for the block."""
         fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def ensure(self, layer: Layer) -> Path:
         """Mount the layer unless it is mounted; return its path."""
         return self.ensure_all([layer])[0]
 
-    def ensure_all(self, layers: Iterable[Layer]) -> list[Path]:
-        """Mount each layer unless it is mounted; return their paths.
+    def ensure_all(self, layers: Iterable[Layer], stamp: Path | None = None) -> list[Path]:
+        """Mount each layer unless it is mounted; return their paths. With
+        `stamp`, write there the loader epoch the paths belong to (see
+        epoch()), under the same hold of the lock as the mounting.
 
         Under the lock file, always: another agent of the node (its leader's
         garbage collection) may have unmounted and removed it since this
@@ -58,8 +68,7 @@ class LayerMounts:
         the same lock, so a layer found mounted here stays mounted until
         that sandbox is gone. A sandbox's layers are taken under one hold of
         the lock: a create pays one lock (and one trip off its loop)."""
-        fd = self._locked()
-        try:
+        with self._locked():
             self._clear_if_loader_dead()
             targets = []
             for layer in layers:
@@ -69,9 +78,24 @@ class LayerMounts:
                     self._mount(layer, target)
                     log.info("layer.mounted", digest=layer.digest, path=str(target))
                 targets.append(target)
-        finally:
-            os.close(fd)
+            if stamp is not None:
+                stamp.write_text(str(self._epoch()))
         return targets
+
+    def epoch(self) -> int:
+        """How many times a dead loader's mounts were cleared on this node
+        (0: never). A sandbox whose stamp (ensure_all) is below it reads
+        through a dead loader, whichever agent cleared it: the leader fails
+        it (node/housekeeping.py), even where a create cleared first."""
+        with self._locked():
+            return self._epoch()
+
+    def _epoch(self) -> int:
+        """Caller holds the layer lock."""
+        try:
+            return int((self.root / ".loader-epoch").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
 
     def _is_mounted(self, target: Path) -> bool:
         """A layer mount is another filesystem than the directory holding
@@ -128,11 +152,8 @@ class LayerMounts:
         just replaced a dead loader keeps the mounts it made through the
         new one (a check made outside the lock once unmounted them under
         it, and the sandbox started on an empty root)."""
-        fd = self._locked()
-        try:
+        with self._locked():
             return self._clear_if_loader_dead()
-        finally:
-            os.close(fd)
 
     def _clear_if_loader_dead(self) -> bool:
         """Caller holds the layer lock. A killed loader leaves its FUSE
@@ -140,8 +161,12 @@ class LayerMounts:
         reusing them would hand a new sandbox a root it cannot exec from."""
         if not self._loader_dead():
             return False
-        log.warning("lazy.dead_mounts_cleared", root=str(self.root))
+        epoch = self._epoch() + 1
+        log.warning("lazy.dead_mounts_cleared", root=str(self.root), epoch=epoch)
         self._unmount_all()
+        tmp = self.root / ".loader-epoch.tmp"
+        tmp.write_text(str(epoch))
+        os.replace(tmp, self.root / ".loader-epoch")
         return True
 
     def _loader_dead(self) -> bool:
@@ -159,11 +184,8 @@ class LayerMounts:
     def release_all(self) -> None:
         """Unmount every layer mount (lazily: sandboxes still holding one
         keep their copy) and the loader: after the loader died."""
-        fd = self._locked()
-        try:
+        with self._locked():
             self._unmount_all()
-        finally:
-            os.close(fd)
 
     def release_unused(self, in_use: Callable[[], Iterable[str]]) -> list[str]:
         """Unmount every layer mount of this node that no sandbox references.
@@ -171,8 +193,7 @@ class LayerMounts:
         the lock: a create recorded before it can no longer lose its layers
         between its ensure() and its start."""
         released = []
-        fd = self._locked()
-        try:
+        with self._locked():
             keep = {self.path(d).name for d in in_use()}
             for mount_point, _fstype, _src in mounts.mounts_under(self.root):
                 name = Path(mount_point).name
@@ -185,8 +206,6 @@ class LayerMounts:
                     entry.rmdir()
             if self.lazy is not None and not mounts.mounts_under(self.root):
                 self.lazy.stop()  # no layer mount reads through it any more
-        finally:
-            os.close(fd)
         if released:
             log.info("layer.released", count=len(released))
         return released

@@ -23,7 +23,7 @@ from corral.execd.client import ExecdClient
 from corral.host import procs
 from corral.host.cgroups import Cgroups
 from corral.images.disks import is_disk
-from corral.images.mounter import LayerMounts
+from corral.images.mounter import LOADER_STAMP, LayerMounts
 from corral.log import get_logger
 from corral.node.activity import Activity
 from corral.node.children import Children
@@ -82,6 +82,9 @@ class Housekeeping:
         self._last_liveness = 0.0
         self._silent_since: dict[str, float] = {}  # VM guests not answering, since when
         self._loader_silent_since: float | None = None  # the lazy loader's, likewise
+        # The loader epoch (images/mounter.py) whose stale sandboxes were
+        # failed; None: none looked at yet (a new leader looks once).
+        self._loader_epoch_seen: int | None = None
         self.recovered: GcReport | None = None  # what taking the lead reclaimed
 
     async def start(self) -> None:
@@ -314,14 +317,39 @@ class Housekeeping:
             self._loader_silent_since = None
             pid = await asyncio.to_thread(lazy.kill)
             log.error("lazy.hung", pid=pid, seconds=round(now - since, 1))
-        if health == "absent" or health == "serving":
+        if health not in ("absent", "serving") and await asyncio.to_thread(
+            self.layers.clear_dead_loader
+        ):
+            metrics.LOADER_FAILURES.inc()
+        # Not only after a clear of its own: a create that found the loader
+        # dead first cleared it (under the layer lock), and the sandboxes
+        # that read through it are this check's to fail all the same.
+        await self._fail_stale_layers()
+
+    async def _fail_stale_layers(self) -> None:
+        """Fail the running sandboxes whose layers were mounted through a
+        loader that has died since (their stamp below the node's epoch)."""
+        epoch = await asyncio.to_thread(self.layers.epoch)
+        if epoch == self._loader_epoch_seen or epoch == 0:  # 0: no stamp is below it
+            self._loader_epoch_seen = epoch
             return
-        victims = self.store.list(["running"])
-        if not await asyncio.to_thread(self.layers.clear_dead_loader):
-            return  # a create replaced it meanwhile, under the layer lock
-        log.error("lazy.dead", sandboxes=len(victims))
-        metrics.LOADER_FAILURES.inc()
-        for rec in victims:
+        running = self.store.list(["running"])
+        stale = await asyncio.to_thread(self._stale, running, epoch)
+        self._loader_epoch_seen = epoch
+        if stale:
+            log.error("lazy.dead", sandboxes=len(stale), epoch=epoch)
+        for rec in stale:
             await self.lifecycle.fail(
                 rec, "the node's lazy layer loader died; the sandbox lost its files"
             )
+
+    def _stale(self, running: list[SandboxRecord], epoch: int) -> list[SandboxRecord]:
+        stale = []
+        for rec in running:
+            try:
+                stamp = int((self.config.sandboxes_dir / rec.id / LOADER_STAMP).read_text())
+            except (FileNotFoundError, ValueError):
+                continue  # not mounted through this node's layer mounts
+            if stamp < epoch:
+                stale.append(rec)
+        return stale

@@ -35,7 +35,7 @@ from corral.execd.client import ExecdClient
 from corral.host.scratch import Scratch
 from corral.images.disks import Disks, disk_name, is_disk
 from corral.images.layer import STACK, Layer
-from corral.images.mounter import LayerMounts
+from corral.images.mounter import LOADER_STAMP, LayerMounts
 from corral.log import bind, get_logger, scope
 from corral.node import states
 from corral.node.activity import Activity
@@ -377,7 +377,7 @@ class Lifecycle:
             # from its store; the node's heartbeat and every other request go
             # on meanwhile. (LayerMounts serialises mounts with its lock file,
             # across threads and agents.)
-            await asyncio.to_thread(self.layers.ensure_all, layers)
+            await asyncio.to_thread(self.layers.ensure_all, layers, sandbox_dir / LOADER_STAMP)
             phase("prepare")
             net = None
             if net_index is not None and runtime.net_tap is not None:
