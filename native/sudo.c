@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -19,14 +20,17 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "init.h"
 
 extern char **environ;
 
-/* A request: u32 argc, u32 envc, then the user to run as, cwd, argv and
- * env, each NUL-ended, in one datagram, with the caller's fds 0, 1 and 2.
+/* A request: u32 argc, u32 envc, u32 flags, then the user to run as, cwd,
+ * argv and env, each NUL-ended, in one datagram, with the caller's fds 0,
+ * 1 and 2.
  * The user is the caller's choice (a sudo user may become root, so any
  * user); who may ask at all is the kernel's word. */
 #define SUDO_REQ_MAX (128 * 1024)
@@ -38,6 +42,10 @@ extern char **environ;
  * command's process group: what its own terminal or killer sent it. */
 #define ANSWER_STATUS 'S'
 #define ANSWER_REFUSED 'E'
+/* The caller runs in the foreground of the terminal its stdin and stdout
+ * are: the command gets a terminal of its own (below). */
+#define REQ_TERMINAL 1u
+#define REQ_HEADER 12
 
 /* A control buffer aligned for struct cmsghdr. */
 union fds_ctl {
@@ -155,6 +163,121 @@ static char **strings(char **at, const char *end, uint32_t n) {
     return v;
 }
 
+/* A command's own terminal, as sudo's use_pty: the caller's terminal is
+ * set raw and relayed both ways to a new pty whose slave is the command's
+ * controlling terminal, so the command is its foreground (job control,
+ * /dev/tty, a Ctrl-C typed reaches it through the pty's line discipline).
+ * The caller's terminal is given back as it was when the command ends or
+ * the caller goes. Suspend (^Z) is passed as a byte: a command stopped
+ * under the broker would hold its caller with nothing to resume it. */
+struct terminal {
+    int master, slave, in, out; /* in, out: the caller's terminal */
+    int master_open, in_open, raw;
+    struct termios saved;
+    char pending[4096]; /* typed, not yet taken by the pty */
+    size_t pending_len;
+};
+
+static void write_all(int fd, const char *b, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, b, n);
+        if (w > 0) {
+            b += w;
+            n -= (size_t)w;
+        } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            if (poll(&p, 1, 1000) == 0) return; /* nobody reads the caller's terminal */
+        } else {
+            return;
+        }
+    }
+}
+
+static int terminal_open(struct terminal *t, const int fds[3]) {
+    if (!isatty(fds[0]) || !isatty(fds[1]) || tcgetattr(fds[0], &t->saved) < 0) return -1;
+    t->master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+    if (t->master < 0) return -1;
+    if (grantpt(t->master) < 0 || unlockpt(t->master) < 0 ||
+        (t->slave = open(ptsname(t->master), O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+        close(t->master);
+        return -1;
+    }
+    struct termios mine = t->saved;
+    mine.c_cc[VSUSP] = _POSIX_VDISABLE;
+    tcsetattr(t->slave, TCSANOW, &mine);
+    struct winsize ws;
+    if (ioctl(fds[0], TIOCGWINSZ, &ws) == 0) ioctl(t->master, TIOCSWINSZ, &ws);
+    struct termios raw = t->saved;
+    cfmakeraw(&raw);
+    t->raw = tcsetattr(fds[0], TCSADRAIN, &raw) == 0;
+    t->in = fds[0];
+    t->out = fds[1];
+    t->master_open = t->in_open = 1;
+    t->pending_len = 0;
+    return 0;
+}
+
+/* One round of the relay, after poll said what is ready. */
+static void terminal_relay(struct terminal *t, short master_ev, short in_ev) {
+    char b[4096];
+    if (master_ev & (POLLIN | POLLHUP | POLLERR)) {
+        ssize_t n = read(t->master, b, sizeof b);
+        if (n > 0) write_all(t->out, b, (size_t)n);
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR)) t->master_open = 0; /* EIO: no slave left */
+    }
+    if (in_ev & (POLLIN | POLLHUP | POLLERR)) {
+        ssize_t n = read(t->in, t->pending, sizeof t->pending);
+        if (n > 0) t->pending_len = (size_t)n;
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR)) t->in_open = 0;
+    }
+    if (!t->master_open) t->pending_len = 0; /* no one left to read it */
+    if (t->pending_len) { /* the pty takes what its input buffer holds; the rest waits */
+        ssize_t w = write(t->master, t->pending, t->pending_len);
+        if (w > 0) {
+            memmove(t->pending, t->pending + w, t->pending_len - (size_t)w);
+            t->pending_len -= (size_t)w;
+        } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+            t->pending_len = 0;
+        }
+    }
+}
+
+/* What the command wrote before it ended, which the pty may still be
+ * passing to its master (the kernel hands it over from a work queue):
+ * read until no slave is left (EIO), or nothing came for 50 ms, or for
+ * half a second at most (descendants that keep the terminal and write on
+ * are not waited for, as with the exec server's pipes). */
+static void terminal_drain(struct terminal *t) {
+    char b[4096];
+    struct timespec now, end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_nsec += 500000000L;
+    if (end.tv_nsec >= 1000000000L) end.tv_sec++, end.tv_nsec -= 1000000000L;
+    while (t->master >= 0 && t->master_open) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec)) break;
+        struct pollfd p = {t->master, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0) break;
+        ssize_t n = read(t->master, b, sizeof b);
+        if (n <= 0) break;
+        write_all(t->out, b, (size_t)n);
+    }
+}
+
+static void terminal_resize(struct terminal *t) {
+    struct winsize ws;
+    if (ioctl(t->in, TIOCGWINSZ, &ws) == 0) ioctl(t->master, TIOCSWINSZ, &ws);
+}
+
+static void terminal_end(struct terminal *t) {
+    if (t->master < 0) return;
+    if (t->raw) tcsetattr(t->in, TCSADRAIN, &t->saved);
+    close(t->master);
+    close(t->in);
+    close(t->out);
+    t->master = -1;
+}
+
 void sudo_serve(int conn) {
     char *buf = malloc(SUDO_REQ_MAX);
     union fds_ctl ctl;
@@ -166,16 +289,17 @@ void sudo_serve(int conn) {
     ssize_t n = recvmsg(conn, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     struct cmsghdr *h = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
     if (!h || h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS ||
-        h->cmsg_len != CMSG_LEN(3 * sizeof(int)) || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < 9) {
+        h->cmsg_len != CMSG_LEN(3 * sizeof(int)) || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < REQ_HEADER + 1) {
         refuse(conn, "malformed request");
         return;
     }
     int fds[3];
     memcpy(fds, CMSG_DATA(h), sizeof fds);
-    uint32_t argc, envc;
+    uint32_t argc, envc, flags;
     memcpy(&argc, buf, 4);
     memcpy(&envc, buf + 4, 4);
-    char *at = buf + 8, *end = buf + n;
+    memcpy(&flags, buf + 8, 4);
+    char *at = buf + REQ_HEADER, *end = buf + n;
     char **head = strings(&at, end, 2); /* the user, the cwd */
     char **argv = head ? strings(&at, end, argc) : NULL;
     char **env = argv ? strings(&at, end, envc) : NULL;
@@ -190,15 +314,22 @@ void sudo_serve(int conn) {
     }
     const char *cwd = head[1];
 
+    struct terminal t = {.master = -1};
+    if ((flags & REQ_TERMINAL) && terminal_open(&t, fds) < 0) t.master = -1;
+    int stdio[3] = {t.master >= 0 ? t.slave : fds[0], t.master >= 0 ? t.slave : fds[1],
+                    t.master >= 0 && isatty(fds[2]) ? t.slave : fds[2]};
+
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     pid_t pid = fork();
     if (pid < 0) {
+        terminal_end(&t);
         refuse(conn, "fork failed");
         return;
     }
     if (pid == 0) {
         setsid();
-        for (int i = 0; i < 3; i++) dup2(fds[i], i);
+        for (int i = 0; i < 3; i++) dup2(stdio[i], i);
+        if (t.master >= 0) ioctl(0, TIOCSCTTY, 0); /* its controlling terminal */
         syscall(SYS_close_range, 3, ~0U, 0);
         command_child_defaults();
         if (become(&target) < 0) {
@@ -215,7 +346,9 @@ void sudo_serve(int conn) {
         else dprintf(2, "sudo: %s: %s\n", argv[0], strerror(errno));
         _exit(1);
     }
-    for (int i = 0; i < 3; i++) close(fds[i]);
+    if (t.master >= 0) close(t.slave);
+    for (int i = 0; i < 3; i++)
+        if (t.master < 0 || i == 2) close(fds[i]); /* the relay keeps the caller's stdin, stdout */
 
     /* SIGCHLD is blocked here, as in PID 1 this was forked from. Orphans
      * of the command re-parent here (a subreaper): each is reaped too. */
@@ -224,9 +357,14 @@ void sudo_serve(int conn) {
     sigaddset(&chld, SIGCHLD);
     int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     for (;;) {
-        struct pollfd p[2] = {{conn, POLLIN, 0}, {sfd, POLLIN, 0}};
+        struct pollfd p[4] = {{conn, POLLIN, 0}, {sfd, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
+        if (t.master >= 0) {
+            /* A negative fd is skipped by poll: a side that ended is. */
+            p[2] = (struct pollfd){t.master_open ? t.master : -1, POLLIN | (t.pending_len ? POLLOUT : 0), 0};
+            p[3] = (struct pollfd){t.in_open && !t.pending_len ? t.in : -1, POLLIN, 0};
+        }
         /* Without a signalfd, a look at the children every 100 ms. */
-        if (poll(p, sfd >= 0 ? 2 : 1, sfd >= 0 ? -1 : 100) < 0 && errno != EINTR) break;
+        if (poll(p, 4, sfd >= 0 ? -1 : 100) < 0 && errno != EINTR) break;
         /* Drained before the children are looked at, never after: a
          * SIGCHLD read after the look (the command dying of a signal just
          * passed on) would be lost, and this loop would wait forever. */
@@ -236,17 +374,24 @@ void sudo_serve(int conn) {
         pid_t w;
         while ((w = waitpid(-1, &status, WNOHANG)) > 0) {
             if (w != pid) continue;
+            terminal_drain(&t);
+            terminal_end(&t);
             int32_t st = status;
             answer(conn, ANSWER_STATUS, &st, sizeof st);
             return; /* its orphans, if any, go on under PID 1 */
         }
+        if (t.master >= 0) terminal_relay(&t, p[2].revents, p[3].revents);
         if (p[0].revents) {
             int32_t sig;
             ssize_t got = recv(conn, &sig, sizeof sig, MSG_DONTWAIT);
-            if (got == (ssize_t)sizeof sig && forwarded(sig)) kill(-pid, sig);
-            else if (got != -1 || (errno != EAGAIN && errno != EINTR)) break; /* gone */
+            if (got == (ssize_t)sizeof sig && forwarded(sig)) {
+                /* A terminal of its own tells its foreground of a resize. */
+                if (sig == SIGWINCH && t.master >= 0) terminal_resize(&t);
+                else kill(-pid, sig);
+            } else if (got != -1 || (errno != EAGAIN && errno != EINTR)) break; /* gone */
         }
     }
+    terminal_end(&t);
     kill_tree(); /* the caller is gone (or spoke out of turn): so is its command */
 }
 
@@ -555,9 +700,12 @@ static int request(int argc, char **argv) {
     }
 
     static char req[SUDO_REQ_MAX];
-    size_t len = 8;
-    uint32_t counts[2] = {(uint32_t)cn, (uint32_t)en};
-    memcpy(req, counts, 8);
+    size_t len = REQ_HEADER;
+    /* Only in the terminal's foreground: a backgrounded sudo must not take
+     * the keystrokes meant for the shell in front. */
+    uint32_t head_words[3] = {(uint32_t)cn, (uint32_t)en,
+                              isatty(0) && isatty(1) && tcgetpgrp(0) == getpgrp() ? REQ_TERMINAL : 0};
+    memcpy(req, head_words, REQ_HEADER);
     char uid_text[16];
     snprintf(uid_text, sizeof uid_text, "%u", (unsigned)to_uid);
     char *head[2] = {uid_text, cwd};

@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import json
 import os
+import re
 import struct
 from collections.abc import Iterator
 
@@ -148,6 +149,64 @@ async def test_a_terminal_through_envd(e2b_env: str) -> None:
                 break
             await asyncio.sleep(0.05)
         assert b"40 120" in out, bytes(out)
+        assert await s.pty.kill(term.pid)
+    finally:
+        await s.kill()
+
+
+async def test_sudo_in_a_terminal_has_a_terminal_of_its_own(e2b_env: str) -> None:
+    """As sudo's use_pty: in a terminal's foreground, the root command gets
+    a pty of its own as its controlling terminal (its own /dev/tty, job
+    control, the size), keystrokes and a typed Ctrl-C reach it, a resize
+    reaches it, and the caller's terminal is given back as it was."""
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        out = bytearray()
+        term = await s.pty.create(e2b.PtySize(rows=24, cols=80), on_data=out.extend)
+
+        async def typed(keys: bytes, until: bytes) -> str:
+            mark = len(out)
+            await s.pty.send_stdin(term.pid, keys)
+            for _ in range(200):
+                if until in out[mark:]:
+                    break
+                await asyncio.sleep(0.05)
+            seen = bytes(out[mark:])
+            assert until in seen, seen
+            return seen.decode(errors="replace")
+
+        ttys = await typed(b"sudo tty; tty; echo done-$((1+1))\n", b"done-2")
+        assert len(set(re.findall(r"/dev/pts/\d+", ttys))) == 2, ttys
+        assert "24 80" in await typed(b"sudo stty size; echo done-$((2+1))\n", b"done-3")
+        await typed(b"sudo sh -c 'read x; echo got-$x'\n", b"sudo sh")
+        await typed(b"hello\n", b"got-hello")
+        await typed(b"sudo sh -c 'echo sleep-$((3*3)); exec sleep 100'\n", b"sleep-9")
+        await s.pty.send_stdin(term.pid, b"\x03")  # Ctrl-C, through the pty's line discipline
+        await typed(b"echo rc-$?\n", b"rc-130")
+        await typed(
+            b'sudo sh -c \'trap "stty size" WINCH; echo wait-$((4*4)); '
+            b"while :; do sleep 0.1; done'\n",
+            b"wait-16",
+        )
+        mark = len(out)
+        await s.pty.resize(term.pid, e2b.PtySize(rows=33, cols=99))
+        for _ in range(200):
+            if b"33 99" in out[mark:]:
+                break
+            await asyncio.sleep(0.05)
+        assert b"33 99" in out[mark:], bytes(out[mark:])
+        await s.pty.send_stdin(term.pid, b"\x03")
+        login = await typed(b"sudo -i\n", b"root")  # its prompt
+        login += await typed(b"echo flags-$-; tty; exit\n", b"logout")
+        assert "no job control" not in login and re.search(r"flags-\w*m", login), login
+        # All of a command's output, however fast it ends.
+        many = await typed(
+            b"sudo sh -c 'head -c 100000 /dev/zero | tr \"\\\\0\" x'; echo done-$((3+4))\n",
+            b"done-7",
+        )
+        assert many.count("x") >= 100_000, many[-300:]
+        # Given back: the caller's line discipline as before.
+        assert "-icanon" not in await typed(b"sudo true; stty -a; echo done-$((5+1))\n", b"done-6")
         assert await s.pty.kill(term.pid)
     finally:
         await s.kill()

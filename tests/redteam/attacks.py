@@ -201,7 +201,7 @@ async def forge_control_requests(sbx: corral.AsyncSandbox) -> Outcome:
 # (SCM_CREDENTIALS), and a broker of its own in the socket's place.
 STEAL_SUDO_SCRIPT = r"""
 import os, socket, struct
-req = struct.pack("<II", 3, 0) + b"0\0/\0sh\0-c\0touch /tmp/owned\0"
+req = struct.pack("<III", 3, 0, 0) + b"0\0/\0sh\0-c\0touch /tmp/owned\0"  # native/sudo.c
 def ask(creds):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
