@@ -482,6 +482,53 @@ except Exception as e:
 """
 
 
+# Holds a connection to the stand-in's echo server and one over loopback;
+# once /tmp/go exists, uses both and writes what happened to /tmp/result.
+HOLD = r"""
+import os, socket, sys, time
+outside = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+server = socket.socket()
+server.bind(("127.0.0.1", 7000))
+server.listen()
+loop = socket.create_connection(("127.0.0.1", 7000))
+peer, _ = server.accept()
+open("/tmp/held", "w").write("held")
+while not os.path.exists("/tmp/go"):
+    time.sleep(0.05)
+seen = []
+try:
+    outside.sendall(b"ping\n")
+    seen.append("outside:" + outside.recv(16).decode().strip())
+except OSError as e:
+    seen.append("outside:" + type(e).__name__)
+loop.sendall(b"x")
+seen.append("loopback:" + peer.recv(1).decode())
+open("/tmp/result.new", "w").write(" ".join(seen))
+os.replace("/tmp/result.new", "/tmp/result")
+"""
+
+
+async def wait_file(sbx: corral.AsyncSandbox, path: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await sbx.files.read_text(path)
+        except corral.FileNotFound:
+            assert time.monotonic() < deadline, f"{path} never appeared in {sbx.id}"
+            await asyncio.sleep(0.1)
+
+
+# The address a sandbox sends from (no packet leaves: a UDP connect).
+OWN_ADDRESS = (
+    "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+    "s.connect(('10.212.0.2', 9)); print(s.getsockname()[0])"
+)
+
+
+async def own_address(sbx: corral.AsyncSandbox) -> str:
+    return (await sbx.commands.run(["python3", "-c", OWN_ADDRESS])).stdout.strip()
+
+
 async def fetch(sbx: corral.AsyncSandbox, url: str) -> str:
     r = await sbx.commands.run(["python3", "-c", FETCH, url], timeout=60)
     return r.stdout.strip()

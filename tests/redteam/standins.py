@@ -19,6 +19,16 @@ from pathlib import Path
 
 from dnslib import RR, A, DNSRecord
 
+# A line echo server beside the web server: a connection that stays open.
+ECHO = """import socketserver, sys
+class Echo(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            self.wfile.write(line)
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer((sys.argv[1], int(sys.argv[2])), Echo).serve_forever()
+"""
+
 
 @dataclass(frozen=True)
 class Standin:
@@ -26,6 +36,7 @@ class Standin:
     host_ip: str
     ip: str
     port: int = 8080
+    echo_port: int = 8081
 
     @property
     def url(self) -> str:
@@ -106,13 +117,16 @@ def standin_hosts(data_root: Path) -> Iterator[dict[str, Standin]]:
                 stderr=subprocess.DEVNULL,
             )
         )
+        echo = [sys.executable, "-c", ECHO, s.ip, str(s.echo_port)]
+        procs.append(subprocess.Popen(["ip", "netns", "exec", s.name, *echo]))
     for s in hosts.values():
-        for _ in range(100):
-            try:
-                socket.create_connection((s.ip, s.port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        for port in (s.port, s.echo_port):
+            for _ in range(100):
+                try:
+                    socket.create_connection((s.ip, port), timeout=0.2).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
     yield hosts
     for p in procs:
         p.kill()

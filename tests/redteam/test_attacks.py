@@ -264,10 +264,13 @@ async def test_a_microvm_is_held_to_the_same_egress_policy(
 ) -> None:
     """A VM's NIC is a tap bridged to the sandbox's veth: the host side, the
     resolver and the policy are a container's. It survives suspend/resume
-    (same address), tightens at once, and a networked VM is not forked
-    (every copy would hold its address)."""
-    vm = await _networked(rt_client, kind="microvm", memory="256MiB")
-    forbidden = standins["forbidden"]
+    (same address), tightens at once, and a fork's copy comes up with an
+    address of its own under the same policy."""
+    index, forbidden = standins["index"], standins["forbidden"]
+    vm = await _networked(
+        rt_client, kind="microvm", memory="256MiB",
+        network={"ecosystems": {"pypi": True}, "ports": [8080, 8081]},
+    )  # fmt: skip
     try:
         assert vm.info.address is not None
         assert (await a.fetch(vm, "http://pypi.test:8080/answer.txt")).startswith("THE-REF")
@@ -280,9 +283,29 @@ async def test_a_microvm_is_held_to_the_same_egress_policy(
         await vm.resume()
         assert (await a.fetch(vm, "http://pypi.test:8080/answer.txt")).startswith("THE-REF")
         assert (await a.fetch(vm, f"{forbidden.url}/answer.txt")).startswith("blocked")
-        with pytest.raises(corral.InvalidArgument) as e:
-            await rt_client.sandboxes.fork(vm, 1)
-        assert e.value.field == "network"
+        await vm.files.write("/tmp/hold.py", a.HOLD)
+        await vm.commands.run(
+            f"nohup python3 /tmp/hold.py {index.ip} {index.echo_port} >/tmp/hold.log 2>&1 &"
+        )
+        assert await a.wait_file(vm, "/tmp/held") == "held"
+        (copy,) = await rt_client.sandboxes.fork(vm, 1)
+        try:
+            # Its guest was told its own address after the load, and its
+            # copy of the source's connection out was aborted.
+            assert copy.info.address not in (None, vm.info.address)
+            assert await a.own_address(copy) == copy.info.address
+            await copy.files.write("/tmp/go", "")
+            assert await a.wait_file(copy, "/tmp/result") == (
+                "outside:ConnectionAbortedError loopback:x"
+            )
+            assert (await a.fetch(copy, "http://pypi.test:8080/answer.txt")).startswith("THE-REF")
+            assert (await a.fetch(copy, f"{forbidden.url}/answer.txt")).startswith("blocked")
+        finally:
+            await copy.close()
+        assert await a.own_address(vm) == vm.info.address
+        await vm.files.write("/tmp/go", "")
+        assert await a.wait_file(vm, "/tmp/result") == "outside:ping loopback:x"
+        assert (await a.fetch(vm, "http://pypi.test:8080/answer.txt")).startswith("THE-REF")
         await vm.network.update({"cidrs": []})
         assert (await a.fetch(vm, "http://pypi.test:8080/answer.txt")).startswith("blocked")
     finally:

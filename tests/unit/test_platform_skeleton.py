@@ -16,7 +16,8 @@ def test_the_skeleton_has_each_hierarchy_and_the_hosts_links_to_them(tmp_path: P
     os.symlink("elsewhere", host / "stray")  # not a hierarchy: not copied
     layer = tmp_path / "layer"
     layer.mkdir()
-    p = Platform(layer_dir=layer, nsexec=layer, seccompd=layer, relisten=layer, run=layer,
+    p = Platform(layer_dir=layer, nsexec=layer, seccompd=layer, relisten=layer, netmove=layer,
+                 run=layer,
                  empty_dir=layer / "empty")  # fmt: skip
     hs = [host / "cpu,cpuacct", host / "memory", host / "pids"]
     root = p.cgroup_skeleton(hs)

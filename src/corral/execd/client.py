@@ -375,6 +375,32 @@ class ExecdClient:
             raise
         return ExecSession(conn, pid)
 
+    async def run(
+        self,
+        argv: builtins.list[str],
+        *,
+        user: str,
+        timeout: float,
+        env: builtins.list[str] | None = None,
+        cap: int = 1 << 16,
+    ) -> tuple[int, bytes, bytes]:
+        """A platform command to its end: (exit code, stdout, stderr), each
+        stream kept to its first `cap` bytes. For the node's own short
+        commands; a user's go through sessions (node/sessions.py)."""
+        session = await self.start(
+            argv, env or [], user=user, cwd="/", timeout=timeout, stdout_cap=cap,
+            stderr_cap=cap, stdin=None,
+        )  # fmt: skip
+        out, err, code = bytearray(), bytearray(), -1
+        async for kind, data in session.events():
+            if kind == p.RSP_STDOUT:
+                out += data
+            elif kind == p.RSP_STDERR:
+                err += data
+            else:
+                code = p.parse_exit(data).exit_code
+        return code, bytes(out), bytes(err)
+
 
 class ExecSession:
     """A running command: its pid, its output events, and a way to signal it."""

@@ -201,45 +201,12 @@ class NodeNetwork:
         return "02:c0:" + ":".join(f"{b:02x}" for b in index.to_bytes(4, "big"))
 
     def attach(self, index: int, pid: int, tap: str | None = None) -> Attachment:
-        """Give the sandbox whose init is `pid` an interface and a route.
-        With `tap` (a VM: `pid` is its QEMU, in a namespace of its own), the
-        veth is bridged to the VM's tap instead, and the guest holds the
-        sandbox's address: the host side, and so the policy, are the same."""
+        """Give the sandbox whose init is `pid` an interface and a route
+        (link), and its own chain, sets and counters, empty (apply fills
+        them)."""
         self.ensure_base()
-        host_ip, sbx_ip = self.addresses(index)
-        host = self.host_if(index)
-        peer = f"{host}p"
-        _sh(
-            ["ip", "-batch", "-"],
-            stdin=(
-                f"link add {host} address {self.host_mac(index)} type veth peer name {peer}\n"
-                f"link set {peer} netns {pid}\n"
-                f"addr add {host_ip}/30 dev {host}\n"
-                f"link set {host} up\n"
-            ),
-        )
-        for key in ("rp_filter", "accept_local"):
-            path = Path(f"/proc/sys/net/ipv4/conf/{host}/{key}")
-            if path.exists():
-                path.write_text("1" if key == "rp_filter" else "0")
-        if tap is None:
-            inside = (
-                f"link set {peer} name eth0\n"
-                f"addr add {sbx_ip}/30 dev eth0\n"
-                "link set eth0 up\n"
-                f"route add default via {host_ip}\n"
-            )
-        else:
-            inside = (
-                "link add br0 type bridge\n"
-                f"link set {peer} master br0\n"
-                f"link set {tap} master br0\n"
-                f"link set {peer} up\n"
-                f"link set {tap} up\n"
-                "link set br0 up\n"
-            )
-        _sh(["nsenter", "-t", str(pid), "-n", "ip", "-batch", "-"], stdin=inside)
-        t, i = self.table, index
+        att = self.link(index, pid, tap)
+        t, i, host = self.table, index, att.host_if
         self.nft.run(
             "\n".join(
                 [
@@ -261,7 +228,69 @@ class NodeNetwork:
                 ]
             )
         )
+        return att
+
+    def link(self, index: int, pid: int, tap: str | None = None) -> Attachment:
+        """The interface alone: a veth from the host into the namespace of
+        `pid`, and its address and route there. With `tap` (a VM: `pid` is
+        its QEMU, in a namespace of its own), the veth is bridged to the
+        VM's tap instead, and the guest holds the sandbox's address: the
+        host side, and so the policy, are the same."""
+        host_ip, sbx_ip = self.addresses(index)
+        host = self.host_if(index)
+        peer = f"{host}p"
+        _sh(
+            ["ip", "-batch", "-"],
+            stdin=(
+                f"link add {host} address {self.host_mac(index)} type veth peer name {peer}\n"
+                f"link set {peer} netns {pid}\n"
+                f"addr add {host_ip}/30 dev {host}\n"
+                f"link set {host} up\n"
+            ),
+        )
+        for key in ("rp_filter", "accept_local"):
+            path = Path(f"/proc/sys/net/ipv4/conf/{host}/{key}")
+            if path.exists():
+                path.write_text("1" if key == "rp_filter" else "0")
+        if tap is None:
+            inside = (
+                # An address (and route) kept on loopback for a checkpoint
+                # (hold_address) give way to the interface.
+                "address flush dev lo scope global\n"
+                f"link set {peer} name eth0\n"
+                f"addr add {sbx_ip}/30 dev eth0\n"
+                "link set eth0 up\n"
+                f"route replace default via {host_ip}\n"
+            )
+        else:
+            inside = (
+                "link add br0 type bridge\n"
+                f"link set {peer} master br0\n"
+                f"link set {tap} master br0\n"
+                f"link set {peer} up\n"
+                f"link set {tap} up\n"
+                "link set br0 up\n"
+            )
+        _sh(["nsenter", "-t", str(pid), "-n", "ip", "-batch", "-"], stdin=inside)
         return Attachment(index, host, host_ip, sbx_ip)
+
+    def unlink(self, index: int) -> None:
+        """The interface alone goes (a checkpoint cannot carry a veth whose
+        peer is on the host); its chain, its sets with the names learned,
+        and its counters stay for link() (idempotent)."""
+        subprocess.run(["ip", "link", "del", self.host_if(index)], capture_output=True)
+
+    def hold_address(self, index: int, pid: int) -> None:
+        """Once its interface is gone (unlink), keep the sandbox's address,
+        and a default route, on the loopback of the namespace of `pid` (a
+        container's init about to be checkpointed): at restore, CRIU binds
+        and connects each connection back in repair mode, which needs both.
+        Nothing leaves by them (the namespace has no other interface); a
+        copy's connections are aborted (node/network.py), then link()
+        replaces them."""
+        _, sbx_ip = self.addresses(index)
+        _sh(["nsenter", "-t", str(pid), "-n", "ip", "-batch", "-"],
+            stdin=f"address add {sbx_ip}/32 dev lo\nroute add default dev lo\n")  # fmt: skip
 
     def apply(self, index: int, policy: NetworkPolicy) -> None:
         """(Re)write the sandbox's chain and sets in one transaction. Names
@@ -301,6 +330,30 @@ class NodeNetwork:
         self.nft.run(
             f"add element inet {self.table} {'h' if trusted else 'n'}{index} {{ {elements} }}"
         )
+
+    def inherit(self, source: int, index: int) -> int:
+        """A fork's copy gets the addresses its source's allowed names
+        resolved to, for what is left of their TTLs: the copy holds the
+        source's memory, its DNS caches and resolved addresses among it,
+        and would otherwise be refused them until it asked again. Returns
+        how many; a source gone meanwhile gives none."""
+        t = self.table
+        adds = []
+        for name in ("n", "h"):
+            try:
+                doc = self.nft.json(f"list set inet {t} {name}{source}")
+            except Unavailable:
+                return 0
+            for item in doc.get("nftables", []):
+                for e in item.get("set", {}).get("elem", []):
+                    elem = e.get("elem", {}) if isinstance(e, dict) else {}
+                    if isinstance(elem.get("val"), str) and int(elem.get("expires", 0)) > 0:
+                        adds.append((name, elem["val"], int(elem["expires"])))
+        for name in ("n", "h"):
+            elements = ", ".join(f"{a} timeout {ttl}s" for n, a, ttl in adds if n == name)
+            if elements:
+                self.nft.run(f"add element inet {t} {name}{index} {{ {elements} }}")
+        return len(adds)
 
     def reachable_private(self, policy: NetworkPolicy, address: str) -> bool:
         """Whether a private `address` in a DNS answer is one the policy

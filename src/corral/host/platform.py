@@ -53,6 +53,7 @@ class Platform:
     nsexec: Path  # host-side helper that runs crun in a private mount namespace
     seccompd: Path  # host-side daemon answering and counting refused syscalls
     relisten: Path  # host-side helper: a restored sandbox's seccomp listeners back
+    netmove: Path  # host-side helper: a copy's connections to the outside aborted
     run: Path  # host-side: Corral's own runtime (oci_runtime = "corral")
     # Empty, root's, read-only: what masked directories are bound to (it is
     # also /.corral/empty in every sandbox).
@@ -87,7 +88,8 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
     init, nsexec = src_bin / "corral-init", src_bin / "corral-nsexec"
     seccompd, relisten = src_bin / "corral-seccompd", src_bin / "corral-relisten"
     watch, run = src_bin / "corral-watch", src_bin / "corral-run"
-    for helper in (init, nsexec, seccompd, relisten, watch, run):
+    netmove = src_bin / "corral-netmove"
+    for helper in (init, nsexec, seccompd, relisten, watch, run, netmove):
         if not helper.is_file():
             raise Unavailable(
                 f"{helper} is missing: build the platform helpers with `make -C native` "
@@ -133,6 +135,7 @@ def install(src_bin: Path, dest_root: Path) -> Platform:
         nsexec=nsexec,
         seccompd=seccompd,
         relisten=relisten,
+        netmove=netmove,
         run=run,
         empty_dir=empty,
     )

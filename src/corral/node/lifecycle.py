@@ -213,10 +213,14 @@ class Lifecycle:
         ]
         return layers
 
-    async def create(self, req: CreateSandbox, state: Path | None = None) -> SandboxInfo:
+    async def create(
+        self, req: CreateSandbox, state: Path | None = None, source: str | None = None
+    ) -> SandboxInfo:
         """A running sandbox for `req`; with `state`, loaded from that saved
-        machine state (a fork or restore) instead of booted. A create
-        retried with the same idempotency key returns what the first made."""
+        machine state (a fork or restore) instead of booted. `source`: the
+        sandbox of this node that the state is a copy of (a fork's), whose
+        learned names a networked copy inherits. A create retried with the
+        same idempotency key returns what the first made."""
         earlier = self.admission.earlier(req.idempotency_key)
         if earlier is not None:
             return await self._made_by_key(earlier)
@@ -226,7 +230,7 @@ class Lifecycle:
         attrs = {"sandbox.kind": req.kind, "sandbox.image": req.image}
         with trace.span("sandbox.create", **attrs), scope():
             try:
-                return await self._create(req, state)
+                return await self._create(req, state, source)
             except AlreadyCreated as dup:  # a concurrent create with the same key won
                 return await self._made_by_key(dup.sandbox_id)
 
@@ -322,7 +326,9 @@ class Lifecycle:
         for field, ref in refs:
             await self.fetcher.ensure(ref, field)
 
-    async def _create(self, req: CreateSandbox, state: Path | None) -> SandboxInfo:
+    async def _create(
+        self, req: CreateSandbox, state: Path | None, source: str | None
+    ) -> SandboxInfo:
         t0 = time.monotonic()
         runtime = self.runtime(req.kind)
         await self._fetched(req)
@@ -432,9 +438,13 @@ class Lifecycle:
                     await self.templates.make(runtime, rec.id, template)
                     phase("template")
             if req.network is not None and net_index is not None and not agentless:
+                # Loaded from another's state (not a template, made without
+                # a network): it holds that one's address and connections.
+                moved = state is not None and not from_template
                 await self.networks.connect(
-                    rec.id, started.pid, net_index, req.network, runtime.net_tap
-                )
+                    rec.id, started.pid, net_index, req.network, runtime.net_tap, moved=moved,
+                    names_from=None if source is None else self.networks.index(source),
+                )  # fmt: skip
                 phase("network")
             if not self.store.transition(
                 rec.id, ["creating"], "running", init_pid=started.pid, init_start=started.pid_start

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 from corral.api.models import NetworkPolicy
 from corral.config import NodeConfig
-from corral.errors import CorralError, InvalidArgument
+from corral.errors import CorralError, InvalidArgument, SandboxFailed
 from corral.execd.client import ExecdClient
 from corral.guard.dhcp import Lease, Responder
 from corral.guard.dns import DENIED_NAME, Resolver, upstream_from_resolv_conf
 from corral.guard.network import NodeNetwork
+from corral.host.platform import BUSYBOX, MOUNT_POINT
 from corral.log import get_logger
 from corral.node.store import SandboxRecord, Store
 
 log = get_logger("corral.node")
+
+GUEST_TIMEOUT = 30.0  # seconds for a VM copy's guest to take its address
+GUEST_NETMOVE = f"{MOUNT_POINT}/bin/corral-netmove"  # in a VM guest's platform only
 
 
 class SandboxNetworks:
@@ -28,8 +33,10 @@ class SandboxNetworks:
         store: Store,
         network: NodeNetwork,
         execd: Callable[[str], ExecdClient],
+        netmove: Path,
     ) -> None:
         self.config = config
+        self.netmove = netmove
         self.store = store
         self.network = network
         self._execd = execd
@@ -52,18 +59,33 @@ class SandboxNetworks:
         tap: str | None = None,
         *,
         agentless: bool = False,
+        moved: bool = False,
+        names_from: int | None = None,
     ) -> None:
         """Give a running sandbox its interface and policy, and point its
         resolver at the node's (the only DNS it can reach anyway). A VM's
         `pid` is its QEMU, and its veth is bridged to the VM's `tap`.
         `agentless`: a guest no agent configures (a user's own disk) asks
-        for its address, gateway and resolver by DHCP, answered here."""
+        for its address, gateway and resolver by DHCP, answered here.
+        `moved`: the sandbox was loaded from another's saved state (a
+        fork's copy, a restore on another node): it still holds that
+        one's address and connections, which are not its own
+        (docs/network-copies.md). `names_from`: the network block whose
+        learned names it inherits (a fork's source on this node)."""
+        if moved and tap is None:
+            # Before its interface exists: the resets never leave.
+            await self._abort_outside(sandbox_id, ["--netns-of", str(pid)])
         att = await asyncio.to_thread(self.network.attach, index, pid, tap)
         await asyncio.to_thread(self.network.apply, index, policy)
+        if names_from is not None:
+            n = await asyncio.to_thread(self.network.inherit, names_from, index)
+            log.info("network.names_inherited", sandbox=sandbox_id, addresses=n)
         if agentless:
             self.serve_dhcp(sandbox_id, index)
             return
         client = self._execd(sandbox_id)
+        if moved and tap is not None:
+            await self._readdress_guest(sandbox_id, client, att.sandbox_ip, att.host_ip)
         try:
             await client.remove("root", "/etc/resolv.conf", recursive=False)
         except CorralError:
@@ -75,6 +97,51 @@ class SandboxNetworks:
             max_bytes=4096,
             mkdirs=True,
         )
+
+    async def _abort_outside(self, sandbox_id: str, args: list[str]) -> None:
+        """A container copy's connections to the outside, aborted from the
+        host in its network namespace (corral-netmove)."""
+        proc = await asyncio.create_subprocess_exec(
+            str(self.netmove), *args, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise SandboxFailed(
+                f"sandbox {sandbox_id}: its copied connections could not be ended: "
+                f"{err.decode(errors='replace').strip()}",
+                sandbox=sandbox_id,
+            )
+        self._log_aborted(sandbox_id, out)
+
+    def _log_aborted(self, sandbox_id: str, out: bytes) -> None:
+        aborted, _, kept = out.decode(errors="replace").strip().partition(" ")
+        log.info("network.moved", sandbox=sandbox_id, aborted=aborted, loopback_kept=kept)
+
+    async def _readdress_guest(
+        self, sandbox_id: str, client: ExecdClient, address: str, gateway: str
+    ) -> None:
+        """A VM copy's guest holds its source's address: its NIC is taken
+        down (no route out, so the resets of its copied connections never
+        leave), those connections are aborted, and it comes up with this
+        sandbox's address and gateway (its neighbour entries went with the
+        link)."""
+        bb = BUSYBOX
+        script = (
+            f"{bb} ip link set eth0 down && {bb} ip addr flush dev eth0 && {GUEST_NETMOVE} && "
+            f"{bb} ip addr add {address}/30 dev eth0 && {bb} ip link set eth0 up && "
+            f"{bb} ip route replace default via {gateway}"
+        )
+        code, out, err = await client.run(
+            [bb, "sh", "-c", script], user="root", timeout=GUEST_TIMEOUT
+        )
+        if code != 0:
+            raise SandboxFailed(
+                f"sandbox {sandbox_id}: its guest could not take its address {address}: "
+                f"{err.decode(errors='replace').strip() or f'exit {code}'}",
+                sandbox=sandbox_id,
+            )
+        self._log_aborted(sandbox_id, out)
 
     def serve_dhcp(self, sandbox_id: str, index: int | None = None) -> None:
         """Answer the guest's DHCP on its veth's host end, from now until
@@ -118,27 +185,34 @@ class SandboxNetworks:
     async def reconnect(
         self, sandbox_id: str, pid: int, tap: str | None, *, agentless: bool = False
     ) -> None:
-        """After a resume: the new process has a new namespace (and a VM a
-        new tap), and the sandbox's veth died with the old one. Same
-        address, same policy."""
+        """After a resume, or a fork's save: the process has a new
+        namespace (a VM a new tap), and the sandbox's veth died with the
+        old one or was unplugged. Same address; the policy, the names it
+        learned and its counters were kept (unplug)."""
         row = self.store.net_get(sandbox_id)
         if row is None:
             return
         self._stop_dhcp(sandbox_id)
-        await asyncio.to_thread(self.network.detach, row[0])
-        await self.connect(
-            sandbox_id, pid, row[0], NetworkPolicy.model_validate_json(row[1]), tap,
-            agentless=agentless,
-        )  # fmt: skip
+        await asyncio.to_thread(self.network.unlink, row[0])
+        await asyncio.to_thread(self.network.link, row[0], pid, tap)
+        if agentless:
+            self.serve_dhcp(sandbox_id, row[0])
 
-    async def unplug(self, sandbox_id: str) -> None:
-        """Take a sandbox's interface away, keeping its address and policy
-        for reconnect() (a checkpoint cannot carry a veth whose peer is on
-        the host)."""
+    async def unplug(self, sandbox_id: str, pid: int) -> None:
+        """Take a container's interface away before a checkpoint (it cannot
+        carry a veth whose peer is on the host), keeping its policy,
+        learned names and counters for reconnect(), and its address on its
+        loopback for the checkpoint's connections (guard/network.py
+        hold_address)."""
         self._stop_dhcp(sandbox_id)
         row = self.store.net_get(sandbox_id)
         if row is not None:
-            await asyncio.to_thread(self.network.detach, row[0])
+            await asyncio.to_thread(self.network.unlink, row[0])
+            await asyncio.to_thread(self.network.hold_address, row[0], pid)
+
+    def index(self, sandbox_id: str) -> int | None:
+        row = self.store.net_get(sandbox_id)
+        return None if row is None else row[0]
 
     def has_network(self, sandbox_id: str) -> bool:
         return self.store.net_get(sandbox_id) is not None

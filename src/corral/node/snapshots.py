@@ -175,7 +175,8 @@ class Snapshots:
         t0 = time.monotonic()
         try:
             if unplug:
-                await self.networks.unplug(sandbox_id)
+                assert rec.init_pid is not None
+                await self.networks.unplug(sandbox_id, rec.init_pid)
             done = await runtime.suspend(sandbox_id, mode)
         except BaseException:
             if unplug and rec.init_pid is not None:
@@ -346,11 +347,13 @@ class Snapshots:
         rec = await self._running_and_idle(sandbox_id, runtime)
         # From here to the save's registration, no await: a suspend asked
         # meanwhile waits for the save (node/tothend.py).
-        if self.networks.has_network(sandbox_id):
-            # Every copy would wake up holding the source's address.
+        networked = self.networks.has_network(sandbox_id)
+        if networked and is_disk(rec.spec["image"]):
+            # Its guest asked for its address by DHCP; no agent can give it another.
             raise InvalidArgument(
                 "network",
-                "a sandbox with a network cannot be forked (its copies share its address)",
+                "a sandbox booted from its own disk with a network cannot be forked (its "
+                "copies' guests would keep its address: no agent of ours can change it)",
                 "policy",
             )
         keys: builtins.list[str | None] = (
@@ -370,7 +373,7 @@ class Snapshots:
         made_so_far: builtins.list[SandboxInfo] = []
 
         async def one(key: str | None) -> SandboxInfo:
-            info = await self.lifecycle.create(copy(key), state=state)
+            info = await self.lifecycle.create(copy(key), state=state, source=sandbox_id)
             made_so_far.append(info)
             return info
 
@@ -378,7 +381,9 @@ class Snapshots:
             # To its end, a cancel included: a save stopped half-way had
             # left the source parked with no listener, or frozen, or in
             # CRIU's hands (its exec server refused every later request).
-            size = await self.changes.finish(sandbox_id, runtime.snapshot(sandbox_id, state))
+            size = await self.changes.finish(
+                sandbox_id, self._snapshot(rec, runtime, state, networked)
+            )
             saved = time.monotonic() - t0
             try:
                 results = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
@@ -409,6 +414,25 @@ class Snapshots:
                  ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
         return made
 
+    async def _snapshot(
+        self, rec: SandboxRecord, runtime: Snapshottable, state: Path, networked: bool
+    ) -> int:
+        """A fork's save of its source, which runs on. A checkpoint cannot
+        carry a veth whose peer is on the host: a container's is unplugged
+        for the dump and plugged back, with the same address, policy and
+        learned names (its open connections wait, as for a lost packet). A
+        VM's NIC is QEMU's: its source keeps it."""
+        unplug = networked and getattr(runtime, "disk_needs_idle", False)
+        if unplug:
+            assert rec.init_pid is not None
+            await self.networks.unplug(rec.id, rec.init_pid)
+        try:
+            return await runtime.snapshot(rec.id, state)
+        finally:
+            if unplug:
+                assert rec.init_pid is not None
+                await self.networks.reconnect(rec.id, rec.init_pid, None)
+
     # ---------------------------------------------------------------- save, restore
 
     def _store(self, name: str) -> ObjectStore:
@@ -437,12 +461,6 @@ class Snapshots:
                 "a sandbox booted from its own disk cannot be saved to a store (its disk and "
                 "overlay stay on this node): suspend, resume and fork it here",
                 rec.spec["image"],
-            )
-        if self.networks.has_network(sandbox_id):
-            raise InvalidArgument(
-                "network",
-                "a sandbox with a network cannot move (its address is this node's)",
-                "policy",
             )
         store = self._store(req.store)
         for _ in range(5):

@@ -383,7 +383,7 @@ async def _wire(
     admission = Admission(
         cfg, store, host_memory(), network.capacity, listeners=_listeners(cfg, seccompd, runtimes)
     )
-    networks = SandboxNetworks(cfg, store, network, execd)
+    networks = SandboxNetworks(cfg, store, network, execd, platform.netmove)
     dirs = SandboxDirs(cfg.sandboxes_dir, cfg.spare_dirs)
     ledger = Ledger(store, ledgers.combine(
         _node_releasers(store, cgroups, scratch, networks, dirs),

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import Conflict, InvalidArgument
-from corral.execd import protocol as p
 from corral.execd.client import ExecdClient
 from corral.runtimes.vm import pixels
 from corral.runtimes.vm.display import MAX_TEXT, Command, InputScreen
@@ -130,18 +129,9 @@ class XScreen(InputScreen):
         self.client = ExecdClient(str(control))
 
     async def _xdotool(self, argv: list[str], timeout: float = ACTION_TIMEOUT) -> bytes:
-        session = await self.client.start(
-            ["xdotool", *argv], ENV, user="root", cwd="/", timeout=timeout,
-            stdout_cap=4096, stderr_cap=4096, stdin=None,
-        )  # fmt: skip
-        out, err, code = bytearray(), bytearray(), -1
-        async for kind, data in session.events():
-            if kind == p.RSP_STDOUT:
-                out += data
-            elif kind == p.RSP_STDERR:
-                err += data
-            else:
-                code = p.parse_exit(data).exit_code
+        code, out, err = await self.client.run(
+            ["xdotool", *argv], user="root", timeout=timeout, env=ENV, cap=4096
+        )
         if code != 0:
             why = err.decode(errors="replace").strip()[-300:] or f"exit {code}"
             raise Conflict(f"sandbox {self.sandbox_id}: its X server refused the input: {why}")

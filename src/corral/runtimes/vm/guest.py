@@ -55,8 +55,10 @@ MODULES = [
 DISPLAY_MODULES = ["bochs", "virtio_input", "evdev"]
 # A layer on virtio-pmem (corral.pmem=<layer index>), mounted with DAX.
 PMEM_MODULES = ["libnvdimm", "nd_btt", "nd_pmem", "nd_virtio", "virtio_pmem"]
-# A NIC (corral.ip=<address> corral.gw=<gateway>): the sandbox's egress.
-NET_MODULES = ["virtio_net"]
+# A NIC (corral.ip=<address> corral.gw=<gateway>): the sandbox's egress;
+# tcp_diag for corral-netmove, which aborts a copy's connections out
+# (docs/network-copies.md).
+NET_MODULES = ["virtio_net", "tcp_diag"]
 
 # An initramfs's first steps: busybox's commands, the kernel's file
 # systems, the modules /etc/modules.order lists (dependencies first).
@@ -270,6 +272,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
     """Build (or find) the guest artefacts for the current inputs."""
     agent = agent or REPO / "build" / "platform" / "bin" / "corral-init"
     watch = agent.parent / "corral-watch"
+    netmove = agent.parent / "corral-netmove"
     from corral.host.platform import BASH_CANDIDATES
 
     busybox = Path("/bin/busybox")
@@ -277,6 +280,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
     for need, how in (
         (agent, "make -C native"),
         (watch, "make -C native"),
+        (netmove, "make -C native"),
         (busybox, "apt install busybox-static"),
         (bash, "apt install bash-static"),
     ):
@@ -291,6 +295,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
     h.update(hashlib.sha256(busybox.read_bytes()).digest())
     h.update(hashlib.sha256(bash.read_bytes()).digest())
     h.update(hashlib.sha256(watch.read_bytes()).digest())
+    h.update(hashlib.sha256(netmove.read_bytes()).digest())
     version = h.hexdigest()[:16]
     target = out / version
     done = GuestArtefacts(version, target / "vmlinux", target / "initrd.cpio", _release_of(target))
@@ -329,6 +334,7 @@ def build(out: Path = DEFAULT_OUT, agent: Path | None = None) -> GuestArtefacts:
             ("platform/bin/busybox", 0o100555, busybox.read_bytes()),
             ("platform/bin/bash", 0o100555, bash.read_bytes()),
             ("platform/bin/corral-watch", 0o100555, watch.read_bytes()),
+            ("platform/bin/corral-netmove", 0o100555, netmove.read_bytes()),
             ("platform/bin/sh", 0o120777, b"busybox"),
             ("etc/passwd", 0o100644, b"root:x:0:0:root:/root:/bin/sh\n"),
             ("etc/group", 0o100644, b"root:x:0:\n"),
