@@ -238,6 +238,13 @@ async def test_an_own_disk_asks_for_its_address_by_dhcp_and_again_after_a_resume
             assert str(gateway) in dns, out
             leases.append(address)
         assert leases[0] == leases[1]
+        # No agent could give a copy's guest an address of its own.
+        with pytest.raises(corral.InvalidArgument, match="its own disk with a network") as e:
+            await embedded.sandboxes.fork(sbx, 1)
+        assert e.value.field == "network"
+        made = [x for x in await embedded.sandboxes.list()
+                if x.info.labels.get("corral.forked_from") == sbx.id]  # fmt: skip
+        assert made == []
         report = await sbx.audit()
         assert report.dns_denied_names.get("corral-denied.example", 0) >= 2, report
     finally:
