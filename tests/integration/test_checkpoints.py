@@ -20,7 +20,7 @@ import corral
 from corral import metrics
 from corral.execd import protocol as proto
 from corral.execd.client import ExecdClient
-from corral.host.cgroups import Cgroups
+from corral.host.cgroups import Cgroups, Mode
 from corral.node.lifecycle import control_path
 from corral.runtimes.container import criu
 
@@ -181,6 +181,46 @@ def _host_ticks(node: Node, sandbox_id: str) -> str:
     rec = node.record(sandbox_id)
     assert rec is not None and rec.init_pid is not None
     return Path(f"/proc/{rec.init_pid}/root/tmp/ticks").read_text()
+
+
+def _cgroups_of(pid: int) -> dict[str, str]:
+    """hierarchy ("memory", "cpu,cpuacct", "" for cgroup2) -> path."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return {name: path for _, name, path in (line.split(":", 2) for line in lines)}
+
+
+async def test_copies_of_copies_keep_their_cgroups_at_the_nodes_path(node: Node) -> None:
+    """Three generations (a fork's copy forked again, that copy suspended
+    to disk and resumed): each sandbox's init is in a cgroup of its own in
+    every hierarchy the node manages, at the node's path, never below its
+    source's. On a hybrid host CRIU is kept off the cgroup2 mount, where
+    a sandbox crun starts stays in the node agent's cgroup: so do copies
+    (before, each generation's landed one level deeper, below its
+    source's, and every dump walked the whole mount)."""
+    ours = _cgroups_of(os.getpid())  # the embedded agent's
+    async with node.client() as c:
+        cgroups = node.agent.parts.cgroups
+        chain = [await c.sandboxes.create(image=IMAGE, memory="64MiB")]
+        try:
+            for _ in range(2):
+                (copy,) = await c.sandboxes.fork(chain[-1], 1)
+                chain.append(copy)
+            await chain[-1].suspend("disk")
+            await chain[-1].resume()
+            for sbx in chain:
+                rec = node.record(sbx.id)
+                assert rec is not None and rec.init_pid is not None
+                seen = _cgroups_of(rec.init_pid)
+                parent = cgroups.parent
+                own = f"/{parent}/{sbx.id}"
+                for name, path in seen.items():
+                    if name == "" and cgroups.mode is Mode.HYBRID:
+                        assert path == ours[""], (sbx.id, seen)
+                    else:  # its own (or below it: a v2 leaf), and nobody's above it
+                        assert path == own or path.startswith(f"{own}/"), (sbx.id, name, seen)
+                        assert path.count(parent) == 1, (sbx.id, name, seen)
+        finally:
+            await asyncio.gather(*(x.close() for x in chain), return_exceptions=True)
 
 
 async def test_a_fork_is_refused_while_a_command_runs(node: Node) -> None:

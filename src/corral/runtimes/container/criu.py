@@ -249,11 +249,13 @@ async def dump(
     nonce: str,
     freezer: Path | None,
     leave_running: bool = False,
+    hybrid: bool = False,
 ) -> int:
     """Checkpoint the process tree of init `pid` (parked with `nonce`,
     its cgroup frozen) into `images`, ending it. Returns the image bytes.
     On a failure CRIU leaves the tree as it found it: the caller thaws and
-    unparks it."""
+    unparks it. `hybrid`: a host of v1 controllers beside a cgroup2 mount,
+    which CRIU is kept off (v1_controllers)."""
     holder = images
     if holder.exists():
         shutil.rmtree(holder)
@@ -270,6 +272,9 @@ async def dump(
             "--tcp-established", *opts]  # fmt: skip
     if freezer is not None:
         argv += ["--freeze-cgroup", str(freezer)]
+    if hybrid:
+        for name in v1_controllers(pid):
+            argv += ["--cgroup-dump-controller", name]
     if leave_running:  # a snapshot: the source runs on
         argv.append("--leave-running")
     code, err = await _run(argv)
@@ -285,6 +290,23 @@ async def dump(
     (images / "corral.json").write_text(json.dumps(meta))
     _readable(holder)
     return sum(p.stat().st_size for p in images.iterdir() if p.is_file())
+
+
+def v1_controllers(pid: int) -> list[str]:
+    """The v1 hierarchies `pid` is in, as /proc names them ("cpu,cpuacct",
+    "name=systemd"). On a hybrid host CRIU takes these only, not the
+    cgroup2 mount, where a sandbox holds no controller and no cgroup of its
+    own (crun's, hidden, is a tmpfs: corral-nsexec --unified): its tasks
+    are in the node agent's cgroup2 there, and CRIU walked the whole mount
+    from it at every dump (any cgroup removed meanwhile by a close failed
+    the dump), then restored each copy into a cgroup2 directory named
+    after its source's, one level deeper per generation."""
+    names = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, name, _ = line.split(":", 2)
+        if name:
+            names.append(name)
+    return names
 
 
 async def restore(

@@ -304,7 +304,7 @@ class ContainerRuntime:
             await self.cgroups.freeze(sandbox_id)
             size = await criu.dump(pid, holder, layout, nonce,
                                    self.cgroups.freezer_dir(sandbox_id),
-                                   leave_running=snapshot)  # fmt: skip
+                                   leave_running=snapshot, hybrid=self.oci.hybrid)  # fmt: skip
             if state is not None:
                 await criu.pack(holder, Path(layout.upper), state, layout.host_id)
         except BaseException:
