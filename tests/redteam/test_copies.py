@@ -76,21 +76,28 @@ async def test_a_networked_containers_copies_get_addresses_and_connections_of_th
         await asyncio.gather(*(x.close() for x in [*copies, src]), return_exceptions=True)
 
 
-async def test_a_networked_container_restored_on_another_node_gets_that_nodes_address(
-    rt_client: corral.AsyncClient, rt_config: NodeConfig, standins: dict[str, Standin]
+@pytest.mark.parametrize(
+    "kind", ["container", pytest.param("microvm", marks=pytest.mark.requires_qemu)]
+)
+async def test_a_networked_sandbox_restored_on_another_node_gets_that_nodes_address(
+    rt_client: corral.AsyncClient, rt_config: NodeConfig, standins: dict[str, Standin], kind: str
 ) -> None:
-    """Saved (suspended to disk, its interface unplugged) and restored on a
-    node of its own network pool: the copy's address is that node's, its
-    connections out are aborted, and the source, resumed here, keeps its
-    address, its connection out, what it learned and what it was refused."""
-    if criu.available() is not None:
+    """Saved (suspended to disk; a container's interface unplugged) and
+    restored on a node of its own network pool: the copy's address is
+    that node's, its connections out are aborted, and the source, resumed
+    here, keeps its address, its connection out, what it learned and what
+    it was refused."""
+    if kind == "container" and criu.available() is not None:
         pytest.fail(f"container saves need CRIU: {criu.available()} (make install builds it)")
     index, forbidden = standins["index"], standins["forbidden"]
     other = replace(
         rt_config, data_dir=rt_config.data_dir.parent / "rt2", node="rt2",
         network_pool="10.202.0.0/16", dns_port=rt_config.dns_port + 1,
     )  # fmt: skip
-    src = await rt_client.sandboxes.create(image=a.IMAGE, memory="128MiB", network=POLICY)
+    src = await rt_client.sandboxes.create(
+        image=a.IMAGE, kind=kind, memory="256MiB" if kind == "microvm" else "128MiB",
+        network=POLICY,
+    )  # fmt: skip
     try:
         assert (await a.fetch(src, "http://pypi.test:8080/answer.txt")).startswith("THE-REF")
         assert (await a.fetch(src, f"{forbidden.url}/answer.txt")).startswith("blocked")
