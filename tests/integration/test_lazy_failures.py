@@ -22,6 +22,7 @@ from corral.images.lazy.loader import LazyLoader
 from corral.images.mounter import LayerMounts
 from corral.images.objects import HttpObjects, open_store
 from corral.images.store import ImageStore
+from corral.runtimes.container import criu
 
 from ..framework import IMAGE, Blobd, Node
 
@@ -165,6 +166,51 @@ async def test_a_loader_a_create_replaced_first_still_fails_its_sandboxes(
         assert (await new.commands.run(f"wc -c < {BIG}")).stdout.strip().isdigit()
         await new.close()
         await old.close()
+
+
+async def _loader_replaced(node: Node) -> None:
+    """Kill the node's loader and wait until the leader has cleared its
+    mounts (the epoch moved on): what a sandbox suspended meanwhile finds."""
+    mounts = LayerMounts(ImageStore(node.config.images_dir), node.config.mounts_dir)
+    before = mounts.epoch()
+    os.kill(int((node.config.data_dir / "lazy.lock").read_text()), signal.SIGKILL)
+    for _ in range(300):
+        if mounts.epoch() > before:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the leader never cleared the dead loader's mounts")
+
+
+async def test_a_sandbox_suspended_to_disk_when_its_loader_dies_resumes_through_the_next(
+    lazy_client: corral.AsyncClient, pulled_node: Node
+) -> None:
+    """Its restored processes open its layers again, mounted again through
+    a new loader; it is stamped with that loader's epoch, so the leader
+    does not fail it later. One frozen then still holds the dead loader's
+    files: its resume fails it, saying so, instead of running it on with
+    every read failing (the leader fails running sandboxes only)."""
+    if criu.available() is not None:
+        pytest.fail(f"container checkpoints need CRIU: {criu.available()}")
+    on_disk = await lazy_client.sandboxes.create(image=IMAGE)
+    frozen = await lazy_client.sandboxes.create(image=IMAGE)
+    try:
+        for sbx in (on_disk, frozen):
+            await sbx.commands.run("true")
+        await on_disk.suspend("disk")
+        await frozen.suspend("freeze")
+        await _loader_replaced(pulled_node)
+        assert (await on_disk.resume()).state == corral.SandboxState.running
+        r = await on_disk.commands.run(f"wc -c < {BIG}")
+        assert r.exit_code == 0 and int(r.stdout) > 100_000, r
+        with pytest.raises(corral.SandboxFailed, match="loader"):
+            await frozen.resume()
+        assert (await frozen.refresh()).state == corral.SandboxState.failed
+        assert "loader" in (frozen.info.error or "")
+        await asyncio.sleep(3 * pulled_node.config.liveness_interval)  # the leader's checks
+        assert (await on_disk.refresh()).state == corral.SandboxState.running
+        assert (await on_disk.commands.run("python3 -c 'print(3)'")).stdout == "3\n"
+    finally:
+        await asyncio.gather(on_disk.close(), frozen.close(), return_exceptions=True)
 
 
 @contextlib.asynccontextmanager

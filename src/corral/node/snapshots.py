@@ -39,7 +39,7 @@ from corral.errors import (
 )
 from corral.images import registry
 from corral.images.disks import is_disk
-from corral.images.mounter import LayerMounts
+from corral.images.mounter import LOADER_STAMP, LayerMounts
 from corral.images.objects import ObjectStore, open_store
 from corral.log import get_logger
 from corral.node import signing
@@ -271,6 +271,10 @@ class Snapshots:
         mode = rec.suspended or "disk"
         runtime, mode = self._suspendable(rec, mode)
         await self.settled(sandbox_id)
+        if not await self._layers_still_there(rec, mode):
+            why = "the node's lazy layer loader died while it was suspended; it lost its files"
+            await self.lifecycle.fail(self.records.get(sandbox_id), why)
+            raise SandboxFailed(f"sandbox {sandbox_id}: {why}", sandbox=sandbox_id)
         started = None
         try:
             started = await runtime.resume(sandbox_id, mode)
@@ -312,6 +316,29 @@ class Snapshots:
         log.info("sandbox.resumed", sandbox=sandbox_id, mode=mode,
                  ms=round((time.monotonic() - t0) * 1000, 1))  # fmt: skip
         return self.records.info(self.records.get(sandbox_id))
+
+    async def _layers_still_there(self, rec: SandboxRecord, mode: str) -> bool:
+        """Resumed from disk, a sandbox's new processes (a restored tree's
+        overlay, a new QEMU) open its layers again: through the node's
+        mounts as they are now, mounted again if the loader it was made
+        with died while it was away (a create or the leader cleared them),
+        and stamped with the loader epoch they belong to. Resumed from
+        freeze, it holds what it opened then: False if that loader has
+        died since (the leader fails running sandboxes only; one frozen
+        then would run on with every read failing)."""
+        if not rec.layers:
+            return True  # its own disk: no layer of the node's
+        layers = self.lifecycle.layers
+        stamp = self.config.sandboxes_dir / rec.id / LOADER_STAMP
+        if mode == "disk":
+            found = [layers.store.get(d, names=False) for d in rec.layers]
+            await asyncio.to_thread(layers.ensure_all, found, stamp)
+            return True
+        try:
+            mounted_in = int(stamp.read_text())
+        except (FileNotFoundError, ValueError):
+            return True  # not mounted through the node's layer mounts
+        return mounted_in >= await asyncio.to_thread(layers.epoch)
 
     # ---------------------------------------------------------------- fork
 
