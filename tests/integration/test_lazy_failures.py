@@ -23,8 +23,9 @@ from corral.images.mounter import LayerMounts
 from corral.images.objects import HttpObjects, open_store
 from corral.images.store import ImageStore
 from corral.runtimes.container import criu
+from corral.runtimes.vm.runtime import MicroVMRuntime
 
-from ..framework import IMAGE, Blobd, Node
+from ..framework import IMAGE, Blobd, Node, agent_of
 
 BIG = "/usr/lib/python3.11/pydoc_data/topics.py"  # ~700 KB nobody reads at start
 
@@ -168,17 +169,53 @@ async def test_a_loader_a_create_replaced_first_still_fails_its_sandboxes(
         await old.close()
 
 
-async def _loader_replaced(node: Node) -> None:
-    """Kill the node's loader and wait until the leader has cleared its
-    mounts (the epoch moved on): what a sandbox suspended meanwhile finds."""
+def _loader_replaced(node: Node) -> None:
+    """Kill the node's loader and wait (blocking) until the leader has
+    cleared its mounts (the epoch moved on)."""
     mounts = LayerMounts(ImageStore(node.config.images_dir), node.config.mounts_dir)
     before = mounts.epoch()
     os.kill(int((node.config.data_dir / "lazy.lock").read_text()), signal.SIGKILL)
     for _ in range(300):
         if mounts.epoch() > before:
             return
-        await asyncio.sleep(0.05)
+        time.sleep(0.05)
     raise AssertionError("the leader never cleared the dead loader's mounts")
+
+
+@pytest.mark.requires_qemu
+async def test_a_vm_whose_loader_died_before_its_qemu_started_reads_through_the_next(
+    lazy_client: corral.AsyncClient, pulled_node: Node
+) -> None:
+    """The loader dies after the create mounted the VM's layers and before
+    QEMU opens its lazy devices (here: while the runtime looks up its guest
+    kernel). The VM starts through a new loader and is stamped with it, so
+    the leader does not fail it (before, QEMU found the devices gone with
+    the cleared mounts)."""
+    runtime = agent_of(lazy_client).parts.runtimes["microvm"]
+    assert isinstance(runtime, MicroVMRuntime)
+    real = runtime.artefacts
+    calls = 0
+
+    def artefacts() -> Any:  # called off the loop, before QEMU starts
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            _loader_replaced(pulled_node)
+        return real()
+
+    runtime.artefacts = artefacts  # type: ignore[method-assign]  # a test's hook
+    try:
+        vm = await lazy_client.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    finally:
+        del runtime.artefacts
+    try:
+        assert calls >= 1
+        r = await vm.commands.run(f"wc -c < {BIG}")
+        assert r.exit_code == 0 and int(r.stdout) > 100_000, r
+        await asyncio.sleep(3 * pulled_node.config.liveness_interval)  # the leader's checks
+        assert (await vm.refresh()).state == corral.SandboxState.running
+    finally:
+        await vm.close()
 
 
 async def test_a_sandbox_suspended_to_disk_when_its_loader_dies_resumes_through_the_next(
@@ -198,7 +235,7 @@ async def test_a_sandbox_suspended_to_disk_when_its_loader_dies_resumes_through_
             await sbx.commands.run("true")
         await on_disk.suspend("disk")
         await frozen.suspend("freeze")
-        await _loader_replaced(pulled_node)
+        await asyncio.to_thread(_loader_replaced, pulled_node)
         assert (await on_disk.resume()).state == corral.SandboxState.running
         r = await on_disk.commands.run(f"wc -c < {BIG}")
         assert r.exit_code == 0 and int(r.stdout) > 100_000, r

@@ -33,7 +33,7 @@ from corral.host.cgroups import Cgroups
 from corral.host.procs import process_start_time
 from corral.images.disks import Disks
 from corral.images.layer import Layer
-from corral.images.mounter import LayerMounts
+from corral.images.mounter import LOADER_STAMP, LayerMounts
 from corral.log import get_logger
 from corral.runtimes import drawn
 from corral.runtimes.base import Boot, Prepared, Releaser, RuntimeSpec, Started, Suspension
@@ -183,6 +183,13 @@ class MicroVMRuntime:
             tb_mib=self.tcg_cache_mib,
             quiet_idle=self.quiet_idle,
         )
+        if layers:
+            # QEMU opens the lazy devices now: through the loader as it is
+            # now (started again if the one the create's prepare found has
+            # died since), and the sandbox stamped with its epoch (a stamp
+            # from before had the leader fail a VM reading through the new).
+            found = [self.layers.store.get(d, names=False) for d in layers]
+            await asyncio.to_thread(self.layers.ensure_all, found, prep.sandbox_dir / LOADER_STAMP)
         started = await self._launch(spec.id, vm.argv(), memory, boot.state)
         await self.attach(spec.id, prep.control)
         return started
