@@ -30,6 +30,7 @@ CORE = [
     "tests/integration/test_suspend.py::test_a_frozen_container_keeps_its_processes_and_stops_them",
     "tests/integration/test_suspend.py::test_a_container_suspended_to_disk_holds_no_process_and_comes_back",
     "tests/integration/test_checkpoints.py::test_a_container_forks_into_copies_of_its_memory_and_files",
+    "tests/integration/test_checkpoints.py::test_copies_of_copies_keep_their_cgroups_at_the_nodes_path",
     # The attacker started cold: a warm-claimed one is limited by the same
     # cgroup code once claimed (the warm pool test above checks the claim's
     # limits here), and under the guest's emulated CPU the warm variants
