@@ -37,7 +37,7 @@ POLICY = {"cidrs": [f"{PEER_IP}/32"], "ports": [9000]}
 # 50 MiB resident, and (with an address given) 20 connections out and 20
 # over loopback, held until the sandbox ends.
 HOLD = """
-import socket, sys, time
+import os, socket, sys, time
 x = bytearray(50 << 20)
 for i in range(0, len(x), 4096):
     x[i] = 1
@@ -50,7 +50,8 @@ if len(sys.argv) > 1:
         held.append(socket.create_connection((sys.argv[1], 9000), timeout=5))
         held.append(socket.create_connection(("127.0.0.1", 7000)))
         held.append(server.accept()[0])
-open("/tmp/held", "w").write(str(len(held)))
+open("/tmp/held.new", "w").write(str(len(held)))
+os.replace("/tmp/held.new", "/tmp/held")
 time.sleep(100000)
 """
 LISTEN = (

@@ -492,7 +492,8 @@ server.bind(("127.0.0.1", 7000))
 server.listen()
 loop = socket.create_connection(("127.0.0.1", 7000))
 peer, _ = server.accept()
-open("/tmp/held", "w").write("held")
+open("/tmp/held.new", "w").write("held")
+os.replace("/tmp/held.new", "/tmp/held")  # whole when seen: a reader polls for it
 while not os.path.exists("/tmp/go"):
     time.sleep(0.05)
 seen = []
