@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 import corral
+from corral.runtimes.vm import qmp
 
 from ..framework import IMAGE, Node
 
@@ -89,3 +92,29 @@ async def test_a_guest_oom_kills_the_process_not_the_sandbox(
     kern = await victim.commands.run("dmesg | grep -ci 'out of memory' || true")
     assert r.signal == 9 or int(kern.stdout.strip() or 0) > 0, (r, kern.stdout)
     assert (await neighbour.commands.run("echo alive")).stdout == "alive\n"
+
+
+async def test_a_qemu_that_stops_answering_fails_a_suspend_not_the_node(
+    embedded: corral.AsyncClient, node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A QEMU stopped in its tracks still has its control socket accept
+    (the kernel queues the connection) and then never answers: the suspend
+    fails in bounded time, naming the socket, and the sandbox runs on once
+    QEMU does."""
+    monkeypatch.setattr(qmp, "CONNECT_TIMEOUT", 2.0)
+    monkeypatch.setattr(qmp, "REPLY_TIMEOUT", 2.0)
+    sbx = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    pid = int((node.config.sandboxes_dir / sbx.id / "qemu.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        with pytest.raises(corral.SandboxFailed, match="control socket"):
+            await sbx.suspend("disk")
+        assert time.monotonic() - began < 20
+        assert (await sbx.refresh()).state.value == "running"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (await sbx.commands.run("echo alive")).stdout == "alive\n"
+    await sbx.suspend("disk")
+    await sbx.resume()
+    assert (await sbx.commands.run("echo back")).stdout == "back\n"

@@ -59,6 +59,10 @@ PMEM_ALIGN = 128 * 2**20
 CONSOLE_MAX = 1 << 20  # a guest's console log on the host, at most (then trimmed)
 CONSOLE_KEEP = 256 << 10  # what is kept of it: the lines a failure report shows
 FALLOC_FL_COLLAPSE_RANGE = 0x08
+# A save writes the guest's memory at disk speed (~1 s per GiB here); one
+# still going after this is stuck (its `cat` blocked, the disk gone) and is
+# cancelled, the guest running on, rather than holding its caller forever.
+SAVE_TIMEOUT = 300.0
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
 
@@ -246,12 +250,17 @@ class MicroVMRuntime:
             await qmp.execute("migrate-set-parameters", **{"max-bandwidth": 8 << 30})
             await qmp.execute("stop")
             await qmp.execute("migrate", uri=f"exec:cat > {state}")
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + SAVE_TIMEOUT
             while True:
                 info = await qmp.execute("query-migrate")
                 status = info.get("status")
                 if status == "completed":
                     break
-                if status in ("failed", "cancelled"):
+                if status in ("failed", "cancelled") or loop.time() > deadline:
+                    if status not in ("failed", "cancelled"):
+                        await qmp.execute("migrate_cancel")
+                        status = f"still {status} after {SAVE_TIMEOUT:g} s"
                     await qmp.execute("cont")
                     raise SandboxFailed(f"sandbox {sandbox_id}: saving its state {status}")
                 await asyncio.sleep(0.02)
@@ -335,6 +344,8 @@ class MicroVMRuntime:
             await qmp.execute("cont")
         except OSError as exc:  # QEMU exited on a state it could not read
             raise self._not_loaded(sandbox_id, f"QEMU exited ({exc})") from None
+        except SandboxFailed as exc:  # closed its socket, or stopped answering
+            raise self._not_loaded(sandbox_id, str(exc)) from None
         finally:
             qmp.close()
         return started
