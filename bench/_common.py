@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -97,9 +99,19 @@ def write_result(name: str, title: str, sections: list[str]) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.md"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    body = f"# {title}\n\nMachine: {machine()}.\nRun: {when}, `corral bench {name}`.\n\n"
+    body = f"# {title}\n\nMachine: {machine()}.\nRun: {when}, `{rerun(name)}`.\n\n"
     path.write_text(body + "\n\n".join(sections).rstrip() + "\n")
     return path
+
+
+def rerun(name: str) -> str:
+    """The command that made this result: the script that runs (a result's
+    file name may differ from it, and one script writes several, by its
+    arguments), as `corral bench` takes it."""
+    script = Path(sys.argv[0])
+    if script.parent.resolve() != Path(__file__).resolve().parent:
+        return f"corral bench {name}"  # not run as a bench script
+    return shlex.join(["corral", "bench", script.stem, *sys.argv[1:]])
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
