@@ -6,8 +6,12 @@ and everything a bad pull can meet."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ from typing import Any
 import pytest
 
 import corral
+from corral.images import pull as pull_module
 from corral.images.pull import pull
 from corral.images.store import ImageStore
 
@@ -290,3 +295,37 @@ async def test_a_dockerfile_builds_from_a_registry_image(
         finally:
             await sbx.close()
     assert len(result.steps) == 1
+
+
+async def test_a_registry_that_accepts_and_never_answers_fails_the_pull_in_bounded_time(
+    store: ImageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It would hold the node's layout lock, and every other pull, for ever.
+    The lock is free again once the pull has failed."""
+    monkeypatch.setattr(pull_module, "PULL_TIMEOUT", 3.0)
+    held: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        host = f"127.0.0.1:{server.getsockname()[1]}"
+        stop = threading.Event()
+
+        def accept() -> None:  # takes each connection and says nothing
+            server.settimeout(0.2)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    held.append(server.accept()[0])
+
+        acceptor = threading.Thread(target=accept)
+        acceptor.start()
+        try:
+            began = time.monotonic()
+            with pytest.raises(corral.Unavailable, match="did not deliver the image within 3 s"):
+                await asyncio.to_thread(pull, store, f"{host}/team/app:1", _quiet)
+            assert time.monotonic() - began < 30
+            assert held, "skopeo never reached the silent registry"
+        finally:
+            stop.set()
+            acceptor.join()
+            for conn in held:
+                conn.close()
+    with pull_module.locked_layout(store.root / "oci"):
+        pass  # not held by the failed pull

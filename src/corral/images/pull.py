@@ -27,7 +27,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +50,11 @@ from corral.images.store import ImageStore, ProgressFn
 CHAIN = "oci.chain_id"
 IMAGE = "oci.image"
 _CHUNK = 1 << 20
+# A whole pull, at most. A registry that accepts and then stalls (or
+# trickles) would otherwise hold the node's layout lock, and with it every
+# other pull on the node, for ever. Half an hour is 18 GB at 10 MB/s.
+PULL_TIMEOUT = 1800.0
+KILL_GRACE = 30.0
 
 
 def loopback(host: str) -> bool:
@@ -84,7 +91,9 @@ def skopeo_error(ref: RegistryRef, text: str) -> CorralError:
 def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
           platform: str, progress: ProgressFn) -> None:  # fmt: skip
     os_name, _, arch = platform.partition("/")
-    argv = ["skopeo", "copy", "--override-os", os_name, "--override-arch", arch or "amd64"]
+    timeout = PULL_TIMEOUT
+    argv = ["skopeo", "--command-timeout", f"{timeout:.0f}s", "copy",
+            "--override-os", os_name, "--override-arch", arch or "amd64"]  # fmt: skip
     if loopback(ref.host):
         argv.append("--src-tls-verify=false")  # as Docker does for 127.0.0.0/8
     if authfile is not None:
@@ -97,13 +106,28 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
     except FileNotFoundError:
         raise Unavailable("skopeo is not installed (Debian's skopeo package)") from None
     assert proc.stdout is not None and proc.stderr is not None
-    blobs = 0
-    for line in proc.stdout:
-        if line.startswith("Copying blob"):
-            blobs += 1
-            progress(label, blobs, None)
-    err = proc.stderr.read()
-    if proc.wait() != 0:
+    # skopeo's own timeout ends its network calls; this kill is for a
+    # skopeo stuck elsewhere (its stderr full, a dead NFS layout), so
+    # the layout's lock is never held past the bound.
+    watchdog = threading.Timer(timeout + KILL_GRACE, proc.kill)
+    watchdog.start()
+    try:
+        blobs = 0
+        for line in proc.stdout:
+            if line.startswith("Copying blob"):
+                blobs += 1
+                progress(label, blobs, None)
+        err = proc.stderr.read()
+        code = proc.wait()
+    finally:
+        watchdog.cancel()
+    if code != 0:
+        if code == -signal.SIGKILL or "context deadline exceeded" in err:
+            raise Unavailable(
+                f"pulling {ref}: the registry did not deliver the image within "
+                f"{timeout:.0f} s (images.pull.PULL_TIMEOUT)",
+                ref=str(ref),
+            )
         raise skopeo_error(ref, err)
 
 
