@@ -1,30 +1,54 @@
 """The host holds an exec server to what it asked for (issue 14, class 8):
 a VM guest's root can speak the agent protocol itself, so every answer is
-capped on the host, whatever the server sends."""
+capped on the host, whatever the server sends, and every wait on it is
+bounded, whatever the server withholds."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from corral.errors import FileError
+from corral.errors import FileError, Unavailable
 from corral.execd import client as execd
 from corral.execd import protocol as p
 
 Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]
 
 
+_handlers: set[asyncio.Task[None]] = set()
+
+
+async def _stop(server: asyncio.Server) -> None:
+    """Close the server once its handlers have seen their clients go."""
+    server.close()
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(5):
+        await asyncio.gather(*(t for t in _handlers if t.get_loop() is loop),
+                             return_exceptions=True)  # fmt: skip
+
+
 async def _server(sock: Path, answer: Answer) -> asyncio.Server:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        _handlers.add(task)
+        task.add_done_callback(_handlers.discard)
         head = await reader.readexactly(p.HEADER.size)
         length, _s, _k = p.HEADER.unpack(head)
         await reader.readexactly(length)
-        await answer(writer)
-        await writer.drain()
+        answering = asyncio.ensure_future(answer(writer))
+        hung_up = asyncio.ensure_future(reader.read())  # the rest, up to the client's close
+        await asyncio.wait({answering, hung_up}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (answering, hung_up):
+            task.cancel()
+        await asyncio.gather(answering, hung_up, return_exceptions=True)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
         writer.close()
 
     return await asyncio.start_unix_server(serve, path=str(sock))
@@ -68,3 +92,77 @@ async def test_a_listing_past_its_cap_is_refused(
     with pytest.raises(FileError, match="more than 10 directory entries"):
         await execd.ExecdClient(str(tmp_path / "s")).list("root", "/")
     server.close()
+
+
+async def _hold(w: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(30)  # takes the request, answers nothing
+
+
+async def _one_frame_then_hold(w: asyncio.StreamWriter) -> None:
+    w.write(p.frame(p.RSP_DATA, b"x" * 10))
+    await w.drain()
+    await asyncio.sleep(30)
+
+
+async def _trickle(w: asyncio.StreamWriter) -> None:
+    w.write(p.frame(p.RSP_STARTED, p.u32(7)))
+    for _ in range(600):  # output for ever, never the exit
+        w.write(p.frame(p.RSP_STDOUT, b"."))
+        await w.drain()
+        await asyncio.sleep(0.05)
+
+
+Call = Callable[[execd.ExecdClient], Awaitable[object]]
+REQUESTS: list[tuple[str, Call]] = [
+    ("ping", lambda c: c.ping()),
+    ("stat", lambda c: c.stat("root", "/f")),
+    ("mkdir", lambda c: c.mkdir("root", "/d")),
+    ("set_time", lambda c: c.set_time(0)),
+    ("write", lambda c: c.write("root", "/f", b"data", max_bytes=100)),
+    ("start", lambda c: c.start(["true"], [], user="root", cwd="/", timeout=1,
+                                stdout_cap=10, stderr_cap=10, stdin=None)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "call"), REQUESTS, ids=[n for n, _ in REQUESTS])
+async def test_a_server_that_takes_a_request_and_never_answers_fails_it_in_bounded_time(
+    tmp_path: Path, name: str, call: Call
+) -> None:
+    """A hung guest, or a hostile one, would otherwise hold a create, a
+    resume or a fork that asks it anything."""
+    server = await _server(tmp_path / "s", _hold)
+    client = execd.ExecdClient(str(tmp_path / "s"), reply_timeout=0.3)
+    try:
+        with pytest.raises(Unavailable, match=r"gave no answer in 0\.3 s"):
+            async with asyncio.timeout(10):  # the bound under test is 0.3 s
+                await call(client)
+    finally:
+        await _stop(server)
+
+
+async def test_a_read_whose_next_frame_never_comes_fails_in_bounded_time(tmp_path: Path) -> None:
+    server = await _server(tmp_path / "s", _one_frame_then_hold)
+    client = execd.ExecdClient(str(tmp_path / "s"), reply_timeout=0.3)
+    try:
+        with pytest.raises(Unavailable, match="gave no answer"):
+            async with asyncio.timeout(10):
+                await client.read("root", "/f", 1 << 20)
+    finally:
+        await _stop(server)
+
+
+async def test_a_platform_command_trickling_output_past_its_timeout_is_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server enforces a command's timeout; one that does not (a
+    guest's root speaking for its agent) still ends the host's wait at the
+    timeout and a grace, though it never falls silent."""
+    monkeypatch.setattr(execd, "RUN_GRACE", 0.3)
+    server = await _server(tmp_path / "s", _trickle)
+    client = execd.ExecdClient(str(tmp_path / "s"))
+    try:
+        with pytest.raises(Unavailable, match=r"did not end sh 0\.3 s after its 0\.2 s timeout"):
+            async with asyncio.timeout(10):
+                await client.run(["sh", "-c", "true"], user="root", timeout=0.2)
+    finally:
+        await _stop(server)

@@ -25,6 +25,17 @@ from corral.execd import protocol as p
 
 CHUNK = 256 * 1024
 MAX_ENTRIES = 1 << 20  # a listing's entries, at most (the host holds them all)
+# The longest the host waits on the exec server for any one step of a
+# request that is not a running command's output: an answer, the next
+# frame of a file, room to send the next chunk. The server may be stuck
+# or hostile (a VM guest's root owns its agent; a container's processes
+# can stop a handler running as their uid); without a bound, a create,
+# resume or fork that asks it something would wait for ever. A minute
+# covers a first read through the lazy loader from a slow store.
+REPLY_TIMEOUT = 60.0
+# How long past a platform command's own timeout (enforced by the server)
+# ExecdClient.run waits for its end.
+RUN_GRACE = 10.0
 
 
 def reply_refused(path: str, what: str) -> FileError:
@@ -45,17 +56,47 @@ class Frame:
 
 
 class Connection:
-    """One framed stream to the exec server."""
+    """One framed stream to the exec server. Each wait on it is bounded by
+    `reply_timeout` (Unavailable past it), but a command's output, which
+    may rightly be silent for as long as the command runs."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        reply_timeout: float | None = None,
+        where: str = "",
+    ) -> None:
         self.reader = reader
         self.writer = writer
+        self.reply_timeout = REPLY_TIMEOUT if reply_timeout is None else reply_timeout
+        self.where = where
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
-        await self.writer.drain()
+        await self.drain()
 
-    async def recv(self) -> Frame:
+    async def drain(self) -> None:
+        async with self._bounded("took no more of the request"):
+            await self.writer.drain()
+
+    async def recv(self, *, bounded: bool = True) -> Frame:
+        if not bounded:
+            return await self._recv()
+        async with self._bounded("gave no answer"):
+            return await self._recv()
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self, what: str) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(self.reply_timeout):
+                yield
+        except TimeoutError:
+            raise Unavailable(
+                f"sandbox exec server{self.where} {what} in {self.reply_timeout:g} s"
+            ) from None
+
+    async def _recv(self) -> Frame:
         try:
             head = await self.reader.readexactly(p.HEADER.size)
             length, _stream, kind = p.HEADER.unpack(head)
@@ -102,14 +143,17 @@ class ExecdClient:
         socket_path: str,
         connect_timeout: float = 10.0,
         settle: Callable[[], Awaitable[bool]] | None = None,
+        reply_timeout: float | None = None,
     ) -> None:
         """`settle`, on a refused connection: wait for a change of the
         sandbox in flight, if one is (a fork's save parks the server, its
         listener closed), and say whether there was one: then the
-        connection is tried again."""
+        connection is tried again. `reply_timeout`: Connection's bound
+        (REPLY_TIMEOUT, read when a connection is made)."""
         self.socket_path = socket_path
         self.connect_timeout = connect_timeout
         self.settle = settle
+        self.reply_timeout = reply_timeout
 
     async def connect(self) -> Connection:
         for _ in range(3):  # each retry after a change that had ended
@@ -118,7 +162,7 @@ class ExecdClient:
                     reader, writer = await asyncio.open_unix_connection(
                         self.socket_path, limit=4 * p.MAX_PAYLOAD
                     )
-                return Connection(reader, writer)
+                return Connection(reader, writer, self.reply_timeout, f" at {self.socket_path}")
             except (TimeoutError, OSError) as exc:
                 if self.settle is not None and await self.settle():
                     continue
@@ -225,7 +269,7 @@ class ExecdClient:
             view = memoryview(data)
             for off in range(0, len(view), CHUNK):
                 conn.writer.write(p.frame(p.REQ_DATA, bytes(view[off : off + CHUNK])))
-                await conn.writer.drain()
+                await conn.drain()
             await conn.send(p.frame(p.REQ_END))
 
         conn, f = await self._exchange(send)
@@ -361,6 +405,8 @@ class ExecdClient:
                     conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
                 if not stdin_open:
                     conn.writer.write(p.frame(p.REQ_STDIN_EOF))
+            # Unbounded: the server takes stdin as the command reads it,
+            # which may be late. Its caller bounds the whole command.
             await conn.writer.drain()
 
         conn, f = await self._exchange(send)
@@ -392,13 +438,22 @@ class ExecdClient:
             stderr_cap=cap, stdin=None,
         )  # fmt: skip
         out, err, code = bytearray(), bytearray(), -1
-        async for kind, data in session.events():
-            if kind == p.RSP_STDOUT:
-                out += data
-            elif kind == p.RSP_STDERR:
-                err += data
-            else:
-                code = p.parse_exit(data).exit_code
+        try:
+            async with asyncio.timeout(timeout + RUN_GRACE):
+                async for kind, data in session.events():
+                    if kind == p.RSP_STDOUT:
+                        out += data
+                    elif kind == p.RSP_STDERR:
+                        err += data
+                    else:
+                        code = p.parse_exit(data).exit_code
+        except TimeoutError:
+            raise Unavailable(
+                f"sandbox exec server at {self.socket_path} did not end {argv[0]} "
+                f"{RUN_GRACE:g} s after its {timeout:g} s timeout"
+            ) from None
+        finally:
+            session.close()
         return code, bytes(out), bytes(err)
 
 
@@ -413,7 +468,9 @@ class ExecSession:
         """Yields (RSP_STDOUT|RSP_STDERR, data) and finally (RSP_EXIT, payload)."""
         try:
             while True:
-                f = await self.conn.recv()
+                # A command may be silent for as long as it runs: the
+                # caller bounds it (its timeout, plus a grace).
+                f = await self.conn.recv(bounded=False)
                 if f.kind in (p.RSP_STDOUT, p.RSP_STDERR):
                     yield f.kind, f.payload
                 elif f.kind == p.RSP_EXIT:

@@ -117,25 +117,28 @@ async def wait_ready(sandbox_id: str, control: Path, image: str) -> None:
     if is_disk(image):
         return
     client = ExecdClient(str(control))
-    deadline = time.monotonic() + READY_TIMEOUT
-    while True:
-        try:
-            version, _pid = await client.ping()
-        except (Unavailable, ConnectionError):
-            if time.monotonic() > deadline:
-                raise SandboxFailed(
-                    f"sandbox {sandbox_id}: exec server did not answer within {READY_TIMEOUT:.0f}s",
-                    sandbox=sandbox_id,
-                ) from None
-            await asyncio.sleep(0.005)
-            continue
-        if version != proto.VERSION:
-            raise SandboxFailed(
-                f"sandbox {sandbox_id}: exec server speaks protocol {version}, "
-                f"the agent {proto.VERSION}",
-                sandbox=sandbox_id,
-            )
-        return
+    try:
+        # One bound over every try: a server that takes the connection
+        # and never answers (a guest hung after QEMU came up, a hostile
+        # copy's agent) must fail the create, not hold it.
+        async with asyncio.timeout(READY_TIMEOUT):
+            while True:
+                try:
+                    version, _pid = await client.ping()
+                    break
+                except (Unavailable, ConnectionError):
+                    await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise SandboxFailed(
+            f"sandbox {sandbox_id}: exec server did not answer within {READY_TIMEOUT:.0f}s",
+            sandbox=sandbox_id,
+        ) from None
+    if version != proto.VERSION:
+        raise SandboxFailed(
+            f"sandbox {sandbox_id}: exec server speaks protocol {version}, "
+            f"the agent {proto.VERSION}",
+            sandbox=sandbox_id,
+        )
 
 
 class Lifecycle:

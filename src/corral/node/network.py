@@ -16,6 +16,7 @@ from corral.execd.client import ExecdClient
 from corral.guard.dhcp import Lease, Responder
 from corral.guard.dns import DENIED_NAME, Resolver, upstream_from_resolv_conf
 from corral.guard.network import NodeNetwork
+from corral.host import spawn
 from corral.host.platform import BUSYBOX, MOUNT_POINT
 from corral.log import get_logger
 from corral.node.store import SandboxRecord, Store
@@ -24,6 +25,9 @@ log = get_logger("corral.node")
 
 GUEST_TIMEOUT = 30.0  # seconds for a VM copy's guest to take its address
 GUEST_NETMOVE = f"{MOUNT_POINT}/bin/corral-netmove"  # in a VM guest's platform only
+# corral-netmove walks one namespace's sockets: well under a second; a bound
+# so that a stuck one fails its copy's create, not holds it.
+NETMOVE_TIMEOUT = 30.0
 
 
 class SandboxNetworks:
@@ -101,18 +105,21 @@ class SandboxNetworks:
     async def _abort_outside(self, sandbox_id: str, args: list[str]) -> None:
         """A container copy's connections to the outside, aborted from the
         host in its network namespace (corral-netmove)."""
-        proc = await asyncio.create_subprocess_exec(
-            str(self.netmove), *args, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await proc.communicate()
-        if proc.returncode != 0:
+        try:
+            done = await spawn.run([str(self.netmove), *args], stdout=True, timeout=NETMOVE_TIMEOUT)
+        except TimeoutError:
+            raise SandboxFailed(
+                f"sandbox {sandbox_id}: corral-netmove did not end its copied connections "
+                f"within {NETMOVE_TIMEOUT:g} s",
+                sandbox=sandbox_id,
+            ) from None
+        if done.code != 0:
             raise SandboxFailed(
                 f"sandbox {sandbox_id}: its copied connections could not be ended: "
-                f"{err.decode(errors='replace').strip()}",
+                f"{done.stderr.decode(errors='replace').strip()}",
                 sandbox=sandbox_id,
             )
-        self._log_aborted(sandbox_id, out)
+        self._log_aborted(sandbox_id, done.stdout)
 
     def _log_aborted(self, sandbox_id: str, out: bytes) -> None:
         aborted, _, kept = out.decode(errors="replace").strip().partition(" ")

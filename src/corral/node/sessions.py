@@ -128,12 +128,20 @@ class Sessions:
         error: BaseException | None = None
         try:
             yield ExecStarted(pid=session.pid)
-            limit = req.timeout + EXEC_GRACE if req.timeout else None
+            # The time spent waiting on the sandbox, all events together,
+            # is what is bounded (not each wait: a server trickling output
+            # would then never be cut off), and not the time the consumer
+            # takes between events (a slow reader is not the sandbox's doing).
+            budget = req.timeout + EXEC_GRACE if req.timeout else None
             events = session.events()
+            loop = asyncio.get_running_loop()
             while True:
+                waited_from = loop.time()
                 try:
-                    async with asyncio.timeout(limit):
+                    async with asyncio.timeout(budget):
                         kind, payload = await anext(events)
+                    if budget is not None:
+                        budget = max(budget - (loop.time() - waited_from), 0.0)
                 except StopAsyncIteration:
                     raise self.records.gone(sandbox_id) from None
                 except TimeoutError:

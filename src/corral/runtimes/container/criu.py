@@ -54,6 +54,10 @@ log = get_logger("corral.criu")
 
 CRIU = "/usr/local/sbin/criu"
 CLONE_NEWNET = 0x40000000
+# A dump or restore writes or reads the memory at disk speed (~1 s per GiB
+# here), a pack or unpack the writable layer too: ten minutes is far past
+# any healthy one.
+HELPER_TIMEOUT = 600.0
 _libc = ctypes.CDLL(None, use_errno=True)
 # Kernel file systems a sandbox mounts itself (CRIU recreates them).
 _OWN_FS = {"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "overlay"}
@@ -202,9 +206,17 @@ def unpark(pid: int, nonce: str, listener: socket.socket | None) -> None:
 
 
 async def _run(argv: list[str], *, pass_fds: tuple[int, ...] = ()) -> tuple[int, str]:
-    done = await spawn.run(
-        argv, pass_fds=pass_fds, env={**os.environ, "CORRAL_AGENT_PID": str(os.getpid())}
-    )
+    """CRIU (or tar) to its end: a nonzero code and its stderr fail the
+    caller's step, as does one killed past HELPER_TIMEOUT (a task stuck
+    in the kernel under a dump), which would otherwise hold the
+    sandbox's change, and its close, for ever."""
+    try:
+        done = await spawn.run(
+            argv, pass_fds=pass_fds, env={**os.environ, "CORRAL_AGENT_PID": str(os.getpid())},
+            timeout=HELPER_TIMEOUT,
+        )  # fmt: skip
+    except TimeoutError:
+        return -9, f"{Path(argv[0]).name} ran past {HELPER_TIMEOUT:g} s and was killed"
     return done.code, done.stderr.decode(errors="replace")
 
 

@@ -20,6 +20,11 @@ from corral.log import get_logger
 
 log = get_logger("corral.oci")
 
+# The runtime returns once the container's init runs (~10 ms here, seconds
+# on a loaded TCG guest); one still going after this is stuck, and its
+# create fails (and is released) rather than holding its caller.
+START_TIMEOUT = 120.0
+
 
 @dataclass(frozen=True)
 class Overlay:
@@ -134,7 +139,16 @@ class OciRuntime:
         else:
             cmd += [*self._runtime(log_file), "run", "--detach", "--bundle", str(bundle),
                     "--pid-file", str(pid_file), "--preserve-fds", "1", container_id]  # fmt: skip
-        done = await spawn.run(cmd, pass_fds=self._fds(listen_fd), env=self._env())
+        try:
+            done = await spawn.run(
+                cmd, pass_fds=self._fds(listen_fd), env=self._env(), timeout=START_TIMEOUT
+            )
+        except TimeoutError:
+            raise SandboxFailed(
+                f"starting container {container_id} with {self.binary} ran past "
+                f"{START_TIMEOUT:g} s; killed",
+                sandbox=container_id,
+            ) from None
         if done.code != 0:
             # corral-run's stderr is the init's: nsexec's --log file.
             detail = done.stderr.decode(errors="replace").strip() or (

@@ -235,7 +235,17 @@ class ContainerRuntime:
         kernel counters (corral-nsexec --limits says why), before it runs
         anything. (A started one has them from corral-nsexec --limits-of.)"""
         args = [f"{k}={v}" for k, v in sorted(self.ns_limits.items())]
-        done = await spawn.run([str(self.platform.nsexec), "--limits", str(pid), *args])
+        try:
+            done = await spawn.run(
+                [str(self.platform.nsexec), "--limits", str(pid), *args],
+                timeout=criu.HELPER_TIMEOUT,
+            )
+        except TimeoutError:
+            raise SandboxFailed(
+                f"sandbox {sandbox_id}: setting its kernel counter limits ran past "
+                f"{criu.HELPER_TIMEOUT:g} s",
+                sandbox=sandbox_id,
+            ) from None
         if done.code != 0:
             raise SandboxFailed(
                 f"sandbox {sandbox_id}: setting its kernel counter limits failed: "
@@ -330,7 +340,7 @@ class ContainerRuntime:
 
     async def state_version(self) -> str:
         """A checkpoint loads where CRIU and corral-init speak as here."""
-        done = await spawn.run([criu.CRIU, "--version"], stdout=True)
+        done = await spawn.run([criu.CRIU, "--version"], stdout=True, timeout=criu.HELPER_TIMEOUT)
         version = done.stdout.decode().split("\n")[0].removeprefix("Version: ").strip()
         return f"criu-{version}+init-{PROTO_VERSION}"
 
@@ -417,13 +427,11 @@ class ContainerRuntime:
                 f"{size[0]}x{size[1]}",
             )
         env = [*xscreen.ENV, f"CORRAL_XVFB={size[0]}x{size[1]}"]
-        session = await client.start(
+        await client.run(
             ["/bin/sh", "-c", f'setsid "$0" </dev/null >{drawn.SESSION_LOG} 2>&1 &',
              desktop.SESSION_PATH],
-            env, user="root", cwd="/", timeout=30, stdout_cap=4096, stderr_cap=4096, stdin=None,
+            user="root", timeout=30, env=env, cap=4096,
         )  # fmt: skip
-        async for _ in session.events():
-            pass
         await drawn.wait(sandbox_id, client, self.display(sandbox_id, size, control))
 
     async def open_vnc(self, sandbox_id: str, control: Path, seconds: float) -> ByteStream:
