@@ -153,6 +153,19 @@ class _PgTx:
         return " FOR UPDATE"
 
 
+# A connection whose peer vanished (a failover, a dropped NAT or conntrack
+# entry) is noticed in seconds, not after the kernel's ~15 minutes of
+# retransmissions: unacknowledged data gives up after tcp_user_timeout,
+# and an idle connection is probed. libpq ignores both on a unix socket.
+TCP_LIVENESS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+
+
 class PostgresDatabase:
     """A connection pool. A transaction that loses its connection (the
     server restarted) raises Unavailable: the caller retries the request,
@@ -171,6 +184,7 @@ class PostgresDatabase:
             open=False,
             timeout=15,
             check=AsyncConnectionPool.check_connection,
+            kwargs=TCP_LIVENESS,
         )
 
     async def open(self) -> None:

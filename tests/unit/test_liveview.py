@@ -1,5 +1,5 @@
-"""The live view's parts that need no VM: its tokens and the read-only
-filter over the viewer's RFB stream."""
+"""The live view's parts that need no VM: its tokens, the read-only
+filter over the viewer's RFB stream and the gateway's page proxy."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import struct
 import time
 from typing import Any
 
+import aiohttp
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from corral.api import viewtoken
+from corral.api import liveviewproxy, viewtoken
 from corral.api.liveview import ViewOpening, add_live_view
 from corral.api.rfb import ViewerStream
 from corral.errors import InvalidArgument, Unauthenticated
@@ -166,3 +168,46 @@ def test_a_viewer_driving_the_desktop_marks_it_used(interactive: bool) -> None:
             time.sleep(0.01)
     assert screen.got.count(UPDATE) == 2
     assert len(touches) == (1 if interactive else 0)
+
+
+async def test_a_gateway_answers_a_view_page_whose_node_is_stuck_or_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The page is one small answer: a node that takes the request and says
+    nothing gets a 504 after the bound, one that is not there a 502; before,
+    the gateway's request waited for ever."""
+    monkeypatch.setattr(
+        liveviewproxy, "PAGE_TIMEOUT", aiohttp.ClientTimeout(total=0.5, connect=0.5)
+    )
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        held.append(w)  # takes the request, answers nothing
+
+    stuck = await asyncio.start_server(silent, "127.0.0.1", 0)
+    stuck_port = stuck.sockets[0].getsockname()[1]
+    gone = await asyncio.start_server(silent, "127.0.0.1", 0)
+    gone_port = gone.sockets[0].getsockname()[1]
+    gone.close()
+    await gone.wait_closed()
+    urls = {"stuck": f"http://127.0.0.1:{stuck_port}", "gone": f"http://127.0.0.1:{gone_port}"}
+
+    async def node_url(name: str) -> str:
+        return urls[name]
+
+    app = FastAPI()
+    close = liveviewproxy.add_live_view_proxy(app, node_url)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+            for node, status in (("stuck", 504), ("gone", 502)):
+                token, _ = viewtoken.issue(b"k" * 32, "sbx-1", node, False, 60)
+                async with asyncio.timeout(10):
+                    r = await c.get(f"/view/{token}")
+                assert r.status_code == status, (node, r.text)
+    finally:
+        await close()
+        for w in held:
+            w.close()
+        stuck.close()
+        await stuck.wait_closed()

@@ -35,7 +35,10 @@ NodeUrl = Callable[[str], Awaitable[str]]  # node name -> its base URL; NotFound
 PASSED_HEADERS = (
     "content-type", "cache-control", "referrer-policy", "content-security-policy",
 )  # fmt: skip
+# The relay is long-lived (the node ends it when its grant expires); a
+# page is one small answer, bounded so a stuck node cannot hold the request.
 TIMEOUT = aiohttp.ClientTimeout(total=None, connect=10, sock_read=None)
+PAGE_TIMEOUT = aiohttp.ClientTimeout(total=30, connect=10)
 
 
 def _ws_url(base: str, token: str) -> str:
@@ -56,10 +59,15 @@ def add_live_view_proxy(app: FastAPI, node_url: NodeUrl) -> Callable[[], Awaitab
     @app.get("/view/{token}")
     async def view_page(token: str) -> Response:
         base = await node_url(viewtoken.node_of(token))
-        async with client().get(f"{base.rstrip('/')}/view/{token}") as r:
-            body = await r.read()
-            headers = {k: v for k, v in r.headers.items() if k.lower() in PASSED_HEADERS}
-            return Response(body, status_code=r.status, headers=headers)
+        try:
+            async with client().get(f"{base.rstrip('/')}/view/{token}", timeout=PAGE_TIMEOUT) as r:
+                body = await r.read()
+                headers = {k: v for k, v in r.headers.items() if k.lower() in PASSED_HEADERS}
+                return Response(body, status_code=r.status, headers=headers)
+        except TimeoutError:
+            return Response("the sandbox's node did not answer in time", status_code=504)
+        except aiohttp.ClientError as exc:
+            return Response(f"the sandbox's node could not be reached: {exc}", status_code=502)
 
     @app.websocket("/view/{token}/websocket")
     async def view_socket(ws: WebSocket, token: str) -> None:

@@ -2,9 +2,10 @@
 merged, each filtered on the node by the project's label (so no node
 sends another project's events here).
 
-The merged stream says `subscribed` once every node's stream has (a node
-that cannot be reached is logged and left out: its sandboxes' events are
-missed, not the others'). Each node's stream is read by its own task
+The merged stream says `subscribed` once every node's stream has, or after
+SUBSCRIBE_TIMEOUT (a node that cannot be reached, or does not answer, is
+logged and left out until it does: its sandboxes' events are missed, not
+the others'). Each node's stream is read by its own task
 (httpx's stream must open and close in the task that reads it).
 """
 
@@ -20,6 +21,8 @@ from corral.api.service import SandboxService
 from corral.log import get_logger
 
 log = get_logger("corral.gateway")
+
+SUBSCRIBE_TIMEOUT = 10.0  # a node's "subscribed", at most, before the stream starts
 
 
 async def merged(
@@ -45,8 +48,16 @@ async def merged(
     tasks = [asyncio.create_task(pump(n, s)) for n, s in streams.items()]
     try:
         waiting = set(streams)
-        while waiting:
-            waiting.discard(await ready.get())
+        try:
+            # A node that takes the stream and says nothing (stuck, or
+            # half-open) must not keep every subscriber from starting: past
+            # the bound the stream starts without it, its events joining
+            # whenever it does.
+            async with asyncio.timeout(SUBSCRIBE_TIMEOUT):
+                while waiting:
+                    waiting.discard(await ready.get())
+        except TimeoutError:
+            log.warning("events.nodes_late", nodes=sorted(waiting), after_s=SUBSCRIBE_TIMEOUT)
         yield Event(kind="subscribed", at=time.time(), labels=labels)
         while True:
             yield await queue.get()

@@ -20,6 +20,8 @@ from corral.node.agent import NodeAgent
 
 log = get_logger("corral.heartbeat")
 
+BEAT_TIMEOUT = 5.0  # at least; 3 intervals where those are longer
+
 
 class Heartbeat:
     def __init__(self, agent: NodeAgent, db: Database, url: str, interval: float = 1.0) -> None:
@@ -30,9 +32,19 @@ class Heartbeat:
         self._task: asyncio.Task[None] | None = None
 
     async def beat(self) -> None:
-        before = await nodes.heartbeat(
-            self.db, self.agent.config.node, self.url, self.agent.capacity()
-        )
+        """One beat, bounded: a store that takes the query and never
+        answers (stalled, or a half-open connection the kernel has not
+        noticed yet) fails this beat, and the next one takes another
+        connection, instead of silencing the node until the gateways
+        write it off."""
+        bound = max(BEAT_TIMEOUT, 3 * self.interval)
+        try:
+            async with asyncio.timeout(bound):
+                before = await nodes.heartbeat(
+                    self.db, self.agent.config.node, self.url, self.agent.capacity()
+                )
+        except TimeoutError:
+            raise TimeoutError(f"the state store did not take the beat in {bound:g} s") from None
         if before != nodes.ALIVE:
             log.info("node.joined", node=self.agent.config.node, url=self.url, was=before)
 
