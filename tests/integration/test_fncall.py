@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 
 import httpx
 import pytest
 
 import corral
+from corral.node.fncall import call
 
 from ..framework import Node, Server
 
@@ -495,3 +497,24 @@ async def test_a_language_may_run_on_an_image_of_its_own(fresh_node: Node) -> No
         code = "import importlib.util as u; print(u.find_spec('numpy') is not None)"
         assert (await c.fncall.run("python-bare", code)).stdout == "False\n"
         assert (await c.fncall.run("python", code)).stdout == "True\n"
+
+
+async def test_a_call_that_stops_its_own_exec_handler_still_times_out(
+    one_worker: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler that would end the call at its timeout runs as the
+    call's user: code that stops every process it may (kill -STOP -1)
+    stops it too. The host's own bound makes it a timeout, and the worker
+    is clean for the next call."""
+    monkeypatch.setattr(call, "STAGE_GRACE", 2.0)
+    async with one_worker.client() as c:
+        began = time.monotonic()
+        r = await c.fncall.run(
+            "python", "import os, signal, time\nos.kill(-1, signal.SIGSTOP)\ntime.sleep(60)",
+            run_timeout=1,
+        )  # fmt: skip
+        assert r.status == "timeout", r
+        assert time.monotonic() - began < 30
+        r = await c.fncall.run("python", "print('next')")
+        assert (r.status, r.stdout) == ("ok", "next\n"), r
+        assert one_worker.fncall_workers() == 1

@@ -8,6 +8,8 @@ apart from a crash by the cgroup's counter, not guessed from the signal.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import time
 from dataclasses import dataclass
 
@@ -19,6 +21,7 @@ from corral.host.cgroups import Cgroups
 from corral.node.fncall.languages import Language
 
 CALL_USER = "1000:1000"
+STAGE_GRACE = 10.0  # past a stage's timeout, the host ends it itself
 WORK = "/work"
 FETCH_LIMIT = 16 * 1024 * 1024  # per file
 FETCH_TOTAL = 64 * 1024 * 1024  # per call: hard links make 64 names cheap to fill
@@ -61,11 +64,21 @@ async def _stage(
     out: list[bytes] = []
     err: list[bytes] = []
     x: proto.Exit | None = None
-    async for kind, payload in session.events():
-        if kind == proto.RSP_EXIT:
-            x = proto.parse_exit(payload)
-        else:
-            (out if kind == proto.RSP_STDOUT else err).append(payload)
+    try:
+        # The server ends a call at its timeout, but the call's code runs
+        # as the same user as the handler that would: it can stop it
+        # (kill -STOP -1) and run on. The host's own bound makes that a
+        # timeout like any other (the reset at release ends what is left).
+        async with asyncio.timeout(timeout + STAGE_GRACE):
+            async for kind, payload in session.events():
+                if kind == proto.RSP_EXIT:
+                    x = proto.parse_exit(payload)
+                else:
+                    (out if kind == proto.RSP_STDOUT else err).append(payload)
+    except TimeoutError:
+        session.close()
+        x = proto.Exit(exit_code=-1, signal=int(signal.SIGKILL), timed_out=True, stdout_bytes=0,
+                       stderr_bytes=0, cpu_user=0.0, cpu_system=0.0, max_rss=0)  # fmt: skip
     if x is None:
         raise ConnectionError("the worker's exec server closed the call")
     return FnCallStage(
