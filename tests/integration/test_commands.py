@@ -9,6 +9,7 @@ import time
 import pytest
 
 import corral
+from corral.node import sessions
 
 from ..framework import IMAGE
 
@@ -144,6 +145,25 @@ async def test_timeout_kills_the_whole_tree(sbx: corral.AsyncSandbox) -> None:
     await asyncio.sleep(0.2)
     ps = await sbx.commands.run("ps -eo comm= 2>/dev/null || ls /proc | grep -c '^[0-9]'")
     assert "sleep" not in ps.stdout
+
+
+async def test_a_command_that_stops_its_own_handler_still_times_out(
+    embedded: corral.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler that ends a command at its timeout runs as the command's
+    user, so the command can stop it (kill -STOP -1) and run on. Past the
+    timeout and a grace the agent has init kill it: a timeout like any
+    other, not a failed sandbox, and the next command runs."""
+    monkeypatch.setattr(sessions, "EXEC_GRACE", 2.0)
+    sbx = await embedded.sandboxes.create(image=IMAGE, memory="256MiB")
+    t0 = time.monotonic()
+    with pytest.raises(corral.CommandTimeout):
+        await sbx.commands.run("kill -STOP -1; echo stopped; sleep 60", timeout=1)
+    assert time.monotonic() - t0 < 15
+    assert (await sbx.refresh()).state.value == "running"
+    assert (await sbx.commands.run("echo next")).stdout == "next\n"
+    ps = await sbx.commands.run("ps -eo comm= 2>/dev/null || true")
+    assert "sleep" not in ps.stdout, ps.stdout
 
 
 async def test_output_is_capped_and_counted(sbx: corral.AsyncSandbox) -> None:

@@ -38,6 +38,10 @@ from corral.runtimes.base import HostCommands, Runtime
 log = get_logger("corral.node")
 
 EXEC_GRACE = 10.0  # how long past its timeout the agent waits for the exec server
+KILL_TIMEOUT = 5.0  # for init's answer to the kill of a command past that
+# The exit of a command the agent killed itself past its timeout and grace
+# (its handler stopped): killed, timed out, nothing more known of it.
+OVERDUE_EXIT = proto.EXIT.pack(-1, 9, 1, 0, 0, 0, 0, 0)
 
 
 class Sessions:
@@ -145,11 +149,17 @@ class Sessions:
                 except StopAsyncIteration:
                     raise self.records.gone(sandbox_id) from None
                 except TimeoutError:
-                    raise SandboxFailed(
-                        f"sandbox {sandbox_id}: exec server did not end pid {session.pid} "
-                        f"{EXEC_GRACE:.0f}s after its timeout",
-                        sandbox=sandbox_id,
-                    ) from None
+                    # Its handler, which ends it at its timeout, runs as its
+                    # user: the command may have stopped it (kill -STOP -1).
+                    # PID 1 answers a kill itself: if it does, the command
+                    # timed out like any other; if not, the server is gone.
+                    if not await self._kill_overdue(sandbox_id, session.pid):
+                        raise SandboxFailed(
+                            f"sandbox {sandbox_id}: exec server did not end pid {session.pid} "
+                            f"{EXEC_GRACE:.0f}s after its timeout",
+                            sandbox=sandbox_id,
+                        ) from None
+                    kind, payload = proto.RSP_EXIT, OVERDUE_EXIT
                 except ConnectionError:
                     raise self.records.gone(sandbox_id) from None
                 if kind == proto.RSP_EXIT:
@@ -209,6 +219,18 @@ class Sessions:
                 await self._reset_stateless(sandbox_id)
             metrics.EXEC_TOTAL.labels(outcome).inc()
             metrics.EXEC_SECONDS.observe(time.monotonic() - t0)
+
+    async def _kill_overdue(self, sandbox_id: str, pid: int) -> bool:
+        """Kill a command past its timeout and grace; whether the sandbox's
+        init took the kill."""
+        try:
+            async with asyncio.timeout(KILL_TIMEOUT):
+                await self._execd(sandbox_id).kill(pid, signals.SIGKILL)
+        except (CorralError, OSError, TimeoutError) as exc:
+            log.warning("exec.overdue_kill_failed", sandbox=sandbox_id, pid=pid, error=str(exc))
+            return False
+        log.warning("exec.overdue_killed", sandbox=sandbox_id, pid=pid)
+        return True
 
     async def _reset_stateless(self, sandbox_id: str) -> None:
         try:

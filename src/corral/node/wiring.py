@@ -194,7 +194,8 @@ def check_node_name(cfg: NodeConfig) -> None:
     if (recorded := name_file.read_text().strip()) != cfg.node:
         raise InvalidArgument(
             "node",
-            f"must be {recorded!r}, the node this data dir ({cfg.data_dir}) belongs to",
+            f"must be {recorded!r}, the node this data dir ({cfg.data_dir}) belongs to "
+            f"(CORRAL_NODE={recorded}, or NodeConfig(node={recorded!r}))",
             cfg.node,
         )
 
