@@ -18,7 +18,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 import corral
-from corral.runtimes.vm import qmp
+from corral.execd import protocol as proto
+from corral.execd.client import ExecdClient
+from corral.node.lifecycle import control_path
+from corral.runtimes.vm import channel, qmp
 
 from ..framework import IMAGE, Node
 
@@ -118,3 +121,34 @@ async def test_a_qemu_that_stops_answering_fails_a_suspend_not_the_node(
     await sbx.suspend("disk")
     await sbx.resume()
     assert (await sbx.commands.run("echo back")).stdout == "back\n"
+
+
+async def test_a_client_that_stops_reading_loses_its_stream_not_the_vm(
+    embedded: corral.AsyncClient, node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every stream to the guest shares one port: a host client that stops
+    reading (a slow consumer of a command's output) must not hold the
+    others, the liveness pings among them, or the VM is failed as hung."""
+    monkeypatch.setattr(channel, "STREAM_BACKLOG", 1 << 20)
+    monkeypatch.setattr(channel, "SLOW_CLIENT_TIMEOUT", 1.0)
+    sbx = await embedded.sandboxes.create(kind="microvm", image=IMAGE, memory="256MiB")
+    client = ExecdClient(str(control_path(node.config.run_dir, sbx.id)))
+    unread = await client.start(
+        ["sh", "-c", "head -c 64000000 /dev/zero"], [], user="root", cwd="/", timeout=60,
+        stdout_cap=1 << 30, stderr_cap=1024, stdin=None,
+    )  # fmt: skip
+    try:
+        await asyncio.sleep(3)  # its backlog is full and the port waited on it
+        async with asyncio.timeout(20):
+            await client.ping()
+            assert (await sbx.commands.run("echo alive")).stdout == "alive\n"
+        got = 0
+        with pytest.raises(ConnectionError):
+            async with asyncio.timeout(20):
+                async for kind, data in unread.events():
+                    assert kind == proto.RSP_STDOUT, "the stream ran to its end"
+                    got += len(data)
+        assert got < 64_000_000
+    finally:
+        unread.close()
+    assert (await sbx.refresh()).state.value == "running"

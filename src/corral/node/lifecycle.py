@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from corral import ids, metrics, trace
-from corral.api.models import CreateSandbox, SandboxInfo
+from corral.api.models import VM_KINDS, CreateSandbox, SandboxInfo
 from corral.config import NodeConfig
 from corral.errors import (
     Conflict,
@@ -71,7 +71,12 @@ MAX_TTL = 30 * 86400  # as CreateSandbox allows
 log = get_logger("corral.node")
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Until a new sandbox's exec server answers: a container's init runs in
+# milliseconds; a VM's guest boots first (a second or two under KVM, tens
+# of seconds under TCG on a loaded host, minutes nested in another TCG
+# guest, as the v2 host's tests run them).
 READY_TIMEOUT = 30.0
+VM_READY_TIMEOUT = 300.0
 
 
 def merge_env(*layers: list[str] | dict[str, str]) -> list[str]:
@@ -111,17 +116,18 @@ def runtime_spec(rec: SandboxRecord) -> RuntimeSpec:
     )
 
 
-async def wait_ready(sandbox_id: str, control: Path, image: str) -> None:
+async def wait_ready(sandbox_id: str, control: Path, image: str, kind: str) -> None:
     """Until the sandbox's exec server answers, in our protocol version.
     A user's own disk has none (its guest is ready once drawn)."""
     if is_disk(image):
         return
     client = ExecdClient(str(control))
+    bound = VM_READY_TIMEOUT if kind in VM_KINDS else READY_TIMEOUT
     try:
         # One bound over every try: a server that takes the connection
         # and never answers (a guest hung after QEMU came up, a hostile
         # copy's agent) must fail the create, not hold it.
-        async with asyncio.timeout(READY_TIMEOUT):
+        async with asyncio.timeout(bound):
             while True:
                 try:
                     version, _pid = await client.ping()
@@ -130,7 +136,7 @@ async def wait_ready(sandbox_id: str, control: Path, image: str) -> None:
                     await asyncio.sleep(0.005)
     except TimeoutError:
         raise SandboxFailed(
-            f"sandbox {sandbox_id}: exec server did not answer within {READY_TIMEOUT:.0f}s",
+            f"sandbox {sandbox_id}: exec server did not answer within {bound:.0f}s",
             sandbox=sandbox_id,
         ) from None
     if version != proto.VERSION:
@@ -423,7 +429,7 @@ class Lifecycle:
                 )
                 phase("network")
             try:
-                await wait_ready(rec.id, prep.control, req.image)
+                await wait_ready(rec.id, prep.control, req.image, req.kind)
             except SandboxFailed as exc:
                 if not isinstance(runtime, Diagnosable):
                     raise

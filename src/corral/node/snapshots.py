@@ -285,7 +285,7 @@ class Snapshots:
                     sandbox_id, rec.spec.get("cpu_class", INTERACTIVE), rec.spec.get("cpu", 1.0)
                 )
                 control = control_path(self.config.run_dir, sandbox_id)
-                await wait_ready(sandbox_id, control, rec.spec["image"])
+                await wait_ready(sandbox_id, control, rec.spec["image"], rec.kind)
                 await self.networks.reconnect(
                     sandbox_id, started.pid, self.runtimes[rec.kind].net_tap,
                     agentless=is_disk(rec.spec["image"]),

@@ -9,6 +9,7 @@ corral-init's `--serial` mode does the reverse in the guest. So ExecdClient,
 and everything built on it (commands, files, readiness), works unchanged.
 
 Invariants: a frame is forwarded whole, with only its stream id rewritten;
+no host client can hold the port for longer than SLOW_CLIENT_TIMEOUT;
 every stream the host opens it also closes toward the guest, exactly once,
 whichever side ended it first (the guest holds a descriptor per stream until
 then); stream ids are never reused within one channel, and a channel's first frame
@@ -31,6 +32,13 @@ from corral.log import get_logger
 log = get_logger("corral.vm.channel")
 
 Port = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+# What one host client may leave unread before the port waits for it, and
+# how long it then waits: past that the client's stream is ended. The
+# guest's liveness answers come through the same port, and a VM silent
+# for vm_hang_timeout (30 s) is failed.
+STREAM_BACKLOG = 4 << 20
+SLOW_CLIENT_TIMEOUT = 5.0
 
 
 class AgentChannel:
@@ -106,9 +114,17 @@ class AgentChannel:
                 continue
             try:
                 writer.write(p.HEADER.pack(length, 0, kind) + payload)
-                # A slow client holds up the port (head-of-line): bounded by
-                # the client's own socket buffer, and exec clients read.
-                await writer.drain()
+                if writer.transport.get_write_buffer_size() > STREAM_BACKLOG:
+                    # Waiting on one client holds up every stream of the
+                    # port (head-of-line), the liveness pings included: a
+                    # client that leaves this much unread for this long
+                    # loses its stream, not the VM its life.
+                    async with asyncio.timeout(SLOW_CLIENT_TIMEOUT):
+                        await writer.drain()
+            except TimeoutError:
+                log.warning("vm.channel.slow_client", control=str(self.control), stream=stream,
+                            backlog=writer.transport.get_write_buffer_size())  # fmt: skip
+                self._end(stream)
             except ConnectionError:
                 self._end(stream)  # that client left; the port is fine
 
