@@ -406,7 +406,8 @@ class ExecdClient:
                 if not stdin_open:
                     conn.writer.write(p.frame(p.REQ_STDIN_EOF))
             # Unbounded: the server takes stdin as the command reads it,
-            # which may be late. Its caller bounds the whole command.
+            # which may be late or never (a command that ignores it).
+            # Left open: a server that never reads holds the start.
             await conn.writer.drain()
 
         conn, f = await self._exchange(send)

@@ -41,7 +41,7 @@ EXEC_GRACE = 10.0  # how long past its timeout the agent waits for the exec serv
 KILL_TIMEOUT = 5.0  # for init's answer to the kill of a command past that
 # The exit of a command the agent killed itself past its timeout and grace
 # (its handler stopped): killed, timed out, nothing more known of it.
-OVERDUE_EXIT = proto.EXIT.pack(-1, 9, 1, 0, 0, 0, 0, 0)
+OVERDUE_EXIT = proto.EXIT.pack(-1, signals.SIGKILL, 1, 0, 0, 0, 0, 0)
 
 
 class Sessions:
