@@ -166,3 +166,26 @@ async def test_a_platform_command_trickling_output_past_its_timeout_is_cut_off(
                 await client.run(["sh", "-c", "true"], user="root", timeout=0.2)
     finally:
         await _stop(server)
+
+
+async def test_stdin_a_server_never_takes_fails_the_start_in_bounded_time(tmp_path: Path) -> None:
+    """stdin is sent before the server says the command started; a server
+    that never reads it would hold the start for ever."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_unix_server(never_reads, path=str(tmp_path / "s"))
+    client = execd.ExecdClient(str(tmp_path / "s"))
+    try:
+        with pytest.raises(Unavailable, match=r"took no stdin in 0\.3 s"):
+            async with asyncio.timeout(10):
+                await client.start(
+                    ["cat"], [], user="root", cwd="/", timeout=1, stdout_cap=10,
+                    stderr_cap=10, stdin=b"x" * (16 << 20), stdin_timeout=0.3,
+                )  # fmt: skip
+    finally:
+        for w in held:
+            w.close()
+        server.close()

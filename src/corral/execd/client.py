@@ -381,9 +381,13 @@ class ExecdClient:
         stdin_open: bool = False,
         pty: tuple[int, int] | None = None,
         idle: bool = False,
+        stdin_timeout: float | None = None,
     ) -> ExecSession:
         """Start a command; the session yields its output and exit. With
-        `stdin_open` its stdin stays open for ExecSession.send_stdin."""
+        `stdin_open` its stdin stays open for ExecSession.send_stdin.
+        `stdin_timeout` bounds the wait for the server to take `stdin`
+        (it takes it as the command reads it: the command's timeout and a
+        grace is the bound a caller gives); None: no bound."""
         request = p.exec_request(
             argv,
             env,
@@ -405,10 +409,16 @@ class ExecdClient:
                     conn.writer.write(p.frame(p.REQ_STDIN, bytes(view[off : off + CHUNK])))
                 if not stdin_open:
                     conn.writer.write(p.frame(p.REQ_STDIN_EOF))
-            # Unbounded: the server takes stdin as the command reads it,
-            # which may be late or never (a command that ignores it).
-            # Left open: a server that never reads holds the start.
-            await conn.writer.drain()
+            # Not REPLY_TIMEOUT: the server takes stdin as the command
+            # reads it, which may rightly be late.
+            try:
+                async with asyncio.timeout(stdin_timeout):
+                    await conn.writer.drain()
+            except TimeoutError:
+                raise Unavailable(
+                    f"sandbox exec server at {self.socket_path} took no stdin "
+                    f"in {stdin_timeout:g} s"
+                ) from None
 
         conn, f = await self._exchange(send)
         try:

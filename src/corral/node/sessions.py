@@ -110,6 +110,7 @@ class Sessions:
                 pty=req.pty,
                 idle=cpu_class == BACKGROUND
                 and isinstance(self.runtimes.get(rec.kind), HostCommands),
+                stdin_timeout=req.timeout + EXEC_GRACE if req.timeout else None,
             )
         except Unavailable:
             self.cpu.end(sandbox_id, cpu_class)
