@@ -118,3 +118,23 @@ async def test_a_cancelled_caller_waits_no_longer_than_the_timeout() -> None:
 async def test_a_missing_binary_raises_at_once() -> None:
     with pytest.raises(FileNotFoundError):
         await spawn.run(["/nonexistent/helper"])
+
+
+async def test_a_stuck_start_up_sweep_does_not_hold_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cgroups.sweep_beneath_cgroup2 runs rm through corral-nsexec before the
+    node serves: one that never ends is killed at SWEEP_TIMEOUT and the
+    start goes on (before, it had no bound)."""
+    from corral.host import cgroups
+
+    stuck = tmp_path / "nsexec"
+    stuck.write_text("#!/bin/sh\necho $$ > \"$0.pid\"\nexec sleep 600\n")
+    stuck.chmod(0o755)
+    monkeypatch.setattr(cgroups, "SWEEP_TIMEOUT", 0.5)
+    t0 = asyncio.get_running_loop().time()
+    await cgroups.sweep_beneath_cgroup2(stuck, "corral-test")
+    assert asyncio.get_running_loop().time() - t0 < 10
+    pid = int((tmp_path / "nsexec.pid").read_text())
+    assert not Path(f"/proc/{pid}").exists()  # killed and reaped
+    assert not _zombies_of_ours()

@@ -111,6 +111,12 @@ def _fill_cpuset(d: Path) -> None:
         (d / f).write_text((d.parent / f).read_text())
 
 
+# Generous: after a run of 10,000 containers the sweep removes 20,000
+# tmpfs entries, well under a second here; a stuck rm must not hold the
+# node's start for ever. Read at call time (tests patch it).
+SWEEP_TIMEOUT = 120.0
+
+
 async def sweep_beneath_cgroup2(nsexec: Path, parent: str) -> None:
     """Remove what crun left of this node's sandboxes beneath a hybrid
     host's cgroup2 mount before the node bound its own directory there
@@ -119,7 +125,14 @@ async def sweep_beneath_cgroup2(nsexec: Path, parent: str) -> None:
     while the mount is over them. corral-nsexec --hybrid runs rm where
     that mount is out of the way; nothing there is live."""
     where = CGROUP_ROOT / "unified" / parent
-    done = await spawn.run([str(nsexec), "--hybrid", "--", "rm", "-rf", "--", str(where)])
+    argv = [str(nsexec), "--hybrid", "--", "rm", "-rf", "--", str(where)]
+    try:
+        done = await spawn.run(argv, timeout=SWEEP_TIMEOUT)
+    except TimeoutError:
+        # Housekeeping only: what is left costs tmpfs memory, not isolation.
+        # The node starts anyway and the next start sweeps again.
+        log.warning("cgroups.sweep_timed_out", path=str(where), timeout_s=SWEEP_TIMEOUT)
+        return
     if done.code != 0:
         log.warning("cgroups.sweep_failed", path=str(where), error=done.stderr.decode()[-300:])
 
