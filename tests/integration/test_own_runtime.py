@@ -5,6 +5,7 @@ nothing behind."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import tarfile
@@ -149,4 +150,46 @@ async def test_an_image_cannot_move_a_mount_with_a_symlink(
     finally:
         n.close()
         store.untag("symlinked-proc:1")
+    assert str(n.config.data_dir) not in Path("/proc/mounts").read_text()
+
+
+async def _dead(pid: int) -> bool:
+    """Gone or a zombie within 5 s."""
+    for _ in range(50):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def test_a_start_that_never_ends_is_killed_and_leaves_nothing(
+    node_config: NodeConfig, data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime whose start never returns (a task stuck in the kernel
+    while its mounts are made) is killed at START_TIMEOUT: the create
+    fails naming the bound, and nothing of it is left. Before, nothing
+    bounded it and the create held its caller for ever."""
+    from corral.runtimes.container import oci
+
+    stub = tmp_path / "corral-run"  # the name keeps corral-run's calling convention
+    stub.write_text('#!/bin/sh\necho $$ >> "$0.pids"\nexec sleep 600\n')
+    stub.chmod(0o755)
+    monkeypatch.setattr(oci, "START_TIMEOUT", 3.0)
+    n = _node(node_config, "corral", data_root / "own-runtime-stuck")
+    try:
+        async with n.client() as c:
+            monkeypatch.setattr(n.agent.parts.runtimes["container"].oci, "binary", str(stub))
+            with pytest.raises(corral.SandboxFailed, match=r"ran past 3 s; killed"):
+                await c.sandboxes.create(image=IMAGE)
+            assert await c.sandboxes.list() == []
+            pids = stub.with_name("corral-run.pids").read_text().split()
+            # corral-nsexec's child, killed by PDEATHSIG as nsexec is: dead
+            # at once, reaped by whoever its orphan goes to.
+            assert pids and all([await _dead(int(p)) for p in pids])
+            assert n.leftovers() == {}
+    finally:
+        n.close()
     assert str(n.config.data_dir) not in Path("/proc/mounts").read_text()

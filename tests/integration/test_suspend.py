@@ -641,3 +641,70 @@ async def _no_zombie_soon() -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+def _stuck_criu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A CRIU that takes its arguments and never ends (a real one stuck on
+    a task in D state looks the same from the node), and a short bound."""
+    stub = tmp_path / "criu"
+    stub.write_text('#!/bin/sh\necho $$ >> "$0.pids"\nexec sleep 600\n')
+    stub.chmod(0o755)
+    monkeypatch.setattr(criu, "CRIU", str(stub))
+    monkeypatch.setattr(criu, "HELPER_TIMEOUT", 3.0)
+    return stub
+
+
+def _all_gone(stub: Path) -> bool:
+    pids = stub.with_name("criu.pids").read_text().split()
+    return bool(pids) and not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+async def test_a_stuck_criu_fails_a_suspend_and_the_sandbox_runs_on(
+    fresh_node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, nothing bounded CRIU: a stuck dump held the sandbox's change,
+    and its close, for ever. Now it is killed at HELPER_TIMEOUT, the
+    suspend fails naming it, and the sandbox is thawed and runs on."""
+    _needs_criu()
+    async with fresh_node.client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        await sbx.commands.run("echo kept > /tmp/x")
+        stub = _stuck_criu(tmp_path, monkeypatch)
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(corral.SandboxFailed, match="ran past 3 s and was killed"):
+            await sbx.suspend("disk")
+        assert asyncio.get_running_loop().time() - began < 30
+        assert _all_gone(stub)
+        assert (await sbx.refresh()).state.value == "running"
+        assert (await sbx.commands.run("cat /tmp/x")).stdout == "kept\n"
+        monkeypatch.undo()
+        await sbx.suspend("disk")  # the real CRIU: it was left as it was
+        assert (await sbx.commands.run("cat /tmp/x")).stdout == "kept\n"
+        await sbx.close()
+    assert fresh_node.leftovers() == {}
+
+
+async def test_a_stuck_criu_fails_a_resume_and_the_checkpoint_is_kept(
+    fresh_node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore that never ends is killed at HELPER_TIMEOUT; nothing of
+    the sandbox ran yet, so its checkpoint on disk still holds it: the
+    resume fails, and the next one (with a CRIU that works) brings it back."""
+    _needs_criu()
+    async with fresh_node.client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE, memory="64MiB")
+        await sbx.commands.run("echo kept > /tmp/x")
+        await sbx.suspend("disk")
+        stub = _stuck_criu(tmp_path, monkeypatch)
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(corral.SandboxFailed, match="ran past 3 s and was killed"):
+            await sbx.resume()
+        assert asyncio.get_running_loop().time() - began < 30
+        assert _all_gone(stub)
+        info = (await c.sandboxes.get(sbx.id)).info
+        monkeypatch.undo()
+        assert (info.state, info.suspended) == ("suspended", "disk"), info
+        assert (await sbx.commands.run("cat /tmp/x")).stdout == "kept\n"
+        await sbx.close()
+    assert fresh_node.records() == []
+    assert fresh_node.leftovers() == {}

@@ -129,7 +129,7 @@ async def test_a_stuck_start_up_sweep_does_not_hold_the_node(
     from corral.host import cgroups
 
     stuck = tmp_path / "nsexec"
-    stuck.write_text("#!/bin/sh\necho $$ > \"$0.pid\"\nexec sleep 600\n")
+    stuck.write_text('#!/bin/sh\necho $$ > "$0.pid"\nexec sleep 600\n')
     stuck.chmod(0o755)
     monkeypatch.setattr(cgroups, "SWEEP_TIMEOUT", 0.5)
     t0 = asyncio.get_running_loop().time()

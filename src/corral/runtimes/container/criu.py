@@ -220,13 +220,15 @@ async def _run(argv: list[str], *, pass_fds: tuple[int, ...] = ()) -> tuple[int,
     return done.code, done.stderr.decode(errors="replace")
 
 
-def _errors(log_file: Path) -> str:
+def _errors(log_file: Path, stderr: str) -> str:
+    """Why CRIU failed: its log's last errors, else what it (or the node,
+    for one killed past its bound, which left no log) said on stderr."""
     try:
         lines = log_file.read_text(errors="replace").splitlines()
     except OSError:
-        return "(no log)"
+        lines = []
     errs = [ln for ln in lines if "Error" in ln]
-    return "; ".join(errs[-3:]) or (lines[-1] if lines else "(empty log)")
+    return "; ".join(errs[-3:]) or stderr.strip() or (lines[-1] if lines else "(no log)")
 
 
 def _readable(holder: Path) -> Path:
@@ -291,7 +293,7 @@ async def dump(
         argv.append("--leave-running")
     code, err = await _run(argv)
     if code != 0:
-        why = _errors(images / "dump.log") or err.strip()
+        why = _errors(images / "dump.log", err)
         with contextlib.suppress(OSError):  # kept for whoever asks why
             shutil.copy(images / "dump.log", holder.parent / "dump-failed.log")
         shutil.rmtree(holder, ignore_errors=True)
@@ -364,7 +366,7 @@ async def restore(
             with contextlib.suppress(OSError):
                 shutil.copy(images / "restore.log", bundle / "restore-failed.log")
             raise SandboxFailed(
-                f"restoring its checkpoint failed: {_errors(images / 'restore.log') or err}"
+                f"restoring its checkpoint failed: {_errors(images / 'restore.log', err)}"
             )
         pid = int(pidfile.read_text().strip())
         await asyncio.to_thread(unpark, pid, meta["nonce"], None)
