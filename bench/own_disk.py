@@ -3,7 +3,10 @@ booting the same disk on the same devices, in one run: boot to the first
 screen with BIOS and UEFI, fork, suspend and resume, screenshots and
 keys, host memory per idle sandbox, what the overlay holds, and the
 guest's DHCP (GRUB's net_bootp, UEFI) answered by the node against QEMU's
-own user-mode network (slirp's DHCP) on the same NIC.
+own user-mode network (slirp's DHCP) on the same NIC, and a networked
+fork's copy getting its own address (the disk's Linux entry: the node
+unplugs and plugs back the copy's NIC) against the same unplug on bare
+QEMU with slirp.
 
 The disk is the tests' (tests/framework/bootdisk.py: GRUB's menu, raw).
 Bare QEMU is DiskVM's own command line over a fresh overlay, polled
@@ -39,6 +42,7 @@ from corral.runtimes.drawn import STILL_ROWS  # noqa: E402
 from corral.runtimes.vm import owndisk, pixels  # noqa: E402
 from corral.runtimes.vm.qemu import NETDEV, OVMF_VARS, DiskVM, accelerator  # noqa: E402
 from corral.runtimes.vm.qmp import Qmp  # noqa: E402
+from corral.runtimes.vm.runtime import LINK_DOWN  # noqa: E402
 
 WORK = Path("/var/lib/corral-own-disk")
 SIZE = (1024, 768)
@@ -154,6 +158,80 @@ async def corral_dhcp(c: corral.AsyncClient, cfg: NodeConfig) -> float:
         await s.close()
 
 
+LINUX_LEASE = "LEASE "  # the disk's Linux entry got an address (bootdisk.LEASE_SCRIPT)
+
+
+async def bare_relink(disk: Path, work: Path, n: int) -> list[float]:
+    """Bare QEMU, UEFI, the disk's Linux entry on user-mode networking:
+    seconds from the NIC plugged back (QMP set_link, after the same
+    unplug the node makes) to the guest's new lease, `n` times."""
+    fresh_dir(work)
+    overlay = work / "o.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(disk), "-F", "raw", str(overlay)],
+        check=True,
+    )
+    vars_ = work / "vars.fd"
+    vars_.write_bytes(OVMF_VARS.read_bytes())
+    log = work / "console.log"
+    log.touch()
+    vm = DiskVM(
+        overlay, log, work / "qmp.sock", work / "vnc.sock", SIZE, memory_mib=512, vars=vars_,
+        accel=accelerator(),
+    )  # fmt: skip
+    argv = [*vm.argv(), "-netdev", f"user,id={NETDEV}",
+            "-device", f"e1000,netdev={NETDEV},bootindex=1"]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    out = []
+    try:
+        await _serial_has(log, "Corral disk: network")
+        await asyncio.sleep(1)
+        qmp = await Qmp.connect(work / "qmp.sock", timeout=10)
+        try:
+            await qmp.execute("send-key", keys=[{"type": "qcode", "data": "l"}])
+            await _serial_has(log, LINUX_LEASE, timeout=300)
+            for _ in range(n):
+                mark = len(log.read_text(errors="replace"))
+                await qmp.execute("set_link", name=NETDEV, up=False)
+                await asyncio.sleep(LINK_DOWN)
+                await qmp.execute("set_link", name=NETDEV, up=True)
+                t0 = time.perf_counter()
+                await _serial_has(log, LINUX_LEASE, mark)
+                out.append(time.perf_counter() - t0)
+        finally:
+            qmp.close()
+    finally:
+        proc.kill()
+        await proc.wait()
+    return out
+
+
+async def corral_relink(c: corral.AsyncClient, cfg: NodeConfig, n: int) -> dict[str, list[float]]:
+    """Through Corral: a networked source running the disk's Linux entry,
+    forked `n` times; each fork's time, and from its return to its copy's
+    own lease."""
+    s = await c.sandboxes.create(
+        kind="fullvm", image="disk:bench", firmware="uefi", memory="512MiB", network={}
+    )
+    forks, leases = [], []
+    try:
+        await s.display.key("l")
+        await _serial_has(cfg.sandboxes_dir / s.id / "console.log", LINUX_LEASE, timeout=300)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            [copy] = await c.sandboxes.fork(s, 1)
+            t1 = time.perf_counter()
+            await _serial_has(cfg.sandboxes_dir / copy.id / "console.log", LINUX_LEASE)
+            forks.append(t1 - t0)
+            leases.append(time.perf_counter() - t1)
+            await copy.close()
+    finally:
+        await s.close()
+    return {"fork": forks, "lease": leases}
+
+
 async def measure(c: corral.AsyncClient, cfg: NodeConfig, a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fw in FIRMWARES:
@@ -179,6 +257,10 @@ async def measure(c: corral.AsyncClient, cfg: NodeConfig, a: argparse.Namespace)
         dhcp_bare.append(await bare_dhcp(cfg.disks_dir / "bench", WORK / "bare"))
         print(f"dhcp: corral {dhcp[-1]:.2f}s, bare (slirp) {dhcp_bare[-1]:.2f}s", flush=True)
     out.update(dhcp=dhcp, dhcp_bare=dhcp_bare)
+    relink = await corral_relink(c, cfg, a.creates)
+    out.update(net_fork=relink["fork"], net_lease=relink["lease"])
+    out["relink_bare"] = await bare_relink(cfg.disks_dir / "bench", WORK / "bare", a.creates)
+    print(f"networked fork: {relink}, bare relink {out['relink_bare']}", flush=True)
 
     spec = {"kind": "fullvm", "image": "disk:bench", "memory": "512MiB"}
     s = await c.sandboxes.create(**spec)
@@ -260,6 +342,15 @@ async def main(a: argparse.Namespace) -> None:
         ["bare QEMU, user-mode network (slirp's DHCP)", f"{pct(bare_dhcp_s, 50):.2f}",
          f"{pct(bare_dhcp_s, 99):.2f}", "1.00x"],
     ]  # fmt: skip
+    nf, nl, rb = r["net_fork"], r["net_lease"], r["relink_bare"]
+    relink_rows = [
+        ["Corral: fork, 1 copy (its NIC unplugged for LINK_DOWN, then plugged back)",
+         f"{pct(nf, 50):.2f}", f"{pct(nf, 99):.2f}", ""],
+        ["Corral: the fork's return to the copy's own lease (the node's DHCP)",
+         f"{pct(nl, 50):.2f}", f"{pct(nl, 99):.2f}", f"{pct(nl, 50) / pct(rb, 50):.2f}x"],
+        ["bare QEMU: NIC plugged back to the new lease (slirp's DHCP)",
+         f"{pct(rb, 50):.2f}", f"{pct(rb, 99):.2f}", "1.00x"],
+    ]  # fmt: skip
     sections = [
         f"## Boot to the first screen (s; {a.creates} each; accelerator: {accelerator()})\n\n"
         "GRUB's menu from a raw disk (tests/framework/bootdisk.py), 1024x768 asked (BIOS "
@@ -277,6 +368,13 @@ async def main(a: argparse.Namespace) -> None:
         "veth (guard/dhcp.py), under its egress policy. Bare: the same disk and NIC on "
         "QEMU's user-mode network, whose own DHCP answers inside QEMU.\n\n"
         + table(["", "p50", "p99", "vs bare"], dhcp_rows),
+        f"## A networked fork's copy gets its own address (s; {a.creates} each; UEFI)\n\n"
+        "The disk's Linux entry (Debian's kernel, e1000, busybox's udhcpc run whenever the "
+        "carrier comes up, as a network manager does) holds a lease; the copy wakes up "
+        f"holding it. The node unplugs the copy's NIC for {LINK_DOWN:g} s once the copy's "
+        "network is in place (part of the fork), then plugs it back; the guest asks again "
+        "and gets the copy's own address. Bare: the same unplug on QEMU's user-mode network.\n\n"
+        + table(["", "p50", "p99", "vs bare"], relink_rows),
         f"## Operations (ms, {a.n} each; forks and suspends {a.creates} each)\n\n"
         + table(
             ["", "p50", "p99"],

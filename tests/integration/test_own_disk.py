@@ -203,15 +203,19 @@ async def _network_entry(node: Node, sbx: corral.AsyncSandbox) -> str:
     return text.split("NETDONE")[before]
 
 
-async def test_an_own_disk_asks_for_its_address_by_dhcp_and_again_after_a_resume(
-    embedded: corral.AsyncClient, node: Node, disks: dict[str, Path]
+async def test_an_own_disk_asks_for_its_address_by_dhcp_again_after_a_resume_and_in_a_fork(
+    embedded: corral.AsyncClient,
+    node: Node,
+    disks: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No agent tells the guest its address: its firmware's network driver
     asks by DHCP (GRUB's net_bootp over iPXE's e1000 driver) and the node
     answers with the sandbox's block: address, gateway, resolver. A name
     it looks up reaches the node's resolver (refused: the policy does not
     name it, and the sandbox's audit says so). After a suspend to disk and
-    a resume (a new QEMU, a new veth) it is answered again, the same."""
+    a resume (a new QEMU, a new veth) it is answered again, the same. A
+    fork's copy gets an address of its own."""
     pool = ipaddress.ip_network(node.config.network_pool)
     sbx = await embedded.sandboxes.create(
         kind="fullvm", image="disk:grub-qcow2", firmware="uefi", memory="512MiB",
@@ -238,15 +242,84 @@ async def test_an_own_disk_asks_for_its_address_by_dhcp_and_again_after_a_resume
             assert str(gateway) in dns, out
             leases.append(address)
         assert leases[0] == leases[1]
-        # No agent could give a copy's guest an address of its own.
-        with pytest.raises(corral.InvalidArgument, match="its own disk with a network") as e:
-            await embedded.sandboxes.fork(sbx, 1)
-        assert e.value.field == "network"
-        made = [x for x in await embedded.sandboxes.list()
-                if x.info.labels.get("corral.forked_from") == sbx.id]  # fmt: skip
-        assert made == []
+        # A fork's copy wakes up holding this lease; its NIC is unplugged
+        # and plugged back (QEMU refusing the request would fail the fork),
+        # and what it asks for then gets the copy's own block.
+        renewed: list[str] = []
+        runtime = node.agent.parts.runtimes["fullvm"]
+        real_renew = runtime.renew_link
+
+        async def renew(sandbox_id: str) -> None:
+            renewed.append(sandbox_id)
+            await real_renew(sandbox_id)
+
+        monkeypatch.setattr(runtime, "renew_link", renew)
+        (copy,) = await embedded.sandboxes.fork(sbx, 1)
+        try:
+            assert renewed == [copy.id]
+            for _ in range(2):
+                await copy.display.key("Escape")
+                await asyncio.sleep(1.5)
+            out = await _network_entry(node, copy)
+            found = re.search(r"efinet\d+:dhcp \S+ (\d+\.\d+\.\d+\.\d+)", out)
+            assert found, out
+            theirs = ipaddress.ip_address(found.group(1))
+            assert theirs in pool and int(theirs) % 4 == 2 and theirs != leases[0], out
+            assert str(theirs - 1) in out.split("dns:", 1)[1], out
+        finally:
+            await copy.close()
         report = await sbx.audit()
         assert report.dns_denied_names.get("corral-denied.example", 0) >= 2, report
+    finally:
+        await sbx.close()
+
+
+async def _console_until(
+    node: Node, sandbox_id: str, pattern: str, after: int = 0
+) -> re.Match[str]:
+    """The first match of `pattern` in the sandbox's serial output past
+    offset `after`, waited for (Linux boots in tens of seconds under TCG)."""
+    deadline = time.monotonic() + 240
+    while (found := re.compile(pattern).search(_console(node, sandbox_id), after)) is None:
+        assert time.monotonic() < deadline, (pattern, _console(node, sandbox_id)[-3000:])
+        await asyncio.sleep(0.5)
+    return found
+
+
+async def test_a_linux_guests_copy_sees_its_link_come_back_and_leases_its_own_address(
+    embedded: corral.AsyncClient, node: Node, disks: dict[str, Path]
+) -> None:
+    """An OS holds its lease and asks again when its NIC's carrier comes
+    back (the disk's Linux entry does as a network manager does). A
+    fork's copy wakes up with its source's lease; the node unplugs its NIC
+    and plugs it back once the copy's network is in place, so its guest,
+    with no agent of ours, leases the copy's own address; the source keeps
+    its own and sees nothing."""
+    pool = ipaddress.ip_network(node.config.network_pool)
+    sbx = await embedded.sandboxes.create(
+        kind="fullvm", image="disk:grub-raw", memory="512MiB", display_size="800x600",
+        network={},
+    )  # fmt: skip
+    try:
+        await sbx.display.key("l")
+        first = await _console_until(node, sbx.id, r"LEASE (\S+) router (\S+)")
+        mine = ipaddress.ip_address(first.group(1))
+        assert mine in pool and first.group(2) == str(mine - 1), first.group(0)
+        (copy,) = await embedded.sandboxes.fork(sbx, 1)
+        try:
+            down = await _console_until(node, copy.id, r"CARRIER 0")
+            # Its console is its own, begun at the load: the drop is the flap's.
+            assert "LINUX UP" not in _console(node, copy.id)
+            up = await _console_until(node, copy.id, r"CARRIER 1", down.end())
+            lease = await _console_until(node, copy.id, r"LEASE (\S+) router (\S+)", up.end())
+            theirs = ipaddress.ip_address(lease.group(1))
+            assert theirs in pool and theirs != mine, lease.group(0)
+            assert lease.group(2) == str(theirs - 1), lease.group(0)
+        finally:
+            await copy.close()
+        source = _console(node, sbx.id)
+        # Its boot's carrier changes and lease, and nothing since.
+        assert (source.count("LEASE"), source.count("CARRIER 0")) == (1, 1), source[-2000:]
     finally:
         await sbx.close()
 

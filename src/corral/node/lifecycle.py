@@ -58,6 +58,7 @@ from corral.runtimes.base import (
     GuestNet,
     HasDisplay,
     Prepared,
+    RenewsLink,
     Resizable,
     Runtime,
     RuntimeSpec,
@@ -427,6 +428,11 @@ class Lifecycle:
                 await self.networks.connect(
                     rec.id, started.pid, net_index, req.network, runtime.net_tap, agentless=True
                 )
+                if state is not None and isinstance(runtime, RenewsLink):
+                    # A copy (a fork's): its guest holds its source's lease.
+                    # Until it asks again, what it sends from that address
+                    # is dropped at the host end (docs/network-copies.md).
+                    await runtime.renew_link(rec.id)
                 phase("network")
             try:
                 await wait_ready(rec.id, prep.control, req.image, req.kind)

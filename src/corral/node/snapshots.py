@@ -375,14 +375,6 @@ class Snapshots:
         # From here to the save's registration, no await: a suspend asked
         # meanwhile waits for the save (node/tothend.py).
         networked = self.networks.has_network(sandbox_id)
-        if networked and is_disk(rec.spec["image"]):
-            # Its guest asked for its address by DHCP; no agent can give it another.
-            raise InvalidArgument(
-                "network",
-                "a sandbox booted from its own disk with a network cannot be forked (its "
-                "copies' guests would keep its address: no agent of ours can change it)",
-                "policy",
-            )
         keys: builtins.list[str | None] = (
             [*req.idempotency_keys] if req.idempotency_keys else [None] * req.n
         )

@@ -260,6 +260,15 @@ class HoldsHandles(Protocol):
 
 
 @runtime_checkable
+class RenewsLink(Protocol):
+    """Can take a guest's network link down and up again: a guest no agent
+    configures (a user's own disk) then asks for its address again, as any
+    OS does when its cable is plugged back (docs/network-copies.md)."""
+
+    async def renew_link(self, sandbox_id: str) -> None: ...
+
+
+@runtime_checkable
 class Diagnosable(Protocol):
     """Keeps a log of the sandbox's own that says why it died."""
 

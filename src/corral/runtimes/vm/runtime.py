@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from corral.errors import SandboxFailed
 from corral.execd import protocol as p
@@ -41,7 +42,7 @@ from corral.runtimes.vm import desktop, guest, owndisk
 from corral.runtimes.vm.channel import AgentChannel
 from corral.runtimes.vm.display import Display
 from corral.runtimes.vm.owndisk import OwnDisk
-from corral.runtimes.vm.qemu import QEMU, DiskVM, Drive, MicroVM, accelerator
+from corral.runtimes.vm.qemu import NETDEV, QEMU, DiskVM, Drive, MicroVM, accelerator
 from corral.runtimes.vm.qmp import Qmp
 from corral.runtimes.vnc import ByteStream, SocketStream
 
@@ -58,6 +59,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 PMEM_ALIGN = 128 * 2**20
 CONSOLE_MAX = 1 << 20  # a guest's console log on the host, at most (then trimmed)
 CONSOLE_KEEP = 256 << 10  # what is kept of it: the lines a failure report shows
+# How long a copy's NIC stays unplugged (renew_link). Long enough for a
+# guest's driver to see the carrier go (Linux's e1000 checks on the link
+# interrupt, within its 2 s watchdog at worst); read at call time.
+LINK_DOWN = 2.0
 FALLOC_FL_COLLAPSE_RANGE = 0x08
 # A save writes the guest's memory at disk speed (~1 s per GiB here); one
 # still going after this is stuck (its `cat` blocked, the disk gone) and is
@@ -296,10 +301,10 @@ class MicroVMRuntime:
         await self._wait_gone(sandbox_id)
         return Suspension(state_bytes=size)
 
-    async def _qmp(self, sandbox_id: str, command: str) -> None:
+    async def _qmp(self, sandbox_id: str, command: str, **arguments: Any) -> None:
         qmp = await Qmp.connect(self._dir(sandbox_id) / "qmp.sock")
         try:
-            await qmp.execute(command)
+            await qmp.execute(command, **arguments)
         finally:
             qmp.close()
 
@@ -584,12 +589,25 @@ class FullVMRuntime(MicroVMRuntime):
         async with display.lock:  # QEMU serves one QMP client at a time
             return await super()._save(sandbox_id, state, then=then)
 
-    async def _qmp(self, sandbox_id: str, command: str) -> None:
+    async def _qmp(self, sandbox_id: str, command: str, **arguments: Any) -> None:
         display = self.displays.get(sandbox_id)
         if display is None:
-            return await super()._qmp(sandbox_id, command)
+            return await super()._qmp(sandbox_id, command, **arguments)
         async with display.lock:
-            return await super()._qmp(sandbox_id, command)
+            return await super()._qmp(sandbox_id, command, **arguments)
+
+    async def renew_link(self, sandbox_id: str) -> None:
+        """Unplug the guest's NIC for LINK_DOWN, then plug it back. A copy
+        of a user's own disk wakes up holding its source's DHCP lease;
+        every OS's DHCP client asks again when its link comes back (a
+        REQUEST for the old address, which the node's server refuses with
+        a NAK, then a DISCOVER), so the copy gets its own address the way a
+        laptop moved to another network does. Set on the tap's netdev:
+        QEMU passes the state to its peer, the NIC, which tells the guest."""
+        await self._qmp(sandbox_id, "set_link", name=NETDEV, up=False)
+        await asyncio.sleep(LINK_DOWN)
+        await self._qmp(sandbox_id, "set_link", name=NETDEV, up=True)
+        log.info("vm.link_renewed", sandbox=sandbox_id, down_s=LINK_DOWN)
 
     async def _release_vm(self, ref: str) -> None:
         self.displays.pop(ref, None)
