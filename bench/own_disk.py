@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +105,10 @@ async def _serial_has(log: Path, text: str, after: int = 0, timeout: float = 120
         await asyncio.sleep(0.01)
 
 
-async def bare_dhcp(disk: Path, work: Path) -> float:
-    """Bare QEMU, UEFI, the same e1000 on QEMU's user-mode network: seconds
-    from the key that runs the disk's network entry to its address."""
+@contextlib.asynccontextmanager
+async def _bare_on_slirp(disk: Path, work: Path) -> AsyncIterator[tuple[Path, Qmp]]:
+    """Bare QEMU, UEFI, the same e1000 on QEMU's user-mode network, at
+    GRUB's menu: (its serial log, its QMP); ended after."""
     fresh_dir(work)
     overlay = work / "o.qcow2"
     subprocess.run(
@@ -130,16 +133,23 @@ async def bare_dhcp(disk: Path, work: Path) -> float:
         await asyncio.sleep(1)
         qmp = await Qmp.connect(work / "qmp.sock", timeout=10)
         try:
-            mark = len(log.read_text(errors="replace"))
-            t0 = time.perf_counter()
-            await qmp.execute("send-key", keys=[{"type": "qcode", "data": "n"}])
-            await _serial_has(log, LEASED, mark)
-            return time.perf_counter() - t0
+            yield log, qmp
         finally:
             qmp.close()
     finally:
         proc.kill()
         await proc.wait()
+
+
+async def bare_dhcp(disk: Path, work: Path) -> float:
+    """Bare QEMU on user-mode networking: seconds from the key that runs the
+    disk's network entry to its address."""
+    async with _bare_on_slirp(disk, work) as (log, qmp):
+        mark = len(log.read_text(errors="replace"))
+        t0 = time.perf_counter()
+        await qmp.execute("send-key", keys=[{"type": "qcode", "data": "n"}])
+        await _serial_has(log, LEASED, mark)
+        return time.perf_counter() - t0
 
 
 async def corral_dhcp(c: corral.AsyncClient, cfg: NodeConfig) -> float:
@@ -162,49 +172,21 @@ LINUX_LEASE = "LEASE "  # the disk's Linux entry got an address (bootdisk.LEASE_
 
 
 async def bare_relink(disk: Path, work: Path, n: int) -> list[float]:
-    """Bare QEMU, UEFI, the disk's Linux entry on user-mode networking:
-    seconds from the NIC plugged back (QMP set_link, after the same
-    unplug the node makes) to the guest's new lease, `n` times."""
-    fresh_dir(work)
-    overlay = work / "o.qcow2"
-    subprocess.run(
-        ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(disk), "-F", "raw", str(overlay)],
-        check=True,
-    )
-    vars_ = work / "vars.fd"
-    vars_.write_bytes(OVMF_VARS.read_bytes())
-    log = work / "console.log"
-    log.touch()
-    vm = DiskVM(
-        overlay, log, work / "qmp.sock", work / "vnc.sock", SIZE, memory_mib=512, vars=vars_,
-        accel=accelerator(),
-    )  # fmt: skip
-    argv = [*vm.argv(), "-netdev", f"user,id={NETDEV}",
-            "-device", f"e1000,netdev={NETDEV},bootindex=1"]  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    """Bare QEMU on user-mode networking, the disk's Linux entry: seconds
+    from the NIC plugged back (QMP set_link, after the same unplug the
+    node makes) to the guest's new lease, `n` times."""
     out = []
-    try:
-        await _serial_has(log, "Corral disk: network")
-        await asyncio.sleep(1)
-        qmp = await Qmp.connect(work / "qmp.sock", timeout=10)
-        try:
-            await qmp.execute("send-key", keys=[{"type": "qcode", "data": "l"}])
-            await _serial_has(log, LINUX_LEASE, timeout=300)
-            for _ in range(n):
-                mark = len(log.read_text(errors="replace"))
-                await qmp.execute("set_link", name=NETDEV, up=False)
-                await asyncio.sleep(LINK_DOWN)
-                await qmp.execute("set_link", name=NETDEV, up=True)
-                t0 = time.perf_counter()
-                await _serial_has(log, LINUX_LEASE, mark)
-                out.append(time.perf_counter() - t0)
-        finally:
-            qmp.close()
-    finally:
-        proc.kill()
-        await proc.wait()
+    async with _bare_on_slirp(disk, work) as (log, qmp):
+        await qmp.execute("send-key", keys=[{"type": "qcode", "data": "l"}])
+        await _serial_has(log, LINUX_LEASE, timeout=300)
+        for _ in range(n):
+            mark = len(log.read_text(errors="replace"))
+            await qmp.execute("set_link", name=NETDEV, up=False)
+            await asyncio.sleep(LINK_DOWN)
+            await qmp.execute("set_link", name=NETDEV, up=True)
+            t0 = time.perf_counter()
+            await _serial_has(log, LINUX_LEASE, mark)
+            out.append(time.perf_counter() - t0)
     return out
 
 

@@ -203,6 +203,30 @@ async def _network_entry(node: Node, sbx: corral.AsyncSandbox) -> str:
     return text.split("NETDONE")[before]
 
 
+async def _back_to_menu(sbx: corral.AsyncSandbox) -> None:
+    """Out of the network entry's sleep; GRUB's "press any key", the menu."""
+    for _ in range(2):
+        await sbx.display.key("Escape")
+        await asyncio.sleep(1.5)
+
+
+async def _grub_lease(
+    node: Node, sbx: corral.AsyncSandbox, pool: ipaddress.IPv4Network | ipaddress.IPv6Network
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address the network entry leased: the sandbox's (a /30's second,
+    in the pool), with the host end of its /30 as router and resolver."""
+    out = await _network_entry(node, sbx)
+    found = re.search(r"efinet\d+:dhcp \S+ (\d+\.\d+\.\d+\.\d+)", out)
+    assert found, out
+    address = ipaddress.ip_address(found.group(1))
+    assert address in pool and int(address) % 4 == 2, out
+    gateway = address - 1
+    routes, dns = out.split("dns:", 1)
+    assert re.search(rf"0\.0\.0\.0/0 .*gw .*{gateway}", routes), out
+    assert str(gateway) in dns, out
+    return address
+
+
 async def test_an_own_disk_asks_for_its_address_by_dhcp_again_after_a_resume_and_in_a_fork(
     embedded: corral.AsyncClient,
     node: Node,
@@ -227,20 +251,8 @@ async def test_an_own_disk_asks_for_its_address_by_dhcp_again_after_a_resume_and
             if turn:
                 await sbx.suspend("disk")
                 await sbx.resume()
-                # Out of the entry's sleep; GRUB's "press any key", back to the menu.
-                for _ in range(2):
-                    await sbx.display.key("Escape")
-                    await asyncio.sleep(1.5)
-            out = await _network_entry(node, sbx)
-            found = re.search(r"efinet\d+:dhcp \S+ (\d+\.\d+\.\d+\.\d+)", out)
-            assert found, out
-            address = ipaddress.ip_address(found.group(1))
-            assert address in pool and int(address) % 4 == 2, out
-            gateway = address - 1  # the host end of its /30: router and resolver
-            routes, dns = out.split("dns:", 1)
-            assert re.search(rf"0\.0\.0\.0/0 .*gw .*{gateway}", routes), out
-            assert str(gateway) in dns, out
-            leases.append(address)
+                await _back_to_menu(sbx)
+            leases.append(await _grub_lease(node, sbx, pool))
         assert leases[0] == leases[1]
         # A fork's copy wakes up holding this lease; its NIC is unplugged
         # and plugged back (QEMU refusing the request would fail the fork),
@@ -257,15 +269,8 @@ async def test_an_own_disk_asks_for_its_address_by_dhcp_again_after_a_resume_and
         (copy,) = await embedded.sandboxes.fork(sbx, 1)
         try:
             assert renewed == [copy.id]
-            for _ in range(2):
-                await copy.display.key("Escape")
-                await asyncio.sleep(1.5)
-            out = await _network_entry(node, copy)
-            found = re.search(r"efinet\d+:dhcp \S+ (\d+\.\d+\.\d+\.\d+)", out)
-            assert found, out
-            theirs = ipaddress.ip_address(found.group(1))
-            assert theirs in pool and int(theirs) % 4 == 2 and theirs != leases[0], out
-            assert str(theirs - 1) in out.split("dns:", 1)[1], out
+            await _back_to_menu(copy)
+            assert await _grub_lease(node, copy, pool) != leases[0]
         finally:
             await copy.close()
         report = await sbx.audit()
