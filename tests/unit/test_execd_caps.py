@@ -189,3 +189,47 @@ async def test_stdin_a_server_never_takes_fails_the_start_in_bounded_time(tmp_pa
         for w in held:
             w.close()
         server.close()
+
+
+async def test_a_listing_past_its_byte_budget_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Few entries, each huge (a guest's agent writes what it likes; a
+    container's xattrs are 32 x 4 KiB an entry): refused at the budget,
+    not held."""
+    monkeypatch.setattr(execd, "MAX_LIST_BYTES", 10_000)
+    entry = p.ENTRY_HEAD.pack(ord("f"), 0o644, 1, 0) + b"n" * 4000
+
+    async def fat(w: asyncio.StreamWriter) -> None:
+        for _ in range(5):
+            w.write(p.frame(p.RSP_ENTRY, entry))
+        w.write(p.frame(p.RSP_OK))
+
+    server = await _server(tmp_path / "s", fat)
+    with pytest.raises(FileError, match="a listing of more than 10000 bytes"):
+        await execd.ExecdClient(str(tmp_path / "s")).list("root", "/")
+    server.close()
+
+
+async def test_a_platform_commands_output_is_capped_on_the_host(tmp_path: Path) -> None:
+    """run() asks the server for `cap` bytes a stream; a guest's root,
+    speaking for its agent, sends more: the host keeps `cap`."""
+
+    async def flood(w: asyncio.StreamWriter) -> None:
+        w.write(p.frame(p.RSP_STARTED, p.u32(7)))
+        for _ in range(64):
+            w.write(p.frame(p.RSP_STDOUT, b"o" * 65536))
+            w.write(p.frame(p.RSP_STDERR, b"e" * 65536))
+        w.write(p.frame(p.RSP_EXIT, p.EXIT.pack(0, 0, 0, 0, 0, 0, 0, 0)))
+        await w.drain()
+        await asyncio.sleep(30)
+
+    server = await _server(tmp_path / "s", flood)
+    try:
+        async with asyncio.timeout(10):
+            _code, out, err = await execd.ExecdClient(str(tmp_path / "s")).run(
+                ["true"], user="root", timeout=1, cap=1000
+            )
+        assert (len(out), len(err)) == (1000, 1000)
+    finally:
+        await _stop(server)

@@ -142,3 +142,24 @@ def test_publishing_without_subscribers_costs_no_lookup() -> None:
         raise AssertionError("looked up with nobody listening")
 
     bus.EventBus(labels_of).publish("state", "x", state="running")
+
+
+def test_a_walk_cut_short_says_so_and_counts_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandbox makes its upper directory: past MAX_ENTRIES entries of
+    any kind (empty directories too: they cost the host as much) the walk
+    stops, and the finding says what was not checked, so junk cannot hide
+    a replaced binary. A protected path not reached is not called removed."""
+    monkeypatch.setattr(fschanges, "MAX_ENTRIES", 50)
+    upper = tmp_path / "upper"
+    for i in range(200):
+        (upper / "junk" / f"d{i}").mkdir(parents=True)
+    base = {"/work/tests/t.py": ("file", 1, 1)}
+    found = fschanges.changes(upper, [], ["/work/tests"], base)
+    assert [c.kind for c in found] == ["changes_unread"]
+    assert "more than 50 entries" in found[0].detail
+    assert sum(1 for _ in fschanges.entries(upper)) == 0  # no files, and it ended
+    small = tmp_path / "small"
+    _tree(small, {"a/b": "x"})
+    assert fschanges.changes(small, [], [], {}) == []

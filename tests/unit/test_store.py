@@ -187,3 +187,15 @@ def test_networked_own_disks_are_listed_for_their_dhcp(tmp_path: Path) -> None:
         if net:
             s.net_allocate(sid, "{}", 64)
     assert s.running_networked_own_disks() == [("disk-net", "1:2")]
+
+
+def test_ids_in_states_and_kinds(tmp_path: Path) -> None:
+    """The housekeeping's view of which sandboxes' logs to bound: a VM
+    writes its console while it is created, too."""
+    s = Store(tmp_path / "state.db")
+    s.insert(_rec("n-1"))
+    s.insert(_rec("n-2", state="creating"))
+    s.insert(_rec("n-3", state="closed"))
+    assert sorted(s.ids_in(["creating", "running"])) == ["n-1", "n-2"]
+    assert s.ids_in(["creating", "running"], ["microvm"]) == []
+    assert s.running_ids(["container"]) == ["n-1"]

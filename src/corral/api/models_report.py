@@ -37,6 +37,7 @@ DEFAULT_SEVERITY: dict[str, Severity] = {
     "setuid": "violation",  # a file made setuid or setgid
     "package_replaced": "suspicious",  # an image's installed Python package changed
     "processes_left": "suspicious",  # processes still running with no command running
+    "changes_unread": "suspicious",  # the writable layer past what is checked (fschanges)
     "output_flood": "suspicious",  # output, console or log past its cap
     "forged_reply": "violation",  # a guest exec server answered more than asked
     "oom_kill": "info",

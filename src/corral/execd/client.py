@@ -24,7 +24,13 @@ from corral.errors import (
 from corral.execd import protocol as p
 
 CHUNK = 256 * 1024
-MAX_ENTRIES = 1 << 20  # a listing's entries, at most (the host holds them all)
+# A listing's entries and their bytes, at most: the host holds them all,
+# and a sandbox makes the listing (100,000 hard links carrying 32 xattrs
+# of 4 KiB each cost it ~20 MB of quota and the host ~13 GB). The server
+# sends at most 100,000 (corral-init's LIST_MAX); 64 MiB is ~670 bytes an
+# entry at that count, far past a name, a target and a few xattrs.
+MAX_ENTRIES = 100_000
+MAX_LIST_BYTES = 64 << 20
 # The longest the host waits on the exec server for any one step of a
 # request that is not a running command's output: an answer, the next
 # frame of a file, room to send the next chunk. The server may be stuck
@@ -283,9 +289,13 @@ class ExecdClient:
     async def list(self, user: str, path: str) -> builtins.list[p.Entry]:
         request = p.file_request(p.REQ_LIST, user, path)
         entries: builtins.list[p.Entry] = []
+        size = 0
         async for f in self._until_ok(request, path):
+            size += len(f.payload)
             if len(entries) >= MAX_ENTRIES:
                 raise reply_refused(path, f"more than {MAX_ENTRIES} directory entries")
+            if size > MAX_LIST_BYTES:
+                raise reply_refused(path, f"a listing of more than {MAX_LIST_BYTES} bytes")
             entries.append(p.parse_entry(f.payload, f.kind))
         return entries
 
@@ -442,8 +452,10 @@ class ExecdClient:
         cap: int = 1 << 16,
     ) -> tuple[int, bytes, bytes]:
         """A platform command to its end: (exit code, stdout, stderr), each
-        stream kept to its first `cap` bytes. For the node's own short
-        commands; a user's go through sessions (node/sessions.py)."""
+        stream kept to its first `cap` bytes, here as well as by the server:
+        a VM guest's root speaks for its agent and may send more. For the
+        node's own short commands; a user's go through sessions
+        (node/sessions.py)."""
         session = await self.start(
             argv, env or [], user=user, cwd="/", timeout=timeout, stdout_cap=cap,
             stderr_cap=cap, stdin=None,
@@ -453,9 +465,9 @@ class ExecdClient:
             async with asyncio.timeout(timeout + RUN_GRACE):
                 async for kind, data in session.events():
                     if kind == p.RSP_STDOUT:
-                        out += data
+                        out += data[: cap - len(out)]
                     elif kind == p.RSP_STDERR:
-                        err += data
+                        err += data[: cap - len(err)]
                     else:
                         code = p.parse_exit(data).exit_code
         except TimeoutError:

@@ -20,8 +20,10 @@ say that something beneath them changed and are not findings themselves.
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,18 +60,33 @@ class Change:
     mtime: float  # when it changed (the entry's ctime)
 
 
-def entries(upper: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of every non-directory entry of `upper`."""
+@dataclass
+class Walk:
+    """How a walk of an upper went: cut short at MAX_ENTRIES or not."""
+
+    truncated: bool = False
+
+
+def entries(upper: Path, walk: Walk | None = None) -> Iterator[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of every non-directory entry of `upper`, up to
+    MAX_ENTRIES entries of any kind (the sandbox makes them: a million empty
+    directories must cost the host no more than the cap's worth). Cut
+    short, it sets `walk.truncated`."""
     seen = 0
     stack = [""]
     while stack:
         rel = stack.pop()
         try:
             with os.scandir(upper / rel if rel else upper) as it:
-                items = list(it)
+                items = list(itertools.islice(it, MAX_ENTRIES + 1 - seen))
         except OSError:
             continue
         for e in items:
+            seen += 1
+            if seen > MAX_ENTRIES:
+                if walk is not None:
+                    walk.truncated = True
+                return
             path = f"{rel}/{e.name}" if rel else e.name
             try:
                 st = e.stat(follow_symlinks=False)
@@ -78,9 +95,6 @@ def entries(upper: Path) -> Iterator[tuple[str, os.stat_result]]:
             if stat.S_ISDIR(st.st_mode):
                 stack.append(path)
                 continue
-            seen += 1
-            if seen > MAX_ENTRIES:
-                return
             yield path, st
 
 
@@ -125,7 +139,8 @@ def changes(
     `upper` (see the module's docstring)."""
     out: list[Change] = []
     now_protected: dict[str, Signature] = {}
-    for rel, st in entries(upper):
+    walk = Walk()
+    for rel, st in entries(upper, walk):
         path = "/" + rel
         what = _what(st)
         if protected and under(path, protected) and not _cache(rel):
@@ -148,7 +163,15 @@ def changes(
         suid = stat.S_ISUID | stat.S_ISGID
         if what == "file" and st.st_mode & suid and (base is None or not base.st_mode & suid):
             out.append(Change("setuid", path, f"{path} mode {st.st_mode & 0o7777:o}", mtime))
-    for path in sorted(set(now_protected) | set(baseline)):
+    if walk.truncated:
+        # What lies past the cap was not checked: a sandbox could hide a
+        # replaced binary behind enough junk. Said, never silent.
+        out.append(Change("changes_unread", "/",
+                          f"the writable layer holds more than {MAX_ENTRIES} entries; "
+                          "those past them were not checked", time.time()))  # fmt: skip
+    # Cut short, a protected path not reached is unknown, not removed.
+    seen = set(now_protected) if walk.truncated else set(now_protected) | set(baseline)
+    for path in sorted(seen):
         if now_protected.get(path) != baseline.get(path):
             sig = now_protected.get(path)
             what = sig[0] if sig is not None else "restored"

@@ -253,7 +253,10 @@ class Housekeeping:
         for kind, runtime in self.runtimes.items():
             if not isinstance(runtime, Diagnosable):
                 continue
-            for sid in self.store.running_ids([kind]):
+            # Creating too: a guest writes its console from its first
+            # instruction, and a create may wait minutes on it (a VM's boot,
+            # a user's own disk drawing its screen).
+            for sid in self.store.ids_in(["creating", "running"], [kind]):
                 dropped = runtime.bound_logs(sid)
                 if dropped:
                     self.store.count(sid, "console_dropped_bytes", dropped)

@@ -425,10 +425,19 @@ class Store:
 
     def running_ids(self, kinds: Iterable[str] | None = None) -> builtins.list[str]:
         """Running sandboxes, of `kinds` only if given."""
-        sql, args = "SELECT id FROM sandboxes WHERE state = 'running'", []
+        return self.ids_in(["running"], kinds)
+
+    def ids_in(
+        self, states: Iterable[str], kinds: Iterable[str] | None = None
+    ) -> builtins.list[str]:
+        """Sandboxes in one of `states`, of `kinds` only if given."""
+        wanted = sorted(states)
+        sql = f"SELECT id FROM sandboxes WHERE state IN ({','.join('?' * len(wanted))})"
+        args = [*wanted]
         if kinds is not None:
-            args = sorted(kinds)
-            sql += f" AND kind IN ({','.join('?' * len(args))})"
+            kinds = sorted(kinds)
+            args += kinds
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
         return [r[0] for r in self._tuples(sql, args)]
 
     def running_labelled(self, key: str) -> builtins.list[tuple[str, str]]:

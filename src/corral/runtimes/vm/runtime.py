@@ -411,9 +411,13 @@ class MicroVMRuntime:
         return drop_head(path, size - CONSOLE_KEEP)
 
     def console_tail(self, sandbox_id: str, lines: int = 60) -> str:
-        """The guest's last console lines (a crash, a hang, an OOM)."""
+        """The guest's last console lines (a crash, a hang, an OOM), from its
+        last CONSOLE_KEEP bytes: the guest writes the file, and it may not
+        have been trimmed yet (bound_logs runs on a tick)."""
         try:
-            text = (self._dir(sandbox_id) / "console.log").read_text(errors="replace")
+            with open(self._dir(sandbox_id) / "console.log", "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - CONSOLE_KEEP))
+                text = f.read(CONSOLE_KEEP).decode(errors="replace")
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])

@@ -76,6 +76,7 @@ class Envd:
     def forget(self, sandbox_id: str) -> None:
         self._checked = {k: t for k, t in self._checked.items() if k[0] != sandbox_id}
         self.processes.abort(sandbox_id)
+        self.fs.names.forget(sandbox_id)
 
     async def sandbox(self, request: Request) -> tuple[SandboxService, str]:
         """The caller's sandbox, once its token checks out."""

@@ -25,11 +25,21 @@ from corral.host import platform as plat
 
 METADATA = "user.e2b."  # E2B's file metadata: these extended attributes
 MAX_DEPTH = 32
+# A ListDir's entries over all the directories it walks: each listing is
+# capped (execd/client.py), their sum must be too (the sandbox makes them).
+MAX_LISTED = 100_000
 MAX_WATCHERS = 64  # per sandbox
+# What is read of a sandbox's /etc/passwd and /etc/group, and the names
+# kept from each (the sandbox writes them; corral-init reads them as far).
+NAMES_FILE_MAX = 4 << 20
+NAMES_MAX = 65_536
 # Events a watcher keeps for its next poll, and for a stream that lags:
 # beyond them the oldest are dropped (as inotify drops past its queue).
 MAX_PENDING = 65536
 MAX_LIVE = 1024
+# A watcher's record (corral-watch: "E<mask>:<path>\0"): a path and a few
+# bytes; a longer one is not corral-watch's.
+RECORD_MAX = 4096 + 64
 TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 _TYPE_BITS = {"file": st.S_IFREG, "dir": st.S_IFDIR, "symlink": st.S_IFLNK}
 
@@ -102,15 +112,25 @@ class Names:
 
     @staticmethod
     async def _read(svc: SandboxService, sandbox_id: str, path: str) -> dict[int, str]:
+        # The platform's head, not a whole-file read: the file is the
+        # sandbox's to make as large as its disk (or a link to /dev/zero).
+        req = ExecRequest(cmd=[plat.BUSYBOX, "head", "-c", str(NAMES_FILE_MAX), path],
+                          user="root", cwd="/", timeout=30, stdout_limit=NAMES_FILE_MAX,
+                          stderr_limit=4096)  # fmt: skip
+        data = bytearray()
         try:
-            text = (await svc.read_file(sandbox_id, path, "root")).decode(errors="replace")
+            async for ev in svc.exec(sandbox_id, req):
+                if isinstance(ev, ExecOutput) and ev.type == "stdout":
+                    data += ev.data[: NAMES_FILE_MAX - len(data)]
         except Exception:
             return {}
         out: dict[int, str] = {}
-        for line in text.splitlines():
+        for line in data.decode(errors="replace").splitlines():
             parts = line.split(":")
             if len(parts) > 2 and parts[2].isdigit():
                 out.setdefault(int(parts[2]), parts[0])
+                if len(out) >= NAMES_MAX:
+                    break
         return out
 
     def forget(self, sandbox_id: str) -> None:
@@ -177,6 +197,11 @@ class Filesystem:
 
         async def walk(d: str, left: int) -> None:  # pre-order, by name: as envd's WalkDir
             for e in sorted(await svc.list_files(sid, d, user), key=lambda e: e.name):
+                if len(out) >= MAX_LISTED:
+                    raise ConnectError(
+                        "resource_exhausted",
+                        f"{path}: more than {MAX_LISTED} entries to depth {depth}",
+                    )
                 out.append(await self._entry(svc, sid, e))
                 if e.type == "dir" and left > 1:
                     await walk(e.path, left - 1)
@@ -269,16 +294,25 @@ class Watcher:
         await armed
 
     async def _pump(self, events: AsyncIterator[Any], armed: asyncio.Future[None]) -> None:
-        buf, err = b"", b""
+        buf, err = bytearray(), bytearray()
         try:
             async for ev in events:
                 if isinstance(ev, ExecOutput) and ev.type == "stderr":
-                    err += ev.data[:4096]
+                    err += ev.data[: 4096 - len(err)]
                 elif isinstance(ev, ExecOutput):
                     buf += ev.data
-                    *records, buf = buf.split(b"\0")
-                    for r in records:
-                        await self._record(r.decode(errors="surrogateescape"), armed)
+                    start = 0
+                    while (end := buf.find(b"\0", start)) >= 0:
+                        await self._record(buf[start:end].decode(errors="surrogateescape"), armed)
+                        start = end + 1
+                    del buf[:start]
+                    if len(buf) > RECORD_MAX:
+                        # Not corral-watch's: a process of the watching
+                        # user can write to its stdout (/proc/<pid>/fd/1).
+                        raise ConnectError(
+                            "resource_exhausted",
+                            f"the watcher of {self.path} sent a record over {RECORD_MAX} bytes",
+                        )
                 elif isinstance(ev, ExecExit) and not armed.done():
                     code = _WATCH_EXIT.get(ev.exit_code, "internal")
                     message = err.decode(errors="replace").strip() or f"exit {ev.exit_code}"
@@ -289,6 +323,10 @@ class Watcher:
             if not armed.done():
                 armed.set_exception(exc)
         finally:
+            close = getattr(events, "aclose", None)
+            if close is not None:  # ends corral-watch with its session
+                with contextlib.suppress(Exception):
+                    await close()
             if not armed.done():
                 armed.set_exception(ConnectError("internal", "the watcher ended"))
             if self.live.full():

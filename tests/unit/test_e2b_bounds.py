@@ -1,0 +1,118 @@
+"""What the E2B adapter takes from a sandbox is bounded: a watcher's
+stream (a process of the watching user can write to corral-watch's
+stdout), the /etc/passwd and /etc/group it names owners from, and a
+recursive listing's total. A scripted service plays the sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from corral.api.compat.e2b import filesystem as fs
+from corral.api.compat.e2b.connect import ConnectError
+from corral.api.models import ExecExit, ExecOutput, ExecRequest, ExecStarted, FileEntry
+
+pytestmark = pytest.mark.unit
+
+Script = Callable[[ExecRequest], AsyncIterator[Any]]
+
+
+def _dir(name: str, path: str) -> FileEntry:
+    return FileEntry(name=name, path=path, type="dir", size=0, mode=0o755, mtime=0.0)
+
+
+class Sandbox:
+    """The parts of SandboxService the adapter calls here."""
+
+    def __init__(self, script: Script, listing: int = 0) -> None:
+        self.script = script
+        self.listing = listing
+        self.requests: list[ExecRequest] = []
+        self.closed = 0
+
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[Any]:
+        self.requests.append(req)
+        try:
+            async for ev in self.script(req):
+                yield ev
+        finally:
+            self.closed += 1
+
+    async def stat_file(self, sandbox_id: str, path: str, user: str) -> FileEntry:
+        return _dir(path.rsplit("/", 1)[-1], path)
+
+    async def list_files(self, sandbox_id: str, path: str, user: str) -> list[FileEntry]:
+        base = path.rstrip("/")
+        return [_dir(f"d{i}", f"{base}/d{i}") for i in range(self.listing)]
+
+
+async def test_a_watcher_stream_with_no_record_end_is_ended_not_held() -> None:
+    """Before, the bytes before a NUL were kept and re-split on every
+    frame: 256 MiB held and ~quadratic copying. Now a record longer than
+    corral-watch ever writes ends the watcher (and its process)."""
+    sent = 0
+
+    async def flood(req: ExecRequest) -> AsyncIterator[Any]:
+        nonlocal sent
+        yield ExecStarted(pid=9)
+        yield ExecOutput(type="stdout", data=b"R\0")
+        for _ in range(10_000):
+            sent += 1
+            yield ExecOutput(type="stdout", data=b"x" * 65536)
+        yield ExecExit(exit_code=0)
+
+    svc = Sandbox(flood)
+    w = fs.Watcher(svc, "s", "/w", False, "user", fs.Names())  # type: ignore[arg-type]
+    await w.start()
+    assert w._task is not None
+    async with asyncio.timeout(5):
+        await w._task
+    assert sent < 3 and svc.closed == 1
+    assert await w.live.get() is None  # the stream ends
+
+
+async def test_a_watchers_stderr_is_kept_to_4_kib() -> None:
+    async def noisy(req: ExecRequest) -> AsyncIterator[Any]:
+        for _ in range(1000):
+            yield ExecOutput(type="stderr", data=b"e" * 4096)
+        yield ExecExit(exit_code=4)
+
+    w = fs.Watcher(Sandbox(noisy), "s", "/w", False, "user", fs.Names())  # type: ignore[arg-type]
+    with pytest.raises(ConnectError) as e:
+        await w.start()
+    assert len(str(e.value)) < 5000
+
+
+async def test_owner_names_read_at_most_4_mib_and_65536_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sandbox writes /etc/passwd: it is read through the platform's
+    head, a bounded command, and at most NAMES_MAX names are kept."""
+    monkeypatch.setattr(fs, "NAMES_MAX", 100)
+
+    async def passwd(req: ExecRequest) -> AsyncIterator[Any]:
+        lines = "".join(f"u{i}:x:{i}:{i}::/:/bin/sh\n" for i in range(10_000)).encode()
+        yield ExecOutput(type="stdout", data=lines)
+        yield ExecOutput(type="stdout", data=b"z" * (8 << 20))  # more than asked
+        yield ExecExit(exit_code=0)
+
+    svc = Sandbox(passwd)
+    users, _groups = await fs.Names().of(svc, "s")  # type: ignore[arg-type]
+    assert len(users) == 100 and users[0] == "u0"
+    head = svc.requests[0]
+    assert head.cmd[1:4] == ["head", "-c", str(fs.NAMES_FILE_MAX)]
+    assert head.stdout_limit == fs.NAMES_FILE_MAX
+
+
+async def test_a_deep_listing_past_its_total_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fs, "MAX_LISTED", 1000)
+
+    async def none(req: ExecRequest) -> AsyncIterator[Any]:
+        yield ExecExit(exit_code=0)
+
+    svc = Sandbox(none, listing=20)  # 20 + 400 + 8000 at depth 3
+    with pytest.raises(ConnectError, match="more than 1000 entries to depth 3"):
+        await fs.Filesystem().list_dir(svc, "s", "/", 3, "user")  # type: ignore[arg-type]
