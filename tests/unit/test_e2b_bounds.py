@@ -6,11 +6,14 @@ recursive listing's total. A scripted service plays the sandbox."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from starlette.requests import Request
 
+from corral.api.compat.e2b import envd
 from corral.api.compat.e2b import filesystem as fs
 from corral.api.compat.e2b.connect import ConnectError
 from corral.api.models import ExecExit, ExecOutput, ExecRequest, ExecStarted, FileEntry
@@ -116,3 +119,69 @@ async def test_a_deep_listing_past_its_total_is_refused(monkeypatch: pytest.Monk
     svc = Sandbox(none, listing=20)  # 20 + 400 + 8000 at depth 3
     with pytest.raises(ConnectError, match="more than 1000 entries to depth 3"):
         await fs.Filesystem().list_dir(svc, "s", "/", 3, "user")  # type: ignore[arg-type]
+
+
+def _upload_request(
+    chunks: list[bytes], headers: dict[str, str], query: bytes = b"path=/f"
+) -> Request:
+    """A request whose body arrives in `chunks` (no length declared unless
+    `headers` says one, as a chunked or HTTP/2 upload)."""
+    scope = {
+        "type": "http", "method": "POST", "path": "/files", "query_string": query,
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }  # fmt: skip
+    sent = iter(chunks)
+
+    async def receive() -> dict[str, Any]:
+        chunk = next(sent, None)
+        return {"type": "http.request", "body": chunk or b"", "more_body": chunk is not None}
+
+    return Request(scope, receive)
+
+
+def _multipart(files: int, size: int) -> tuple[list[bytes], dict[str, str]]:
+    boundary = "b0undary"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="f{i}"\r\n'
+        f"Content-Type: application/octet-stream\r\n\r\n".encode()
+        + b"x" * size
+        + b"\r\n"
+        for i in range(files)
+    ]
+    return [*parts, f"--{boundary}--\r\n".encode()], {
+        "content-type": f"multipart/form-data; boundary={boundary}"
+    }
+
+
+UPLOADS = [
+    ("raw, chunked", *([b"x" * 4096] * 64, {"content-type": "application/octet-stream"})),
+    ("multipart files, chunked", *_multipart(16, 16384)),
+    (
+        "gzip bomb",
+        [gzip.compress(b"\0" * (4 << 20))],
+        {"content-type": "application/octet-stream", "content-encoding": "gzip"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "chunks", "headers"), UPLOADS, ids=[u[0] for u in UPLOADS])
+async def test_an_upload_past_its_bound_is_refused_whatever_it_declares(
+    monkeypatch: pytest.MonkeyPatch, name: str, chunks: list[bytes], headers: dict[str, str]
+) -> None:
+    """Before: a multipart upload's files and a gzip body's inflation had
+    no bound (Starlette bounds a form's text fields only), and a raw one
+    was joined a chunk at a time, quadratically."""
+    monkeypatch.setattr(envd, "MAX_UPLOAD", 100_000)
+    e = envd.Envd(lambda sid: None)  # type: ignore[arg-type, return-value]
+    with pytest.raises(ConnectError, match="uploads are at most 100000 bytes"):
+        await e._uploaded(_upload_request(chunks, headers), "/home/user")
+
+
+async def test_an_upload_within_its_bound_arrives_whole() -> None:
+    e = envd.Envd(lambda sid: None)  # type: ignore[arg-type, return-value]
+    chunks, headers = _multipart(2, 1000)
+    got = await e._uploaded(_upload_request(chunks, headers, b""), "/home/user")
+    assert [(p, len(d)) for p, d in got] == [("/home/user/f0", 1000), ("/home/user/f1", 1000)]
+    zipped = {"content-type": "application/octet-stream", "content-encoding": "gzip"}
+    got = await e._uploaded(_upload_request([gzip.compress(b"hello")], zipped), "/home/user")
+    assert got == [("/f", b"hello")]

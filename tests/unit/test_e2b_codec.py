@@ -204,3 +204,11 @@ def test_bad_network_fields_are_named(network: Any, field: str) -> None:
     with pytest.raises(control.E2bError) as e:
         control.network_of({"network": network})
     assert e.value.status == 400 and field in e.value.message
+
+
+async def test_a_request_message_past_its_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connect, "MAX_MESSAGE", 100)
+    body = json.dumps({"a": "x" * 200}).encode()
+    with pytest.raises(connect.ConnectError) as e:
+        await connect.read_request(_request(body, {"content-type": "application/json"}))
+    assert e.value.code == "resource_exhausted"

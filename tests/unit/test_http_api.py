@@ -515,3 +515,40 @@ async def test_sandboxfusion_endpoints_tell_a_platform_failure_from_bad_input() 
             assert "no function-call worker" in r.json()["message"]
         r = await h.post("/run_jupyter", json={"cells": ["1"], "total_timeout": -1})
         assert r.status_code == 400 and r.json()["error"]["field"] == "total_timeout"
+
+
+async def test_a_body_past_its_bound_is_refused_before_it_is_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FastAPI reads a model's whole body before validating it; uvicorn
+    bounds nothing. A body past its bound is refused by its declared
+    length, or as it arrives when it declares none (chunked), and the
+    service never sees the request."""
+    from corral.api import serving
+
+    monkeypatch.setattr(serving, "MAX_JSON_BODY", 10_000)
+    monkeypatch.setattr(serving, "MAX_ANY_BODY", 20_000)
+    svc = FakeService()
+    app = create_app(svc)
+    big = json.dumps({"image": "img:1", "labels": {"k": "v" * 15_000}}).encode()
+
+    async def chunked(data: bytes) -> AsyncIterator[bytes]:
+        for i in range(0, len(data), 1000):
+            yield data[i : i + 1000]
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        resp = await h.post("/v1/sandboxes", content=big,
+                            headers={"content-type": "application/json"})  # fmt: skip
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["field"] == "body"
+        assert "at most 10000 bytes" in resp.json()["error"]["message"]
+        resp = await h.post("/v1/sandboxes", content=chunked(big),
+                            headers={"content-type": "application/json"})  # fmt: skip
+        assert resp.status_code == 400 and "at most 10000 bytes" in resp.text, resp.text
+        # Not JSON: the larger bound (a file's); a raw route keeps its own.
+        resp = await h.post("/v1/sandboxes", content=chunked(b"x" * 30_000),
+                            headers={"content-type": "application/octet-stream"})  # fmt: skip
+        assert resp.status_code == 400 and "at most 20000 bytes" in resp.text, resp.text
+        assert svc.boxes == {}
+        ok = await h.post("/v1/sandboxes", json={"image": "img:1"})
+        assert ok.status_code == 201, ok.text

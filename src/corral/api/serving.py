@@ -11,13 +11,14 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import log, trace
 from corral.api.abandoned import AbandonedCreates
 from corral.api.models import Event, ExecEvent
+from corral.api.routes import MAX_BODY
 from corral.api.service import SandboxService
 from corral.api.wire import error_line, event_line
 from corral.errors import InvalidArgument
@@ -167,14 +168,65 @@ class RequestContext:
             log.unbind(token)
 
 
+# The most a request body may be before any handler sees it. FastAPI reads
+# a model's whole body before validating it, and uvicorn bounds nothing: a
+# client could otherwise make the server hold any size. A JSON body's
+# largest honest content is a command's stdin or a function call's files
+# (64 MiB each, base64); any other's a file or tar archive (MAX_BODY) in a
+# multipart upload's framing. Handlers keep their own, tighter bounds.
+MAX_JSON_BODY = 128 << 20
+MAX_ANY_BODY = MAX_BODY + (1 << 20)
+
+
+class BodyLimit:
+    """Refuses a request body past its bound: by its declared length before
+    a byte is read, else (chunked, HTTP/2) as it arrives."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        limit = MAX_JSON_BODY if ctype == b"application/json" else MAX_ANY_BODY
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            err = InvalidArgument(
+                "body", f"must be at most {limit} bytes", f"<{int(declared)} bytes>"
+            )
+            await JSONResponse({"error": err.to_wire()}, err.http_status)(scope, receive, send)
+            return
+        received = 0
+
+        async def bounded() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:
+                # FastAPI passes an HTTPException raised while it reads a
+                # body on to the app's handler (any other becomes "error
+                # parsing the body").
+                raise HTTPException(413, f"request body must be at most {limit} bytes")
+            return message
+
+        await self.app(scope, bounded, send)
+
+
 class CorralApp(FastAPI):
     """FastAPI with RequestContext outermost, in front of even the error
     middleware: the log line of an unexpected error carries the request's
     id, and its 500 echoes X-Request-Id like every other answer. Inside it,
-    AbandonedCreates closes what a create made for a client that left."""
+    BodyLimit bounds every request's body, and AbandonedCreates closes what a
+    create made for a client that left."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        inner = AbandonedCreates(super().build_middleware_stack(), self._resolve)
+        # BodyLimit inside AbandonedCreates: that one reads a create's first
+        # MiB itself, and the limit's refusal must be raised where the app's
+        # handlers answer it (while a route reads its body).
+        inner = AbandonedCreates(BodyLimit(super().build_middleware_stack()), self._resolve)
         return RequestContext(inner)
 
     async def _resolve(self, request: Request) -> SandboxService:

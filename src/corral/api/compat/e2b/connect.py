@@ -122,9 +122,12 @@ def end_stream(error: Exception | None = None) -> bytes:
 async def read_request(request: Request) -> dict[str, Any]:
     """The request message of a unary call or a server stream."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    body = await request.body()
-    if len(body) > MAX_MESSAGE:
-        raise ConnectError("resource_exhausted", f"request larger than {MAX_MESSAGE} bytes")
+    held = bytearray()
+    async for chunk in request.stream():  # counted as it comes: never held past the cap
+        held += chunk
+        if len(held) > MAX_MESSAGE + 5:  # + a stream envelope's head
+            raise ConnectError("resource_exhausted", f"request larger than {MAX_MESSAGE} bytes")
+    body = bytes(held)
     if ctype == STREAM_TYPE:
         if len(body) < 5:
             raise ConnectError("invalid_argument", "a stream request needs one envelope")

@@ -51,6 +51,7 @@ TEMPLATE = "corral.e2b_template"
 TOKEN = "corral.e2b_token"
 DEFAULT_TIMEOUT = 300  # the SDK's own default
 MAX_LIST = 1000
+MAX_CONTROL_BODY = 1 << 20  # a create's or an update's JSON, at most
 
 Resolve = Callable[[Request], Awaitable[SandboxService]]
 
@@ -203,7 +204,12 @@ async def _start(svc: SandboxService, sandbox_id: str, cmd: str) -> None:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    held = bytearray()
+    async for chunk in request.stream():  # a control request is a small JSON document
+        held += chunk
+        if len(held) > MAX_CONTROL_BODY:
+            raise E2bError(413, f"the request body is larger than {MAX_CONTROL_BODY} bytes")
+    raw = bytes(held)
     if not raw:
         return {}
     try:

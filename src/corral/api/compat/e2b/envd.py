@@ -23,11 +23,13 @@ import gzip
 import hmac
 import posixpath
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import Message
 
 from corral.api.compat.e2b import connect as c
 from corral.api.compat.e2b.control import TOKEN
@@ -41,6 +43,21 @@ DEFAULT_USER = "user"
 MAX_UPLOAD = 256 << 20
 
 ForSandbox = Callable[[str], Awaitable[SandboxService]]
+
+
+def _gunzip(body: bytes, too_big: Exception) -> bytes:
+    """A gzip body, inflated to at most MAX_UPLOAD bytes: a few MB of
+    zeros inflate to hundreds of GB."""
+    inflate = zlib.decompressobj(wbits=31)  # gzip's header and trailer
+    try:
+        out = inflate.decompress(body, MAX_UPLOAD + 1)
+    except zlib.error as exc:
+        raise c.ConnectError("invalid_argument", f"body is not gzip: {exc}") from None
+    if len(out) > MAX_UPLOAD:
+        raise too_big
+    if not inflate.eof:
+        raise c.ConnectError("invalid_argument", "body is not gzip: it ends early")
+    return out
 
 
 def _home(user: str) -> str:
@@ -175,35 +192,44 @@ class Envd:
         return JSONResponse(written)
 
     async def _uploaded(self, request: Request, home: str) -> list[tuple[str, bytes]]:
+        too_big = c.ConnectError("resource_exhausted", f"uploads are at most {MAX_UPLOAD} bytes")
         declared = request.headers.get("content-length")
         if declared and int(declared) > MAX_UPLOAD:
-            raise c.ConnectError("resource_exhausted", f"uploads are at most {MAX_UPLOAD} bytes")
+            raise too_big
+        # Counted as received, whatever the headers said (a chunked or
+        # HTTP/2 body declares no length): Starlette bounds a form's text
+        # fields, not its files, which it spools to disk unbounded.
+        received = 0
+        inner = request.receive
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await inner()
+            received += len(message.get("body", b""))
+            if received > MAX_UPLOAD:
+                raise too_big
+            return message
+
+        request = Request(request.scope, counted)
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         param = request.query_params.get("path")
         if ctype == "multipart/form-data":
-            form = await request.form(max_part_size=MAX_UPLOAD)
-            out = []
-            for item in form.getlist("file"):
-                if isinstance(item, str):
-                    raise c.ConnectError("invalid_argument", "field 'file' must be a file part")
-                name = param if param and len(form.getlist("file")) == 1 else item.filename
-                out.append((resolve(name, home), await item.read()))
+            async with request.form(max_part_size=MAX_UPLOAD) as form:
+                out = []
+                for item in form.getlist("file"):
+                    if isinstance(item, str):
+                        raise c.ConnectError("invalid_argument", "field 'file' must be a file part")
+                    name = param if param and len(form.getlist("file")) == 1 else item.filename
+                    out.append((resolve(name, home), await item.read()))
             if not out:
                 raise c.ConnectError("invalid_argument", "multipart upload without a 'file' part")
             return out
-        body = b""
+        body = bytearray()
         async for chunk in request.stream():
             body += chunk
-            if len(body) > MAX_UPLOAD:
-                raise c.ConnectError(
-                    "resource_exhausted", f"uploads are at most {MAX_UPLOAD} bytes"
-                )
         if request.headers.get("content-encoding", "").lower() == "gzip":
-            try:
-                body = gzip.decompress(body)
-            except (OSError, EOFError) as exc:
-                raise c.ConnectError("invalid_argument", f"body is not gzip: {exc}") from None
-        return [(resolve(param, home), body)]
+            return [(resolve(param, home), _gunzip(bytes(body), too_big))]
+        return [(resolve(param, home), bytes(body))]
 
     # ------------------------------------------------------------ Connect RPC
 

@@ -75,9 +75,12 @@ def _error(status: int, message: str) -> JSONResponse:
 async def forward(svc: SandboxService, sid: str, port: int, request: Request) -> Response:
     if not port:
         return _error(400, "E2b-Sandbox-Port must be a port number, 1-65535")
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        return _error(413, f"a forwarded request is at most {MAX_BODY} bytes")
+    held = bytearray()
+    async for chunk in request.stream():  # counted as it comes: never held past the cap
+        held += chunk
+        if len(held) > MAX_BODY:
+            return _error(413, f"a forwarded request is at most {MAX_BODY} bytes")
+    body = bytes(held)
     conn = h11.Connection(h11.CLIENT)
     path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP]
