@@ -51,6 +51,13 @@ PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "19
            "192.0.0.0/24"]  # fmt: skip
 PRIVATE_NETS = [ipaddress.ip_network(c) for c in PRIVATE]
 DNS_RATE = 100  # queries per second per sandbox, burst as many
+# Addresses a sandbox's allowed names resolved to, kept in the kernel per
+# sandbox and set (n, h), and taken from one answer. The sandbox chooses
+# what it asks (an allowed wildcard, a name whose answers rotate), and each
+# element is host kernel memory; a full set learns nothing more (the
+# connection is refused and counted) until entries expire. Read at call time.
+LEARNED_MAX = 16384
+ANSWER_MAX = 32
 LEARNED_TIMEOUT = "10m"
 
 
@@ -212,8 +219,10 @@ class NodeNetwork:
                 [
                     f"add set inet {t} a{i} {{ type ipv4_addr; flags interval; }}",
                     f"add set inet {t} ap{i} {{ type ipv4_addr; flags interval; }}",
-                    f"add set inet {t} n{i} {{ type ipv4_addr; flags timeout; }}",
-                    f"add set inet {t} h{i} {{ type ipv4_addr; flags timeout; }}",
+                    f"add set inet {t} n{i} {{ type ipv4_addr; flags timeout; "
+                    f"size {LEARNED_MAX}; }}",
+                    f"add set inet {t} h{i} {{ type ipv4_addr; flags timeout; "
+                    f"size {LEARNED_MAX}; }}",
                     f"add set inet {t} p{i} {{ type inet_service; }}",
                     f"add counter inet {t} d{i}",
                     f"add counter inet {t} f{i}",
@@ -326,10 +335,12 @@ class NodeNetwork:
         if not addresses:
             return
         timeout = max(30, min(ttl, 3600))
-        elements = ", ".join(f"{a} timeout {timeout}s" for a in addresses)
-        self.nft.run(
-            f"add element inet {self.table} {'h' if trusted else 'n'}{index} {{ {elements} }}"
-        )
+        elements = ", ".join(f"{a} timeout {timeout}s" for a in addresses[:ANSWER_MAX])
+        name = f"{'h' if trusted else 'n'}{index}"
+        try:
+            self.nft.run(f"add element inet {self.table} {name} {{ {elements} }}")
+        except Unavailable as exc:  # full (ENFILE): learned nothing of this answer
+            log.warning("network.learn_refused", set=name, error=exc.message[:200])
 
     def inherit(self, source: int, index: int) -> int:
         """A fork's copy gets the addresses its source's allowed names
