@@ -40,6 +40,12 @@ async def test_a_keyed_command_runs_once(client: corral.AsyncClient) -> None:
     assert [r.stdout for r in both] == ["3\n", "3\n"]
     with pytest.raises(corral.InvalidArgument, match="key"):
         await sbx.commands.run("true", key="bad key with spaces")
+    # Its output is recorded for replays: caps past RECORDED_MAX are refused,
+    # before the key is spent.
+    with pytest.raises(corral.InvalidArgument, match="at most 33554432 bytes") as err:
+        await sbx.commands.run("echo big", key="k4", stdout_limit=64 << 20)
+    assert err.value.field == "stdout_limit"
+    assert (await sbx.commands.run("echo big", key="k4")).stdout == "big\n"
     await sbx.close()
 
 

@@ -29,6 +29,11 @@ from corral.errors import Ambiguous, CorralError, InvalidArgument, error_from_wi
 from corral.node.store import SandboxRecord, Store
 
 _EVENTS: TypeAdapter[list[ExecEvent]] = TypeAdapter(list[ExecEvent])
+# A keyed command's output is kept in the node's store for its replays (and
+# carried by a save): its caps, stdout and stderr together, at most this.
+# The sandbox fills whatever caps the caller gave, and the store is the
+# node's, shared by every project on it.
+RECORDED_MAX = 32 << 20
 
 Run = Callable[[SandboxRecord, ExecRequest], AsyncIterator[ExecEvent]]
 
@@ -84,6 +89,13 @@ class KeyedExecs:
         if req.background:
             raise InvalidArgument(
                 "key", "is for commands run to completion, not background", req.key
+            )
+        if req.stdout_limit + req.stderr_limit > RECORDED_MAX:
+            raise InvalidArgument(
+                "stdout_limit",
+                f"with a key, stdout_limit + stderr_limit must be at most {RECORDED_MAX} bytes "
+                "(a keyed command's output is recorded for its replays)",
+                req.stdout_limit + req.stderr_limit,
             )
         sid, key, want = rec.id, req.key, digest(req)
         run = self._inflight.get((sid, key))
