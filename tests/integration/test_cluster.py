@@ -230,6 +230,38 @@ async def test_another_projects_sandbox_is_not_found_and_unharmed(
         await theirs.close()
 
 
+async def test_a_projects_commits_are_its_own_and_the_operators_images_no_ones(
+    cluster: Cluster, keys: dict[str, str]
+) -> None:
+    """A node's image store is shared by every project on it: through a
+    gateway a commit is named under projects/<project>/ (before, a commit
+    tagged like the base image replaced it for every project), and no
+    other project names it."""
+    async with cluster.client(keys["other"]) as o, cluster.client(keys["job"]) as c:
+        sbx = await o.sandboxes.create(**SPEC)
+        await sbx.files.write("/planted", "theirs")
+        for tag in (IMAGE, "projects/job/x:1", "projects/otherwise/x:1"):
+            with pytest.raises(InvalidArgument, match="must start with 'projects/other/'") as err:
+                await sbx.commit(tag)
+            assert err.value.field == "tag"
+        ours = await sbx.commit("projects/other/planted:1")
+        assert ours.digest.startswith("sha256:")
+        copy = await o.sandboxes.create(**{**SPEC, "image": "projects/other/planted:1"})
+        assert await copy.files.read_text("/planted") == "theirs"
+        base = await o.sandboxes.create(**SPEC)  # the operator's image, as it was
+        with pytest.raises(corral.FileNotFound):
+            await base.files.read_text("/planted")
+        for field, spec in (
+            ("image", {**SPEC, "image": "projects/other/planted:1"}),
+            ("toolkit.0", {**SPEC, "toolkit": ["projects/other/planted:1"]}),
+        ):
+            with pytest.raises(InvalidArgument, match="another project's images") as err:
+                await c.sandboxes.create(**spec)
+            assert err.value.field == field
+        for s in (sbx, copy, base):
+            await s.close()
+
+
 @pytest.mark.parametrize(
     ("labels", "field"),
     [

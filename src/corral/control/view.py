@@ -30,6 +30,7 @@ from corral.api import direct, verdict
 from corral.api.models import (
     VM_KINDS,
     AuditReport,
+    CommitRequest,
     CreateSandbox,
     DirectAccess,
     Event,
@@ -79,6 +80,15 @@ class _Refused(Exception):
         self.error = error
 
 
+# A node's image store is shared by every project placed on it. On a
+# cluster a project's own images (its commits) are named under
+# projects/<project>/, which only it may write or read by name; every other
+# name is the operator's (pulled, built, shipped to the blob store), which
+# no project may write. Without this, a commit tagged "python:3.12" put one
+# project's files under every other project's next create.
+PROJECT_IMAGES = "projects/"
+
+
 class GatewayView(Forwarding):
     """The sandbox API for one project, served by a gateway."""
 
@@ -88,6 +98,31 @@ class GatewayView(Forwarding):
 
     async def start(self) -> None:
         """A view is a lens on the shared gateway, started by its owner."""
+
+    @property
+    def images(self) -> str:
+        """Where this project's own images are named."""
+        return f"{PROJECT_IMAGES}{self.project}/"
+
+    def _refs_are_ours(self, refs: Sequence[tuple[str, str | None]]) -> None:
+        """Each (field, reference) names the operator's images or this
+        project's, never another project's (checked by name, before any
+        lookup: the answer says nothing of what exists)."""
+        for field, ref in refs:
+            if ref and ref.startswith(PROJECT_IMAGES) and not ref.startswith(self.images):
+                raise InvalidArgument(
+                    field, f"must not name another project's images (yours: {self.images}...)", ref
+                )
+
+    async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
+        if not req.tag.startswith(self.images):
+            raise InvalidArgument(
+                "tag",
+                f"must start with '{self.images}' through a gateway (a node's images are "
+                "shared by every project; other names are the operator's)",
+                req.tag,
+            )
+        return await super().commit(sandbox_id, req)
 
     async def aclose(self) -> None:
         """A view is a lens on the shared gateway: nothing of its own to close."""
@@ -244,6 +279,10 @@ class GatewayView(Forwarding):
         return info
 
     async def _create(self, req: CreateSandbox) -> tuple[SandboxInfo, str]:
+        self._refs_are_ours(
+            [("image", req.image), ("workspace", req.workspace),
+             *((f"toolkit.{i}", t) for i, t in enumerate(req.toolkit))]
+        )  # fmt: skip
         for key in req.labels:
             if key in platform_labels.RESERVED:
                 raise InvalidArgument(
@@ -579,6 +618,7 @@ class GatewayView(Forwarding):
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         """Stateless: any node with function-call workers; full or
         unreachable nodes are skipped."""
+        self._refs_are_ours([("image", req.image)])
         refused: set[str] = set()
         while True:
             node = await self.gw.choose(kind="fncall", layers=(), memory=0, exclude=refused)
