@@ -11,6 +11,12 @@ POOL = "corral.pool"  # one of the node's own function-call workers
 FORKED_FROM = "corral.forked_from"  # on each fork copy: the id of its source
 RESTORED_FROM = "corral.restored_from"  # on a restored VM: the id it was saved from
 
+# A sandbox's own secrets: whoever holds one reaches that sandbox (E2B's
+# envd, and its ports), so every copy (a fork's, a restore's) gets new ones.
+E2B_TOKEN = "corral.e2b_token"
+E2B_TRAFFIC_TOKEN = "corral.e2b_traffic_token"
+SECRETS = (E2B_TOKEN, E2B_TRAFFIC_TOKEN)
+
 # Refused in a caller's create through a gateway.
 RESERVED = (PROJECT, KEY, POOL)
 ROLLOUT = "corral.rollout"  # on each sandbox a rollout created: the rollout's name

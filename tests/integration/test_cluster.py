@@ -168,6 +168,22 @@ async def test_a_fork_through_the_gateway_is_charged_and_routed(cluster: Cluster
     assert cluster.used("forks") == (0, 0.0, 0)
 
 
+async def test_a_fork_asked_from_above_belongs_to_the_sources_project(
+    cluster: Cluster, keys: dict[str, str]
+) -> None:
+    """A project above may fork its child's sandbox; the copies are the
+    child's, as their copied labels say (before, the row was the parent's
+    and the labels the child's: the child listed sandboxes it did not own,
+    and a save of one was the child's to restore)."""
+    async with cluster.client(keys["job"]) as c, cluster.client(keys["org"]) as org:
+        src = await c.sandboxes.create(**SPEC)
+        (copy,) = await org.sandboxes.fork(await org.sandboxes.get(src.id), 1)
+        assert copy.info.labels["corral.project"] == "job"
+        assert copy.id in {x.id for x in await c.sandboxes.list()}
+        assert (await c.sandboxes.get(copy.id)).id == copy.id
+        await asyncio.gather(copy.close(), src.close())
+
+
 @pytest.mark.parametrize(
     "kind", ["container", pytest.param("microvm", marks=pytest.mark.requires_qemu)]
 )

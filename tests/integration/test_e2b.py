@@ -296,6 +296,16 @@ async def test_a_sandboxs_own_server_is_reached_through_corral(e2b_env: str) -> 
             assert r.status_code == 404  # the sandbox's server said so
             r = await h.get("/hello.txt", headers={**by_port, "X-Access-Token": "forged"})
             assert r.status_code == 401
+            # The traffic token (what a browser is given for a port) opens
+            # the ports, and nothing of envd: not the envd token.
+            traffic = s.traffic_access_token
+            assert traffic and traffic != token
+            r = await h.get("/hello.txt", headers={**by_port, "X-Access-Token": "",
+                                                    "E2B-Traffic-Access-Token": traffic})  # fmt: skip
+            assert (r.status_code, r.text) == (200, "served from inside")
+            stat = {"E2b-Sandbox-Id": s.sandbox_id, "X-Access-Token": traffic}
+            r = await h.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=stat)
+            assert r.status_code == 401 and r.json()["code"] == "unauthenticated", r.text
             r = await h.get("/", headers={**by_port, "E2b-Sandbox-Port": "8001"})
             assert r.status_code == 502  # nothing listens there
             r = await h.get("/", headers={**by_port, "E2b-Sandbox-Port": "99999"})
@@ -326,8 +336,9 @@ async def test_envd_refuses_bad_requests_with_connects_own_errors(e2b_env: str) 
                  401, "unauthenticated"),
                 ({**head, "X-Access-Token": other._envd_access_token}, rpc, b'{"path":"/"}',
                  "application/json", 401, "unauthenticated"),  # another sandbox's token
+                # No sandbox: the same answer as another's (nothing is said of it).
                 ({**head, "E2b-Sandbox-Id": "nosuch-0000000000000000"}, rpc, b"{}",
-                 "application/json", 404, "not_found"),
+                 "application/json", 401, "unauthenticated"),
                 (head, rpc, b"{not json", "application/json", 400, "invalid_argument"),
                 (head, rpc, b'{"path":"/"}', "text/plain", 501, "unimplemented"),
                 (head, "/filesystem.Filesystem/Chmod", b"{}", "application/json", 501,
@@ -576,3 +587,30 @@ async def test_a_create_whose_client_timed_out_is_closed(e2b_env: str, node: Nod
             assert [r.state for r in made] == ["closed"], timeout
             return
     pytest.fail("no create was reached by a request whose client then left")
+
+
+async def test_a_forks_copy_has_tokens_of_its_own(e2b_env: str, node: Node) -> None:
+    """A copy is another sandbox: its source's envd and traffic tokens
+    (held by whoever drove the source) must not open it."""
+    from corral import labels
+
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        async with node.http_client() as c:
+            (copy,) = await c.sandboxes.fork(await c.sandboxes.get(s.sandbox_id), 1)
+            try:
+                tags = copy.info.labels
+                assert tags[labels.E2B_TOKEN] != s._envd_access_token
+                assert tags[labels.E2B_TRAFFIC_TOKEN] != s.traffic_access_token
+                async with httpx.AsyncClient(base_url=e2b_env, timeout=30) as h:
+                    for token, status in ((s._envd_access_token, 401),
+                                          (tags[labels.E2B_TOKEN], 200)):  # fmt: skip
+                        r = await h.post(
+                            "/filesystem.Filesystem/Stat", json={"path": "/"},
+                            headers={"E2b-Sandbox-Id": copy.id, "X-Access-Token": token},
+                        )  # fmt: skip
+                        assert r.status_code == status, r.text
+            finally:
+                await copy.close()
+    finally:
+        await s.kill()

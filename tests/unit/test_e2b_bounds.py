@@ -185,3 +185,21 @@ async def test_an_upload_within_its_bound_arrives_whole() -> None:
     zipped = {"content-type": "application/octet-stream", "content-encoding": "gzip"}
     got = await e._uploaded(_upload_request([gzip.compress(b"hello")], zipped), "/home/user")
     assert got == [("/f", b"hello")]
+
+
+async def test_a_watcher_is_found_only_through_its_own_sandbox() -> None:
+    """Watcher ids are the envd server's, not a sandbox's: a caller holding
+    sandbox b's token must not read or stop sandbox a's watcher."""
+
+    async def none(req: ExecRequest) -> AsyncIterator[Any]:
+        yield ExecExit(exit_code=0)
+
+    f = fs.Filesystem()
+    w = fs.Watcher(Sandbox(none), "a", "/w", False, "user", f.names)  # type: ignore[arg-type]
+    f.watchers[w.id] = w
+    assert f.watcher("a", w.id) is w
+    with pytest.raises(ConnectError, match="not found"):
+        f.watcher("b", w.id)
+    with pytest.raises(ConnectError, match="not found"):
+        await f.remove_watcher("b", w.id)
+    assert w.id in f.watchers

@@ -239,6 +239,19 @@ async def test_one_trace_across_the_http_hop(receiver: OtlpReceiver, lines: io.S
     assert (line["trace_id"], line["span_id"]) == (caller_trace, server.span_id)
 
 
+async def test_a_live_views_token_never_reaches_a_trace(receiver: OtlpReceiver) -> None:
+    """A live view's path is its token (valid up to an hour, possibly
+    interactive): the server span records the route, not the token."""
+    app = create_app(_OneSandbox())  # type: ignore[arg-type]
+    secret = "v1.secret-token-value"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        await h.get(f"/view/{secret}")
+    trace.shutdown()
+    spans = receiver.spans()
+    assert spans and all(secret not in repr(s.attributes) + s.name for s in spans), spans
+    assert any(s.attributes.get("url.path") == "/view/{token}" for s in spans), spans
+
+
 async def test_phases_recorded_after_the_fact_and_errors(receiver: OtlpReceiver) -> None:
     with pytest.raises(SandboxNotFound), trace.span("sandbox.create") as s:
         s.set("sandbox.id", SID)

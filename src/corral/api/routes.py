@@ -237,7 +237,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "download_tar", "GET", f"{_SBX}/tar", Bytes("application/x-tar"), {"path": _Q}, forward=True
     ),
-    Route("commit", "POST", f"{_SBX}/commit", Json(), {"req": Body()}, forward=True),
+    Route("commit", "POST", f"{_SBX}/commit", Json(), {"req": Body()}),
     Route("direct", "POST", f"{_SBX}/direct", Json(), {"ttl": _Q}),
     Route("audit", "GET", f"{_SBX}/audit", Json(), forward=True),
     Route("protect", "POST", f"{_SBX}/protect", Json(), {"req": Body()}, forward=True),

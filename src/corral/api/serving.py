@@ -102,6 +102,8 @@ def sse_stream(events: AsyncIterator[Event]) -> StreamingResponse:
 # and /v2/sandboxes/<id> (api/compat/e2b). Only well-formed ids (corral.ids).
 _SANDBOX_PATH = re.compile(r"/(?:v[12]/)?sandboxes/([a-z0-9]{1,16}-[0-9a-f]{16})(?:/|$)")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable, no spaces: safe to echo
+# A live view's path carries its token (api/liveview.py): never into a trace.
+_VIEW_TOKEN = re.compile(r"^/view/(?!novnc/)[^/]+")
 
 
 class RequestContext:
@@ -149,10 +151,11 @@ class RequestContext:
                 if k in (b"traceparent", b"tracestate")
             }
             method = scope["method"]
+            path = _VIEW_TOKEN.sub("/view/{token}", scope["path"])
             with trace.server(
                 method,
                 carrier,
-                **{"http.request.method": method, "url.path": scope["path"], "request.id": rid},
+                **{"http.request.method": method, "url.path": path, "request.id": rid},
             ) as span:
                 await self.app(scope, receive, send_with_id)
                 # The route's template once routing found it: span names of

@@ -15,12 +15,10 @@ from typing import TypeVar
 from corral.api.models import (
     App,
     AuditReport,
-    CommitRequest,
     DisplayInput,
     DisplayState,
     FileEntry,
     LaunchRequest,
-    LayerInfo,
     LogLine,
     NetworkPolicy,
     ProtectRequest,
@@ -118,9 +116,6 @@ class Forwarding(ABC):
 
     async def download_tar(self, sandbox_id: str, path: str) -> bytes:
         return await self._forward(sandbox_id, lambda node: node.download_tar(sandbox_id, path))
-
-    async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
-        return await self._forward(sandbox_id, lambda node: node.commit(sandbox_id, req))
 
     async def audit(self, sandbox_id: str) -> AuditReport:
         return await self._forward(sandbox_id, lambda node: node.audit(sandbox_id))

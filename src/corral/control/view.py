@@ -46,7 +46,7 @@ from corral.api.models import (
     SavedState,
 )
 from corral.api.service import SandboxService
-from corral.control import burst, nodes, sandboxes, spill
+from corral.control import burst, nodes, project_images, sandboxes, spill
 from corral.control.core import GatewayCore, NodeLost
 from corral.control.events import merged as merged_events
 from corral.control.forwarding import Forwarding
@@ -80,15 +80,6 @@ class _Refused(Exception):
         self.error = error
 
 
-# A node's image store is shared by every project placed on it. On a
-# cluster a project's own images (its commits) are named under
-# projects/<project>/, which only it may write or read by name; every other
-# name is the operator's (pulled, built, shipped to the blob store), which
-# no project may write. Without this, a commit tagged "python:3.12" put one
-# project's files under every other project's next create.
-PROJECT_IMAGES = "projects/"
-
-
 class GatewayView(Forwarding):
     """The sandbox API for one project, served by a gateway."""
 
@@ -99,30 +90,9 @@ class GatewayView(Forwarding):
     async def start(self) -> None:
         """A view is a lens on the shared gateway, started by its owner."""
 
-    @property
-    def images(self) -> str:
-        """Where this project's own images are named."""
-        return f"{PROJECT_IMAGES}{self.project}/"
-
-    def _refs_are_ours(self, refs: Sequence[tuple[str, str | None]]) -> None:
-        """Each (field, reference) names the operator's images or this
-        project's, never another project's (checked by name, before any
-        lookup: the answer says nothing of what exists)."""
-        for field, ref in refs:
-            if ref and ref.startswith(PROJECT_IMAGES) and not ref.startswith(self.images):
-                raise InvalidArgument(
-                    field, f"must not name another project's images (yours: {self.images}...)", ref
-                )
-
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
-        if not req.tag.startswith(self.images):
-            raise InvalidArgument(
-                "tag",
-                f"must start with '{self.images}' through a gateway (a node's images are "
-                "shared by every project; other names are the operator's)",
-                req.tag,
-            )
-        return await super().commit(sandbox_id, req)
+        project_images.check_tag(self.project, req.tag)
+        return await self._forward(sandbox_id, lambda node: node.commit(sandbox_id, req))
 
     async def aclose(self) -> None:
         """A view is a lens on the shared gateway: nothing of its own to close."""
@@ -196,19 +166,20 @@ class GatewayView(Forwarding):
     # ------------------------------------------------------------ charged sandboxes
 
     async def _reserve(
-        self, keys: Sequence[str], node: str, kind: str, cpu: float, memory: int
-    ) -> builtins.list[tuple[SandboxRow, bool]]:
-        """The row of each key, charged to this project and placed on
-        `node` if new (True), else as found (False). All or none: if a charge
-        is refused, the rows still placing are failed again (uncharged)."""
-        db = self.gw.db
-        levels = len(await self.gw.chain(self.project))
+        self, keys: Sequence[str], node: str, kind: str, cpu: float, memory: int,
+        owner: str | None = None,
+    ) -> builtins.list[tuple[SandboxRow, bool]]:  # fmt: skip
+        """The row of each key, charged to `owner` (this project unless said)
+        and placed on `node` if new (True), else as found (False). All or
+        none: if a charge is refused, the rows still placing are failed again."""
+        db, project = self.gw.db, owner or self.project
+        levels = len(await self.gw.chain(project))
         out: builtins.list[tuple[SandboxRow, bool]] = []
         try:
             for key in keys:
                 out.append(
                     await sandboxes.reserve(
-                        db, key, self.project, node, kind, cpu, memory, levels=levels
+                        db, key, project, node, kind, cpu, memory, levels=levels
                     )
                 )
         except CorralError as exc:
@@ -279,10 +250,7 @@ class GatewayView(Forwarding):
         return info
 
     async def _create(self, req: CreateSandbox) -> tuple[SandboxInfo, str]:
-        self._refs_are_ours(
-            [("image", req.image), ("workspace", req.workspace),
-             *((f"toolkit.{i}", t) for i, t in enumerate(req.toolkit))]
-        )  # fmt: skip
+        project_images.check_create(self.project, req)
         for key in req.labels:
             if key in platform_labels.RESERVED:
                 raise InvalidArgument(
@@ -548,8 +516,11 @@ class GatewayView(Forwarding):
                 "on this cluster's own nodes", sandbox_id,
             )  # fmt: skip
         given = req.idempotency_keys or [secrets.token_hex(16) for _ in range(req.n)]
-        keys = [sandboxes.node_key(self.project, k) for k in given]
-        reserved = await self._reserve(keys, source.node, source.kind, source.cpu, source.memory)
+        # The source's project's, as their copied labels say (a project above may ask).
+        keys = [sandboxes.node_key(source.project, k) for k in given]
+        reserved = await self._reserve(
+            keys, source.node, source.kind, source.cpu, source.memory, source.project
+        )
         rows = [row for row, _new in reserved]
         if all(row.state == "ready" and row.id for row in rows):  # a retry: made already
             return [await self.get(row.id) for row in rows if row.id]
@@ -604,21 +575,15 @@ class GatewayView(Forwarding):
             yield event
 
     async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
-        raise self._no_layers()
+        raise project_images.not_here()
 
     async def delete_layer(self, ref: str) -> None:
-        raise self._no_layers()
-
-    def _no_layers(self) -> Unavailable:
-        # A node's store is shared by every project placed on it: listing
-        # or deleting its layers through a gateway would cross projects.
-        # The cluster's images live in its blob store (docs/image-distribution.md).
-        return Unavailable("layers are listed and deleted on a node, not through a gateway")
+        raise project_images.not_here()
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         """Stateless: any node with function-call workers; full or
         unreachable nodes are skipped."""
-        self._refs_are_ours([("image", req.image)])
+        project_images.check_refs(self.project, [("image", req.image)])
         refused: set[str] = set()
         while True:
             node = await self.gw.choose(kind="fncall", layers=(), memory=0, exclude=refused)

@@ -69,6 +69,12 @@ def _download(store: ObjectStore, key: str, dest: Path, step: int = 8 << 20) -> 
             f.write(store.get_range(key, off, min(step, size - off)))
 
 
+def fresh_secrets(tags: dict[str, str]) -> dict[str, str]:
+    """New values for the source's own secrets (labels.SECRETS) it has: a
+    copy is another sandbox, and its source's token must not open it."""
+    return {k: secrets.token_urlsafe(24) for k in labels.SECRETS if k in tags}
+
+
 class Snapshots:
     def __init__(
         self,
@@ -380,7 +386,7 @@ class Snapshots:
         )
 
         def copy(key: str | None) -> CreateSandbox:
-            tags = {**rec.labels, labels.FORKED_FROM: sandbox_id}
+            tags = {**rec.labels, labels.FORKED_FROM: sandbox_id, **fresh_secrets(rec.labels)}
             if key is not None and labels.KEY in tags:
                 tags[labels.KEY] = key  # a gateway's key for this copy's row
             return CreateSandbox.model_validate(
@@ -582,7 +588,11 @@ class Snapshots:
         if spec.get("workspace"):
             spec["workspace"] = layers.pop(0)
         spec["toolkit"] = layers
-        tags = {**doc["labels"], labels.RESTORED_FROM: doc["sandbox"]}
+        tags = {
+            **doc["labels"],
+            labels.RESTORED_FROM: doc["sandbox"],
+            **fresh_secrets(doc["labels"]),
+        }
         if req.idempotency_key is not None and labels.KEY in tags:
             tags[labels.KEY] = req.idempotency_key
         spec.update(labels=tags, idempotency_key=req.idempotency_key)

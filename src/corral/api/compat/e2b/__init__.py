@@ -47,7 +47,7 @@ class SandboxPorts:
         sandbox_id, port = found
         response: Any
         try:
-            svc = await self.envd.checked(sandbox_id, ports.token_of(request))
+            svc = await self.envd.checked(sandbox_id, ports.token_of(request), port=True)
         except Exception as exc:
             response = Envd.http_error(exc)
         else:

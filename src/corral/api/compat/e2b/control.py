@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from corral import labels as platform_labels
 from corral.api.compat.e2b import logs, snapshots
 from corral.api.models import (
     CreateSandbox,
@@ -48,7 +49,8 @@ from corral.guard.policy import NetworkPolicy
 
 ENVD_VERSION = "0.6.4"  # what Corral's envd implements (envd.py says which gates)
 TEMPLATE = "corral.e2b_template"
-TOKEN = "corral.e2b_token"
+TOKEN = platform_labels.E2B_TOKEN  # envd's access token: commands and files
+TRAFFIC = platform_labels.E2B_TRAFFIC_TOKEN  # the sandbox's own ports only
 DEFAULT_TIMEOUT = 300  # the SDK's own default
 MAX_LIST = 1000
 MAX_CONTROL_BODY = 1 << 20  # a create's or an update's JSON, at most
@@ -127,7 +129,9 @@ def created(info: SandboxInfo) -> dict[str, Any]:
         "envdAccessToken": info.labels.get(TOKEN),
         # Sent back by the clients on requests to the sandbox's own ports
         # (code-interpreter's 49999): ports.py lets nothing in without it.
-        "trafficAccessToken": info.labels.get(TOKEN),
+        # A token of its own: one given to a browser to reach a port must
+        # not run commands (a sandbox made before it had one: the envd token).
+        "trafficAccessToken": info.labels.get(TRAFFIC, info.labels.get(TOKEN)),
         "domain": None,
         "alias": info.labels.get(TEMPLATE),
     }
@@ -333,7 +337,8 @@ def router(
                 "idle_timeout": None,
                 "env": _strings(doc, "envVars"),
                 "network": network_of(doc),
-                "labels": {**metadata, TEMPLATE: template, TOKEN: secrets.token_urlsafe(24)},
+                "labels": {**metadata, TEMPLATE: template, TOKEN: secrets.token_urlsafe(24),
+                           TRAFFIC: secrets.token_urlsafe(24)},
             })  # fmt: skip
         except ValueError as exc:
             raise E2bError(400, f"bad sandbox request: {exc}") from None

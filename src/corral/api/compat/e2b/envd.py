@@ -32,12 +32,19 @@ from fastapi.responses import JSONResponse
 from starlette.types import Message
 
 from corral.api.compat.e2b import connect as c
-from corral.api.compat.e2b.control import TOKEN
+from corral.api.compat.e2b.control import TOKEN, TRAFFIC
 from corral.api.compat.e2b.filesystem import METADATA, Filesystem, ensure_dirs, resolve
 from corral.api.compat.e2b.process import Processes, decode_input, pty_size, signal_of
 from corral.api.models import XattrRequest
 from corral.api.service import SandboxService
-from corral.errors import CorralError, FileNotFound, InvalidArgument, NotFound, SandboxClosed
+from corral.errors import (
+    CorralError,
+    FileNotFound,
+    InvalidArgument,
+    NotFound,
+    SandboxClosed,
+    SandboxLost,
+)
 
 DEFAULT_USER = "user"
 MAX_UPLOAD = 256 << 20
@@ -88,7 +95,7 @@ class Envd:
         self.for_sandbox = for_sandbox
         self.processes = Processes()
         self.fs = Filesystem()
-        self._checked: dict[tuple[str, str], float] = {}
+        self._checked: dict[tuple[str, str, bool], float] = {}
 
     def forget(self, sandbox_id: str) -> None:
         self._checked = {k: t for k, t in self._checked.items() if k[0] != sandbox_id}
@@ -103,24 +110,29 @@ class Envd:
         given = request.headers.get("x-access-token", "")
         return await self.checked(sandbox_id, given), sandbox_id
 
-    async def checked(self, sandbox_id: str, given: str) -> SandboxService:
-        """The service of `sandbox_id`, if `given` is its token."""
+    async def checked(self, sandbox_id: str, given: str, *, port: bool = False) -> SandboxService:
+        """The service of `sandbox_id`, if `given` is its envd token (or, for
+        a request to one of its ports, its traffic token). Whoever does not
+        hold a token of it learns nothing of it: a sandbox that does not
+        exist, another project's, a lost one, a wrong token all answer the
+        same (checked before anything about the sandbox is said)."""
         svc = await self.for_sandbox(sandbox_id)
         now = time.monotonic()
-        if now - self._checked.get((sandbox_id, given), -TOKEN_TTL) < TOKEN_TTL:
+        if now - self._checked.get((sandbox_id, given, port), -TOKEN_TTL) < TOKEN_TTL:
             return svc
+        refused = c.ConnectError("unauthenticated", "X-Access-Token is not this sandbox's")
         try:
             info = await svc.get(sandbox_id)
-        except (NotFound, InvalidArgument):
-            raise c.ConnectError("not_found", f"sandbox {sandbox_id} not found") from None
-        token = info.labels.get(TOKEN)
-        if token is None or not hmac.compare_digest(given.encode(), token.encode()):
-            raise c.ConnectError("unauthenticated", "X-Access-Token is not this sandbox's")
+        except (NotFound, InvalidArgument, SandboxLost, SandboxClosed):
+            raise refused from None  # (an outage, Unavailable, says nothing of it: raised)
+        tokens = [info.labels.get(TOKEN), *([info.labels.get(TRAFFIC)] if port else [])]
+        if not any(t and hmac.compare_digest(given.encode(), t.encode()) for t in tokens):
+            raise refused
         if info.state.value in ("closed", "failed", "closing"):
             raise SandboxClosed(f"sandbox {sandbox_id} is {info.state.value}", sandbox=sandbox_id)
         if len(self._checked) > 65536:
             self._checked.clear()
-        self._checked[(sandbox_id, given)] = now
+        self._checked[(sandbox_id, given, port)] = now
         return svc
 
     def router(self) -> APIRouter:
@@ -324,9 +336,10 @@ class Envd:
 
                 return c.stream_response(watched())
             if method == "GetWatcherEvents":
-                return JSONResponse({"events": await fs.watcher(msg.get("watcherId")).events()})
+                events = await fs.watcher(sid, msg.get("watcherId")).events()
+                return JSONResponse({"events": events})
             if method == "RemoveWatcher":
-                await fs.remove_watcher(msg.get("watcherId"))
+                await fs.remove_watcher(sid, msg.get("watcherId"))
                 return JSONResponse({})
             raise c.ConnectError(
                 "unimplemented", f"filesystem.Filesystem/{method} is not implemented"

@@ -239,14 +239,16 @@ class Filesystem:
         self.watchers[w.id] = w
         return w
 
-    def watcher(self, watcher_id: object) -> Watcher:
+    def watcher(self, sid: str, watcher_id: object) -> Watcher:
+        """Watcher `watcher_id` of sandbox `sid` (the one whose token the
+        caller showed): another sandbox's is not found, like a forged one."""
         w = self.watchers.get(str(watcher_id))
-        if w is None:
+        if w is None or w.sandbox != sid:
             raise ConnectError("not_found", f"watcher {watcher_id!r} not found")
         return w
 
-    async def remove_watcher(self, watcher_id: object) -> None:
-        w = self.watchers.pop(str(self.watcher(watcher_id).id))
+    async def remove_watcher(self, sid: str, watcher_id: object) -> None:
+        w = self.watchers.pop(str(self.watcher(sid, watcher_id).id))
         await w.close()
 
 

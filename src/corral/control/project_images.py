@@ -1,0 +1,58 @@
+"""Whose images a name is, through a gateway.
+
+A node's image store is shared by every project placed on it. On a
+cluster a project's own images (its commits) are named under
+projects/<project>/, which only it may write, or read by name; every other
+name is the operator's (pulled, built, shipped to the blob store), which no
+project may write. Without this, a commit tagged "python:3.12" put one
+project's files under every other project's next create on that node.
+Checked by name, before any lookup: an answer says nothing of what exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.api.models import CreateSandbox
+from corral.errors import InvalidArgument, Unavailable
+
+PREFIX = "projects/"
+
+
+def own(project: str) -> str:
+    """Where `project`'s own images are named."""
+    return f"{PREFIX}{project}/"
+
+
+def check_tag(project: str, tag: str) -> None:
+    """A commit's tag: under the committing project's own names."""
+    if not tag.startswith(own(project)):
+        raise InvalidArgument(
+            "tag",
+            f"must start with '{own(project)}' through a gateway (a node's images are shared "
+            "by every project; other names are the operator's)",
+            tag,
+        )
+
+
+def check_refs(project: str, refs: Sequence[tuple[str, str | None]]) -> None:
+    """Each (field, reference) names the operator's images or `project`'s,
+    never another project's."""
+    for field, ref in refs:
+        if ref and ref.startswith(PREFIX) and not ref.startswith(own(project)):
+            raise InvalidArgument(
+                field, f"must not name another project's images (yours: {own(project)}...)", ref
+            )
+
+
+def check_create(project: str, req: CreateSandbox) -> None:
+    """A create's image, workspace and toolkits."""
+    toolkits = ((f"toolkit.{i}", t) for i, t in enumerate(req.toolkit))
+    check_refs(project, [("image", req.image), ("workspace", req.workspace), *toolkits])
+
+
+def not_here() -> Unavailable:
+    """Listing or deleting a node's layers through a gateway would cross
+    projects (the store is shared); the cluster's images live in its blob
+    store (docs/image-distribution.md)."""
+    return Unavailable("layers are listed and deleted on a node, not through a gateway")
