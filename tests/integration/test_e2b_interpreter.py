@@ -226,3 +226,14 @@ async def test_the_servers_come_back_after_being_killed(sbx: ci.AsyncSandbox) ->
         assert int(killed.stdout) >= 1
         await sbx.commands.run(health, timeout=60)
         assert (await sbx.run_code("6 * 7")).text == "42"
+
+
+async def test_a_timeout_shorter_than_the_start_counts_from_when_it_is_handed_out(
+    e2b_env: str,
+) -> None:
+    """The template's start (Jupyter, seconds) is part of the create; a
+    timeout shorter than it closed the sandbox under its own start, and the
+    create answered 404 "was closed" (seen in E2B's suite on a loaded host).
+    It now runs from the create's answer."""
+    s = await ci.AsyncSandbox.create(timeout=2)  # before: SandboxException 404 "was closed"
+    await s.kill()

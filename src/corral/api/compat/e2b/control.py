@@ -330,10 +330,14 @@ def router(
             raise E2bError(400, "metadata keys starting with 'corral.' are the platform's")
         snapshot = None if template in templates else await snapshots.create_fields(svc, template)
         spec, start = (snapshot, None) if snapshot else template_spec(templates, template)
+        ttl = _timeout(doc)
         try:
             req = CreateSandbox.model_validate({
                 **spec,
-                "ttl": _timeout(doc),
+                # Its timeout runs from when it is handed out: a start command
+                # slower than it (Jupyter's on a loaded host) must not see the
+                # sandbox closed under it. Set again once the start is done.
+                "ttl": ttl + START_TIMEOUT if start and ttl else ttl,
                 "idle_timeout": None,
                 "env": _strings(doc, "envVars"),
                 "network": network_of(doc),
@@ -351,6 +355,8 @@ def router(
         if start is not None:
             try:
                 await _start(svc, info.id, start)
+                if ttl:
+                    await svc.set_ttl(info.id, ttl)
             except BaseException:
                 await svc.close(info.id)  # no half-started sandbox stays behind
                 raise
