@@ -232,3 +232,24 @@ async def test_teardown_goes_past_nodes_that_do_not_answer_as_nodes() -> None:
     assert [m.split(":")[0] for m in said] == ["node n0", "node n1"], said
     assert all("data dir is cleaned below" in m for m in said), said
     assert "404" in said[0], said
+
+
+def test_the_cluster_denies_its_own_hosts_to_every_sandbox() -> None:
+    """Ray's ports take no key: a sandbox whose policy names a private range
+    must still never reach a node, Ray's head, the state store or the
+    gateway. cluster up gives every node their addresses as network_deny."""
+    from corral.cluster.actors import NodeSpec
+    from corral.cluster.up import control_plane
+
+    deny = control_plane(
+        ["192.0.2.10", "192.0.2.11"], "192.0.2.10:6379", "postgresql://corral@198.51.100.5:5432/c",
+        "0.0.0.0",
+    )  # fmt: skip
+    assert deny == ["192.0.2.10/32", "192.0.2.11/32", "198.51.100.5/32"]
+    # Loopback is always denied; a name that does not resolve is left out.
+    assert (
+        control_plane(["127.0.0.1"], "127.0.0.1:1", "postgresql:///c", "no-such-host.invalid") == []
+    )
+    spec = NodeSpec(node="n0", data_dir="/tmp/x", host="192.0.2.10", port=1, state="s",
+                    node_key="k", deny=deny)  # fmt: skip
+    assert spec.config().network_deny == deny

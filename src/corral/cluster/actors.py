@@ -40,6 +40,9 @@ class NodeSpec:
     dns_port: int = 10053
     image_sources: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # The cluster's own hosts (cluster/up.py control_plane): no sandbox
+    # reaches them, whatever private range its policy names.
+    deny: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -56,6 +59,7 @@ class NodeSpec:
             network_pool=self.network_pool,
             dns_port=self.dns_port,
             image_sources=list(self.image_sources),
+            network_deny=list(self.deny),
         )
 
 

@@ -19,13 +19,16 @@ and fetch the images they lack from it on first use (node/imagefetch.py).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -235,6 +238,9 @@ def _deploy(
     try:
         ray_nodes = localray.nodes(ray)
         key = os.environ.get("CORRAL_BLOB_KEY")
+        deny = control_plane(
+            [rn["NodeManagerAddress"] for rn in ray_nodes], ray_address, state, gw.host
+        )
         specs: list[NodeSpec] = []
         for i, rn in enumerate(ray_nodes):
             name = f"n{i}" if local else "n" + rn["NodeID"][:10]
@@ -253,6 +259,7 @@ def _deploy(
                     dns_port=dns_port + i,
                     image_sources=[blobs] if blobs else [],
                     env={"CORRAL_BLOB_KEY": key} if key and blobs else {},
+                    deny=deny,
                 )
             )
         record(specs)
@@ -279,6 +286,26 @@ def _deploy(
         return specs
     finally:
         ray.shutdown()
+
+
+def control_plane(hosts: list[str], ray_address: str, state: str, gateway: str) -> list[str]:
+    """The cluster's own hosts as /32s, for every node's network_deny: the
+    Ray nodes (each runs a raylet, a node agent, maybe the gateway), Ray's
+    head, the state store and the gateway. A sandbox's policy may name a
+    private range (an internal mirror); it never reaches these through it
+    (Ray's ports take no key). Loopback is always denied; a name that does
+    not resolve here is left out (the operator adds it: network_deny)."""
+    names = {*hosts, ray_address.rpartition(":")[0], gateway}
+    names.add(urlsplit(state).hostname or "")
+    out = set()
+    for name in names - {"", "0.0.0.0", "::"}:
+        try:
+            address = ipaddress.ip_address(socket.gethostbyname(name))
+        except (OSError, ValueError):
+            continue
+        if isinstance(address, ipaddress.IPv4Address) and not address.is_loopback:
+            out.add(f"{address}/32")
+    return sorted(out)
 
 
 async def _wait_ready(doc: dict[str, Any], timeout: float, logs: Path) -> None:
