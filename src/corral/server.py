@@ -211,7 +211,7 @@ async def serve_gateway(
         await gateway.start()
         app = create_app(
             None, for_token=gateway.for_token, for_sandbox=gateway.for_sandbox,
-            e2b_templates=e2b_templates(),
+            e2b_templates=e2b_templates(), operator=gateway.is_operator,
         )  # fmt: skip
         add_dashboard(app, app.state.resolve, gateway=gateway)
 

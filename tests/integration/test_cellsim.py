@@ -49,9 +49,15 @@ def cell() -> Iterator[SimCell]:
 
 
 @pytest.fixture(scope="module")
-def key(cell: SimCell) -> str:
-    """job < team < org; the org holds at most BURST sandboxes."""
-    cell.project("org", max_sandboxes=BURST)
+def org_key(cell: SimCell) -> str:
+    """The org holds at most BURST sandboxes; it is the cell's operator (it
+    reads the gateway's metrics)."""
+    return cell.project("org", max_sandboxes=BURST, operator=True)
+
+
+@pytest.fixture(scope="module")
+def key(cell: SimCell, org_key: str) -> str:
+    """job < team < org."""
     cell.project("team", parent="org")
     return cell.project("job", parent="team")
 
@@ -109,7 +115,9 @@ async def test_a_simulated_node_answers_like_a_node(cell: SimCell) -> None:
             await s.aclose()
 
 
-async def test_a_burst_is_placed_charged_and_recorded_once(cell: SimCell, key: str) -> None:
+async def test_a_burst_is_placed_charged_and_recorded_once(
+    cell: SimCell, key: str, org_key: str
+) -> None:
     async with _gateway(cell, key) as gw:
         made = await gw.sandboxes.create_many(SPEC, BURST, **BURSTING)
         refused = [r for r in made if not isinstance(r, corral.AsyncSandbox)]
@@ -129,7 +137,7 @@ async def test_a_burst_is_placed_charged_and_recorded_once(cell: SimCell, key: s
         stats = await _stats(cell)
         assert stats[FULL]["calls"].get("full_slots", 0) > 0
         assert stats[FULL]["active"] == 0 and not any(i.startswith(FULL) for i in ids)
-        metrics = await _metrics(cell, key)
+        metrics = await _metrics(cell, org_key)  # the operator's
         moved = re.search(r'corral_gateway_create_elsewhere_total\{reason="full"\} (\S+)', metrics)
         assert moved is not None and float(moved.group(1)) > 0
 

@@ -216,17 +216,19 @@ def test_pressure_reads_psi_and_says_when_there_is_none(tmp_path: Path) -> None:
 async def gateway(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str]]]:
     db = await connect(f"sqlite:///{tmp_path}/state.db")
     gw = await Gateway(db, node_key=None).start(sweep=False)
-    await quotas.create_project(db, "org", max_sandboxes=10, max_cpu=8.0)
+    await quotas.create_project(db, "org", max_sandboxes=10, max_cpu=8.0, operator=True)
     await quotas.create_project(db, "team", parent="org", max_sandboxes=5)
     await quotas.create_project(db, "job", parent="team")
     await quotas.create_project(db, "rival", parent="org")
     await quotas.create_project(db, "other-org")
-    keys = {p: await quotas.create_key(db, p) for p in ("org", "job")}
+    keys = {p: await quotas.create_key(db, p) for p in ("org", "job", "other-org")}
     # A node that heartbeats but is not listening: a list through the
     # gateway skips it (and says so in the log), the nodes page shows it.
     cap = NodeCapacity(max_sandboxes=64, active=3, held=2, memory_budget=2**34, cpus=16)
     await nodes.heartbeat(db, "n1", "http://127.0.0.1:9", cap)
-    app = create_app(None, for_token=gw.for_token, for_sandbox=gw.for_sandbox)
+    app = create_app(
+        None, for_token=gw.for_token, for_sandbox=gw.for_sandbox, operator=gw.is_operator
+    )
     ring = add_dashboard(app, app.state.resolve, gateway=gw)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
@@ -263,6 +265,27 @@ async def test_a_project_key_sees_its_chain_and_subtree_and_no_nodes(
     assert re.findall(r'class="project">([^<]+)<', r.text) == ["org", "team", "job"]
     r = await c.get("/ui/nodes", headers=_bearer(keys["job"]))
     assert r.status_code == 200 and "n1" not in r.text and "operator" in r.text
+
+
+async def test_a_root_project_is_a_tenant_unless_made_an_operator(
+    gateway: tuple[httpx.AsyncClient, dict[str, str]],
+) -> None:
+    """Before, every root project's key was the operator's: any tenant
+    made with `corral project create NAME` saw every project and node, and
+    any key read the gateway's metrics."""
+    c, keys = gateway
+    tenant = _bearer(keys["other-org"])
+    r = await c.get("/ui/projects", headers=tenant)
+    assert re.findall(r'class="project">([^<]+)<', r.text) == ["other-org"]
+    r = await c.get("/ui/nodes", headers=tenant)
+    assert "n1" not in r.text and "operator" in r.text
+    r = await c.get("/ui/metrics", headers=tenant)
+    assert "shown to an operator" in r.text
+    r = await c.get("/metrics", headers=tenant)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied"
+    assert (await c.get("/metrics", headers=_bearer(keys["job"]))).status_code == 403
+    r = await c.get("/metrics", headers=_bearer(keys["org"]))
+    assert r.status_code == 200 and "corral_" in r.text
 
 
 async def test_login_sets_a_strict_http_only_cookie_that_only_reads_accept(

@@ -31,6 +31,7 @@ from corral.errors import (
     InternalError,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     Unauthenticated,
 )
 from corral.log import get_logger
@@ -55,6 +56,7 @@ def create_app(
     for_sandbox: Callable[[str], Awaitable[SandboxService]] | None = None,
     e2b_templates: dict[str, str] | None = None,
     node: str | None = None,
+    operator: Callable[[SandboxService], Awaitable[bool]] | None = None,
 ) -> FastAPI:
     """The API over `service`, behind `api_key` if given; or, for a gateway,
     over whatever `for_token(key)` returns for the caller's key (its
@@ -132,8 +134,13 @@ def create_app(
     @app.get("/metrics")
     async def prometheus(request: Request) -> Response:
         # Behind the same key as the API: counts of sandboxes, nodes and
-        # refusals are the operator's, not anyone's who can reach the port.
-        await resolve(request)
+        # refusals are the operator's, not anyone's who can reach the port;
+        # on a gateway, the operator's alone (`operator`), not every tenant's.
+        svc = await resolve(request)
+        if operator is not None and not await operator(svc):
+            raise PermissionDenied(
+                "the gateway's metrics are its operator's (an operator project's key)"
+            )
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     add_routes(app)

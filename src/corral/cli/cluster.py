@@ -44,6 +44,7 @@ async def project_create(a: argparse.Namespace) -> int:
             max_sandboxes=a.max_sandboxes,
             max_cpu=a.max_cpu,
             max_memory=parse_size(a.max_memory, "max_memory") if a.max_memory else None,
+            operator=a.operator,
         )
     finally:
         await db.aclose()

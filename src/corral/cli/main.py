@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sandboxes", type=int)
     p.add_argument("--max-cpu", type=float)
     p.add_argument("--max-memory", help="e.g. 64GiB")
+    p.add_argument(
+        "--operator", action="store_true",
+        help="its keys see every node and project (dashboard, the gateway's metrics)",
+    )  # fmt: skip
     p = psub.add_parser("ls", help="list projects with their use and limits")
     p.set_defaults(handler=cluster.project_ls)
     p = psub.add_parser("key", help="make an API key for a project (printed once)")

@@ -344,7 +344,7 @@ async def _default_key(state: str) -> str:
         try:
             await quotas.get_project(db, "default")
         except NotFound:
-            await quotas.create_project(db, "default")
+            await quotas.create_project(db, "default", operator=True)
         return await quotas.create_key(db, "default")
     finally:
         await db.aclose()

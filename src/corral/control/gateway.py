@@ -94,6 +94,13 @@ class Gateway(GatewayCore):
         bind(project=project)
         return GatewayView(self, project)
 
+    async def is_operator(self, svc: SandboxService) -> bool:
+        """Whether `svc` (a key's view) is an operator project's: it sees
+        the gateway's metrics and every node and project."""
+        if not isinstance(svc, GatewayView):
+            return False
+        return (await quotas.get_project(self.db, svc.project)).operator
+
     async def for_sandbox(self, sandbox_id: str) -> SandboxService:
         """The API as seen by the project that owns `sandbox_id`: for E2B's
         envd calls, which carry the sandbox's own token (checked against its

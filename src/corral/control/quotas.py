@@ -32,13 +32,17 @@ class Project:
     used_sandboxes: int
     used_cpu: float
     used_memory: int
+    operator: bool = False  # sees every node and project (dashboard, metrics)
 
 
-_COLUMNS = "name, parent, max_sandboxes, max_cpu, max_memory, used_sandboxes, used_cpu, used_memory"
+_COLUMNS = (
+    "name, parent, max_sandboxes, max_cpu, max_memory, used_sandboxes, used_cpu, used_memory, "
+    "operator"
+)
 
 
 def _project(row: tuple[object, ...]) -> Project:
-    name, parent, ms, mc, mm, us, uc, um = row
+    name, parent, ms, mc, mm, us, uc, um, op = row
     return Project(
         str(name),
         None if parent is None else str(parent),
@@ -49,6 +53,7 @@ def _project(row: tuple[object, ...]) -> Project:
         # Sums of fractional CPUs drift (0.1 + 0.2 - 0.3 != 0): shown rounded.
         round(float(uc), 6) + 0.0,  # type: ignore[arg-type]
         int(um),  # type: ignore[call-overload]
+        bool(op),
     )
 
 
@@ -65,6 +70,7 @@ async def create_project(
     max_sandboxes: int | None = None,
     max_cpu: float | None = None,
     max_memory: int | None = None,
+    operator: bool = False,
 ) -> Project:
     if not _NAME.fullmatch(name):
         raise InvalidArgument("name", "must be 1-63 of [a-z0-9_-], starting alphanumeric", name)
@@ -83,12 +89,12 @@ async def create_project(
             if len(chain) >= MAX_DEPTH:
                 raise InvalidArgument("parent", f"nesting is at most {MAX_DEPTH} levels", parent)
         await tx.execute(
-            "INSERT INTO projects (name, parent, max_sandboxes, max_cpu, max_memory, created_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
-            (name, parent, max_sandboxes, max_cpu, max_memory, time.time()),
+            "INSERT INTO projects (name, parent, max_sandboxes, max_cpu, max_memory, operator,"
+            " created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (name, parent, max_sandboxes, max_cpu, max_memory, operator, time.time()),
         )
         return _project(
-            (name, parent, max_sandboxes, max_cpu, max_memory, 0, 0.0, 0)  # fresh row
+            (name, parent, max_sandboxes, max_cpu, max_memory, 0, 0.0, 0, operator)  # fresh row
         )
 
 

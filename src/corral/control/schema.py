@@ -64,6 +64,13 @@ MIGRATIONS: list[list[str]] = [
     # 3: a sandbox placed on a burst target (control/burst.py): its node
     # column names the target, remote_id its id in that other cluster.
     ["ALTER TABLE sandboxes ADD COLUMN remote_id TEXT"],
+    # 4: who operates the cluster (sees every node and project on the
+    # dashboard and the gateway's metrics): a project said to, not any root
+    # project. `cluster up`'s own project ("default") was, and stays.
+    [
+        "ALTER TABLE projects ADD COLUMN operator BOOLEAN NOT NULL DEFAULT FALSE",
+        "UPDATE projects SET operator = TRUE WHERE name = 'default' AND parent IS NULL",
+    ],
 ]
 
 VERSION = len(MIGRATIONS)

@@ -97,7 +97,8 @@ async def nodes_page(scope: Scope) -> Safe:
     if not scope.operator:
         return tag(
             "p",
-            "Nodes are shown to an operator: a key of a root project (one with no parent).",
+            "Nodes are shown to an operator: a key of an operator project "
+            "(corral project create NAME --operator).",
             id="nodes",
         )
     return gateway_nodes_table(await scope.gateway.nodes(fresh=True))

@@ -4,9 +4,10 @@ The caller's key is checked by the API's own resolver (api/app.py), so the
 dashboard can never see more than the API would serve that key:
 - `corral serve`: the node's service; every sandbox on it, closed ones too
   (read from the node's store, which keeps them until they are purged);
-- a gateway: the caller's project's view (control/view.py). The gateway has
-  no operator key of its own, so a key of a root project (one with no
-  parent) is the operator's: it also sees every node and every project.
+- a gateway: the caller's project's view (control/view.py). A key of a
+  project made an operator (`corral project create --operator`; `cluster
+  up`'s "default") also sees every node and every project; any other
+  project, a root one too, is a tenant.
   Any key sees the sandboxes of its project and of the projects under it
   (an ancestor may reach those through the API too).
 """
@@ -120,6 +121,6 @@ async def scope_of(
     svc: SandboxService, agent: NodeAgent | None, gateway: GatewayCore | None, keyed: bool
 ) -> Scope:
     if isinstance(svc, GatewayView) and gateway is not None:
-        root = (await quotas.get_project(gateway.db, svc.project)).parent is None
-        return Scope(svc, gateway=gateway, project=svc.project, operator=root, keyed=keyed)
+        operator = (await quotas.get_project(gateway.db, svc.project)).operator
+        return Scope(svc, gateway=gateway, project=svc.project, operator=operator, keyed=keyed)
     return Scope(svc, agent=agent, operator=True, keyed=keyed)

@@ -65,7 +65,11 @@ def add_dashboard(
     async def projects_view(scope: Scope, _request: Request) -> tuple[str, Safe]:
         return "Projects", await nodes.projects_page(scope)
 
-    async def metrics_view(_scope: Scope, _request: Request) -> tuple[str, Safe]:
+    async def metrics_view(scope: Scope, _request: Request) -> tuple[str, Safe]:
+        if not scope.operator:  # a gateway's tenant: the counts are every project's
+            return "Metrics", Safe(
+                "<p id='metrics'>The gateway's metrics are shown to an operator.</p>"
+            )
         return "Metrics", metrics_page(ring)
 
     @app.get("/ui", include_in_schema=False)
