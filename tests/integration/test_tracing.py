@@ -147,11 +147,17 @@ async def test_a_create_through_the_gateway_is_one_trace(
 
         def arrived(spans: list[ReceivedSpan]) -> bool:
             names = {(s.service, s.name) for s in spans}
+            # Every span asserted on below: a server span ends (and is
+            # exported) after its children, a streamed one after its stream,
+            # in a later batch (CI once read them between the two).
             return {
                 ("corral-gateway", "gateway.create"),
+                ("corral-gateway", "POST /v1/sandboxes"),
+                ("corral-node", "POST /v1/sandboxes"),
                 ("corral-node", "sandbox.create"),
                 ("corral-node", "sandbox.exec"),
                 ("corral-gateway", "POST /v1/sandboxes/{sandbox_id}/exec"),
+                ("corral-node", "POST /v1/sandboxes/{sandbox_id}/exec"),
             } <= names
 
         spans = receiver.wait_for(arrived)
