@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -20,12 +20,16 @@ import pytest
 
 from corral import log, trace
 from corral.api.app import create_app
+from corral.api.compat.e2b.connect import from_corral
+from corral.api.compat.e2b.control import error_response as e2b_error_response
 from corral.api.http import HttpService
 from corral.api.service import SandboxService
+from corral.api.wire import as_corral, error_line
 from corral.control import quotas
 from corral.control.gateway import Gateway
+from corral.control.keys import create_key
 from corral.db import connect
-from corral.errors import SandboxNotFound
+from corral.errors import FileNotFound, SandboxNotFound
 
 from ..framework.otlp import OtlpReceiver
 
@@ -198,6 +202,36 @@ async def test_an_unexpected_error_still_carries_the_request_id(lines: io.String
     assert resp.status_code == 500 and resp.headers["x-request-id"] == "req-500"
     (line,) = [r for r in _records(lines) if r["event"] == "api.unexpected"]
     assert line["request_id"] == "req-500" and line["sandbox"] == SID
+    # The text is the operator's (the log has it, with its traceback); the
+    # caller gets the request id to quote, never the exception's words.
+    assert "boom" in str(line["error"]) and "RuntimeError" in str(line["exc"])
+    error = resp.json()["error"]
+    assert error["code"] == "internal" and error["request_id"] == "req-500"
+    assert "boom" not in resp.text and "req-500" in error["message"]
+
+
+_HOST_TEXT = "open /var/lib/corral/sandboxes/other-tenant: 10.200.0.7 refused"
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        pytest.param(lambda e: error_line(e), id="a stream's last line"),
+        pytest.param(lambda e: e2b_error_response(e).body, id="E2B REST"),
+        pytest.param(lambda e: json.dumps(from_corral(e).body()).encode(), id="E2B Connect"),
+        pytest.param(lambda e: as_corral(e).message.encode(), id="a live view's close"),
+    ],
+)
+def test_no_wire_carries_an_unexpected_errors_text(
+    encode: Callable[[Exception], bytes], lines: io.StringIO
+) -> None:
+    with log.scope(request_id="req-7"):
+        sent = encode(OSError(_HOST_TEXT))
+    assert b"10.200.0.7" not in sent and b"other-tenant" not in sent and b"req-7" in sent
+    (line,) = [r for r in _records(lines) if r["event"] == "api.unexpected"]
+    assert _HOST_TEXT in str(line["error"]) and line["request_id"] == "req-7"
+    # A CorralError is meant for the caller: its own words go through.
+    assert b"no such file here" in encode(FileNotFound("no such file here"))
 
 
 @pytest.fixture
@@ -279,7 +313,7 @@ async def test_a_gateway_names_the_callers_project_in_its_lines(
     gw = await Gateway(db, node_key=None).start(sweep=False)
     try:
         await quotas.create_project(db, "team-a")
-        key = await quotas.create_key(db, "team-a")
+        key, _ = await create_key(db, "team-a")
 
         async def for_token(token: str) -> SandboxService:
             await gw.for_token(token)  # what the gateway's resolver does

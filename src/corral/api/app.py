@@ -26,9 +26,9 @@ from corral.api.compat.e2b import add_e2b
 from corral.api.endpoints import add_routes
 from corral.api.service import SandboxService
 from corral.api.serving import CorralApp, Svc
+from corral.api.wire import as_corral
 from corral.errors import (
     CorralError,
-    InternalError,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -98,8 +98,7 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
-        log.error("api.unexpected", exc=True, error=str(exc))
-        return _error_response(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+        return _error_response(as_corral(exc))
 
     async def resolve(request: Request) -> SandboxService:
         header = request.headers.get("authorization", "")

@@ -28,6 +28,7 @@ from fastapi.staticfiles import StaticFiles
 from corral import metrics
 from corral.api import viewtoken
 from corral.api.rfb import ViewerStream
+from corral.api.wire import as_corral
 from corral.errors import CorralError, NotFound
 from corral.log import get_logger
 from corral.runtimes.vnc import ByteStream
@@ -105,7 +106,7 @@ def add_live_view(app: FastAPI, open_view: OpenView) -> None:
             screen = await open_stream()
         except (CorralError, OSError) as exc:
             # Policy violation, with the reason: a browser shows the close.
-            await ws.close(code=1008, reason=str(exc)[:120])
+            await ws.close(code=1008, reason=as_corral(exc).message[:120])
             return
         offered = ws.scope.get("subprotocols", [])
         await ws.accept(subprotocol="binary" if "binary" in offered else None)

@@ -26,6 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from corral import metrics
 from corral.api import viewtoken
 from corral.api.liveview import NOVNC
+from corral.api.wire import as_corral
 from corral.errors import CorralError
 from corral.log import get_logger
 
@@ -78,7 +79,7 @@ def add_live_view_proxy(app: FastAPI, node_url: NodeUrl) -> Callable[[], Awaitab
                 _ws_url(base, token), protocols=("binary",) if "binary" in offered else ()
             )
         except (CorralError, aiohttp.ClientError, OSError) as exc:
-            await ws.close(code=1008, reason=str(exc)[:120])
+            await ws.close(code=1008, reason=as_corral(exc).message[:120])
             return
         await ws.accept(subprotocol=upstream.protocol)
         metrics.DISPLAY_OPS.labels("view_relay").inc()

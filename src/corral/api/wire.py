@@ -9,8 +9,24 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from corral import log
 from corral.api.models import ExecEvent, ExecExit, ExecOutput, ExecStarted
 from corral.errors import CorralError, InternalError, InvalidArgument, error_from_wire
+
+_log = log.get_logger("corral.api")
+
+
+def as_corral(exc: BaseException) -> CorralError:
+    """What a caller is told of `exc`. A CorralError is meant for them; any
+    other exception is a bug or a host fault whose text can name host paths,
+    addresses or another tenant's ids, so it is logged here with its
+    traceback and the caller gets only the request id to quote."""
+    if isinstance(exc, CorralError):
+        return exc
+    rid = log.context_fields().get("request_id")
+    _log.error("api.unexpected", exc=True, error=f"{type(exc).__name__}: {exc}")
+    where = f" (request {rid})" if rid else ""
+    return InternalError(f"internal error{where}: the server's log has the details", request_id=rid)
 
 
 def label_pairs(wire: str, labels: dict[str, str] | None) -> list[tuple[str, str]]:
@@ -37,7 +53,7 @@ def event_line(event: ExecEvent) -> bytes:
 def error_line(exc: Exception) -> bytes:
     """The last line of a stream that failed after it began (an error
     that is not a CorralError is reported as internal)."""
-    err = exc if isinstance(exc, CorralError) else InternalError(str(exc))
+    err = as_corral(exc)
     return json.dumps({"type": "error", "error": err.to_wire()}).encode() + b"\n"
 
 

@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.h2c import reset_of
+from corral.api.wire import as_corral
 from corral.errors import (
     Ambiguous,
     CommandNotFound,
@@ -73,7 +74,8 @@ def from_corral(exc: Exception) -> ConnectError:
     """The Connect code a Corral error is to an envd client."""
     if isinstance(exc, ConnectError):
         return exc
-    message = exc.message if isinstance(exc, CorralError) else f"internal error: {exc}"
+    exc = as_corral(exc)
+    message = exc.message
     code = "internal"
     if isinstance(exc, FileNotFound | CommandNotFound | NotFound):
         code = "not_found"

@@ -37,9 +37,9 @@ from corral.api.models import (
     Usage,
 )
 from corral.api.service import SandboxService
+from corral.api.wire import as_corral
 from corral.errors import (
     Conflict,
-    CorralError,
     ImageNotFound,
     InvalidArgument,
     NotFound,
@@ -68,12 +68,11 @@ class E2bError(Exception):
 def error_response(exc: Exception) -> JSONResponse:
     if isinstance(exc, E2bError):
         status, message = exc.status, exc.message
-    elif isinstance(exc, CorralError):
+    else:
+        exc = as_corral(exc)
         status, message = exc.http_status, exc.message
         if isinstance(exc, SandboxClosed):
             status = 404  # E2B: a killed sandbox is not found
-    else:
-        status, message = 500, f"internal error: {type(exc).__name__}: {exc}"
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
