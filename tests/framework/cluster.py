@@ -15,7 +15,7 @@ from typing import Any
 
 import corral
 from corral.config import NodeConfig
-from corral.control import nodes, quotas
+from corral.control import keys, nodes, quotas
 from corral.control.postgres import LocalPostgres
 from corral.db import Database, connect
 
@@ -193,7 +193,8 @@ def make_project(state: str, name: str, parent: str | None = None, **limits: Any
         db = await connect(state)
         try:
             await quotas.create_project(db, name, parent=parent, **limits)
-            return await quotas.create_key(db, name)
+            key, _ = await keys.create_key(db, name)
+            return key
         finally:
             await db.aclose()
 

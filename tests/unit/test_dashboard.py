@@ -21,6 +21,7 @@ from corral.api.models_report import Finding
 from corral.capacity import NodeCapacity
 from corral.control import nodes, quotas
 from corral.control.gateway import Gateway
+from corral.control.keys import create_key
 from corral.dashboard import add_dashboard
 from corral.dashboard.metrics_ring import Ring, quantile, sample
 from corral.dashboard.nodes import pressure
@@ -221,7 +222,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, dict
     await quotas.create_project(db, "job", parent="team")
     await quotas.create_project(db, "rival", parent="org")
     await quotas.create_project(db, "other-org")
-    keys = {p: await quotas.create_key(db, p) for p in ("org", "job", "other-org")}
+    keys = {p: (await create_key(db, p))[0] for p in ("org", "job", "other-org")}
     # A node that heartbeats but is not listening: a list through the
     # gateway skips it (and says so in the log), the nodes page shows it.
     cap = NodeCapacity(max_sandboxes=64, active=3, held=2, memory_budget=2**34, cpus=16)

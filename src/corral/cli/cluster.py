@@ -78,14 +78,52 @@ async def project_ls(a: argparse.Namespace) -> int:
 
 
 async def project_key(a: argparse.Namespace) -> int:
-    from corral.control import quotas
+    import time
+
+    from corral.control import keys
+
+    expires = keys.parse_expiry(a.expires, now=time.time()) if a.expires else None
+    db = await _state(a)
+    try:
+        key, info = await keys.create_key(db, a.name, expires_at=expires, note=a.note or "")
+    finally:
+        await db.aclose()
+    until = f", expires {keys.moment(expires)}" if expires else ""
+    emit(a, {"api_key": key, **info.__dict__}, f"{key}\n(id {info.id}{until}: shown once)")
+    return 0
+
+
+async def project_keys(a: argparse.Namespace) -> int:
+    from corral.control import keys
 
     db = await _state(a)
     try:
-        key = await quotas.create_key(db, a.name)
+        got = await keys.list_keys(db, a.name)
     finally:
         await db.aclose()
-    emit(a, {"project": a.name, "api_key": key}, key)
+    table = Table("id", "project", "created", "expires", "revoked", "last used", "note")
+
+    def when(t: float | None) -> str:
+        return "" if t is None else keys.moment(t)
+
+    for k in got:
+        row = (k.created_at, k.expires_at, k.revoked_at, k.last_used_at)
+        table.add_row(k.id, k.project, *map(when, row), k.note)
+    emit(a, [k.__dict__ for k in got], table)
+    return 0
+
+
+async def project_revoke(a: argparse.Namespace) -> int:
+    from corral.control import keys
+
+    db = await _state(a)
+    try:
+        info = await keys.revoke_key(db, a.key)
+    finally:
+        await db.aclose()
+    assert info.revoked_at is not None
+    said = f"key {info.id} of {info.project} revoked at {keys.moment(info.revoked_at)}"
+    emit(a, info.__dict__, said + f" (gateways refuse it within {keys.RECHECK:g} s)")
     return 0
 
 

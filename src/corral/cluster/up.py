@@ -35,7 +35,7 @@ import httpx
 from corral.cluster import journal, localray, preflight
 from corral.cluster.actors import NAMESPACE, GatewaySpec, NodeSpec
 from corral.config import NodeConfig
-from corral.control import nodes, quotas
+from corral.control import keys, nodes, quotas
 from corral.control.postgres import LocalPostgres
 from corral.control.schema import migrate
 from corral.db import connect
@@ -345,7 +345,8 @@ async def _default_key(state: str) -> str:
             await quotas.get_project(db, "default")
         except NotFound:
             await quotas.create_project(db, "default", operator=True)
-        return await quotas.create_key(db, "default")
+        key, _ = await keys.create_key(db, "default", note="cluster up")
+        return key
     finally:
         await db.aclose()
 

@@ -21,14 +21,14 @@ import time
 
 from corral import labels, metrics
 from corral.api.service import SandboxService
-from corral.control import nodes, placement, quotas, sandboxes
+from corral.control import keys, nodes, placement, quotas, sandboxes
 from corral.control.burst import Targets
 from corral.control.core import GatewayCore
 from corral.control.nodes import NodeRow
 from corral.control.schema import migrate
 from corral.control.view import GatewayView
 from corral.db import Database
-from corral.errors import CorralError, SandboxNotFound, Unauthenticated, Unavailable
+from corral.errors import CorralError, SandboxNotFound, Unavailable
 from corral.log import bind, get_logger
 
 log = get_logger("corral.gateway")
@@ -59,7 +59,7 @@ class Gateway(GatewayCore):
             k=k,
             burst=burst,
         )
-        self._keys: dict[str, tuple[float, str]] = {}
+        self._keys: dict[str, tuple[float, keys.Grant]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._reconciling: asyncio.Task[None] | None = None
         self._mismatch: dict[str, int] = {}
@@ -82,13 +82,17 @@ class Gateway(GatewayCore):
         """The API as seen by the project that owns API key `token`."""
         now = time.monotonic()
         cached = self._keys.get(token)
-        if cached is not None and now - cached[0] < 5.0:
-            project = cached[1]
+        if (
+            cached is not None
+            and now - cached[0] < keys.RECHECK
+            and not cached[1].expired(time.time())
+        ):
+            grant = cached[1]
         else:
-            if not token:
-                raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
-            project = await quotas.project_of_key(self.db, token)
-            self._keys[token] = (now, project)
+            self._keys.pop(token, None)  # a revoked or expired key leaves the cache
+            grant = await keys.check_key(self.db, token)
+            self._keys[token] = (now, grant)
+        project = grant.project
         # The request's log lines name the project from here on; the API's
         # middleware (api/serving.py) ends the binding with the request.
         bind(project=project)

@@ -9,14 +9,12 @@ statement over the whole chain (a recursive walk of the parent links).
 
 from __future__ import annotations
 
-import hashlib
 import re
-import secrets
 import time
 from dataclasses import dataclass
 
 from corral.db import Database, Tx
-from corral.errors import Conflict, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated
+from corral.errors import Conflict, InvalidArgument, NotFound, ResourceExhausted
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 MAX_DEPTH = 8
@@ -55,11 +53,6 @@ def _project(row: tuple[object, ...]) -> Project:
         int(um),  # type: ignore[call-overload]
         bool(op),
     )
-
-
-def hash_key(key: str) -> str:
-    """Keys are stored hashed: a leaked database does not leak keys."""
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 async def create_project(
@@ -110,29 +103,6 @@ async def list_projects(db: Database) -> list[Project]:
     async with db.transaction() as tx:
         rows = await tx.fetchall(f"SELECT {_COLUMNS} FROM projects ORDER BY name")
     return [_project(r) for r in rows]
-
-
-async def create_key(db: Database, project: str) -> str:
-    """A new API key for `project`; shown once, stored hashed."""
-    key = "ck_" + secrets.token_urlsafe(24)
-    async with db.transaction() as tx:
-        if not await tx.fetchone("SELECT 1 FROM projects WHERE name = %s", (project,)):
-            raise NotFound(f"no project {project!r}", project=project)
-        await tx.execute(
-            "INSERT INTO api_keys (key_hash, project, created_at) VALUES (%s, %s, %s)",
-            (hash_key(key), project, time.time()),
-        )
-    return key
-
-
-async def project_of_key(db: Database, key: str) -> str:
-    async with db.transaction() as tx:
-        row = await tx.fetchone(
-            "SELECT project FROM api_keys WHERE key_hash = %s", (hash_key(key),)
-        )
-    if row is None:
-        raise Unauthenticated("a valid API key is required: Authorization: Bearer <key>")
-    return str(row[0])
 
 
 async def _chain(tx: Tx, name: str, *, lock: bool) -> list[Project]:

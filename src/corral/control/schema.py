@@ -71,6 +71,14 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE projects ADD COLUMN operator BOOLEAN NOT NULL DEFAULT FALSE",
         "UPDATE projects SET operator = TRUE WHERE name = 'default' AND parent IS NULL",
     ],
+    # 5: keys that expire or are revoked (control/keys.py); the keys made
+    # before it do neither until revoked.
+    [
+        "ALTER TABLE api_keys ADD COLUMN expires_at DOUBLE PRECISION",
+        "ALTER TABLE api_keys ADD COLUMN revoked_at DOUBLE PRECISION",
+        "ALTER TABLE api_keys ADD COLUMN last_used_at DOUBLE PRECISION",
+        "ALTER TABLE api_keys ADD COLUMN note TEXT NOT NULL DEFAULT ''",
+    ],
 ]
 
 VERSION = len(MIGRATIONS)

@@ -1,0 +1,243 @@
+"""API keys (control/keys.py) on SQLite: stored hashed, expiring,
+revocable by id or by the key, refused with the reason; a gateway stops
+serving a revoked key within RECHECK and an expired one at once; the CLI
+makes, lists and revokes them; a store from before migration 5 keeps its
+keys working."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from corral.control import keys, quotas, schema
+from corral.control.gateway import Gateway
+from corral.db import Database, connect
+from corral.errors import InvalidArgument, NotFound, Unauthenticated
+
+NOW = 1_700_000_000.0  # 2023-11-14
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    d = await connect(f"sqlite:///{tmp_path}/state.db")
+    await schema.migrate(d)
+    await quotas.create_project(d, "org")
+    yield d
+    await d.aclose()
+
+
+async def _set(db: Database, column: str, value: float | None, key: str) -> None:
+    async with db.transaction() as tx:
+        await tx.execute(
+            f"UPDATE api_keys SET {column} = %s WHERE key_hash = %s", (value, keys.hash_key(key))
+        )
+
+
+async def test_keys_are_stored_hashed_and_name_their_project(db: Database) -> None:
+    key, info = await keys.create_key(db, "org", note="ci runner")
+    assert (await keys.check_key(db, key)).project == "org"
+    async with db.transaction() as tx:
+        stored = [r[0] for r in await tx.fetchall("SELECT key_hash FROM api_keys")]
+    assert key not in stored and stored == [keys.hash_key(key)]
+    assert info.id == stored[0][: keys.ID_LEN] and key not in json.dumps(info.__dict__)
+    for bad in ("", "ck_forged", key + "x"):
+        with pytest.raises(Unauthenticated, match="a valid API key is required"):
+            await keys.check_key(db, bad)
+    with pytest.raises(NotFound):
+        await keys.create_key(db, "ghost")
+
+
+async def test_an_expired_key_is_refused_saying_when(db: Database) -> None:
+    key, info = await keys.create_key(db, "org", expires_at=time.time() + 3600)
+    assert (await keys.check_key(db, key)).expires_at == info.expires_at
+    await _set(db, "expires_at", time.time() - 1, key)  # an hour went by
+    with pytest.raises(Unauthenticated, match=f"API key {info.id} expired at 20"):
+        await keys.check_key(db, key)
+
+
+async def test_a_key_is_revoked_by_id_or_by_itself_once(db: Database) -> None:
+    key, info = await keys.create_key(db, "org")
+    other, _ = await keys.create_key(db, "org")
+    revoked = await keys.revoke_key(db, info.id)
+    assert revoked.id == info.id and revoked.revoked_at is not None
+    with pytest.raises(Unauthenticated, match=f"API key {info.id} was revoked at"):
+        await keys.check_key(db, key)
+    assert (await keys.check_key(db, other)).project == "org"  # its neighbour is untouched
+    # Again, and by the key itself (one found leaked): nothing changes.
+    assert (await keys.revoke_key(db, key)).revoked_at == revoked.revoked_at
+    assert (await keys.revoke_key(db, other)).revoked_at is not None
+    listed = await keys.list_keys(db, "org")
+    assert {k.id for k in listed} == {info.id, keys.hash_key(other)[: keys.ID_LEN]}
+    assert all(k.revoked_at is not None for k in listed)
+
+
+@pytest.mark.parametrize(
+    ("given", "rule"),
+    [
+        ("", "must be a key id"),
+        ("abc", "must be a key id"),
+        ("ABCDEF012345", "must be a key id"),
+        ("0123456789ab%", "must be a key id"),  # no LIKE pattern gets through
+        ("%", "must be a key id"),
+    ],
+)
+async def test_a_bad_key_to_revoke_names_the_rule(db: Database, given: str, rule: str) -> None:
+    await keys.create_key(db, "org")
+    with pytest.raises(InvalidArgument, match=rule) as err:
+        await keys.revoke_key(db, given)
+    assert err.value.field == "key"
+    assert all(k.revoked_at is None for k in await keys.list_keys(db))
+
+
+async def test_an_unknown_key_to_revoke_is_not_found(db: Database) -> None:
+    with pytest.raises(NotFound, match="no API key 0123456789ab"):
+        await keys.revoke_key(db, "0123456789ab")
+    with pytest.raises(NotFound):
+        await keys.list_keys(db, "ghost")
+
+
+async def test_last_use_is_written_at_most_once_a_minute(db: Database) -> None:
+    key, _ = await keys.create_key(db, "org")
+    assert (await keys.list_keys(db))[0].last_used_at is None
+    await keys.check_key(db, key)
+    first = (await keys.list_keys(db))[0].last_used_at
+    assert first is not None
+    await keys.check_key(db, key)
+    assert (await keys.list_keys(db))[0].last_used_at == first
+    await _set(db, "last_used_at", first - keys.USED_EVERY, key)
+    await keys.check_key(db, key)
+    assert (await keys.list_keys(db))[0].last_used_at > first - 1  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [("90m", 5400), ("12h", 43200), ("30d", 30 * 86400), ("2w", 14 * 86400), ("1d12h", 129600),
+     (" 1D ", 86400)],
+)  # fmt: skip
+def test_an_expiry_is_a_duration(given: str, seconds: float) -> None:
+    assert keys.parse_expiry(given, now=NOW) == NOW + seconds
+
+
+def test_an_expiry_is_a_moment_utc_unless_it_says() -> None:
+    at = keys.parse_expiry("2027-01-15T08:00:00Z", now=NOW)
+    assert keys.moment(at) == "2027-01-15T08:00:00Z"
+    assert keys.parse_expiry("2027-01-15T09:00:00+01:00", now=NOW) == at
+    assert keys.parse_expiry("2027-01-15T08:00:00", now=NOW) == at
+    assert keys.moment(keys.parse_expiry("2027-01-15", now=NOW)) == "2027-01-15T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("given", "rule"),
+    [
+        ("", "must be a duration"),
+        ("30", "must be a duration"),
+        ("soon", "must be a duration"),
+        ("-1d", "must be a duration"),
+        ("1.5d", "must be a duration"),
+        ("0s", "must be in the future"),
+        ("2020-01-01", "must be in the future"),
+        ("40000w", "must be within 100 years"),
+        ("9999-12-31", "must be within 100 years"),
+    ],
+)
+def test_a_bad_expiry_names_the_field_and_the_rule(given: str, rule: str) -> None:
+    with pytest.raises(InvalidArgument, match=rule) as err:
+        keys.parse_expiry(given, now=NOW)
+    assert err.value.field == "expires" and err.value.details["value"] == repr(given)
+
+
+@pytest.mark.parametrize(
+    ("field", "kw", "rule"),
+    [
+        ("note", {"note": "x" * 201}, "at most 200 printable"),
+        ("note", {"note": "line\nbreak"}, "at most 200 printable"),
+        ("expires_at", {"expires_at": 1.0}, "must be in the future"),
+    ],
+)
+async def test_a_bad_key_request_makes_no_key(
+    db: Database, field: str, kw: dict[str, object], rule: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=rule) as err:
+        await keys.create_key(db, "org", **kw)  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert await keys.list_keys(db) == []
+
+
+async def test_a_gateway_stops_a_revoked_key_within_recheck_and_an_expired_one_at_once(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw = await Gateway(db, node_key=None).start(sweep=False)
+    try:
+        key, info = await keys.create_key(db, "org")
+        assert (await gw.for_token(key)).project == "org"  # type: ignore[attr-defined]
+        await keys.revoke_key(db, info.id)
+        # Within RECHECK the cache may still serve it; after, never.
+        monkeypatch.setattr(keys, "RECHECK", 0.0)
+        with pytest.raises(Unauthenticated, match="revoked"):
+            await gw.for_token(key)
+        monkeypatch.setattr(keys, "RECHECK", 3600.0)
+        brief, _ = await keys.create_key(db, "org", expires_at=time.time() + 0.3)
+        await gw.for_token(brief)  # cached now, for an hour of RECHECK
+        await asyncio.sleep(0.4)
+        with pytest.raises(Unauthenticated, match="expired"):
+            await gw.for_token(brief)
+    finally:
+        await gw.aclose()
+
+
+async def test_a_store_from_before_expiry_keeps_its_keys(tmp_path: Path) -> None:
+    d = await connect(f"sqlite:///{tmp_path}/old.db")
+    try:
+        async with d.transaction() as tx:
+            await tx.execute("CREATE TABLE corral_schema (version INTEGER NOT NULL)")
+            await tx.execute("INSERT INTO corral_schema (version) VALUES (0)")
+            for version in range(4):
+                for statement in schema.MIGRATIONS[version]:
+                    await tx.execute(statement)
+            await tx.execute("UPDATE corral_schema SET version = 4")
+            await tx.execute(
+                "INSERT INTO projects (name, created_at) VALUES ('old', 0)",
+            )
+            await tx.execute(
+                "INSERT INTO api_keys (key_hash, project, created_at) VALUES (%s, 'old', 0)",
+                (keys.hash_key("ck_from-last-year"),),
+            )
+        assert await schema.migrate(d) == 4
+        assert (await keys.check_key(d, "ck_from-last-year")).expires_at is None
+        (listed,) = await keys.list_keys(d)
+        assert listed.note == "" and listed.revoked_at is None
+    finally:
+        await d.aclose()
+
+
+def _cli(state: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "corral.cli.main", "--json", "project", *args, "--state", state],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_cli_makes_lists_and_revokes_keys(tmp_path: Path) -> None:
+    state = f"sqlite:///{tmp_path}/cli.db"
+    assert _cli(state, "create", "acme").returncode == 0
+    made = _cli(state, "key", "acme", "--expires", "30d", "--note", "ci")
+    assert made.returncode == 0, made.stderr
+    doc = json.loads(made.stdout)
+    assert doc["api_key"].startswith("ck_") and doc["note"] == "ci"
+    assert 29.9 * 86400 < doc["expires_at"] - time.time() <= 30 * 86400
+    (row,) = json.loads(_cli(state, "keys", "acme").stdout)
+    assert row["id"] == doc["id"] and "api_key" not in row
+    gone = _cli(state, "revoke", doc["id"])
+    assert gone.returncode == 0 and json.loads(gone.stdout)["revoked_at"] is not None
+    bad = _cli(state, "key", "acme", "--expires", "yesterday")
+    assert bad.returncode != 0 and "expires" in bad.stderr and "yesterday" in bad.stderr
+    assert len(json.loads(_cli(state, "keys").stdout)) == 1
