@@ -270,6 +270,8 @@ async def test_a_projects_commits_are_its_own_and_the_operators_images_no_ones(
         for field, spec in (
             ("image", {**SPEC, "image": "projects/other/planted:1"}),
             ("toolkit.0", {**SPEC, "toolkit": ["projects/other/planted:1"]}),
+            # A VM's own disk added for one project (corral disk add --project).
+            ("image", {**SPEC, "kind": "fullvm", "image": "disk:projects/other/win11"}),
         ):
             with pytest.raises(InvalidArgument, match="another project's images") as err:
                 await c.sandboxes.create(**spec)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.api.models import CreateSandbox
+from corral.control import project_images
 from corral.errors import Conflict, InvalidArgument, SandboxFailed
 from corral.images import disks
 from corral.runtimes import drawn
@@ -30,8 +32,11 @@ def _boot_sector(path: Path, size: int = 1 << 20) -> Path:
 
 
 @pytest.mark.parametrize(
-    "ref", ["disk:", "disk:a/b", "disk:../x", "disk:.hidden", "disk:" + "x" * 65, "disk:a b"]
-)
+    "ref",
+    ["disk:", "disk:a/b", "disk:../x", "disk:.hidden", "disk:" + "x" * 65, "disk:a b",
+     "disk:projects/Acme/x", "disk:projects/a/../x", "disk:projects/a/b/c", "disk:projects//x",
+     "disk:projects/a/", "disk:projects/../x", "disk:projects/-a/x", "disk:projects"],
+)  # fmt: skip
 def test_bad_disk_names(ref: str) -> None:
     with pytest.raises(InvalidArgument) as exc:
         disks.disk_name(ref)
@@ -89,6 +94,43 @@ def test_a_disk_is_copied_in_whole_read_only_with_its_holes(tmp_path: Path) -> N
         store.get("disk:mine")
     assert "corral disk add" in exc.value.rule
     assert not list((tmp_path / "disks").iterdir())
+
+
+@needs_qemu_img
+def test_a_projects_own_disk_is_named_under_it(tmp_path: Path) -> None:
+    source = _boot_sector(tmp_path / "src.img")
+    store = disks.Disks(tmp_path / "disks")
+    store.add(source, "shared")
+    disk = store.add(source, "projects/acme/win11")
+    assert disk.path == tmp_path / "disks" / "projects" / "acme" / "win11"
+    assert [d.name for d in store.list()] == ["projects/acme/win11", "shared"]
+    assert store.get("disk:projects/acme/win11") == disk
+    with pytest.raises(InvalidArgument, match="names no disk"):
+        store.get("disk:projects/other/win11")
+    store.remove("disk:projects/acme/win11")
+    assert [d.name for d in store.list()] == ["shared"]
+    assert not list((tmp_path / "disks" / "projects" / "acme").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("image", "allowed"),
+    [
+        ("disk:win11", True),  # the operator's: every project's
+        ("disk:projects/acme/win11", True),
+        ("disk:projects/rival/win11", False),
+        ("disk:projects/acme-x/win11", False),
+        ("projects/rival/img:1", False),
+    ],
+)
+def test_a_gateway_boots_a_projects_own_disk_for_it_alone(image: str, allowed: bool) -> None:
+    req = CreateSandbox(kind="fullvm", image=image) if image.startswith("disk:") else None
+    req = req or CreateSandbox(image=image)
+    if allowed:
+        project_images.check_create("acme", req)
+        return
+    with pytest.raises(InvalidArgument, match="another project's images or disks") as err:
+        project_images.check_create("acme", req)
+    assert err.value.field == "image" and image in str(err.value)
 
 
 class Frames:

@@ -20,9 +20,13 @@ def _disks(a: argparse.Namespace) -> Disks:
 
 
 async def disk_add(a: argparse.Namespace) -> int:
+    name = a.name or a.path.name
+    if a.project is not None:
+        # One project's own: only it boots it through a gateway.
+        name = f"projects/{a.project}/{name}"
     with progress_bar(disable=a.json) as progress:
         disk = await asyncio.to_thread(
-            _disks(a).add, a.path, a.name, lambda done, total: progress("copy", done, total)
+            _disks(a).add, a.path, name, lambda done, total: progress("copy", done, total)
         )
     if a.json:
         emit(a, disk.to_json(), None)

@@ -218,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=disks.disk_add)
     p.add_argument("path", type=Path)
     p.add_argument("--name", help="what sandboxes call it (disk:NAME); default: the file's name")
+    p.add_argument(
+        "--project",
+        help="one cluster project's own (disk:projects/PROJECT/NAME): only its keys boot it; "
+        "without, every project may",
+    )
     p = dsub.add_parser("ls", help="list this host's disks")
     p.set_defaults(handler=disks.disk_ls)
     p = dsub.add_parser("rm", help="remove disks (running sandboxes keep theirs open)")

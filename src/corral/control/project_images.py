@@ -17,6 +17,7 @@ from corral.api.models import CreateSandbox
 from corral.errors import InvalidArgument, Unavailable
 
 PREFIX = "projects/"
+DISK = "disk:"  # images/disks.py's PREFIX (not imported: the gateway needs no qemu-img)
 
 
 def own(project: str) -> str:
@@ -37,11 +38,15 @@ def check_tag(project: str, tag: str) -> None:
 
 def check_refs(project: str, refs: Sequence[tuple[str, str | None]]) -> None:
     """Each (field, reference) names the operator's images or `project`'s,
-    never another project's."""
-    for field, ref in refs:
+    never another project's. A VM's own disk (disk:NAME, images/disks.py)
+    is named and owned the same way."""
+    for field, given in refs:
+        ref = given.removeprefix(DISK) if given else given
         if ref and ref.startswith(PREFIX) and not ref.startswith(own(project)):
             raise InvalidArgument(
-                field, f"must not name another project's images (yours: {own(project)}...)", ref
+                field,
+                f"must not name another project's images or disks (yours: {own(project)}...)",
+                given,
             )
 
 

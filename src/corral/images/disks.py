@@ -29,8 +29,16 @@ from corral.errors import Conflict, InvalidArgument, Unavailable
 
 PREFIX = "disk:"
 FIRMWARES = ("bios", "uefi")
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-NAME_RULE = "a disk's name is 1-64 letters, digits and . _ - (not starting with . _ -)"
+_BASE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+BASE = re.compile(_BASE)
+# On a cluster a project's own disks are named under projects/<project>/
+# (as its images are: control/project_images.py) and only it may boot them;
+# every other disk is the operator's, for every project.
+NAME = re.compile(rf"(?:projects/[a-z0-9][a-z0-9_-]{{0,62}}/)?{_BASE}")
+NAME_RULE = (
+    "a disk's name is 1-64 letters, digits and . _ - (not starting with . _ -), "
+    "under projects/<project>/ for one project's own"
+)
 FORMATS = ("qcow2", "raw")
 BOOT_SIGNATURE = b"\x55\xaa"  # at byte 510: MBR, a GPT's protective MBR, a hybrid ISO
 COPY_STEP = 64 << 20
@@ -44,7 +52,7 @@ def is_disk(ref: str) -> bool:
 def disk_name(ref: str, field: str = "image") -> str:
     """The NAME of 'disk:NAME', checked."""
     name = ref.removeprefix(PREFIX)
-    if not NAME.fullmatch(name):
+    if not NAME.fullmatch(name) or name == "projects":  # the projects' own disks' folder
         raise InvalidArgument(field, NAME_RULE, ref)
     return name
 
@@ -141,11 +149,16 @@ class Disks:
     def list(self) -> list[DiskImage]:
         if not self.root.is_dir():
             return []
+        owned = self.root / "projects"
+        found = [p.name for p in self.root.iterdir()]
+        if owned.is_dir():
+            found += [f"projects/{d.name}/{p.name}" for d in owned.iterdir() if d.is_dir()
+                      for p in d.iterdir()]  # fmt: skip
         out = []
-        for p in sorted(self.root.iterdir()):
-            if NAME.fullmatch(p.name) and p.is_file():
+        for name in sorted(found):
+            if NAME.fullmatch(name) and self.path(name).is_file():
                 try:
-                    out.append(self.get(p.name))
+                    out.append(self.get(name))
                 except InvalidArgument:
                     continue  # a file that is no longer a disk is not offered
         return out
@@ -164,8 +177,8 @@ class Disks:
         dest = self.path(name)
         if dest.exists():
             raise Conflict(f"a disk named {name!r} exists: remove it first (`corral disk rm`)")
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{name}.{os.getpid()}.tmp"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.{os.getpid()}.tmp"
         try:
             _copy(source, tmp, progress)
             os.chmod(tmp, 0o444)
