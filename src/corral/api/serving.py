@@ -17,10 +17,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import log, trace
 from corral.api.abandoned import AbandonedCreates
+from corral.api.h2c import reset_of
 from corral.api.models import Event, ExecEvent
 from corral.api.routes import MAX_BODY
 from corral.api.service import SandboxService
-from corral.api.wire import error_line, event_line
+from corral.api.wire import StreamCut, error_line, event_line
 from corral.errors import InvalidArgument
 
 
@@ -167,6 +168,15 @@ class RequestContext:
                 span.set("http.response.status_code", status[0])
                 if m:
                     span.set("sandbox.id", m.group(1))
+        except StreamCut:
+            reset = reset_of(scope)
+            if not callable(reset):
+                raise  # HTTP/2, a unix socket: the server ends the stream unfinished
+            reset()
+            # The transport's connection_lost is scheduled, not run: let it
+            # run, so that uvicorn finds a client gone rather than an
+            # answer left unfinished (which it would log as an error).
+            await asyncio.sleep(0)
         finally:
             log.unbind(token)
 

@@ -16,6 +16,14 @@ from corral.errors import CorralError, InternalError, InvalidArgument, error_fro
 _log = log.get_logger("corral.api")
 
 
+class StreamCut(Exception):
+    """End a response mid-body on purpose: its source (a sandbox's server,
+    a killed process) went away, and the client must see a dropped
+    connection, not an answer that looks whole. An expected event, not the
+    server's fault: RequestContext (api/serving.py) resets the connection
+    and it is logged as info, without a traceback."""
+
+
 def as_corral(exc: BaseException) -> CorralError:
     """What a caller is told of `exc`. A CorralError is meant for them; any
     other exception is a bug or a host fault whose text can name host paths,
@@ -23,6 +31,9 @@ def as_corral(exc: BaseException) -> CorralError:
     traceback and the caller gets only the request id to quote."""
     if isinstance(exc, CorralError):
         return exc
+    if isinstance(exc, StreamCut):
+        _log.info("api.stream_cut", reason=str(exc))
+        return InternalError(str(exc))  # never sent: the answer had begun
     rid = log.context_fields().get("request_id")
     _log.error("api.unexpected", exc=True, error=f"{type(exc).__name__}: {exc}")
     where = f" (request {rid})" if rid else ""

@@ -20,8 +20,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from corral.api.h2c import reset_of
-from corral.api.wire import as_corral
+from corral.api.wire import StreamCut, as_corral
 from corral.errors import (
     Ambiguous,
     CommandNotFound,
@@ -65,7 +64,7 @@ class ConnectError(Exception):
         return {"code": self.code, "message": self.message}
 
 
-class Abort(Exception):
+class Abort(StreamCut):
     """Drop the stream's connection instead of ending it: what an envd
     client sees when its sandbox is killed under it (no end event)."""
 
@@ -178,10 +177,7 @@ def stream_response(
             async for m in messages:
                 yield envelope(m)
         except Abort:
-            reset = reset_of(request.scope) if request is not None else None
-            if callable(reset):
-                reset()
-            raise
+            raise  # RequestContext resets the connection
         except Exception as exc:
             yield end_stream(exc)
             return

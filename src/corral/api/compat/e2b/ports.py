@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.models import ExecOutput, ExecRequest, ExecStarted
 from corral.api.service import SandboxService
+from corral.api.wire import StreamCut
 from corral.host import platform as plat
 
 ENVD_PORT = 49983
@@ -165,7 +166,7 @@ async def forward(svc: SandboxService, sid: str, port: int, request: Request) ->
                     yield bytes(got.data)
                 if conn.their_state in _ENDED:
                     return
-            raise ConnectionError(f"port {port} of sandbox {sid} stopped mid-answer")
+            raise StreamCut(f"port {port} of sandbox {sid} stopped mid-answer")
         finally:
             await done()
 
