@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from corral.api.models import (
+    ApiKey,
     AuditReport,
     DirectAccess,
     Event,
@@ -57,6 +58,7 @@ from corral.sdk.display import AsyncDisplay
 from corral.sdk.events import AsyncEventStream
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
+from corral.sdk.keys import AsyncKeys
 from corral.sdk.rollouts import AsyncRollout, AsyncRollouts, AsyncRolloutSandbox
 from corral.sdk.sandbox import AsyncSandbox
 from corral.version import __version__
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
         EventStream,
         Files,
         FnCall,
+        Keys,
         Network,
         Rollout,
         RolloutCommands,
@@ -88,6 +91,7 @@ _SYNC = (
     "EventStream",
     "Files",
     "FnCall",
+    "Keys",
     "Network",
     "Rollout",
     "RolloutCommands",
@@ -113,6 +117,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Ambiguous",
+    "ApiKey",
     "AsyncClient",
     "AsyncCommandHandle",
     "AsyncCommands",
@@ -120,6 +125,7 @@ __all__ = [
     "AsyncEventStream",
     "AsyncFiles",
     "AsyncFnCall",
+    "AsyncKeys",
     "AsyncRollout",
     "AsyncRolloutSandbox",
     "AsyncRollouts",
@@ -150,6 +156,7 @@ __all__ = [
     "ImageNotFound",
     "InternalError",
     "InvalidArgument",
+    "Keys",
     "Network",
     "NetworkPolicy",
     "NodeFull",

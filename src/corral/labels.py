@@ -17,6 +17,16 @@ E2B_TOKEN = "corral.e2b_token"
 E2B_TRAFFIC_TOKEN = "corral.e2b_traffic_token"
 SECRETS = (E2B_TOKEN, E2B_TRAFFIC_TOKEN)
 
+
+def without_secrets(tags: dict[str, str]) -> dict[str, str]:
+    """`tags` with each secret's value blanked, for everywhere but the
+    sandbox's own record: events, saved state, pages. The key stays, so a
+    copy made from it still knows to get fresh ones."""
+    if not any(k in tags for k in SECRETS):
+        return tags
+    return {k: ("" if k in SECRETS else v) for k, v in tags.items()}
+
+
 # Refused in a caller's create through a gateway.
 RESERVED = (PROJECT, KEY, POOL)
 ROLLOUT = "corral.rollout"  # on each sandbox a rollout created: the rollout's name

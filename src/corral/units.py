@@ -55,3 +55,16 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+_DURATION = re.compile(r"(\d+)\s*([smhdw])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str) -> int | None:
+    """Seconds from a duration as users write them ('30d', '1d12h'), or None
+    when `value` is not one (a caller may then try a date)."""
+    text = value.strip().lower()
+    if not text or _DURATION.sub("", text).strip():
+        return None
+    return sum(int(n) * _SECONDS[u] for n, u in _DURATION.findall(text))

@@ -298,6 +298,28 @@ async def test_reserved_labels_are_refused_before_anything_is_charged(
     assert cluster.rows() == before and cluster.used("org") == (0, 0.0, 0)
 
 
+async def test_a_teams_key_mints_lists_and_revokes_a_jobs_key_on_postgresql(
+    cluster: Cluster, keys: dict[str, str]
+) -> None:
+    """control/keys.py on the cluster's PostgreSQL (schema 5, the subtree
+    walk, the id lookup), through the gateway's HTTP API."""
+    async with cluster.client(keys["team"]) as team:
+        job = await team.keys.create(project="job", expires="1h", note="run 7")
+        assert job.api_key is not None
+        async with cluster.client(job.api_key) as c:
+            sbx = await c.sandboxes.create(**SPEC)
+            await sbx.close()
+        listed = {k.id: k for k in await team.keys.list()}
+        assert {k.project for k in listed.values()} == {"team", "job"}
+        assert listed[job.id].last_used_at is not None
+        with pytest.raises(corral.NotFound):
+            await team.keys.list("other")
+        await team.keys.revoke(job.id)
+        async with cluster.client(job.api_key) as c:
+            with pytest.raises(corral.Unauthenticated, match="revoked"):
+                await c.sandboxes.list()
+
+
 @pytest.mark.parametrize("key", ["", "ck_forged", "nk-00000000"])
 async def test_a_bad_api_key_is_refused(cluster: Cluster, key: str) -> None:
     # The nodes' own key is not a project key: it opens no door on the gateway.
@@ -477,7 +499,7 @@ async def test_reports_and_events_through_the_gateway_stay_in_the_project(
             await theirs.commands.run(MOUNT)
             await sbx.close()
             await theirs.close()
-            seen = []
+            seen: list[corral.Event] = []
             while not any(e.kind == "state" and e.state == "closed" for e in seen):
                 event = await stream.next(timeout=30)
                 assert event is not None, seen

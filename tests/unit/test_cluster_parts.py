@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from corral import labels
 from corral.api import direct
 from corral.capacity import NodeCapacity
 from corral.cluster import journal, preflight
@@ -66,8 +67,8 @@ def test_a_direct_ttl_out_of_range_names_the_field(ttl: Any) -> None:
 
 
 class _Service:
-    async def get(self, sandbox_id: str) -> str:
-        return sandbox_id
+    async def get(self, sandbox_id: str) -> _Info:
+        return _Info(id=sandbox_id, labels={labels.E2B_TOKEN: "envd-secret", "team": "a"})
 
     async def close(self, sandbox_id: str) -> None:
         raise AssertionError("never reached")
@@ -75,7 +76,10 @@ class _Service:
 
 async def test_a_direct_service_allows_its_sandbox_and_the_allowed_operations_only() -> None:
     svc = direct.DirectService(_Service(), SID).as_service()  # type: ignore[arg-type]
-    assert await svc.get(SID) == SID  # type: ignore[comparison-overlap]
+    got = await svc.get(SID)
+    # A direct token lives an hour; the sandbox's E2B token as long as it:
+    # the one never hands out the other.
+    assert got.id == SID and got.labels == {labels.E2B_TOKEN: "", "team": "a"}
     with pytest.raises(Unauthenticated, match="for sandbox"):
         await svc.get("n0-" + "b" * 16)
     with pytest.raises(Unauthenticated, match="does not allow close"):

@@ -14,12 +14,26 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+import corral
+from corral.api.app import create_app
+from corral.api.http import HttpService
+from corral.api.models import CreateKey, Event
+from corral.control import gateway as gateway_module
 from corral.control import keys, quotas, schema
 from corral.control.gateway import Gateway
+from corral.control.view import GatewayView
 from corral.db import Database, connect
-from corral.errors import InvalidArgument, NotFound, Unauthenticated
+from corral.errors import (
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+from corral.node.agent import NodeAgent
 
 NOW = 1_700_000_000.0  # 2023-11-14
 
@@ -65,14 +79,14 @@ async def test_an_expired_key_is_refused_saying_when(db: Database) -> None:
 async def test_a_key_is_revoked_by_id_or_by_itself_once(db: Database) -> None:
     key, info = await keys.create_key(db, "org")
     other, _ = await keys.create_key(db, "org")
-    revoked = await keys.revoke_key(db, info.id)
-    assert revoked.id == info.id and revoked.revoked_at is not None
+    revoked, also = await keys.revoke_key(db, info.id)
+    assert revoked.id == info.id and revoked.revoked_at is not None and also == []
     with pytest.raises(Unauthenticated, match=f"API key {info.id} was revoked at"):
         await keys.check_key(db, key)
     assert (await keys.check_key(db, other)).project == "org"  # its neighbour is untouched
     # Again, and by the key itself (one found leaked): nothing changes.
-    assert (await keys.revoke_key(db, key)).revoked_at == revoked.revoked_at
-    assert (await keys.revoke_key(db, other)).revoked_at is not None
+    assert (await keys.revoke_key(db, key))[0].revoked_at == revoked.revoked_at
+    assert (await keys.revoke_key(db, other))[0].revoked_at is not None
     listed = await keys.list_keys(db, "org")
     assert {k.id for k in listed} == {info.id, keys.hash_key(other)[: keys.ID_LEN]}
     assert all(k.revoked_at is not None for k in listed)
@@ -241,3 +255,201 @@ def test_the_cli_makes_lists_and_revokes_keys(tmp_path: Path) -> None:
     bad = _cli(state, "key", "acme", "--expires", "yesterday")
     assert bad.returncode != 0 and "expires" in bad.stderr and "yesterday" in bad.stderr
     assert len(json.loads(_cli(state, "keys").stdout)) == 1
+
+
+# ------------------------------------------------- managed by their holders
+
+
+@pytest.fixture
+async def tree(db: Database) -> AsyncIterator[tuple[Gateway, dict[str, str]]]:
+    """org > team > job, and other-org; a key of each; a real gateway."""
+    await quotas.create_project(db, "team", parent="org")
+    await quotas.create_project(db, "job", parent="team")
+    await quotas.create_project(db, "other-org")
+    gw = await Gateway(db, node_key=None).start(sweep=False)
+    made = {p: (await keys.create_key(db, p))[0] for p in ("org", "team", "job", "other-org")}
+    yield gw, made
+    await gw.aclose()
+
+
+def _client(gw: Gateway, key: str) -> corral.AsyncClient:
+    app = create_app(None, for_token=gw.for_token, for_sandbox=gw.for_sandbox)
+    http = HttpService("http://gw", api_key=key, transport=httpx.ASGITransport(app=app))
+    return corral.AsyncClient(transport=http)
+
+
+async def test_a_key_makes_lists_and_revokes_keys_of_its_subtree_only(
+    tree: tuple[Gateway, dict[str, str]],
+) -> None:
+    gw, made = tree
+    async with _client(gw, made["team"]) as team:
+        child = await team.keys.create(project="job", expires="1h", note="run 7")
+        assert child.api_key and child.project == "job" and child.note == "run 7"
+        assert child.expires_at is not None and 3590 < child.expires_at - time.time() <= 3600
+        assert (await gw.for_token(child.api_key)).project == "job"  # type: ignore[attr-defined]
+        listed = await team.keys.list()
+        assert {k.project for k in listed} == {"team", "job"}
+        assert all(k.api_key is None for k in listed)  # never the keys themselves
+        assert [k.id for k in await team.keys.list("job")][-1] == child.id
+        for outside in ("org", "other-org", "ghost"):
+            with pytest.raises(NotFound, match=f"no project '{outside}'"):
+                await team.keys.create(project=outside)
+            with pytest.raises(NotFound, match=f"no project '{outside}'"):
+                await team.keys.list(outside)
+        # Another subtree's key, by its id: as if it did not exist.
+        theirs = keys.hash_key(made["other-org"])[: keys.ID_LEN]
+        with pytest.raises(NotFound, match=f"no API key {theirs}"):
+            await team.keys.revoke(theirs)
+        assert (await gw.for_token(made["other-org"])).project == "other-org"  # type: ignore[attr-defined]
+        gone = await team.keys.revoke(child.id)
+        assert gone.revoked_at is not None
+    with pytest.raises(Unauthenticated, match="revoked"):
+        await gw.for_token(child.api_key)
+
+
+async def test_a_key_that_expires_makes_none_that_outlives_it(
+    tree: tuple[Gateway, dict[str, str]], db: Database
+) -> None:
+    gw, _ = tree
+    brief, info = await keys.create_key(db, "team", expires_at=time.time() + 600)
+    async with _client(gw, brief) as team:
+        with pytest.raises(InvalidArgument, match="must not outlive the key") as err:
+            await team.keys.create(project="job", expires="1h")
+        assert err.value.field == "expires_in"
+        inherited = await team.keys.create(project="job")
+        assert inherited.expires_at == info.expires_at
+        shorter = await team.keys.create(expires=60)
+        assert shorter.expires_at is not None and shorter.expires_at < info.expires_at  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"note": "two\nlines"}, "note"),
+        ({"note": "x" * 201}, "note"),
+        ({"expires": 0}, "expires_in"),
+        ({"expires": -5}, "expires_in"),
+        ({"expires": 4e9}, "expires_in"),
+        ({"expires": "soon"}, "expires"),
+        ({"expires": "30"}, "expires"),
+        ({"project": ""}, "project"),
+    ],
+)
+async def test_a_bad_key_request_over_the_wire_makes_no_key(
+    tree: tuple[Gateway, dict[str, str]], kw: dict[str, object], field: str
+) -> None:
+    gw, made = tree
+    before = len(await keys.list_keys(gw.db))
+    async with _client(gw, made["team"]) as team:
+        with pytest.raises(InvalidArgument) as err:
+            await team.keys.create(**kw)  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert len(await keys.list_keys(gw.db)) == before
+
+
+async def test_a_key_is_never_revoked_by_itself_over_the_wire(
+    tree: tuple[Gateway, dict[str, str]],
+) -> None:
+    """URLs are logged: a key in one would leak it. Revoke by id."""
+    gw, made = tree
+    async with _client(gw, made["team"]) as team:
+        with pytest.raises(InvalidArgument, match="not the key") as err:
+            await team.keys.revoke(made["job"])  # the SDK does not send it
+        assert err.value.field == "key_id" and made["job"] not in str(err.value)
+        with pytest.raises(InvalidArgument, match="never sent") as err:
+            await team.service.revoke_key(made["job"])  # another client did
+        assert err.value.field == "key" and made["job"] not in str(err.value)
+    assert (await gw.for_token(made["job"])).project == "job"  # type: ignore[attr-defined]
+
+
+async def test_keys_are_not_managed_with_a_sandboxs_token_or_on_a_node(
+    tree: tuple[Gateway, dict[str, str]],
+) -> None:
+    gw, _ = tree
+    with pytest.raises(Unauthenticated, match="with an API key"):
+        await GatewayView(gw, "team").create_key(CreateKey())
+    with pytest.raises(Unavailable, match="a cluster gateway's"):
+        await NodeAgent.create_key(None, CreateKey())  # type: ignore[arg-type]
+
+
+async def test_revoking_a_key_revokes_every_key_made_from_it(
+    tree: tuple[Gateway, dict[str, str]], db: Database
+) -> None:
+    """A leaked key that minted itself spares is revoked with its spares."""
+    gw, made = tree
+    async with _client(gw, made["team"]) as team:
+        child = await team.keys.create(project="job", note="child")
+    assert child.api_key is not None and child.created_by == keys.hash_key(made["team"])[:12]
+    async with _client(gw, child.api_key) as job:
+        grandchild = await job.keys.create(note="grandchild")
+    assert grandchild.api_key is not None and grandchild.created_by == child.id
+    sibling, _ = await keys.create_key(db, "job")  # the operator's: not from the team's key
+    team_id = keys.hash_key(made["team"])[: keys.ID_LEN]
+    info, also = await keys.revoke_key(db, team_id)
+    assert info.id == team_id and sorted(also) == sorted([child.id, grandchild.id])
+    for gone in (made["team"], child.api_key, grandchild.api_key):
+        with pytest.raises(Unauthenticated, match="revoked"):
+            await keys.check_key(db, gone)
+    assert (await keys.check_key(db, sibling)).project == "job"
+    # Through a gateway, the answer says which went with it, and that
+    # gateway stops them all at once.
+    async with _client(gw, made["org"]) as org:
+        again = await org.keys.create(project="job")
+        assert again.api_key is not None
+        async with _client(gw, again.api_key) as job:
+            spare = await job.keys.create()
+        assert spare.api_key is not None
+        await gw.for_token(spare.api_key)  # in this gateway's cache now
+        answer = await org.keys.revoke(again.id)
+        assert answer.also_revoked == [spare.id]
+    with pytest.raises(Unauthenticated, match="revoked"):
+        await gw.for_token(spare.api_key)
+
+
+async def test_a_project_holds_at_most_keys_max_live_keys(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keys, "KEYS_MAX", 3)
+    held = [(await keys.create_key(db, "org"))[1] for _ in range(3)]
+    with pytest.raises(ResourceExhausted, match="holds 3 live API keys") as err:
+        await keys.create_key(db, "org")
+    assert err.value.details["resource"] == "api_keys" and len(await keys.list_keys(db)) == 3
+    await keys.revoke_key(db, held[0].id)  # a revoked key is not live
+    await keys.create_key(db, "org")
+    assert len(await keys.list_keys(db)) == 4
+
+
+async def test_a_gateway_keeps_a_bounded_cache_of_hashes_not_keys(
+    tree: tuple[Gateway, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw, made = tree
+    monkeypatch.setattr(gateway_module, "KEYS_SEEN", 2)
+    for key in made.values():
+        await gw.for_token(key)
+    assert len(gw.keys_seen) == 2
+    assert not set(made.values()) & set(gw.keys_seen)  # hashes only
+    assert set(gw.keys_seen) == {keys.hash_key(made["job"]), keys.hash_key(made["other-org"])}
+
+
+async def test_an_event_stream_ends_at_its_first_event_after_its_key_is_revoked(
+    tree: tuple[Gateway, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's key is checked once; a stream may run for days."""
+    gw, made = tree
+    monkeypatch.setattr(keys, "RECHECK", 0.0)
+    view = await gw.for_token(made["team"])
+    closed = []
+
+    async def source() -> AsyncIterator[Event]:
+        try:
+            for i in range(10):
+                yield Event(kind="state", at=float(i), sandbox=f"s{i}")
+        finally:
+            closed.append(True)
+
+    stream = view._rechecked(source())  # type: ignore[attr-defined]
+    assert (await anext(stream)).sandbox == "s0"
+    await keys.revoke_key(gw.db, keys.hash_key(made["team"])[: keys.ID_LEN])
+    with pytest.raises(Unauthenticated, match="revoked"):
+        await anext(stream)
+    assert closed == [True]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from corral import labels
 from corral.api.models import AuditReport, Finding
 from corral.api.verdict import DEFAULT_RULES, Rules, rollout_report
 from corral.errors import InvalidArgument
@@ -135,6 +136,26 @@ async def test_a_slow_subscriber_loses_events_and_is_told() -> None:
             await anext(stream)
     await stream.aclose()  # type: ignore[attr-defined]
     assert not events.active
+
+
+async def test_a_subscriber_sees_labels_but_never_a_sandboxs_secrets() -> None:
+    """A stream outlives the key that opened it (until its next event): the
+    sandbox's E2B tokens are not in it, and a filter on one matches none."""
+    tags = {"job": "7", labels.E2B_TOKEN: "envd-secret", labels.E2B_TRAFFIC_TOKEN: "t"}
+    events = bus.EventBus(lambda sid: tags)
+    stream = events.subscribe({"job": "7"})
+    probe = events.subscribe({labels.E2B_TOKEN: "envd-secret"})
+    assert (await anext(stream)).kind == "subscribed"
+    assert (await anext(probe)).kind == "subscribed"
+    events.publish("state", "mine", state="running")
+    got = await anext(stream)
+    assert got.labels == {"job": "7", labels.E2B_TOKEN: "", labels.E2B_TRAFFIC_TOKEN: ""}
+    assert "envd-secret" not in got.model_dump_json()
+    with pytest.raises(asyncio.TimeoutError):
+        async with asyncio.timeout(0.05):
+            await anext(probe)
+    for s in (stream, probe):
+        await s.aclose()  # type: ignore[attr-defined]
 
 
 def test_publishing_without_subscribers_costs_no_lookup() -> None:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from corral import labels
 from corral.api.service import SandboxService
 from corral.errors import InvalidArgument, Unauthenticated
 
@@ -117,7 +118,13 @@ class DirectService:
                 raise Unauthenticated(f"the direct token is for sandbox {self._sandbox} only")
             return method(*args, **kw)
 
-        return call
+        async def get(*args: Any, **kw: Any) -> Any:
+            # A direct token lives an hour at most; the sandbox's own E2B
+            # tokens live as long as it does: never handed across.
+            info = await call(*args, **kw)
+            return info.model_copy(update={"labels": labels.without_secrets(info.labels)})
+
+        return get if name == "get" else call
 
     def as_service(self) -> SandboxService:
         return cast(SandboxService, self)

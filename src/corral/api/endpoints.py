@@ -14,9 +14,11 @@ from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from corral.api.models import (
+    ApiKey,
     App,
     AuditReport,
     CommitRequest,
+    CreateKey,
     CreateSandbox,
     DirectAccess,
     DisplayInput,
@@ -312,3 +314,16 @@ def add_routes(app: FastAPI) -> None:
         label: Annotated[builtins.list[str], Query()] = [],  # noqa: B006 (FastAPI idiom)
     ) -> StreamingResponse:
         return sse_stream(svc.events(parse_labels(label) or None))
+
+    @app.post("/v1/keys", status_code=201)
+    async def create_key(svc: Svc, req: CreateKey) -> ApiKey:
+        return await svc.create_key(req)
+
+    @app.get("/v1/keys", status_code=200)
+    async def list_keys(svc: Svc, project: str = "") -> dict[str, builtins.list[ApiKey]]:
+        result = await svc.list_keys(project)
+        return {"keys": result}
+
+    @app.delete("/v1/keys/{key_id}", status_code=200)
+    async def revoke_key(svc: Svc, key_id: str) -> ApiKey:
+        return await svc.revoke_key(key_id)

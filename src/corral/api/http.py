@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator
 
 from corral import ids
 from corral.api.models import (
+    ApiKey,
     App,
     AuditReport,
     CommitRequest,
+    CreateKey,
     CreateSandbox,
     DirectAccess,
     DisplayInput,
@@ -378,3 +380,15 @@ class HttpService(HttpTransport):
 
     def events(self, labels: dict[str, str] | None = None) -> AsyncIterator[Event]:
         return self._sse("/v1/events", [*label_pairs("label", labels)])
+
+    async def create_key(self, req: CreateKey) -> ApiKey:
+        resp = await self._send("POST", "/v1/keys", json_body=req.model_dump_json())
+        return ApiKey.model_validate_json(resp.content)
+
+    async def list_keys(self, project: str = "") -> builtins.list[ApiKey]:
+        resp = await self._send("GET", "/v1/keys", params=[("project", project)])
+        return [ApiKey.model_validate(x) for x in resp.json()["keys"]]
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        resp = await self._send("DELETE", f"/v1/keys/{ids.segment(key_id, 'key_id')}")
+        return ApiKey.model_validate_json(resp.content)

@@ -41,6 +41,7 @@ from corral.api.models_fncall import (
     FnCallStatus,
     check_call_file_name,
 )
+from corral.api.models_keys import ApiKey, CreateKey
 from corral.api.models_report import (
     DEFAULT_SEVERITY,
     FINDING_KINDS,
@@ -84,9 +85,11 @@ __all__ = [
     "ROLLOUT_NAME",
     "ROLLOUT_NAME_RULE",
     "VM_KINDS",
+    "ApiKey",
     "App",
     "AuditReport",
     "CommitRequest",
+    "CreateKey",
     "CreateSandbox",
     "DirectAccess",
     "DisplayInput",

@@ -308,6 +308,10 @@ ROUTES: tuple[Route, ...] = (
     Route("rollout_delete", "DELETE", "/v1/rollouts/{rollout}", NoContent(), status=204),
     Route("rollout_report", "GET", "/v1/rollouts/{rollout}/report", Json()),
     Route("events", "GET", "/v1/events", Sse(), {"labels": Labels()}),
+    # A cluster's API keys, managed by their holders (control/keys.py).
+    Route("create_key", "POST", "/v1/keys", Json(), {"req": Body()}, status=201),
+    Route("list_keys", "GET", "/v1/keys", Json("keys"), {"project": _Q}),
+    Route("revoke_key", "DELETE", "/v1/keys/{key_id}", Json()),
 )
 
 # SandboxService methods with no route: each side starts and closes its own.

@@ -16,9 +16,11 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from corral.api.models import (
+    ApiKey,
     App,
     AuditReport,
     CommitRequest,
+    CreateKey,
     CreateSandbox,
     DirectAccess,
     DisplayInput,
@@ -223,6 +225,26 @@ class SandboxService(Protocol):
         """What happens from now on to sandboxes whose labels include
         `labels`: state changes, command ends and findings, until the
         caller stops reading (SSE over HTTP)."""
+        ...
+
+    # A cluster's API keys (a gateway's; a node's server has the one key
+    # it was started with, and refuses these).
+
+    async def create_key(self, req: CreateKey) -> ApiKey:
+        """A new key for the caller's project or one below it (shown once, in
+        this answer's `api_key`). A key that expires makes none that
+        outlives it."""
+        ...
+
+    async def list_keys(self, project: str = "") -> builtins.list[ApiKey]:
+        """The keys of the caller's project and those below it (of `project`
+        only, if given), oldest first: ids, life and last use, never keys."""
+        ...
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        """Revoke a key of the caller's project or one below it; every
+        gateway refuses it within 5 s. Revoking a revoked key changes
+        nothing."""
         ...
 
     async def aclose(self) -> None:

@@ -101,14 +101,14 @@ async def project_keys(a: argparse.Namespace) -> int:
         got = await keys.list_keys(db, a.name)
     finally:
         await db.aclose()
-    table = Table("id", "project", "created", "expires", "revoked", "last used", "note")
+    table = Table("id", "project", "created", "expires", "revoked", "last used", "made by", "note")
 
     def when(t: float | None) -> str:
         return "" if t is None else keys.moment(t)
 
     for k in got:
         row = (k.created_at, k.expires_at, k.revoked_at, k.last_used_at)
-        table.add_row(k.id, k.project, *map(when, row), k.note)
+        table.add_row(k.id, k.project, *map(when, row), k.created_by or "", k.note)
     emit(a, [k.__dict__ for k in got], table)
     return 0
 
@@ -118,12 +118,15 @@ async def project_revoke(a: argparse.Namespace) -> int:
 
     db = await _state(a)
     try:
-        info = await keys.revoke_key(db, a.key)
+        info, also = await keys.revoke_key(db, a.key)
     finally:
         await db.aclose()
     assert info.revoked_at is not None
     said = f"key {info.id} of {info.project} revoked at {keys.moment(info.revoked_at)}"
-    emit(a, info.__dict__, said + f" (gateways refuse it within {keys.RECHECK:g} s)")
+    if also:
+        said += f", with the {len(also)} keys made from it ({', '.join(also)})"
+    said += f" (gateways refuse them within {keys.RECHECK:g} s)"
+    emit(a, {**info.__dict__, "also_revoked": also}, said)
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from corral import metrics, trace
 from corral.api.http import HttpService
-from corral.control import nodes, placement, quotas
+from corral.control import keys, nodes, placement, quotas
 from corral.control.burst import DEFAULT_THRESHOLD, Targets, utilisation
 from corral.control.nodes import NodeRow
 from corral.db import Database
@@ -62,12 +62,21 @@ class GatewayCore:
         self._clients: dict[tuple[str, str], HttpService] = {}
         self.in_flight: dict[str, int] = {}
         self._chains: dict[str, tuple[float, list[str]]] = {}
+        # API keys seen (by hash: no key is held), and when each was last
+        # checked (control/gateway.py); at most KEYS_SEEN, oldest out first.
+        self.keys_seen: dict[str, tuple[float, keys.Grant]] = {}
 
     async def aclose(self) -> None:
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
         await self.burst.aclose()
+
+    def forget_key(self, key_id: str) -> None:
+        """A key revoked through this gateway stops here at once (others
+        re-check theirs within keys.RECHECK)."""
+        for h in [h for h in self.keys_seen if h.startswith(key_id)]:
+            del self.keys_seen[h]
 
     async def chain(self, project: str) -> list[str]:
         """`project` and its ancestors (cached briefly: projects rarely move)."""

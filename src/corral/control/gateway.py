@@ -36,6 +36,8 @@ log = get_logger("corral.gateway")
 # A create a gateway abandoned (it died) is adopted or failed by the sweep
 # once it is this old.
 STALE_PLACING = 300.0
+# API keys whose checks a gateway keeps (each re-checked every keys.RECHECK).
+KEYS_SEEN = 10_000
 
 
 class Gateway(GatewayCore):
@@ -59,7 +61,6 @@ class Gateway(GatewayCore):
             k=k,
             burst=burst,
         )
-        self._keys: dict[str, tuple[float, keys.Grant]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._reconciling: asyncio.Task[None] | None = None
         self._mismatch: dict[str, int] = {}
@@ -81,7 +82,8 @@ class Gateway(GatewayCore):
     async def for_token(self, token: str) -> SandboxService:
         """The API as seen by the project that owns API key `token`."""
         now = time.monotonic()
-        cached = self._keys.get(token)
+        h = keys.hash_key(token)
+        cached = self.keys_seen.get(h)
         if (
             cached is not None
             and now - cached[0] < keys.RECHECK
@@ -89,14 +91,16 @@ class Gateway(GatewayCore):
         ):
             grant = cached[1]
         else:
-            self._keys.pop(token, None)  # a revoked or expired key leaves the cache
+            self.keys_seen.pop(h, None)  # a revoked or expired key leaves the cache
             grant = await keys.check_key(self.db, token)
-            self._keys[token] = (now, grant)
+            if len(self.keys_seen) >= KEYS_SEEN:
+                del self.keys_seen[next(iter(self.keys_seen))]  # the oldest seen
+            self.keys_seen[h] = (now, grant)
         project = grant.project
         # The request's log lines name the project from here on; the API's
         # middleware (api/serving.py) ends the binding with the request.
         bind(project=project)
-        return GatewayView(self, project)
+        return GatewayView(self, project, grant)
 
     async def is_operator(self, svc: SandboxService) -> bool:
         """Whether `svc` (a key's view) is an operator project's: it sees

@@ -71,13 +71,17 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE projects ADD COLUMN operator BOOLEAN NOT NULL DEFAULT FALSE",
         "UPDATE projects SET operator = TRUE WHERE name = 'default' AND parent IS NULL",
     ],
-    # 5: keys that expire or are revoked (control/keys.py); the keys made
-    # before it do neither until revoked.
+    # 5: keys that expire or are revoked, and keys made by keys
+    # (control/keys.py); the keys made before it do neither until revoked.
     [
         "ALTER TABLE api_keys ADD COLUMN expires_at DOUBLE PRECISION",
         "ALTER TABLE api_keys ADD COLUMN revoked_at DOUBLE PRECISION",
         "ALTER TABLE api_keys ADD COLUMN last_used_at DOUBLE PRECISION",
         "ALTER TABLE api_keys ADD COLUMN note TEXT NOT NULL DEFAULT ''",
+        # The key that made it (its hash): revoked with it.
+        "ALTER TABLE api_keys ADD COLUMN created_by TEXT",
+        "CREATE INDEX api_keys_created_by ON api_keys(created_by)",
+        "CREATE INDEX api_keys_project ON api_keys(project)",
     ],
 ]
 

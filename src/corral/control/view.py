@@ -46,11 +46,12 @@ from corral.api.models import (
     SavedState,
 )
 from corral.api.service import SandboxService
-from corral.control import burst, nodes, project_images, sandboxes, spill
+from corral.control import burst, keys, nodes, project_images, sandboxes, spill
 from corral.control.core import GatewayCore, NodeLost
 from corral.control.events import merged as merged_events
 from corral.control.forwarding import Forwarding
 from corral.control.sandboxes import SandboxRow
+from corral.control.view_keys import KeyOps
 from corral.errors import (
     Conflict,
     CorralError,
@@ -80,12 +81,11 @@ class _Refused(Exception):
         self.error = error
 
 
-class GatewayView(Forwarding):
-    """The sandbox API for one project, served by a gateway."""
+class GatewayView(Forwarding, KeyOps):
+    """The sandbox API for one project, served by a gateway (`grant`: its key's)."""
 
-    def __init__(self, gateway: GatewayCore, project: str) -> None:
-        self.gw = gateway
-        self.project = project
+    def __init__(self, gateway: GatewayCore, project: str, grant: keys.Grant | None = None) -> None:
+        self.gw, self.project, self.grant = gateway, project, grant
 
     async def start(self) -> None:
         """A view is a lens on the shared gateway, started by its owner."""
@@ -567,7 +567,7 @@ class GatewayView(Forwarding):
 
     def events(self, labels: dict[str, str] | None = None) -> AsyncIterator[Event]:
         wanted = {**(labels or {}), platform_labels.PROJECT: self.project}
-        return self._events(wanted)
+        return self._rechecked(self._events(wanted))
 
     async def _events(self, wanted: dict[str, str]) -> AsyncIterator[Event]:
         alive = {n.name: self.gw.client(n) for n in await self.gw.nodes() if n.state == nodes.ALIVE}

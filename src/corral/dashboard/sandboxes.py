@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from corral import labels as platform_labels
 from corral.api.models import AuditReport, LogLine, SandboxInfo
 from corral.dashboard import scripts
 from corral.dashboard.render import (
@@ -131,10 +132,10 @@ def paginate(rows: Sequence[Row], f: Filter, page_size: int = PAGE_SIZE) -> List
 
 
 def _labels(labels: Mapping[str, str]) -> Safe:
-    return join(
-        (tag("code", f"{k}={v}") for k, v in sorted(labels.items())),
-        " ",
-    )
+    # A sandbox's secrets are not page content (screenshots, screen shares,
+    # the browser's cache): its E2B tokens are read with the API.
+    shown = sorted((k, v) for k, v in labels.items() if k not in platform_labels.SECRETS)
+    return join((tag("code", f"{k}={v}") for k, v in shown), " ")
 
 
 def _counts(title: str, name: str, counts: Counter[str], f: Filter) -> Safe:

@@ -20,9 +20,11 @@ from collections.abc import AsyncIterator, Mapping
 from corral.api import verdict
 from corral.api.models import (
     MAX_PROTECTED,
+    ApiKey,
     App,
     AuditReport,
     CommitRequest,
+    CreateKey,
     CreateSandbox,
     DirectAccess,
     DisplayInput,
@@ -71,6 +73,10 @@ from corral.runtimes.base import Runtime
 from corral.runtimes.vm.qemu import accelerator
 
 log = get_logger("corral.node")
+_NO_KEYS = (
+    "API keys are a cluster gateway's (corral project key): this node's server has the one "
+    "key it was started with"
+)
 
 
 class NodeAgent:
@@ -318,6 +324,19 @@ class NodeAgent:
 
     async def rollout_delete(self, rollout: str) -> None:
         await self.parts.steplog.delete("", rollout)
+
+    # ---------------------------------------------------------------- API keys
+    # A cluster's (control/keys.py): a node's server has the one key it was
+    # started with (--api-key).
+
+    async def create_key(self, req: CreateKey) -> ApiKey:
+        raise Unavailable(_NO_KEYS)
+
+    async def list_keys(self, project: str = "") -> builtins.list[ApiKey]:
+        raise Unavailable(_NO_KEYS)
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        raise Unavailable(_NO_KEYS)
 
     # ---------------------------------------------------------------- files
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from corral.api.models import Event
+from corral.labels import without_secrets
 
 QUEUE = 1024  # events a subscriber may fall behind by before it loses some
 
@@ -51,7 +52,9 @@ class EventBus:
             running = None
         labels = self._labels.get(sandbox) if sandbox else {}
         if labels is None:
-            labels = self._labels[sandbox] = self._labels_of(sandbox)
+            # A subscriber sees a sandbox's labels, never its secrets (a
+            # stream outlives the key that opened it by up to keys.RECHECK).
+            labels = self._labels[sandbox] = without_secrets(self._labels_of(sandbox))
         if fields.get("state") in ("closed", "failed"):
             self._labels.pop(sandbox, None)
         event = Event(kind=kind, at=time.time(), sandbox=sandbox, labels=labels, **fields)  # type: ignore[arg-type]

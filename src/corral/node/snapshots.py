@@ -515,9 +515,11 @@ class Snapshots:
             "sandbox": sandbox_id,
             "project": project,
             "kind": rec.kind,
-            "spec": rec.spec,
+            # The store is read by every node (and an S3 bucket's readers):
+            # the source's tokens stay out of it; a restore makes new ones.
+            "spec": {**rec.spec, "labels": labels.without_secrets(rec.spec.get("labels") or {})},
             "layers": rec.layers,
-            "labels": rec.labels,
+            "labels": labels.without_secrets(rec.labels),
             # Its keyed commands' records (a rollout's steps) go along.
             "exec_keys": self.store.exec_keys(sandbox_id),
             "guest": version,

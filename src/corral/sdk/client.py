@@ -37,6 +37,7 @@ from corral.config import NodeConfig
 from corral.errors import CorralError, InvalidArgument, Unavailable
 from corral.sdk.events import AsyncEventStream, open_stream
 from corral.sdk.fncall import AsyncFnCall
+from corral.sdk.keys import AsyncKeys
 from corral.sdk.request import create_request as _create_request
 from corral.sdk.rollouts import AsyncRollouts
 from corral.sdk.sandbox import AsyncSandbox
@@ -316,6 +317,7 @@ class AsyncClient:
         self.sandboxes = AsyncSandboxes(self)
         self.rollouts = AsyncRollouts(self._ready)
         self.fncall = AsyncFnCall(self._ready)
+        self.keys = AsyncKeys(self._ready)
 
     @property
     def service(self) -> SandboxService:

@@ -26,6 +26,7 @@ from corral.sdk import (
     events,
     files,
     fncall,
+    keys,
     network,
     rollouts,
     sandbox,
@@ -41,6 +42,7 @@ CLASSES: list[tuple[type[Any], str]] = [
     (network.AsyncNetwork, "Network"),
     (display.AsyncDisplay, "Display"),
     (fncall.AsyncFnCall, "FnCall"),
+    (keys.AsyncKeys, "Keys"),
     (rollouts.AsyncRollouts, "Rollouts"),
     (rollouts.AsyncRollout, "Rollout"),
     (rollouts.AsyncRolloutSandbox, "RolloutSandbox"),
@@ -176,6 +178,7 @@ def _class(cls: type[Any], name: str) -> str:
             "        self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)",
             "        self.fncall = FnCall(self._portal, self._inner.fncall)",
             "        self.rollouts = Rollouts(self._portal, self._inner.rollouts)",
+            "        self.keys = Keys(self._portal, self._inner.keys)",
             "",
             "    def __enter__(self) -> Client:",
             "        self.open()",
@@ -280,6 +283,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.api.models import (
+    ApiKey,
     App,
     AuditReport,
     DisplayState,
@@ -312,6 +316,7 @@ from corral.sdk.display import AsyncDisplay
 from corral.sdk.events import AsyncEventStream
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
+from corral.sdk.keys import AsyncKeys
 from corral.sdk.network import AsyncNetwork
 from corral.sdk.portal import Portal
 from corral.sdk.rollouts import (
@@ -331,6 +336,7 @@ __all__ = [
     "EventStream",
     "Files",
     "FnCall",
+    "Keys",
     "Network",
     "Rollout",
     "RolloutCommands",
@@ -350,6 +356,7 @@ __all__ = [
         "Sandbox",
         "Sandboxes",
         "FnCall",
+        "Keys",
         "RolloutCommands",
         "RolloutFiles",
         "RolloutSandbox",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.api.models import (
+    ApiKey,
     App,
     AuditReport,
     DisplayState,
@@ -46,6 +47,7 @@ from corral.sdk.display import AsyncDisplay
 from corral.sdk.events import AsyncEventStream
 from corral.sdk.files import AsyncFiles
 from corral.sdk.fncall import AsyncFnCall
+from corral.sdk.keys import AsyncKeys
 from corral.sdk.network import AsyncNetwork
 from corral.sdk.portal import Portal
 from corral.sdk.rollouts import (
@@ -65,6 +67,7 @@ __all__ = [
     "EventStream",
     "Files",
     "FnCall",
+    "Keys",
     "Network",
     "Rollout",
     "RolloutCommands",
@@ -734,6 +737,35 @@ class FnCall:
         return result
 
 
+class Keys:
+    """Blocking twin of AsyncKeys."""
+
+    def __init__(self, portal: Portal, inner: AsyncKeys) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    def create(
+        self,
+        *,
+        project: str | None = None,
+        expires: str | float | None = None,
+        note: str = '',
+    ) -> ApiKey:
+        """A new key for `project` (default: the caller's own) that stops working after `expires`
+        (seconds, or a duration such as '12h' or '30d'; default: never, or when the caller's own
+        key does). The answer's `api_key` is the key: it is shown this once."""
+        return self._portal.call(self._inner.create, project=project, expires=expires, note=note)
+
+    def list(self, project: str | None = None) -> builtins.list[ApiKey]:
+        """The keys of the caller's project and those below it (of `project` only, if given): ids,
+        life and last use, never keys."""
+        return self._portal.call(self._inner.list, project)
+
+    def revoke(self, key_id: str) -> ApiKey:
+        """Revoke a key by its id (every gateway refuses it within 5 s)."""
+        return self._portal.call(self._inner.revoke, key_id)
+
+
 class RolloutCommands:
     """Blocking twin of AsyncRolloutCommands."""
 
@@ -915,6 +947,7 @@ class Client:
         self.sandboxes = Sandboxes(self._portal, self._inner.sandboxes)
         self.fncall = FnCall(self._portal, self._inner.fncall)
         self.rollouts = Rollouts(self._portal, self._inner.rollouts)
+        self.keys = Keys(self._portal, self._inner.keys)
 
     def __enter__(self) -> Client:
         self.open()
