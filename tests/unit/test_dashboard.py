@@ -289,6 +289,39 @@ async def test_a_root_project_is_a_tenant_unless_made_an_operator(
     assert r.status_code == 200 and "corral_" in r.text
 
 
+@pytest.mark.parametrize(
+    ("headers", "refused"),
+    [
+        ({"sec-fetch-site": "cross-site"}, "Sec-Fetch-Site: cross-site"),
+        # A sandbox's own page, served from a sibling host of the gateway's.
+        ({"sec-fetch-site": "same-site"}, "Sec-Fetch-Site: same-site"),
+        ({"origin": "https://evil.example"}, "Origin: https://evil.example"),
+        ({"origin": "null"}, "Origin: null"),
+        ({"origin": "http://gw:8080"}, "Origin: http://gw:8080"),
+        ({"sec-fetch-site": "same-origin"}, None),
+        ({"sec-fetch-site": "none"}, None),  # typed in, a bookmark
+        ({"origin": "http://gw"}, None),
+        ({"origin": "https://corral.example", "x-forwarded-host": "corral.example"}, None),
+        ({}, None),  # a program: no browser headers
+    ],
+)
+async def test_a_browser_request_from_another_site_changes_nothing(
+    gateway: tuple[httpx.AsyncClient, dict[str, str]], headers: dict[str, str], refused: str | None
+) -> None:
+    """Login CSRF (another site logs the victim's dashboard into its own
+    key), and any write a page elsewhere could post to a keyless server."""
+    c, keys = gateway
+    r = await c.post("/ui/login", data={"key": keys["job"], "next": "/ui"}, headers=headers)
+    if refused is None:
+        assert r.status_code == 303 and "corral_key=" in r.headers["set-cookie"]
+        return
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    error = r.json()["error"]
+    assert error["code"] == "permission_denied" and error["reason"] == refused
+    # Reads still pass (a cross-site page cannot read the answer anyway).
+    assert (await c.get("/healthz", headers=headers)).status_code == 200
+
+
 async def test_login_sets_a_strict_http_only_cookie_that_only_reads_accept(
     gateway: tuple[httpx.AsyncClient, dict[str, str]],
 ) -> None:

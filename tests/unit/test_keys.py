@@ -453,3 +453,16 @@ async def test_an_event_stream_ends_at_its_first_event_after_its_key_is_revoked(
     with pytest.raises(Unauthenticated, match="revoked"):
         await anext(stream)
     assert closed == [True]
+
+
+async def test_a_token_a_key_asks_for_ends_with_the_key(
+    tree: tuple[Gateway, dict[str, str]],
+) -> None:
+    """A direct token is checked by a node without the key: it must not
+    outlive a key that expires first."""
+    gw, _ = tree
+    brief = GatewayView(gw, "team", keys.Grant("team", time.time() + 100, "h"))
+    assert 98 <= brief._within_key(300) <= 100
+    assert brief._within_key(30) == 30
+    assert GatewayView(gw, "team", keys.Grant("team", None, "h"))._within_key(300) == 300
+    assert GatewayView(gw, "team", keys.Grant("team", time.time() + 0.2, "h"))._within_key(60) == 1

@@ -26,7 +26,7 @@ from corral.api.compat.e2b import add_e2b
 from corral.api.endpoints import add_routes
 from corral.api.service import SandboxService
 from corral.api.serving import CorralApp, Svc
-from corral.api.wire import as_corral
+from corral.api.wire import KEY_COOKIE, as_corral
 from corral.errors import (
     CorralError,
     InvalidArgument,
@@ -107,7 +107,7 @@ def create_app(
         if not given and request.method in ("GET", "HEAD"):
             # The dashboard's login cookie (corral/dashboard/auth.py), for
             # reads only: a cross-site POST can never ride on it.
-            given = request.cookies.get("corral_key", "")
+            given = request.cookies.get(KEY_COOKIE, "")
         if for_token is not None:
             return await for_token(given)
         if node is not None and api_key is not None and direct.is_token(given):

@@ -10,6 +10,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -22,7 +23,7 @@ from corral.api.models import Event, ExecEvent
 from corral.api.routes import MAX_BODY
 from corral.api.service import SandboxService
 from corral.api.wire import StreamCut, error_line, event_line
-from corral.errors import InvalidArgument
+from corral.errors import InvalidArgument, PermissionDenied
 
 
 async def _service(request: Request) -> SandboxService:
@@ -228,19 +229,66 @@ class BodyLimit:
         await self.app(scope, bounded, send)
 
 
+class SameOrigin:
+    """Refuses a request that changes something when a browser says it
+    comes from another site: a page elsewhere (or a sandbox's own web page,
+    served from a sibling host) could otherwise post to a keyless local
+    server, or log a victim's dashboard into another key. Programs send
+    neither header and pass; so do the dashboard's own forms."""
+
+    SAFE = (b"GET", b"HEAD", b"OPTIONS")
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"].encode() in self.SAFE:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        why = _cross_site(headers)
+        if why is None:
+            await self.app(scope, receive, send)
+            return
+        err = PermissionDenied(f"a request from another site is refused ({why})", reason=why)
+        await JSONResponse({"error": err.to_wire()}, status_code=err.http_status)(
+            scope, receive, send
+        )
+
+
+def _cross_site(headers: dict[bytes, bytes]) -> str | None:
+    """Why the browser's headers say another site sent it, or None. Fetch
+    metadata first (every current browser sends it); else the Origin
+    against the host it was sent to (a proxy may rename the host: it says
+    which in X-Forwarded-Host)."""
+    site = headers.get(b"sec-fetch-site")
+    if site is not None:
+        return None if site in (b"same-origin", b"none") else f"Sec-Fetch-Site: {site.decode()}"
+    origin = headers.get(b"origin")
+    if origin is None:
+        return None
+    if origin == b"null":
+        return "Origin: null"
+    host = headers.get(b"x-forwarded-host") or headers.get(b"host", b"")
+    if urlsplit(origin.decode("latin-1")).netloc.lower() != host.decode("latin-1").lower():
+        return f"Origin: {origin.decode('latin-1')}"
+    return None
+
+
 class CorralApp(FastAPI):
     """FastAPI with RequestContext outermost, in front of even the error
     middleware: the log line of an unexpected error carries the request's
     id, and its 500 echoes X-Request-Id like every other answer. Inside it,
-    BodyLimit bounds every request's body, and AbandonedCreates closes what a
-    create made for a client that left."""
+    SameOrigin refuses what another site's page sends, BodyLimit bounds
+    every request's body, and AbandonedCreates closes what a create made for
+    a client that left."""
 
     def build_middleware_stack(self) -> ASGIApp:
         # BodyLimit inside AbandonedCreates: that one reads a create's first
         # MiB itself, and the limit's refusal must be raised where the app's
         # handlers answer it (while a route reads its body).
         inner = AbandonedCreates(BodyLimit(super().build_middleware_stack()), self._resolve)
-        return RequestContext(inner)
+        return RequestContext(SameOrigin(inner))
 
     async def _resolve(self, request: Request) -> SandboxService:
         svc: SandboxService = await self.state.resolve(request)

@@ -15,6 +15,9 @@ from corral.errors import CorralError, InternalError, InvalidArgument, error_fro
 
 _log = log.get_logger("corral.api")
 
+# The dashboard's login cookie: it holds an API key (dashboard/auth.py).
+KEY_COOKIE = "corral_key"
+
 
 class StreamCut(Exception):
     """End a response mid-body on purpose: its source (a sandbox's server,

@@ -529,7 +529,7 @@ class GatewayView(Forwarding, KeyOps):
 
     async def direct(self, sandbox_id: str, ttl: int = 300) -> DirectAccess:
         """A token the sandbox's node checks by itself (api/direct.py)."""
-        direct.check_ttl(ttl)
+        ttl = self._within_key(direct.check_ttl(ttl))
         row, _ = await self._route(sandbox_id)  # ownership, and its node alive
         if row.node in self.gw.burst.by_name and row.remote_id:
             # Its node is the target's: that gateway issues the path, for

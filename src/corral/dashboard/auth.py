@@ -15,9 +15,10 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 
 from corral.api.service import SandboxService
+from corral.api.wire import KEY_COOKIE
 from corral.errors import Unauthenticated
 
-COOKIE = "corral_key"
+COOKIE = KEY_COOKIE
 
 Resolve = Callable[[Request], Awaitable[SandboxService]]
 

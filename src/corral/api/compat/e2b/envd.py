@@ -116,11 +116,16 @@ class Envd:
         hold a token of it learns nothing of it: a sandbox that does not
         exist, another project's, a lost one, a wrong token all answer the
         same (checked before anything about the sandbox is said)."""
-        svc = await self.for_sandbox(sandbox_id)
+        refused = c.ConnectError("unauthenticated", "X-Access-Token is not this sandbox's")
+        try:
+            # On a gateway, finding the sandbox's project is the first thing
+            # that could say it exists: inside the one answer too.
+            svc = await self.for_sandbox(sandbox_id)
+        except (NotFound, InvalidArgument):
+            raise refused from None
         now = time.monotonic()
         if now - self._checked.get((sandbox_id, given, port), -TOKEN_TTL) < TOKEN_TTL:
             return svc
-        refused = c.ConnectError("unauthenticated", "X-Access-Token is not this sandbox's")
         try:
             info = await svc.get(sandbox_id)
         except (NotFound, InvalidArgument, SandboxLost, SandboxClosed):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import h11
@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.models import ExecOutput, ExecRequest, ExecStarted
 from corral.api.service import SandboxService
-from corral.api.wire import StreamCut
+from corral.api.wire import KEY_COOKIE, StreamCut
 from corral.host import platform as plat
 
 ENVD_PORT = 49983
@@ -40,6 +40,10 @@ _DROP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "trans
          "upgrade", "host", "content-length", "x-access-token", "e2b-traffic-access-token",
          "e2b-sandbox-id", "e2b-sandbox-port", "server", "date"}  # fmt: skip
 
+
+# An Authorization that carries a Corral credential: a project's API key,
+# a gateway's direct token (api/direct.py).
+_OURS = ("Bearer ck_", "Bearer dt1.", "bearer ck_", "bearer dt1.")
 
 _CLEANUPS: set[asyncio.Future[None]] = set()  # running past their request's cancel
 # The server's states once its answer is whole (we asked it to close after).
@@ -69,6 +73,29 @@ def token_of(request: Request) -> str:
     )
 
 
+def _outgoing(given: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A request's headers as the sandbox's server gets them: without the
+    hop's own, and without any Corral credential a client sent along (an
+    API key in X-API-Key or as a bearer, a direct token, the dashboard's
+    login cookie), which would hand root in the sandbox the caller's
+    project. The server's own credentials (its cookies, its bearer tokens)
+    pass."""
+    out = []
+    for k, v in given:
+        name = k.lower()
+        if name in _DROP or name == "x-api-key":
+            continue
+        if name == "authorization" and v.strip().startswith(_OURS):
+            continue
+        if name == "cookie":
+            kept = [c for c in v.split(";") if c.split("=", 1)[0].strip() != KEY_COOKIE]
+            if not kept:
+                continue
+            v = ";".join(kept).strip()
+        out.append((k, v))
+    return out
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
@@ -84,7 +111,7 @@ async def forward(svc: SandboxService, sid: str, port: int, request: Request) ->
     body = bytes(held)
     conn = h11.Connection(h11.CLIENT)
     path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP]
+    headers = _outgoing(request.headers.items())
     headers += [("host", f"127.0.0.1:{port}"), ("connection", "close"),
                 ("content-length", str(len(body)))]  # fmt: skip
     raw = conn.send(h11.Request(method=request.method, target=path, headers=headers))
