@@ -336,6 +336,7 @@ async def test_login_sets_a_strict_http_only_cookie_that_only_reads_accept(
     assert r.status_code == 303 and r.headers["location"] == "/ui/projects"
     cookie = r.headers["set-cookie"].lower()
     assert "corral_key=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+    assert "secure" not in cookie  # plain HTTP here: a Secure cookie would never come back
     assert (await c.get("/ui/projects")).status_code == 200  # the client kept the cookie
     assert (await c.get("/v1/sandboxes")).status_code == 200  # an API read, by cookie
     # A write by cookie alone is refused: a cross-site form can send nothing else.
@@ -344,3 +345,9 @@ async def test_login_sets_a_strict_http_only_cookie_that_only_reads_accept(
     r = await c.post("/ui/logout")
     assert r.status_code == 303
     assert (await c.get("/ui/projects")).status_code == 401
+    behind_tls = await c.post(
+        "/ui/login",
+        data={"key": keys["job"], "next": "/ui"},
+        headers={"x-forwarded-proto": "https"},
+    )
+    assert "secure" in behind_tls.headers["set-cookie"].lower()

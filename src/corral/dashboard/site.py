@@ -105,7 +105,10 @@ def add_dashboard(
             key,
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            # Behind a TLS proxy the hop here is plain HTTP; the proxy says
+            # so (a client claiming it only makes the cookie stricter).
+            secure=request.url.scheme == "https"
+            or request.headers.get("x-forwarded-proto", "").lower() == "https",
             path="/",
         )
         return out
