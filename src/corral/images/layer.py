@@ -123,6 +123,17 @@ class RegistryRef:
         return f"{self.host}/{self.repo}" + (f"@{self.digest}" if self.digest else f":{self.tag}")
 
 
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_HEX = re.compile(r"[0-9a-f]{64}")
+CHUNK_SIZES = frozenset(1 << n for n in range(12, 27))  # 4 KiB .. 64 MiB
+MAX_BLOB = 16 << 40
+
+
+class BadManifest(ValueError):
+    """A layer manifest that breaks its own rules (from a damaged or hostile
+    store): the caller says which store, and uses nothing of it."""
+
+
 @dataclass(frozen=True)
 class ImageConfig:
     """Defaults a layer gives a sandbox started on it (from OCI configs)."""
@@ -149,6 +160,30 @@ class Layer:
     labels: dict[str, str] = field(default_factory=dict)
     # The tags this layer carries in its store; not part of its content.
     names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # A manifest may come from a store the node does not control: its
+        # digests become host paths (blob_path) and its chunk geometry sizes
+        # the lazy loader's maps, so both are held to their forms here.
+        for name in ("digest", "meta_digest", "blob_digest", "parent"):
+            value = getattr(self, name)
+            if (value is not None or name != "parent") and not (
+                isinstance(value, str) and DIGEST.fullmatch(value)
+            ):
+                raise BadManifest(f"{name} must be sha256:<64 hex>, not {str(value)[:80]!r}")
+        if self.chunk_size not in CHUNK_SIZES:
+            raise BadManifest(
+                f"chunk_size must be a power of two from 4 KiB to 64 MiB: {self.chunk_size!r}"
+            )
+        for name in ("blob_size", "meta_size", "content_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BLOB:
+                raise BadManifest(f"{name} must be whole bytes up to 16 TiB: {value!r}")
+        chunks = -(-self.blob_size // self.chunk_size)
+        if not isinstance(self.chunk_digests, list) or len(self.chunk_digests) != chunks:
+            raise BadManifest(f"chunk_digests must list the blob's {chunks} chunks")
+        if not all(isinstance(c, str) and _HEX.fullmatch(c) for c in self.chunk_digests):
+            raise BadManifest("chunk_digests must be 64 hex digits each")
 
     @staticmethod
     def content_digest(
@@ -184,6 +219,12 @@ class Layer:
 
     @classmethod
     def from_json(cls, d: dict[str, Any], names: list[str] | None = None) -> Layer:
-        d = dict(d)
-        d["config"] = ImageConfig(**d["config"])
-        return cls(**d, names=names or [])
+        """A manifest as stored; BadManifest if it is not one."""
+        try:
+            d = dict(d)
+            d["config"] = ImageConfig(**d["config"])
+            return cls(**d, names=names or [])
+        except (TypeError, KeyError, ValueError) as exc:
+            if isinstance(exc, BadManifest):
+                raise
+            raise BadManifest(f"not a layer manifest: {exc}") from None

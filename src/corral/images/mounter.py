@@ -115,7 +115,7 @@ class LayerMounts:
         if origin is None:
             raise Unavailable(f"layer {layer.digest}: metadata image missing and no origin known")
         key = f"blobs/sha256/{layer.meta_digest.removeprefix('sha256:')}"
-        data = open_store(origin, operator_key()).get(key)
+        data = open_store(origin, operator_key()).get(key, layer.meta_size)
         # The host kernel parses this image: it must be the one the layer's
         # (verified) manifest names, byte for byte, whatever the store sent.
         if "sha256:" + hashlib.sha256(data).hexdigest() != layer.meta_digest:

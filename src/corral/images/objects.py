@@ -31,7 +31,10 @@ class ObjectStore(Protocol):
         """`length` bytes at `offset`; `timeout` bounds the whole transfer."""
         ...
 
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        """The whole object; past `limit` bytes, Unavailable (a store may be
+        damaged or hostile: it never makes a node hold what it chooses)."""
+        ...
 
     def size(self, key: str) -> int: ...
 
@@ -60,6 +63,12 @@ def _check_key(key: str) -> str:
     return key
 
 
+def _within(data: bytes | bytearray, limit: int | None, key: str, url: str) -> bytes:
+    if limit is not None and len(data) > limit:
+        raise Unavailable(f"{key} in {url} is larger than {limit} bytes: refused")
+    return bytes(data) if isinstance(data, bytearray) else data
+
+
 class LocalObjects:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -75,11 +84,13 @@ class LocalObjects:
         except FileNotFoundError:
             raise NotFound(f"{key} is not in {self.url}", key=key) from None
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         try:
-            return self._path(key).read_bytes()
+            with open(self._path(key), "rb") as f:
+                data = f.read() if limit is None else f.read(limit + 1)
         except FileNotFoundError:
             raise NotFound(f"{key} is not in {self.url}", key=key) from None
+        return _within(data, limit, key, self.url)
 
     def size(self, key: str) -> int:
         try:
@@ -151,9 +162,15 @@ class HttpObjects:
                     raise NotFound(f"{key} is not in {self.url}", key=key)
                 if r.status_code >= 400:
                     raise Unavailable(f"blob store {self.url} answered {r.status_code} for {key}")
-                parts = []
+                parts, got = [], 0
                 for part in r.iter_bytes():
                     parts.append(part)
+                    got += len(part)
+                    if got > length:  # a store may send more than the range: never held
+                        raise Unavailable(
+                            f"blob store {self.url} sent more than the {length} bytes asked "
+                            f"of {key}"
+                        )
                     if deadline is not None and time.monotonic() > deadline:
                         raise Unavailable(
                             f"blob store {self.url} too slow: {key} range not done "
@@ -163,8 +180,21 @@ class HttpObjects:
         except httpx.HTTPError as exc:
             raise Unavailable(f"blob store {self.url} unreachable: {exc}") from exc
 
-    def get(self, key: str) -> bytes:
-        return self._get(key).content
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        try:
+            with self._http.stream("GET", f"/objects/{_check_key(key)}") as r:
+                if r.status_code == 404:
+                    raise NotFound(f"{key} is not in {self.url}", key=key)
+                if r.status_code >= 400:
+                    raise Unavailable(f"blob store {self.url} answered {r.status_code} for {key}")
+                held = bytearray()
+                for part in r.iter_bytes():
+                    held += part
+                    if limit is not None and len(held) > limit:
+                        _within(held, limit, key, self.url)  # raises, naming it
+                return bytes(held)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"blob store {self.url} unreachable: {exc}") from exc
 
     def size(self, key: str) -> int:
         try:
@@ -223,15 +253,18 @@ class S3Objects:
         return self.prefix + _check_key(key)
 
     def get_range(self, key: str, offset: int, length: int, timeout: float | None = None) -> bytes:
-        return self._read(key, Range=f"bytes={offset}-{offset + length - 1}")
+        return self._read(key, length, Range=f"bytes={offset}-{offset + length - 1}")
 
-    def get(self, key: str) -> bytes:
-        return self._read(key)
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        return self._read(key, limit)
 
-    def _read(self, key: str, **kw: Any) -> bytes:
+    def _read(self, key: str, limit: int | None, **kw: Any) -> bytes:
         try:
             body = self._s3.get_object(Bucket=self.bucket, Key=self._key(key), **kw)["Body"]
-            return bytes(body.read())
+            data = bytes(body.read() if limit is None else body.read(limit + 1))
+            return _within(data, limit, key, self.url)
+        except (NotFound, Unavailable):
+            raise
         except self._s3.exceptions.NoSuchKey:
             raise NotFound(f"{key} is not in {self.url}", key=key) from None
         except Exception as exc:

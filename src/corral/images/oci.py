@@ -89,12 +89,26 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+def _rel(name: str) -> str:
+    """A member's name from the root: './etc' and '/etc' are 'etc', '.' is
+    the root itself (''), and a name's own leading dot stays ('.wh.x',
+    '.profile'): a prefix is removed, not a set of characters."""
+    while True:
+        stripped = name.lstrip("/")
+        if stripped.startswith("./"):
+            name = stripped[2:]
+        elif stripped == ".":
+            return ""
+        else:
+            return stripped
+
+
 def _apply_layer(tar: tarfile.TarFile) -> None:
     """Inside the chroot: whiteouts first (they delete lower content),
     then the layer's own entries."""
     members = tar.getmembers()
     for m in members:
-        name = "/" + m.name.lstrip("./").lstrip("/")
+        name = "/" + _rel(m.name)
         parent, base = os.path.split(name)
         if base == OPAQUE:
             if os.path.isdir(parent) and not os.path.islink(parent):
@@ -103,7 +117,7 @@ def _apply_layer(tar: tarfile.TarFile) -> None:
         elif base.startswith(WHITEOUT):
             _remove(os.path.join(parent, base[len(WHITEOUT) :]))
     for m in members:
-        rel = m.name.lstrip("./").lstrip("/")
+        rel = _rel(m.name)
         if not rel or os.path.basename(rel).startswith(WHITEOUT):
             continue
         path = "/" + rel
@@ -117,7 +131,7 @@ def _apply_layer(tar: tarfile.TarFile) -> None:
             pass
         m.name = rel
         if m.islnk():
-            m.linkname = m.linkname.lstrip("./").lstrip("/")
+            m.linkname = _rel(m.linkname)
         tar.extract(m, "/", numeric_owner=True, filter="fully_trusted")
 
 
@@ -127,7 +141,7 @@ def _as_upper(tar: tarfile.TarFile) -> None:
     A whiteout becomes overlayfs's whiteout (a 0/0 character device), an
     opaque marker its opaque directory (the trusted.overlay.opaque xattr)."""
     for m in tar:
-        rel = m.name.lstrip("./").lstrip("/")
+        rel = _rel(m.name)
         if not rel:
             continue
         parent, base = os.path.split("/" + rel)
@@ -150,7 +164,7 @@ def _as_upper(tar: tarfile.TarFile) -> None:
             pass
         m.name = rel
         if m.islnk():
-            m.linkname = m.linkname.lstrip("./").lstrip("/")
+            m.linkname = _rel(m.linkname)
         tar.extract(m, "/", numeric_owner=True, filter="fully_trusted")
 
 

@@ -12,9 +12,13 @@ import json
 import os
 
 from corral.errors import ImageNotFound, NotFound
-from corral.images.layer import MAX_STACK, STACK, Layer, Ref
+from corral.images.layer import DIGEST, MAX_STACK, STACK, Layer, Ref
 from corral.images.objects import ObjectStore
 from corral.images.store import ImageStore, ProgressFn
+
+# A layer's manifest lists a digest per chunk: 64 KiB chunks of a 64 GiB
+# layer make about 70 MB of it.
+MAX_MANIFEST = 128 << 20
 
 
 def _hex(digest: str) -> str:
@@ -73,6 +77,18 @@ def _download(
     tmp.parent.rmdir()
 
 
+def _manifest(remote: ObjectStore, digest: str, ref: str) -> Layer:
+    """The manifest of layer `digest` in `remote`, held to its rules."""
+    damaged = f"{ref} in {remote.url} is damaged"
+    if not DIGEST.fullmatch(digest):
+        raise ImageNotFound(f"{damaged}: a tag names {digest[:80]!r}, not a digest", ref=ref)
+    try:
+        doc = json.loads(remote.get(f"layers/{_hex(digest)}.json", MAX_MANIFEST))
+        return Layer.from_json(doc)
+    except (ValueError, UnicodeDecodeError) as exc:  # BadManifest, or not JSON at all
+        raise ImageNotFound(f"{damaged}: {exc}", ref=ref) from None
+
+
 def pull(
     local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn, *, eager: bool = False
 ) -> Layer:
@@ -82,20 +98,24 @@ def pull(
     label = f"pull {ref}"
     progress(label, 0, 2)
     try:
-        digest = parsed.digest or remote.get(f"tags/{parsed.name}/{parsed.tag}").decode().strip()
-        doc = json.loads(remote.get(f"layers/{_hex(digest)}.json"))
+        digest = (
+            parsed.digest or remote.get(f"tags/{parsed.name}/{parsed.tag}", 4096).decode().strip()
+        )
+        top = _manifest(remote, digest, ref)
+    except ImageNotFound:
+        raise  # damaged: said as such (it is a NotFound too)
     except NotFound:
         raise ImageNotFound(f"{ref} is not in {remote.url}", ref=ref) from None
-    top = Layer.from_json(doc)
     chain = [top]
     while chain[0].labels.get(STACK) and chain[0].parent:  # an image stack: all of it
         if len(chain) > MAX_STACK:
             raise ImageNotFound(f"{ref} in {remote.url}: a stack of more than {MAX_STACK}")
         try:
-            parent = json.loads(remote.get(f"layers/{_hex(chain[0].parent)}.json"))
+            chain.insert(0, _manifest(remote, chain[0].parent, ref))
+        except ImageNotFound:
+            raise
         except NotFound:
             raise ImageNotFound(f"{ref} in {remote.url}: a layer under it is missing") from None
-        chain.insert(0, Layer.from_json(parent))
     for layer in chain:
         if layer.expected_digest() != layer.digest:
             raise ImageNotFound(f"{ref} in {remote.url}: manifest does not match its digest")

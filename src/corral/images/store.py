@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from corral.errors import Conflict, ImageNotFound, InvalidArgument
-from corral.images.layer import LAYER_KINDS, MAX_STACK, STACK, ImageConfig, Layer, Ref
+from corral.images.layer import DIGEST, LAYER_KINDS, MAX_STACK, STACK, ImageConfig, Layer, Ref
 
 ProgressFn = Callable[[str, float, float | None], None]
 
@@ -66,6 +66,10 @@ class ImageStore:
     # ------------------------------------------------------------- blobs
 
     def blob_path(self, digest: str) -> Path:
+        # Never a path a manifest chose ("sha256:/dev/sda"): Layer checks
+        # its digests, and this is the last door.
+        if not DIGEST.fullmatch(digest):
+            raise ValueError(f"not a blob digest: {digest[:80]!r}")
         return self.blobs / digest.removeprefix("sha256:")
 
     def has_blob(self, digest: str) -> bool:

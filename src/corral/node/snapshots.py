@@ -75,6 +75,9 @@ def fresh_secrets(tags: dict[str, str]) -> dict[str, str]:
     return {k: secrets.token_urlsafe(24) for k in labels.SECRETS if k in tags}
 
 
+SAVED_MAX = 1 << 30  # a saved state's record (saved.json), read before its MAC: what a save held
+
+
 class Snapshots:
     def __init__(
         self,
@@ -546,8 +549,12 @@ class Snapshots:
         them); the state version must be this node's."""
         store = self._store(req.store)
         try:
-            record = await asyncio.to_thread(store.get, f"{req.key}/saved.json")
-            mac = (await asyncio.to_thread(store.get, f"{req.key}/mac")).decode(errors="replace")
+            # Read before the signature is checked: bounded (a record holds a
+            # spec, labels and its keyed commands' capped output).
+            record = await asyncio.to_thread(store.get, f"{req.key}/saved.json", SAVED_MAX)
+            mac = (await asyncio.to_thread(store.get, f"{req.key}/mac", 1024)).decode(
+                errors="replace"
+            )
         except NotFound:
             raise InvalidArgument("key", f"names no saved state in {store.url}", req.key) from None
         if not signing.verify(signing.load_key(self.config.state_key_path), req.key, record, mac):

@@ -1,0 +1,137 @@
+"""A blob store the node does not control (a damaged or hostile one) sends
+manifests that still match their own digests: every field that becomes a
+host path or sizes a map is held to its form before anything of it is
+used, and no answer makes the node hold more than it asked for."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.errors import ImageNotFound, Unavailable
+from corral.images import registry
+from corral.images.layer import ImageConfig, Layer
+from corral.images.objects import HttpObjects, LocalObjects
+from corral.images.store import ImageStore
+
+pytestmark = pytest.mark.unit
+
+
+def _noprogress(task: str, done: float, total: float | None) -> None:
+    pass
+
+
+def _pushed(tmp_path: Path) -> tuple[LocalObjects, str, dict[str, Any]]:
+    a = ImageStore(tmp_path / "a")
+    (tmp_path / "meta.in").write_bytes(b"meta" * 100)
+    (tmp_path / "blob.in").write_bytes(bytes(range(256)) * 100)
+    a.add(tmp_path / "meta.in", tmp_path / "blob.in", chunk_size=4096, kind="toolkit", tag="tk:1")
+    remote = LocalObjects(tmp_path / "shared")
+    registry.push(a, "tk:1", remote, _noprogress)
+    digest = remote.get("tags/tk/1").decode().strip()
+    return remote, digest, json.loads(remote.get(f"layers/{digest[7:]}.json"))
+
+
+def _forge(remote: LocalObjects, doc: dict[str, Any]) -> None:
+    """Store `doc` as tk:1's layer under the digest it claims to have: the
+    one a hostile store would compute for it."""
+    try:
+        digest = Layer.content_digest(
+            doc["meta_digest"], doc["blob_digest"], doc["chunk_size"], ImageConfig(**doc["config"])
+        )
+    except (KeyError, TypeError):
+        digest = "sha256:" + "e" * 64
+    doc = {**doc, "digest": digest}
+    remote.put_bytes(f"layers/{digest[7:]}.json", json.dumps(doc).encode())
+    remote.put_bytes("tags/tk/1", digest.encode())
+
+
+BAD: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = [
+    ("a device as the data", lambda d: {**d, "blob_digest": "sha256:/dev/sda"}, "blob_digest"),
+    ("a path as the metadata", lambda d: {**d, "meta_digest": "sha256:../../etc/shadow"},
+     "meta_digest"),
+    ("upper-case hex", lambda d: {**d, "blob_digest": d["blob_digest"].upper()}, "blob_digest"),
+    ("a parent that is a path", lambda d: {**d, "parent": "/etc"}, "parent"),
+    ("chunks of no size", lambda d: {**d, "chunk_size": 0}, "chunk_size"),
+    ("one-byte chunks", lambda d: {**d, "chunk_size": 1}, "chunk_size"),
+    ("a petabyte blob", lambda d: {**d, "blob_size": 1 << 50}, "blob_size"),
+    ("fewer chunk digests", lambda d: {**d, "chunk_digests": d["chunk_digests"][:-1]},
+     "chunk_digests"),
+    ("a chunk digest that is a path", lambda d: {**d, "chunk_digests": ["../x"] * len(
+        d["chunk_digests"])}, "chunk_digests"),
+    ("a field Corral does not know", lambda d: {**d, "exec": "sh"}, "not a layer manifest"),
+    ("no config", lambda d: {k: v for k, v in d.items() if k != "config"}, "not a layer manifest"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "change", "named"), BAD, ids=[b[0] for b in BAD])
+def test_a_forged_manifest_is_damaged_and_nothing_of_it_is_kept(
+    tmp_path: Path, case: str, change: Callable[[dict[str, Any]], dict[str, Any]], named: str
+) -> None:
+    remote, _, doc = _pushed(tmp_path)
+    _forge(remote, change(doc))
+    local = ImageStore(tmp_path / "b")
+    with pytest.raises(ImageNotFound, match="is damaged") as err:
+        registry.pull(local, "tk:1", remote, _noprogress)
+    assert named in str(err.value)
+    assert local.list() == []
+
+
+@pytest.mark.parametrize("tag", ["sha256:/dev/sda", "../../x", "sha256:" + "A" * 64])
+def test_a_tag_that_names_no_digest_is_damaged(tmp_path: Path, tag: str) -> None:
+    remote, _, _ = _pushed(tmp_path)
+    remote.put_bytes("tags/tk/1", tag.encode())
+    with pytest.raises(ImageNotFound, match="a tag names"):
+        registry.pull(ImageStore(tmp_path / "b"), "tk:1", remote, _noprogress)
+
+
+def test_a_blob_path_is_never_one_a_manifest_chose(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "s")
+    for bad in ("sha256:/dev/sda", "sha256:../x", "/dev/sda", ""):
+        with pytest.raises(ValueError, match="not a blob digest"):
+            store.blob_path(bad)
+
+
+def test_a_local_object_past_its_limit_is_refused(tmp_path: Path) -> None:
+    store = LocalObjects(tmp_path)
+    store.put_bytes("tags/x/1", b"x" * 5000)
+    with pytest.raises(Unavailable, match="larger than 4096 bytes"):
+        store.get("tags/x/1", 4096)
+    assert store.get("tags/x/1", 5000) == b"x" * 5000
+
+
+@pytest.fixture
+def flooding() -> Iterator[str]:
+    """A blob store that answers every GET with 1 MiB, ranges ignored."""
+
+    class Flood(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", str(1 << 20))
+            self.end_headers()
+            self.wfile.write(b"z" * (1 << 20))
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flood)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    t.join(5)
+
+
+def test_a_store_that_sends_more_than_asked_is_refused(flooding: str) -> None:
+    store = HttpObjects(flooding)
+    with pytest.raises(Unavailable, match="larger than 4096 bytes"):
+        store.get("tags/x/1", 4096)
+    with pytest.raises(Unavailable, match="more than the 10 bytes asked"):
+        store.get_range("blobs/sha256/" + "a" * 64, 0, 10)
+    assert len(store.get("tags/x/1")) == 1 << 20  # no limit asked: as before
