@@ -260,6 +260,11 @@ async def test_a_projects_commits_are_its_own_and_the_operators_images_no_ones(
             with pytest.raises(InvalidArgument, match="must start with 'projects/other/'") as err:
                 await sbx.commit(tag)
             assert err.value.field == "tag"
+        # A label a node finds its own layers by (a pulled OCI layer's chain
+        # id) would make this the next pull's layer, for every project.
+        with pytest.raises(InvalidArgument, match="platform finds its own layers") as err:
+            await sbx.commit("projects/other/x:1", labels={"oci.chain_id": "sha256:" + "a" * 64})
+        assert err.value.field == "labels.oci.chain_id"
         ours = await sbx.commit("projects/other/planted:1")
         assert ours.digest.startswith("sha256:")
         copy = await o.sandboxes.create(**{**SPEC, "image": "projects/other/planted:1"})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corral.api.models import CreateSandbox
+from corral.api.models import CommitRequest, CreateSandbox
 from corral.errors import InvalidArgument, Unavailable
 
 PREFIX = "projects/"
@@ -25,8 +25,28 @@ def own(project: str) -> str:
     return f"{PREFIX}{project}/"
 
 
-def check_tag(project: str, tag: str) -> None:
-    """A commit's tag: under the committing project's own names."""
+# Labels a node looks layers up by, to reuse one instead of making it again
+# (an OCI layer by its chain id, a built step by its cache key, an E2B
+# template by its source): a node's store is shared by every project on it,
+# so a project's commit carrying one would be taken for the platform's own
+# next time any project pulls or builds that. Through a gateway they are
+# the platform's.
+PLATFORM_LABELS = ("oci.", "build.", "e2b.")
+
+
+def check_commit(project: str, req: CommitRequest) -> None:
+    """A commit's tag is under the committing project's own names, and its
+    labels are none the platform looks layers up by."""
+    for key in req.labels:
+        if key.startswith(PLATFORM_LABELS):
+            raise InvalidArgument(
+                f"labels.{key}",
+                "must not start with "
+                + ", ".join(f"'{p}'" for p in PLATFORM_LABELS)
+                + " through a gateway (the platform finds its own layers by them)",
+                key,
+            )
+    tag = req.tag
     if not tag.startswith(own(project)):
         raise InvalidArgument(
             "tag",

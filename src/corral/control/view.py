@@ -91,7 +91,7 @@ class GatewayView(Forwarding, KeyOps):
         """A view is a lens on the shared gateway, started by its owner."""
 
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
-        project_images.check_tag(self.project, req.tag)
+        project_images.check_commit(self.project, req)
         return await self._forward(sandbox_id, lambda node: node.commit(sandbox_id, req))
 
     async def aclose(self) -> None:
