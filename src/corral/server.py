@@ -27,6 +27,7 @@ from corral.node.agent import NodeAgent
 
 log = get_logger("corral.server")
 PR_SET_CHILD_SUBREAPER = 36
+NODE_BLOBS = ("blobs/", "layers/", "tags/")  # what of a node's layer store its peers read
 
 
 def become_subreaper() -> None:
@@ -130,8 +131,10 @@ async def serve(
     # /view/<token>: a desktop's live view (the token is its own key).
     agent.parts.displays.served = True
     add_live_view(app, agent.parts.displays.open_view)
-    # The node's layer store, readable by other nodes (image pull, lazy loading).
-    create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs")
+    # The node's layer store, readable by other nodes (image pull, lazy
+    # loading): its layers only, and read only (a peer holding the nodes'
+    # key must not rewrite what this node mounts).
+    create_blob_app(config.images_dir, api_key=key, app=app, prefix="/blobs", serves=NODE_BLOBS)
     beat = None
     db = None
     try:

@@ -5,6 +5,7 @@ used, and no answer makes the node hold more than it asked for."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -14,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from corral.errors import ImageNotFound, Unavailable
-from corral.images import registry
-from corral.images.layer import ImageConfig, Layer
+from corral.errors import ImageNotFound, InvalidArgument, Unavailable
+from corral.images import pull, registry
+from corral.images.layer import MAX_STACK, ImageConfig, Layer
 from corral.images.objects import HttpObjects, LocalObjects
 from corral.images.store import ImageStore
 
@@ -135,3 +136,44 @@ def test_a_store_that_sends_more_than_asked_is_refused(flooding: str) -> None:
     with pytest.raises(Unavailable, match="more than the 10 bytes asked"):
         store.get_range("blobs/sha256/" + "a" * 64, 0, 10)
     assert len(store.get("tags/x/1")) == 1 << 20  # no limit asked: as before
+
+
+# ------------------------------------------------------------ a registry's
+
+
+def test_a_gzip_bomb_is_cut_at_the_layer_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry chooses a layer's bytes until its diff_id is checked at
+    the end: the unpacking stops at MAX_LAYER_BYTES."""
+    monkeypatch.setattr(pull, "MAX_LAYER_BYTES", 1 << 20)
+    bomb = tmp_path / "layer.tar.gz"
+    with gzip.open(bomb, "wb") as f:
+        f.write(b"\0" * (16 << 20))
+    with pytest.raises(InvalidArgument, match="larger than 1048576 bytes unpacked"):
+        pull._plain_tar(bomb, "application/vnd.oci.image.layer.v1.tar+gzip", "sha256:" + "0" * 64,
+                        tmp_path / "out.tar")  # fmt: skip
+    assert (tmp_path / "out.tar").stat().st_size <= (1 << 20) + (1 << 20)
+
+
+def test_an_image_of_too_many_layers_is_refused_before_any_is_unpacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = MAX_STACK
+    manifest = {"layers": [{"digest": "sha256:" + "1" * 64}] * n}
+    config = {"rootfs": {"diff_ids": ["sha256:" + "2" * 64] * n}}
+    monkeypatch.setattr(pull, "_copy", lambda *a, **k: None)
+    monkeypatch.setattr(pull, "_manifest", lambda *a: ("sha256:" + "3" * 64, manifest, config))
+
+    def never(*a: Any, **k: Any) -> None:
+        raise AssertionError("a layer was unpacked")
+
+    monkeypatch.setattr(pull, "_convert", never)
+    with pytest.raises(InvalidArgument, match=f"more than {MAX_STACK - 1} layers"):
+        pull.pull(ImageStore(tmp_path / "s"), "registry.example/x:1", _noprogress)
+
+
+@pytest.mark.parametrize("digest", ["sha256:" + "a" * 63 + "/", "sha256:../../../../etc/x", 7])
+def test_an_oci_descriptor_digest_is_never_a_path(tmp_path: Path, digest: Any) -> None:
+    with pytest.raises(InvalidArgument, match="not sha256"):
+        pull._blob(tmp_path, digest)

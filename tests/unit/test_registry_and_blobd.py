@@ -180,3 +180,34 @@ def test_read_oci_layout_and_docker_save(tmp_path: Path) -> None:
         read_archive(docker)
     with pytest.raises(InvalidArgument, match="OCI image layout"):
         read_archive(tmp_path / "nothing-here")
+
+
+async def test_a_nodes_layer_store_is_served_read_only_its_layers_alone(tmp_path: Path) -> None:
+    """A node serves its live layer store to its peers (server.py): never
+    its origins (which say where the operator's key is sent), work trees or
+    pulled OCI trees, nothing through a link an image planted, and no
+    write (a peer holding the nodes' key must not rewrite what it mounts)."""
+    import httpx
+
+    from corral.server import NODE_BLOBS
+
+    root = tmp_path / "images"
+    (root / "blobs" / "sha256").mkdir(parents=True)
+    (root / "blobs" / "sha256" / "ab").write_bytes(b"layer")
+    (root / "origins").mkdir()
+    (root / "origins" / "ab").write_text("https://store.example")
+    (root / "tmp" / "pull-1" / "upper").mkdir(parents=True)
+    (root / "tmp" / "pull-1" / "upper" / "shadow").symlink_to("/etc/passwd")
+    (root / "tags" / "x").mkdir(parents=True)
+    (root / "tags" / "x" / "1").symlink_to("/etc/hostname")  # a link inside a served tree
+    app = create_blob_app(root, api_key="k", serves=NODE_BLOBS)
+    key = {"authorization": "Bearer k"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        assert (await h.get("/objects/blobs/sha256/ab", headers=key)).content == b"layer"
+        for hidden in ("origins/ab", "tmp/pull-1/upper/shadow", "tags/x/1"):
+            assert (await h.get(f"/objects/{hidden}", headers=key)).status_code == 404, hidden
+            assert (await h.head(f"/objects/{hidden}", headers=key)).status_code == 404, hidden
+        put = await h.put("/objects/layers/ab.json", headers=key, content=b"{}")
+        assert put.status_code == 405 and not (root / "layers").exists()
+        listed = (await h.get("/objects", headers=key)).json()["keys"]
+        assert listed == ["blobs/sha256/ab"]

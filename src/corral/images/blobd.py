@@ -55,9 +55,15 @@ def create_blob_app(
     api_key: str | None = None,
     app: FastAPI | None = None,
     prefix: str = "",
+    serves: tuple[str, ...] | None = None,
 ) -> FastAPI:
+    """`serves`: the key prefixes it serves, read only (a node's live layer
+    store: its blobs, manifests and tags, never its origins, work files or
+    pulled OCI trees, and nothing written); None: a store of its own, all
+    of it, writable with the key."""
     app = app or FastAPI(title="Corral blob store")
     store = LocalObjects(root)
+    real_root = root.resolve()
     bucket = TokenBucket(rate) if rate else None
     sent = {"bytes": 0}
 
@@ -71,11 +77,18 @@ def create_blob_app(
         return JSONResponse({"error": "a valid API key is required"}, status_code=401)
 
     def path_of(key: str) -> Path | None:
+        if serves is not None and not key.startswith(serves):
+            return None
         try:
             p = store._path(key)
+            # No link anywhere in it: a file an image put in a work tree (an
+            # absolute symlink) is never followed out of the store.
+            real = p.resolve(strict=True)
         except Exception:
             return None
-        return p if p.is_file() else None
+        if real != real_root / p.relative_to(root) or not real.is_file():
+            return None
+        return real
 
     async def body(path: Path, start: int, length: int) -> AsyncIterator[bytes]:
         with open(path, "rb") as f:
@@ -130,6 +143,8 @@ def create_blob_app(
     async def put(key: str, request: Request) -> Response:
         if not allowed(request):
             return unauthenticated()
+        if serves is not None:
+            return JSONResponse({"error": "this store is read only"}, status_code=405)
         try:
             dst = store._path(key)
         except Exception:
@@ -146,10 +161,13 @@ def create_blob_app(
     async def list_keys(request: Request) -> Response:
         if not allowed(request):
             return unauthenticated()
+        wanted = request.query_params.get("prefix", "")
         try:
-            keys = store.list(request.query_params.get("prefix", ""))
+            keys = store.list(wanted)
         except InvalidArgument as exc:
             return JSONResponse({"error": exc.message}, status_code=400)
+        if serves is not None:
+            keys = [k for k in keys if path_of(k) is not None]
         return JSONResponse({"keys": keys})
 
     @app.get(prefix + "/stats")

@@ -39,17 +39,22 @@ from corral.errors import (
     CorralError,
     ImageNotFound,
     InvalidArgument,
+    ResourceExhausted,
     Unauthenticated,
     Unavailable,
 )
 from corral.images.build import build_from_dir
-from corral.images.layer import STACK, ImageConfig, Layer, RegistryRef
+from corral.images.layer import DIGEST, MAX_STACK, STACK, ImageConfig, Layer, RegistryRef
 from corral.images.oci import apply_layers
 from corral.images.store import ImageStore, ProgressFn
 
 CHAIN = "oci.chain_id"
 IMAGE = "oci.image"
 _CHUNK = 1 << 20
+# One layer unpacked, at most (the largest CUDA layers are about 10 GB), and
+# the free space a pull leaves its file system.
+MAX_LAYER_BYTES = 64 << 30
+FREE_FLOOR = 1 << 30
 # A whole pull, at most. A registry that accepts and then stalls (or
 # trickles) would otherwise hold the node's layout lock, and with it every
 # other pull on the node, for ever. Half an hour is 18 GB at 10 MB/s.
@@ -132,7 +137,7 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
 
 
 def _blob(layout: Path, digest: str) -> Path:
-    if not digest.startswith("sha256:") or len(digest) != 71:
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise InvalidArgument("ref", "has a descriptor with a digest that is not sha256", digest)
     return layout / "blobs" / "sha256" / digest[7:]
 
@@ -161,16 +166,34 @@ def _decompressed(src: Path, media: str) -> IO[bytes]:
     return open(src, "rb")
 
 
+def _free(path: Path) -> int:
+    return shutil.disk_usage(path.parent).free
+
+
 def _plain_tar(src: Path, media: str, diff_id: str, dest: Path) -> None:
     """The layer uncompressed at dest, checked against its diff_id."""
     if "tar" not in media and "layer" not in media:
         raise InvalidArgument("ref", "has a layer that is not a tar archive", media)
     h = hashlib.sha256()
+    written = 0
     try:
         with _decompressed(src, media) as stream, open(dest, "wb") as out:
             while chunk := stream.read(_CHUNK):
                 h.update(chunk)
                 out.write(chunk)
+                written += len(chunk)
+                # The diff_id is checked at the end: until then the bytes
+                # are the registry's choice (a gzip bomb), so they are bounded.
+                if written > MAX_LAYER_BYTES:
+                    raise InvalidArgument(
+                        "ref", f"has a layer larger than {MAX_LAYER_BYTES} bytes unpacked", diff_id
+                    )
+                if written % (1 << 30) < len(chunk) and _free(dest) < FREE_FLOOR:
+                    raise ResourceExhausted(
+                        f"pulling stopped: the image store's file system has less than "
+                        f"{FREE_FLOOR} bytes free",
+                        resource="disk",
+                    )
     except (OSError, EOFError) as exc:
         raise InvalidArgument("ref", "has a layer that does not decompress", str(exc)) from None
     if "sha256:" + h.hexdigest() != diff_id:
@@ -214,6 +237,8 @@ def pull(
         manifest_digest, manifest, config = _manifest(layout, key)
     layers = manifest.get("layers") or []
     diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+    if len(layers) >= MAX_STACK:  # its config is one more layer: checked before any is unpacked
+        raise InvalidArgument("ref", f"has more than {MAX_STACK - 1} layers", len(layers))
     if len(layers) != len(diff_ids):
         raise InvalidArgument("ref", "has a config whose diff_ids do not match its layers",
                               f"{len(layers)} layers, {len(diff_ids)} diff_ids")  # fmt: skip
