@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.api.models import CommitRequest
+from corral.api.models import CommitRequest, CreateSandbox
 from corral.control import project_images
 from corral.errors import InvalidArgument
 
@@ -33,3 +33,33 @@ def test_a_commit_with_its_own_labels_under_its_own_name_passes() -> None:
     with pytest.raises(InvalidArgument) as err:
         project_images.check_commit("acme", CommitRequest(tag="python:3.12"))
     assert err.value.field == "tag"
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["127.0.0.1:5000/x:1", "localhost:5000/x:1", "localhost/x:1", "10.0.0.5:5000/x:1",
+     "192.168.1.2/x:1", "169.254.169.254/latest:1", "[::1]:5000/x:1", "[fd00::1]/x:1",
+     "registry.internal/x:1", "reg.cluster.local/x:1", "0.0.0.0:80/x:1"],
+)  # fmt: skip
+def test_a_create_through_a_gateway_pulls_from_no_registry_inside_the_network(image: str) -> None:
+    """The node pulls as root from inside the cluster's network: through a
+    gateway, such a reference would make every node a proxy into it."""
+    with pytest.raises(InvalidArgument, match="loopback, private or link-local") as err:
+        project_images.check_create("acme", CreateSandbox(image=image))
+    assert err.value.field == "image"
+
+
+@pytest.mark.parametrize(
+    "image", ["docker.io/library/debian:bookworm", "ghcr.io/a/b:1", "8.8.8.8:5000/x:1", "img:1"]
+)
+def test_a_public_registry_or_a_local_name_passes(image: str) -> None:
+    project_images.check_create("acme", CreateSandbox(image=image))
+
+
+def test_an_operator_list_of_registries_is_the_only_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_REGISTRIES", "ghcr.io, 10.0.0.5:5000")
+    project_images.check_create("acme", CreateSandbox(image="10.0.0.5:5000/x:1"))  # listed
+    project_images.check_create("acme", CreateSandbox(image="ghcr.io/a/b:1"))
+    with pytest.raises(InvalidArgument, match="this cluster pulls from") as err:
+        project_images.check_create("acme", CreateSandbox(image="docker.io/library/debian:12"))
+    assert err.value.field == "image"

@@ -11,11 +11,15 @@ Checked by name, before any lookup: an answer says nothing of what exists.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from collections.abc import Sequence
 
 from corral.api.models import CommitRequest, CreateSandbox
 from corral.errors import InvalidArgument, Unavailable
+from corral.images.layer import RegistryRef
 
+_LOCAL_NAMES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".cluster.local")
 PREFIX = "projects/"
 DISK = "disk:"  # images/disks.py's PREFIX (not imported: the gateway needs no qemu-img)
 
@@ -56,11 +60,50 @@ def check_commit(project: str, req: CommitRequest) -> None:
         )
 
 
+def check_registry(field: str, ref: str) -> None:
+    """A reference to an OCI registry, which the node then pulls from as
+    root: never one on the cluster's own network (a loopback, private or
+    link-local address, a local name), which would make every node a proxy
+    into it; and, if the operator lists registries (CORRAL_REGISTRIES, a
+    comma-separated list of HOST[:PORT]), one of those."""
+    try:
+        remote = RegistryRef.parse(ref, field)
+    except InvalidArgument:
+        return  # not a registry's: the node's own check names the rule
+    if remote is None:
+        return
+    host = remote.host
+    name = host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+    allowed = [h.strip() for h in os.environ.get("CORRAL_REGISTRIES", "").split(",") if h.strip()]
+    if allowed:
+        if host not in allowed:
+            raise InvalidArgument(
+                field, f"must name a registry this cluster pulls from ({', '.join(allowed)})", ref
+            )
+        return
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        inner = name == "localhost" or name.endswith(_LOCAL_NAMES)
+    else:
+        inner = not ip.is_global
+    if inner:
+        raise InvalidArgument(
+            field,
+            "must not name a registry on a loopback, private or link-local address or a local "
+            "name through a gateway (the node would fetch it from inside the cluster's network)",
+            ref,
+        )
+
+
 def check_refs(project: str, refs: Sequence[tuple[str, str | None]]) -> None:
     """Each (field, reference) names the operator's images or `project`'s,
-    never another project's. A VM's own disk (disk:NAME, images/disks.py)
-    is named and owned the same way."""
+    never another project's, and no registry inside the cluster's network.
+    A VM's own disk (disk:NAME, images/disks.py) is named and owned the same
+    way as an image."""
     for field, given in refs:
+        if given:
+            check_registry(field, given)
         ref = given.removeprefix(DISK) if given else given
         if ref and ref.startswith(PREFIX) and not ref.startswith(own(project)):
             raise InvalidArgument(

@@ -89,7 +89,7 @@ class ImageFetcher:
                 store = self._open(url)
                 return registry.pull(self.images, ref, store, _quiet), url
             except ImageNotFound as exc:
-                if "does not match" in exc.message or "missing" in exc.message:
+                if any(w in exc.message for w in ("does not match", "missing", "is damaged")):
                     raise ImageNotFound(
                         f"{field} '{ref}' in image_sources[{i}] ({url}) is damaged: {exc.message}",
                         field=field,
