@@ -126,7 +126,10 @@ async def serve(
     agent = NodeAgent(config, reap_children=True)
     await agent.start()
     warming = asyncio.create_task(_warm(agent)) if config.fncall_warm else None
-    app = create_app(agent, api_key=key, e2b_templates=config.e2b_templates, node=config.node)
+    app = create_app(
+        agent, api_key=key, e2b_templates=config.e2b_templates, node=config.node,
+        loopback_only=key is None,
+    )  # fmt: skip
     add_dashboard(app, app.state.resolve, agent=agent)  # /ui, behind the same key
     # /view/<token>: a desktop's live view (the token is its own key).
     agent.parts.displays.served = True

@@ -350,4 +350,29 @@ async def test_login_sets_a_strict_http_only_cookie_that_only_reads_accept(
         data={"key": keys["job"], "next": "/ui"},
         headers={"x-forwarded-proto": "https"},
     )
+    # Under https the cookie is __Host- prefixed: no sibling host can set one
+    # in its place, and it is the one the API reads.
+    assert behind_tls.headers["set-cookie"].startswith("__Host-corral_key=")
     assert "secure" in behind_tls.headers["set-cookie"].lower()
+
+
+async def test_a_page_runs_only_its_own_scripts_and_is_framed_nowhere(
+    gateway: tuple[httpx.AsyncClient, dict[str, str]],
+) -> None:
+    """A missed escape is then harmless: an injected script or style does
+    not run, and no other site frames the page (clickjacking)."""
+    c, keys = gateway
+    for r in (await c.get("/ui/projects"), await c.get("/ui", headers=_bearer(keys["org"]))):
+        csp = r.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+        assert "'unsafe-inline'" not in csp and csp.count("'sha256-") == 3
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["cache-control"] == "no-store"
+        assert r.headers["x-content-type-options"] == "nosniff"
+
+
+def test_text_that_hides_itself_is_shown() -> None:
+    """A sandbox names its files and commands: a bidi override or a zero-
+    width mark must not make one read as another to the operator."""
+    assert esc("evil\u202eexe.sh") == "evil\\u202eexe.sh"
+    assert esc("a\u200bb\x1b[31m") == "a\\u200bb\\u001b[31m"
+    assert esc("line\nnext\ttab <b>") == "line\nnext\ttab &lt;b&gt;"

@@ -64,7 +64,10 @@ async def test_the_right_token_opens_it() -> None:
     [
         (("x-api-key", "ck_project-key"), None),
         (("authorization", "Bearer ck_project-key"), None),
+        (("authorization", "Bearer  ck_project-key"), None),  # the resolver strips spaces
         (("Authorization", "bearer dt1.direct.token"), None),
+        (("authorization", "Bearer node-api-key"), None),  # this server's own key
+        (("cookie", "__Host-corral_key=ck_k; a=1"), ("cookie", "a=1")),
         (("cookie", "corral_key=ck_project-key"), None),
         (("cookie", "session=1; corral_key=ck_project-key; theme=dark"), ("cookie", "session=1; theme=dark")),
         (("x-access-token", "envd-token"), None),
@@ -78,5 +81,27 @@ async def test_the_right_token_opens_it() -> None:
 def test_a_port_request_carries_no_corral_credential_into_the_sandbox(
     sent: tuple[str, str], forwarded: tuple[str, str] | None
 ) -> None:
-    got = ports._outgoing([sent, ("accept", "*/*")])
+    got = ports._outgoing([sent, ("accept", "*/*")], own_key="node-api-key")
     assert got == ([forwarded] if forwarded else []) + [("accept", "*/*")]
+
+
+@pytest.mark.parametrize(
+    ("header", "kept"),
+    [
+        ((b"set-cookie", b"session=1; Path=/; HttpOnly"), True),
+        ((b"set-cookie", b"corral_key=ck_attackers; Path=/"), False),
+        ((b"set-cookie", b"__Host-corral_key=ck_attackers; Path=/; Secure"), False),
+        ((b"set-cookie", b"track=1; Domain=example.com"), False),  # wider than the host
+        ((b"strict-transport-security", b"max-age=63072000"), False),
+        ((b"transfer-encoding", b"chunked"), False),
+        ((b"content-type", b"text/html"), True),
+    ],
+)
+def test_a_port_answer_sets_nothing_on_corrals_own_host(
+    header: tuple[bytes, bytes], kept: bool
+) -> None:
+    """The header-routed path answers on the gateway's own host: a sandbox's
+    server may set its own cookies, not Corral's login, not a cookie for a
+    wider domain, and not HSTS for the host."""
+    got = ports._answered([header, (b"set-cookie", b"b=2")])
+    assert got == ([header] if kept else []) + [(b"set-cookie", b"b=2")]

@@ -26,7 +26,7 @@ from corral.api.compat.e2b import add_e2b
 from corral.api.endpoints import add_routes
 from corral.api.service import SandboxService
 from corral.api.serving import CorralApp, Svc
-from corral.api.wire import KEY_COOKIE, as_corral
+from corral.api.wire import as_corral, key_cookie
 from corral.errors import (
     CorralError,
     InvalidArgument,
@@ -57,10 +57,12 @@ def create_app(
     e2b_templates: dict[str, str] | None = None,
     node: str | None = None,
     operator: Callable[[SandboxService], Awaitable[bool]] | None = None,
+    loopback_only: bool = False,
 ) -> FastAPI:
     """The API over `service`, behind `api_key` if given; or, for a gateway,
     over whatever `for_token(key)` returns for the caller's key (its
-    project's view), which also decides whether the key is valid."""
+    project's view), which also decides whether the key is valid.
+    `loopback_only`: a keyless server's, answering loopback host names only."""
     # FastAPI with a request id, sandbox and trace per request (api/serving.py).
     app = CorralApp(
         title="Corral",
@@ -107,7 +109,7 @@ def create_app(
         if not given and request.method in ("GET", "HEAD"):
             # The dashboard's login cookie (corral/dashboard/auth.py), for
             # reads only: a cross-site POST can never ride on it.
-            given = request.cookies.get(KEY_COOKIE, "")
+            given = key_cookie(request.cookies)
         if for_token is not None:
             return await for_token(given)
         if node is not None and api_key is not None and direct.is_token(given):
@@ -125,6 +127,9 @@ def create_app(
         return service
 
     app.state.resolve = resolve
+    # A keyless server (loopback only): requests naming another host are a
+    # rebound page's (api/serving.py SameOrigin).
+    app.state.loopback_only = loopback_only
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -152,7 +157,7 @@ def create_app(
         assert service is not None
         return service
 
-    app.state.e2b = add_e2b(app, resolve, sandbox_service, e2b_templates or {})
+    app.state.e2b = add_e2b(app, resolve, sandbox_service, e2b_templates or {}, api_key)
 
     @app.get("/v1/ping")
     async def ping() -> str:

@@ -70,9 +70,20 @@ window.corralView = rfb;
 """
 
 
-def add_live_view(app: FastAPI, open_view: OpenView) -> None:
+def mount_novnc(app: FastAPI) -> None:
+    """noVNC's modules, what the view page imports: its core and vendored
+    libraries only. Not its own pages (vnc.html and the like), which take a
+    server and password from their URL: a link to one on this origin would
+    connect the operator to any VNC server."""
     if (NOVNC / "core" / "rfb.js").is_file():
-        app.mount("/view/novnc", StaticFiles(directory=NOVNC), name="novnc")
+        for part in ("core", "vendor"):
+            app.mount(
+                f"/view/novnc/{part}", StaticFiles(directory=NOVNC / part), name=f"novnc-{part}"
+            )
+
+
+def add_live_view(app: FastAPI, open_view: OpenView) -> None:
+    mount_novnc(app)
 
     @app.get("/view/{token}", response_class=HTMLResponse)
     async def view_page(token: str) -> HTMLResponse:

@@ -20,12 +20,11 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 from fastapi import FastAPI, WebSocket
-from fastapi.responses import Response
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import PlainTextResponse, Response
 
 from corral import metrics
 from corral.api import viewtoken
-from corral.api.liveview import NOVNC
+from corral.api.liveview import mount_novnc
 from corral.api.wire import as_corral
 from corral.errors import CorralError
 from corral.log import get_logger
@@ -48,8 +47,7 @@ def _ws_url(base: str, token: str) -> str:
 
 def add_live_view_proxy(app: FastAPI, node_url: NodeUrl) -> Callable[[], Awaitable[None]]:
     """Adds the routes; returns what closes their client (at shutdown)."""
-    if (NOVNC / "core" / "rfb.js").is_file():
-        app.mount("/view/novnc", StaticFiles(directory=NOVNC), name="novnc")
+    mount_novnc(app)
     session: dict[str, aiohttp.ClientSession] = {}
 
     def client() -> aiohttp.ClientSession:
@@ -66,9 +64,10 @@ def add_live_view_proxy(app: FastAPI, node_url: NodeUrl) -> Callable[[], Awaitab
                 headers = {k: v for k, v in r.headers.items() if k.lower() in PASSED_HEADERS}
                 return Response(body, status_code=r.status, headers=headers)
         except TimeoutError:
-            return Response("the sandbox's node did not answer in time", status_code=504)
-        except aiohttp.ClientError as exc:
-            return Response(f"the sandbox's node could not be reached: {exc}", status_code=502)
+            return PlainTextResponse("the sandbox's node did not answer in time", 504)
+        except aiohttp.ClientError:
+            # Not the client's error text: it names the node's address.
+            return PlainTextResponse("the sandbox's node could not be reached", 502)
 
     @app.websocket("/view/{token}/websocket")
     async def view_socket(ws: WebSocket, token: str) -> None:

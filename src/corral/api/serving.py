@@ -7,6 +7,7 @@ create_app's CorralApp puts RequestContext in front of them all.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -108,6 +109,9 @@ _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable, no spaces: safe to
 _VIEW_TOKEN = re.compile(r"^/view/(?!novnc/)[^/]+")
 
 
+_NOSNIFF = (b"x-content-type-options", b"nosniff")
+
+
 class RequestContext:
     """Per HTTP request: its id (the caller's X-Request-Id, else a new one,
     echoed back as X-Request-Id) and the sandbox its path names, in every
@@ -138,7 +142,9 @@ class RequestContext:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                headers = [*message.get("headers", ()), (b"x-request-id", raw)]
+                # nosniff: an answer is what its type says (a file read as
+                # octet-stream is never rendered as a page on this origin).
+                headers = [*message.get("headers", ()), (b"x-request-id", raw), _NOSNIFF]
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -238,22 +244,62 @@ class SameOrigin:
 
     SAFE = (b"GET", b"HEAD", b"OPTIONS")
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, loopback_only: bool = False) -> None:
         self.app = app
+        self.loopback_only = loopback_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"].encode() in self.SAFE:
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
+        if self.loopback_only and _rebound(scope, headers):
+            # A server without a key trusts whoever reaches it, which on
+            # loopback is this machine's users, unless a page elsewhere
+            # re-points its own name at 127.0.0.1 (DNS rebinding): its
+            # requests are then "same-origin" to the browser. They name
+            # that other host.
+            why = "Host: " + headers.get(b"host", b"").decode("latin-1")
+            said = f"a server without an API key answers loopback names only ({why})"
+            await _refuse(scope, receive, send, said, why)
+            return
+        if scope["type"] != "http" or scope["method"].encode() in self.SAFE:
+            await self.app(scope, receive, send)
+            return
         why = _cross_site(headers)
         if why is None:
             await self.app(scope, receive, send)
             return
-        err = PermissionDenied(f"a request from another site is refused ({why})", reason=why)
-        await JSONResponse({"error": err.to_wire()}, status_code=err.http_status)(
-            scope, receive, send
-        )
+        said = f"a request from another site is refused ({why})"
+        await _refuse(scope, receive, send, said, why)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, said: str, why: str) -> None:
+    err = PermissionDenied(said, reason=why)
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008, "reason": err.message[:120]})
+        return
+    await JSONResponse({"error": err.to_wire()}, status_code=err.http_status)(scope, receive, send)
+
+
+_SANDBOX_TOKENS = (b"x-access-token", b"e2b-traffic-access-token")
+
+
+def _rebound(scope: Scope, headers: dict[bytes, bytes]) -> bool:
+    """Whether a keyless server's request names a host other than loopback
+    (a unix socket's have no host to check; a request carrying a sandbox's
+    own token is that token's to answer for)."""
+    server = scope.get("server")
+    if not server or server[1] is None or any(h in headers for h in _SANDBOX_TOKENS):
+        return False
+    host = headers.get(b"host", b"").decode("latin-1").lower()
+    name = host[1 : host.find("]")] if host.startswith("[") else host.rsplit(":", 1)[0]
+    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: always loopback
+        return False
+    try:
+        return not ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return True  # any other name: one a page elsewhere may have re-pointed
 
 
 def _cross_site(headers: dict[bytes, bytes]) -> str | None:
@@ -288,7 +334,8 @@ class CorralApp(FastAPI):
         # MiB itself, and the limit's refusal must be raised where the app's
         # handlers answer it (while a route reads its body).
         inner = AbandonedCreates(BodyLimit(super().build_middleware_stack()), self._resolve)
-        return RequestContext(SameOrigin(inner))
+        loopback_only = bool(getattr(self.state, "loopback_only", False))
+        return RequestContext(SameOrigin(inner, loopback_only=loopback_only))
 
     async def _resolve(self, request: Request) -> SandboxService:
         svc: SandboxService = await self.state.resolve(request)

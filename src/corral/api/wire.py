@@ -16,7 +16,16 @@ from corral.errors import CorralError, InternalError, InvalidArgument, error_fro
 _log = log.get_logger("corral.api")
 
 # The dashboard's login cookie: it holds an API key (dashboard/auth.py).
+# Under https it is __Host- prefixed: no sibling host can set one in its
+# place (a browser refuses a __Host- cookie with a Domain), and it wins.
 KEY_COOKIE = "corral_key"
+KEY_COOKIE_SECURE = "__Host-corral_key"
+KEY_COOKIES = (KEY_COOKIE_SECURE, KEY_COOKIE)
+
+
+def key_cookie(cookies: dict[str, str]) -> str:
+    """The login cookie's key, the __Host- one first."""
+    return next((cookies[n] for n in KEY_COOKIES if cookies.get(n)), "")
 
 
 class StreamCut(Exception):

@@ -8,6 +8,7 @@ always escaped; only `Safe` (markup these helpers built) passes as is.
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlencode
@@ -32,10 +33,24 @@ class Safe(str):
 Cell = str | int | float | None
 
 
+# Characters that change how text reads without showing themselves: control
+# characters (but line breaks and tabs), and Unicode's invisible formatting
+# (bidi overrides, zero-width marks). A sandbox names its files and commands:
+# "evil\u202eexe.sh" must not read as something else to the operator.
+_HIDDEN = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]"
+)
+
+
+def _shown(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 def esc(value: Cell) -> Safe:
     if isinstance(value, Safe):
         return value
-    return Safe(html.escape("" if value is None else str(value), quote=True))
+    text = _HIDDEN.sub(_shown, "" if value is None else str(value))
+    return Safe(html.escape(text, quote=True))
 
 
 def join(parts: Iterable[Cell], sep: str = "") -> Safe:
@@ -183,7 +198,7 @@ def svg_bars(bars: Sequence[tuple[str, float]], *, width: int = 640, height: int
 
 # ---------------------------------------------------------------- the page
 
-_STYLE = """
+STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#111}
 header{background:#1f2937;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}
 header a{color:#d1d5db;text-decoration:none}header a.on{color:#fff;font-weight:600}
@@ -215,7 +230,7 @@ def page(title: str, body: Safe, *, active: str = "", logout: bool = False) -> s
     )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)} · Corral"
-        f"</title><style>{_STYLE}</style></head><body><header><strong>Corral</strong>"
+        f"</title><style>{STYLE}</style></head><body><header><strong>Corral</strong>"
         f"{nav}{out}</header><main><h1>{esc(title)}</h1>{body}</main></body></html>"
     )
 

@@ -6,7 +6,10 @@ URL) it reads from an element's data- attribute, which render.py escaped.
 
 from __future__ import annotations
 
-from corral.dashboard.render import Safe
+import base64
+import hashlib
+
+from corral.dashboard.render import STYLE, Safe
 
 # The list page: state changes from the event stream update their row in
 # place; anything else (a new sandbox, a row on another page) shows a hint
@@ -89,6 +92,26 @@ USAGE = """
   poll(); timer = setInterval(poll, 2000);
 })();
 """
+
+
+def _hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+# What a page may run and load: these scripts and the page's style, by
+# hash; its own origin for fetches, the event stream and screenshots.
+PAGE_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; "
+        f"script-src {_hash(LIVE)} {_hash(USAGE)}; "
+        f"style-src {_hash(STYLE)}; "
+        "img-src 'self'; connect-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "x-frame-options": "DENY",
+    "cache-control": "no-store",
+    "referrer-policy": "same-origin",
+}
 
 
 def script(body: str) -> Safe:

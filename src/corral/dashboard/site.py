@@ -8,12 +8,14 @@ from urllib.parse import quote
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from corral.api.wire import KEY_COOKIE_SECURE, KEY_COOKIES
 from corral.control.core import GatewayCore
 from corral.dashboard import nodes, sandboxes
 from corral.dashboard.auth import COOKIE, Resolve, caller, key_is_valid, safe_next
 from corral.dashboard.metrics_ring import Ring, metrics_page
 from corral.dashboard.render import Safe, esc, login_page, page
 from corral.dashboard.scope import Scope, scope_of
+from corral.dashboard.scripts import PAGE_HEADERS
 from corral.errors import CorralError, SandboxNotFound
 from corral.node.agent import NodeAgent
 
@@ -38,18 +40,18 @@ def add_dashboard(
             # A page link without (or with a stale) key: the form, not a
             # JSON error; 401 so that scripts and tests see the refusal.
             wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-            bad = "that key was refused" if COOKIE in request.cookies else ""
-            return HTMLResponse(login_page(safe_next(wanted), bad), status_code=401)
+            bad = "that key was refused" if _has_cookie(request) else ""
+            return _page(login_page(safe_next(wanted), bad), status_code=401)
         ring.ensure_started()
-        scope = await scope_of(svc, agent, gateway, keyed=COOKIE in request.cookies)
+        scope = await scope_of(svc, agent, gateway, keyed=_has_cookie(request))
         try:
             title, body = await render(scope, request)
         except SandboxNotFound as exc:
-            return HTMLResponse(page("Not found", Safe(f"<p>{esc(str(exc))}</p>")), 404)
+            return _page(page("Not found", Safe(f"<p>{esc(str(exc))}</p>")), 404)
         except CorralError as exc:
             body = Safe(f"<p class='bad'>{esc(str(exc))}</p>")
-            return HTMLResponse(page("Error", body, active=active), exc.http_status)
-        return HTMLResponse(page(title, body, active=active, logout=scope.keyed))
+            return _page(page("Error", body, active=active), exc.http_status)
+        return _page(page(title, body, active=active, logout=scope.keyed))
 
     async def list_view(scope: Scope, request: Request) -> tuple[str, Safe]:
         f = sandboxes.Filter.parse(request.query_params)
@@ -98,17 +100,20 @@ def add_dashboard(
         form = await request.form()
         key, wanted = str(form.get("key", "")), safe_next(str(form.get("next", "/ui")))
         if not await key_is_valid(resolve, request, key):
-            return HTMLResponse(login_page(wanted, "that key was refused"), status_code=401)
+            return _page(login_page(wanted, "that key was refused"), status_code=401)
         out = RedirectResponse(quote(wanted, safe="/?=&%"), status_code=303)
+        # Behind a TLS proxy the hop here is plain HTTP; the proxy says so (a
+        # client claiming it only makes the cookie stricter).
+        secure = (
+            request.url.scheme == "https"
+            or request.headers.get("x-forwarded-proto", "").lower() == "https"
+        )
         out.set_cookie(
-            COOKIE,
+            KEY_COOKIE_SECURE if secure else COOKIE,
             key,
             httponly=True,
             samesite="strict",
-            # Behind a TLS proxy the hop here is plain HTTP; the proxy says
-            # so (a client claiming it only makes the cookie stricter).
-            secure=request.url.scheme == "https"
-            or request.headers.get("x-forwarded-proto", "").lower() == "https",
+            secure=secure,
             path="/",
         )
         return out
@@ -116,8 +121,22 @@ def add_dashboard(
     @app.post("/ui/logout", include_in_schema=False)
     async def ui_logout() -> Response:
         out = RedirectResponse("/ui", status_code=303)
-        out.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        for name in KEY_COOKIES:
+            out.delete_cookie(
+                name, path="/", httponly=True, samesite="strict", secure=name == KEY_COOKIE_SECURE
+            )
         return out
 
     app.state.dashboard = ring
     return ring
+
+
+def _has_cookie(request: Request) -> bool:
+    return any(n in request.cookies for n in KEY_COOKIES)
+
+
+def _page(content: str, status_code: int = 200) -> HTMLResponse:
+    """A page with the headers that make a missed escape harmless: only
+    the dashboard's own scripts and style run (by hash), it is framed
+    nowhere (clickjacking), and nothing is sniffed or kept in a cache."""
+    return HTMLResponse(content, status_code, headers=PAGE_HEADERS)

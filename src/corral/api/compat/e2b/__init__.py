@@ -14,7 +14,11 @@ from corral.api.compat.e2b.envd import Envd, ForSandbox
 
 
 def add_e2b(
-    app: FastAPI, resolve: control.Resolve, for_sandbox: ForSandbox, templates: dict[str, str]
+    app: FastAPI,
+    resolve: control.Resolve,
+    for_sandbox: ForSandbox,
+    templates: dict[str, str],
+    own_key: str | None = None,
 ) -> Envd:
     """Serve E2B's routes on `app`: the control API for callers `resolve`
     lets in, envd for the sandbox `for_sandbox` finds (its token checked)."""
@@ -22,7 +26,7 @@ def add_e2b(
     app.include_router(control.router(resolve, templates, envd.forget))
     app.include_router(envd.router())
 
-    app.add_middleware(SandboxPorts, envd=envd)
+    app.add_middleware(SandboxPorts, envd=envd, own_key=own_key)
     return envd
 
 
@@ -31,9 +35,10 @@ class SandboxPorts:
     goes there, whatever its path, before routing; any other passes through
     untouched (plain ASGI: nothing added to Corral's own calls)."""
 
-    def __init__(self, app: ASGIApp, envd: Envd) -> None:
+    def __init__(self, app: ASGIApp, envd: Envd, own_key: str | None = None) -> None:
         self.app = app
         self.envd = envd
+        self.own_key = own_key  # this server's API key: never passed to a sandbox
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _maybe_port(scope):
@@ -51,7 +56,7 @@ class SandboxPorts:
         except Exception as exc:
             response = Envd.http_error(exc)
         else:
-            response = await ports.forward(svc, sandbox_id, port, request)
+            response = await ports.forward(svc, sandbox_id, port, request, self.own_key)
         await response(scope, receive, send)
 
 

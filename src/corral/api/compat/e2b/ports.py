@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import re
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 import h11
 from fastapi import Request, Response
@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.models import ExecOutput, ExecRequest, ExecStarted
 from corral.api.service import SandboxService
-from corral.api.wire import KEY_COOKIE, StreamCut
+from corral.api.wire import KEY_COOKIES, StreamCut
 from corral.host import platform as plat
 
 ENVD_PORT = 49983
@@ -40,10 +40,6 @@ _DROP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "trans
          "upgrade", "host", "content-length", "x-access-token", "e2b-traffic-access-token",
          "e2b-sandbox-id", "e2b-sandbox-port", "server", "date"}  # fmt: skip
 
-
-# An Authorization that carries a Corral credential: a project's API key,
-# a gateway's direct token (api/direct.py).
-_OURS = ("Bearer ck_", "Bearer dt1.", "bearer ck_", "bearer dt1.")
 
 _CLEANUPS: set[asyncio.Future[None]] = set()  # running past their request's cancel
 # The server's states once its answer is whole (we asked it to close after).
@@ -73,7 +69,42 @@ def token_of(request: Request) -> str:
     )
 
 
-def _outgoing(given: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+def _ours(authorization: str, own_key: str | None) -> bool:
+    """Whether an Authorization carries a Corral credential, however spaced
+    or cased: a project's key, a direct token, or this server's own key."""
+    scheme, _, cred = authorization.strip().partition(" ")
+    cred = cred.strip()
+    if scheme.lower() != "bearer":
+        return False
+    if cred.startswith(("ck_", "dt1.")):
+        return True
+    return bool(own_key) and hmac.compare_digest(cred.encode(), (own_key or "").encode())
+
+
+def _answered(given: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The sandbox server's answer headers as the client gets them: without
+    the hop's own, and nothing that would outlive the answer on Corral's own
+    host (the header-routed path shares it): no HSTS, and no cookie that is
+    Corral's login or set for a wider domain than the host that asked."""
+    out = []
+    for k, v in given:
+        name = k.lower()
+        if name.decode("latin-1") in _DROP or name == b"strict-transport-security":
+            continue
+        if name == b"set-cookie":
+            cookie = v.decode("latin-1")
+            first, *attrs = cookie.split(";")
+            if first.split("=", 1)[0].strip() in KEY_COOKIES or any(
+                a.strip().lower().startswith("domain=") for a in attrs
+            ):
+                continue
+        out.append((name, v))
+    return out
+
+
+def _outgoing(
+    given: Iterable[tuple[str, str]], own_key: str | None = None
+) -> list[tuple[str, str]]:
     """A request's headers as the sandbox's server gets them: without the
     hop's own, and without any Corral credential a client sent along (an
     API key in X-API-Key or as a bearer, a direct token, the dashboard's
@@ -85,10 +116,10 @@ def _outgoing(given: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
         name = k.lower()
         if name in _DROP or name == "x-api-key":
             continue
-        if name == "authorization" and v.strip().startswith(_OURS):
+        if name == "authorization" and _ours(v, own_key):
             continue
         if name == "cookie":
-            kept = [c for c in v.split(";") if c.split("=", 1)[0].strip() != KEY_COOKIE]
+            kept = [c for c in v.split(";") if c.split("=", 1)[0].strip() not in KEY_COOKIES]
             if not kept:
                 continue
             v = ";".join(kept).strip()
@@ -100,7 +131,9 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
-async def forward(svc: SandboxService, sid: str, port: int, request: Request) -> Response:
+async def forward(
+    svc: SandboxService, sid: str, port: int, request: Request, own_key: str | None = None
+) -> Response:
     if not port:
         return _error(400, "E2b-Sandbox-Port must be a port number, 1-65535")
     held = bytearray()
@@ -111,7 +144,7 @@ async def forward(svc: SandboxService, sid: str, port: int, request: Request) ->
     body = bytes(held)
     conn = h11.Connection(h11.CLIENT)
     path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    headers = _outgoing(request.headers.items())
+    headers = _outgoing(request.headers.items(), own_key)
     headers += [("host", f"127.0.0.1:{port}"), ("connection", "close"),
                 ("content-length", str(len(body)))]  # fmt: skip
     raw = conn.send(h11.Request(method=request.method, target=path, headers=headers))
@@ -197,9 +230,6 @@ async def forward(svc: SandboxService, sid: str, port: int, request: Request) ->
         finally:
             await done()
 
-    out: dict[str, Any] = {}
-    for k, v in head.headers:
-        name = k.decode().lower()
-        if name not in _DROP:
-            out[name] = v.decode(errors="replace")
-    return StreamingResponse(rest(), status_code=head.status_code, headers=out)
+    response = StreamingResponse(rest(), status_code=head.status_code)
+    response.raw_headers += _answered(head.headers)  # repeated ones (Set-Cookie) kept
+    return response
