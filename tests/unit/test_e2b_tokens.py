@@ -65,6 +65,8 @@ async def test_the_right_token_opens_it() -> None:
         (("x-api-key", "ck_project-key"), None),
         (("authorization", "Bearer ck_project-key"), None),
         (("authorization", "Bearer  ck_project-key"), None),  # the resolver strips spaces
+        (("authorization", "ck_project-key"), None),  # and takes one with no scheme
+        (("authorization", "node-api-key"), None),
         (("Authorization", "bearer dt1.direct.token"), None),
         (("authorization", "Bearer node-api-key"), None),  # this server's own key
         (("cookie", "__Host-corral_key=ck_k; a=1"), ("cookie", "a=1")),

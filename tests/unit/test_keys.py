@@ -466,3 +466,54 @@ async def test_a_token_a_key_asks_for_ends_with_the_key(
     assert brief._within_key(30) == 30
     assert GatewayView(gw, "team", keys.Grant("team", None, "h"))._within_key(300) == 300
     assert GatewayView(gw, "team", keys.Grant("team", time.time() + 0.2, "h"))._within_key(60) == 1
+
+
+async def test_a_key_revoked_while_a_mint_is_in_flight_makes_no_spare(
+    tree: tuple[Gateway, dict[str, str]], db: Database
+) -> None:
+    """A gateway may hold a grant for up to RECHECK after a revocation
+    (another gateway's): the mint reads its maker again where it writes."""
+    _, made = tree
+    grant = await keys.check_key(db, made["team"])  # what a gateway cached
+    await keys.revoke_key(db, keys.hash_key(made["team"])[: keys.ID_LEN])
+    before = len(await keys.list_keys(db))
+    with pytest.raises(Unauthenticated, match="was revoked"):
+        await keys.mint(db, grant, "job", None, "spare")
+    assert len(await keys.list_keys(db)) == before
+
+
+async def test_revocation_follows_a_line_however_deep(db: Database) -> None:
+    """65 keys each made by the last: revoking the first revokes them all."""
+    first, info = await keys.create_key(db, "org")
+    maker, line = keys.hash_key(first), []
+    for _ in range(65):
+        key, child = await keys.create_key(db, "org", made_by=maker)
+        maker = keys.hash_key(key)
+        line.append(child.id)
+    _, also = await keys.revoke_key(db, info.id)
+    assert sorted(also) == sorted(line)
+    with pytest.raises(Unauthenticated, match="revoked"):
+        await keys.check_hash(db, maker)
+
+
+async def test_an_event_stream_says_why_it_ended(tree: tuple[Gateway, dict[str, str]]) -> None:
+    """Over HTTP a stream that ends on an error sends it as its last event
+    (event: error), and the SDK raises it: not a dropped connection."""
+    gw, made = tree
+
+    class Events:
+        async def events_of(self) -> AsyncIterator[Event]:
+            yield Event(kind="state", at=1.0, sandbox="s0")
+            raise Unauthenticated("API key 0123456789ab was revoked at 2026-12-07T10:00:00Z")
+
+    from corral.api.serving import sse_stream
+
+    app = create_app(None, for_token=gw.for_token)
+    app.get("/stream")(lambda: sse_stream(Events().events_of()))
+    http = HttpService("http://gw", api_key=made["team"], transport=httpx.ASGITransport(app=app))
+    got = []
+    with pytest.raises(Unauthenticated, match="was revoked"):
+        async for event in http._sse("/stream", []):
+            got.append(event.sandbox)
+    assert got == ["s0"]
+    await http.aclose()

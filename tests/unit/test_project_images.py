@@ -6,11 +6,14 @@ every project."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from corral.api.models import CommitRequest, CreateSandbox
 from corral.control import project_images
 from corral.errors import InvalidArgument
+from corral.images.store import ImageStore
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +21,7 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize(
     "label",
     ["oci.chain_id", "oci.manifest", "oci.image", "build.key", "build.line", "e2b.source",
-     "e2b.snapshot"],
+     "e2b.snapshot", "toolchains.source"],
 )  # fmt: skip
 def test_a_commit_through_a_gateway_carries_no_platform_lookup_label(label: str) -> None:
     req = CommitRequest(tag="projects/acme/x:1", labels={label: "sha256:" + "a" * 64})
@@ -39,7 +42,10 @@ def test_a_commit_with_its_own_labels_under_its_own_name_passes() -> None:
     "image",
     ["127.0.0.1:5000/x:1", "localhost:5000/x:1", "localhost/x:1", "10.0.0.5:5000/x:1",
      "192.168.1.2/x:1", "169.254.169.254/latest:1", "[::1]:5000/x:1", "[fd00::1]/x:1",
-     "registry.internal/x:1", "reg.cluster.local/x:1", "0.0.0.0:80/x:1"],
+     "registry.internal/x:1", "reg.cluster.local/x:1", "0.0.0.0:80/x:1",
+     # As a resolver reads them: any case, a number that is not a dotted quad.
+     "LOCALHOST:5000/x:1", "Metadata.Google.Internal/x:1", "127.1:5000/x:1",
+     "2130706433:5000/x:1", "0x7f.1:5000/x:1"],
 )  # fmt: skip
 def test_a_create_through_a_gateway_pulls_from_no_registry_inside_the_network(image: str) -> None:
     """The node pulls as root from inside the cluster's network: through a
@@ -63,3 +69,15 @@ def test_an_operator_list_of_registries_is_the_only_way(monkeypatch: pytest.Monk
     with pytest.raises(InvalidArgument, match="this cluster pulls from") as err:
         project_images.check_create("acme", CreateSandbox(image="docker.io/library/debian:12"))
     assert err.value.field == "image"
+
+
+def test_a_pull_or_build_never_takes_a_projects_commit_for_its_layer(tmp_path: Path) -> None:
+    """However it is labelled (a label from before the gateway refused
+    them, or a layer the same as the platform's), a layer named under
+    projects/ is never what a pull or a build looks up."""
+    store = ImageStore(tmp_path / "images")
+    (tmp_path / "m").write_bytes(b"m" * 100)
+    (tmp_path / "b").write_bytes(b"b" * 100)
+    store.add(tmp_path / "m", tmp_path / "b", chunk_size=4096, kind="toolkit",
+              tag="projects/rival/x:1", labels={"oci.chain_id": "sha256:" + "c" * 64})  # fmt: skip
+    assert store.find_by_label("oci.chain_id", "sha256:" + "c" * 64) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -24,7 +25,7 @@ from corral.api.models import Event, ExecEvent
 from corral.api.routes import MAX_BODY
 from corral.api.service import SandboxService
 from corral.api.wire import StreamCut, error_line, event_line
-from corral.errors import InvalidArgument, PermissionDenied
+from corral.errors import CorralError, InvalidArgument, PermissionDenied
 
 
 async def _service(request: Request) -> SandboxService:
@@ -88,7 +89,14 @@ def sse_stream(events: AsyncIterator[Event]) -> StreamingResponse:
                 if not done:
                     yield b": keepalive\n\n"
                     continue
-                event, pending = pending.result(), None
+                try:
+                    event = pending.result()
+                except CorralError as exc:  # its key revoked, its node lost: said, then ended
+                    yield b"event: error\ndata: " + json.dumps({"error": exc.to_wire()}).encode()
+                    yield b"\n\n"
+                    return
+                finally:
+                    pending = None
                 yield b"data: " + event.model_dump_json().encode() + b"\n\n"
         finally:
             if pending is not None:
@@ -282,15 +290,12 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, said: str, why: st
     await JSONResponse({"error": err.to_wire()}, status_code=err.http_status)(scope, receive, send)
 
 
-_SANDBOX_TOKENS = (b"x-access-token", b"e2b-traffic-access-token")
-
-
 def _rebound(scope: Scope, headers: dict[bytes, bytes]) -> bool:
     """Whether a keyless server's request names a host other than loopback
-    (a unix socket's have no host to check; a request carrying a sandbox's
-    own token is that token's to answer for)."""
+    (a unix socket's have no host to check). No header exempts it: after a
+    rebinding the page is same-origin and may send any header it likes."""
     server = scope.get("server")
-    if not server or server[1] is None or any(h in headers for h in _SANDBOX_TOKENS):
+    if not server or server[1] is None:
         return False
     host = headers.get(b"host", b"").decode("latin-1").lower()
     name = host[1 : host.find("]")] if host.startswith("[") else host.rsplit(":", 1)[0]

@@ -154,8 +154,15 @@ class HttpTransport:
             ) as resp:
                 if resp.status_code >= 400:
                     raise _error(resp, await resp.aread())
+                kind = ""
                 async for line in resp.aiter_lines():
-                    if line.startswith("data:"):
+                    if line.startswith("event:"):
+                        kind = line[6:].strip()
+                    elif line.startswith("data:"):
+                        if kind == "error":  # the stream's last word (api/serving.py)
+                            raise error_from_wire(json.loads(line[5:])["error"])
                         yield Event.model_validate_json(line[5:])
+                    elif not line:
+                        kind = ""
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc

@@ -284,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=images.image_push)
     p.add_argument("ref")
     p.add_argument("store", help="HOST[:PORT]/REPO:TAG (a registry), a directory, "
-                   "http(s)://host:port[/blobs] or s3://bucket/prefix")  # fmt: skip
+                   "a `corral blobd` http(s)://host:port or s3://bucket/prefix "
+                   "(a node's /blobs is read only)")  # fmt: skip
     p.add_argument("--authfile", type=Path, help="docker login-style credentials (registry)")
     p = isub.add_parser(
         "pull",

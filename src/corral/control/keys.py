@@ -39,9 +39,6 @@ MISSING = "a valid API key is required: Authorization: Bearer <key>"
 # Live keys (neither revoked nor expired) a project may hold: keys made by
 # keys are made by programs, and a loop must not fill the store.
 KEYS_MAX = 1000
-# How deep a line of keys made by keys is followed when one is revoked
-# (each is made within its maker's subtree, so lines are short in practice).
-LINE_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -132,6 +129,18 @@ async def create_key(
             " AND (expires_at IS NULL OR expires_at > %s)",
             (project, now),
         )
+        if made_by is not None:
+            # The maker, read again where the new key is written (locked on
+            # PostgreSQL): a revocation that committed first is seen, and
+            # one that comes after waits for this key and revokes it too.
+            maker = await tx.fetchone(
+                "SELECT revoked_at, expires_at FROM api_keys WHERE key_hash = %s" + tx.for_update(),
+                (made_by,),
+            )
+            if maker is None or maker[0] is not None:
+                raise Unauthenticated(f"API key {made_by[:ID_LEN]} was revoked")
+            if maker[1] is not None and float(maker[1]) <= now:
+                raise Unauthenticated(f"API key {made_by[:ID_LEN]} expired")
         if live and int(live[0]) >= KEYS_MAX:
             raise ResourceExhausted(
                 f"project {project!r} holds {KEYS_MAX} live API keys: revoke some first",
@@ -238,13 +247,13 @@ async def revoke_key(
                 "UPDATE api_keys SET revoked_at = %s WHERE key_hash = %s", (now, rows[0][0])
             )
             info = KeyInfo(**{**info.__dict__, "revoked_at": now})
-        # Its line, even when it was revoked before (a key made by it since
-        # cannot exist, but one left live by an older Corral could).
+        # Its whole line, however deep, even when it was revoked before (a
+        # key left live under it stays revocable). A key's maker is older
+        # than it, so the walk ends; UNION keeps any row from coming twice.
         line = await tx.fetchall(
-            "WITH RECURSIVE line(h, depth) AS ("
-            " SELECT key_hash, 1 FROM api_keys WHERE created_by = %s"
-            " UNION ALL SELECT a.key_hash, l.depth + 1 FROM api_keys a"
-            f" JOIN line l ON a.created_by = l.h WHERE l.depth < {LINE_MAX})"
+            "WITH RECURSIVE line(h) AS ("
+            " SELECT key_hash FROM api_keys WHERE created_by = %s"
+            " UNION SELECT a.key_hash FROM api_keys a JOIN line l ON a.created_by = l.h)"
             " SELECT h FROM line",
             (rows[0][0],),
         )

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Sequence
 
 from corral.api.models import CommitRequest, CreateSandbox
 from corral.errors import InvalidArgument, Unavailable
 from corral.images.layer import RegistryRef
 
+# Every label a number (decimal, octal, 0x hex): an address in disguise.
+_NUMERIC = re.compile(r"(?:(?:0x[0-9a-f]*|[0-9]+)\.){0,3}(?:0x[0-9a-f]*|[0-9]+)")
 _LOCAL_NAMES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".cluster.local")
 PREFIX = "projects/"
 DISK = "disk:"  # images/disks.py's PREFIX (not imported: the gateway needs no qemu-img)
@@ -35,7 +38,7 @@ def own(project: str) -> str:
 # so a project's commit carrying one would be taken for the platform's own
 # next time any project pulls or builds that. Through a gateway they are
 # the platform's.
-PLATFORM_LABELS = ("oci.", "build.", "e2b.")
+PLATFORM_LABELS = ("oci.", "build.", "e2b.", "toolchains.")
 
 
 def check_commit(project: str, req: CommitRequest) -> None:
@@ -74,6 +77,7 @@ def check_registry(field: str, ref: str) -> None:
         return
     host = remote.host
     name = host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+    name = name.lower().rstrip(".")  # LOCALHOST., as a resolver reads it
     allowed = [h.strip() for h in os.environ.get("CORRAL_REGISTRIES", "").split(",") if h.strip()]
     if allowed:
         if host not in allowed:
@@ -84,7 +88,9 @@ def check_registry(field: str, ref: str) -> None:
     try:
         ip = ipaddress.ip_address(name)
     except ValueError:
-        inner = name == "localhost" or name.endswith(_LOCAL_NAMES)
+        # A number that is not a dotted quad (127.1, 2130706433, 0x7f.1) is
+        # still an address to the C resolver: never taken for a name.
+        inner = bool(_NUMERIC.fullmatch(name)) or name == "localhost" or name.endswith(_LOCAL_NAMES)
     else:
         inner = not ip.is_global
     if inner:

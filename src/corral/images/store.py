@@ -23,6 +23,9 @@ from pathlib import Path
 
 from corral.errors import Conflict, ImageNotFound, InvalidArgument
 from corral.images.layer import DIGEST, LAYER_KINDS, MAX_STACK, STACK, ImageConfig, Layer, Ref
+from corral.log import get_logger
+
+log = get_logger("corral.images")
 
 ProgressFn = Callable[[str, float, float | None], None]
 
@@ -235,7 +238,11 @@ class ImageStore:
         out = []
         for path in sorted(self.layers.glob("*.json")):
             digest = "sha256:" + path.stem
-            out.append(Layer.from_json(json.loads(path.read_text()), sorted(tags.get(digest, []))))
+            try:
+                doc = json.loads(path.read_text())
+                out.append(Layer.from_json(doc, sorted(tags.get(digest, []))))
+            except (ValueError, OSError) as exc:  # BadManifest too: one bad file hides alone
+                log.warning("image.bad_manifest", path=str(path), error=str(exc)[:200])
         return sorted(out, key=lambda layer: layer.created)
 
     def remove(self, digest: str) -> None:
@@ -280,8 +287,13 @@ class ImageStore:
         return tags, dict(layers)
 
     def find_by_label(self, key: str, value: str) -> Layer | None:
+        """The oldest layer labelled key=value that is the platform's: a
+        project's own commit (named under projects/, control/project_images.py)
+        is never taken for a pull's or a build's layer, whatever it says."""
         for layer in self.list():
-            if layer.labels.get(key) == value:
+            if layer.labels.get(key) == value and not any(
+                n.startswith("projects/") for n in layer.names
+            ):
                 return layer
         return None
 

@@ -72,10 +72,10 @@ def token_of(request: Request) -> str:
 def _ours(authorization: str, own_key: str | None) -> bool:
     """Whether an Authorization carries a Corral credential, however spaced
     or cased: a project's key, a direct token, or this server's own key."""
-    scheme, _, cred = authorization.strip().partition(" ")
-    cred = cred.strip()
-    if scheme.lower() != "bearer":
-        return False
+    value = authorization.strip()
+    scheme, _, rest = value.partition(" ")
+    # The resolver reads "Bearer X" and a bare "X" alike (api/app.py).
+    cred = rest.strip() if scheme.lower() == "bearer" else value
     if cred.startswith(("ck_", "dt1.")):
         return True
     return bool(own_key) and hmac.compare_digest(cred.encode(), (own_key or "").encode())
