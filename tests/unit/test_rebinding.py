@@ -69,3 +69,14 @@ async def test_only_novncs_modules_are_served_not_its_pages() -> None:
         assert (await c.get("/view/novnc/vendor/pako/lib/zlib/inflate.js")).status_code == 200
         for page in ("vnc.html", "vnc_lite.html", "vnc_auto.html", "app/ui.js"):
             assert (await c.get(f"/view/novnc/{page}")).status_code == 404, page
+
+
+async def test_a_host_that_names_a_sandboxs_port_is_that_ports_to_answer() -> None:
+    """`<port>-<id>.<domain>` goes to the sandbox's port alone, with its own
+    token (E2B's ports middleware), never to Corral's routes; envd's port
+    (49983) and any other name stay refused."""
+    port = "http://8000-t-" + "e" * 16 + ".corral.local:7070"
+    r = await _get(port, "/v1/sandboxes", headers={"x-access-token": "forged"})
+    assert r.status_code != 403 and "loopback" not in r.text  # the port's answer, not ours
+    envd = "http://49983-t-" + "e" * 16 + ".corral.local:7070"
+    assert (await _get(envd, "/v1/sandboxes")).status_code == 403

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from corral import metrics
 from corral.api import direct
 from corral.api.compat import sandboxfusion
-from corral.api.compat.e2b import add_e2b
+from corral.api.compat.e2b import add_e2b, ports
 from corral.api.endpoints import add_routes
 from corral.api.service import SandboxService
 from corral.api.serving import CorralApp, Svc
@@ -130,6 +130,7 @@ def create_app(
     # A keyless server (loopback only): requests naming another host are a
     # rebound page's (api/serving.py SameOrigin).
     app.state.loopback_only = loopback_only
+    app.state.loopback_exempt = ports.names_a_port
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

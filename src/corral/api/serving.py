@@ -10,7 +10,7 @@ import asyncio
 import ipaddress
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -252,16 +252,33 @@ class SameOrigin:
 
     SAFE = (b"GET", b"HEAD", b"OPTIONS")
 
-    def __init__(self, app: ASGIApp, *, loopback_only: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        loopback_only: bool = False,
+        port_host: Callable[[str], bool] | None = None,
+    ) -> None:
         self.app = app
         self.loopback_only = loopback_only
+        # A Host that names a sandbox's port: E2B's ports middleware answers
+        # it (with the sandbox's own token) before any of Corral's routes.
+        self.port_host = port_host
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.loopback_only and _rebound(scope, headers):
+        if (
+            self.loopback_only
+            and _rebound(scope, headers)
+            and not (
+                scope["type"] == "http"
+                and self.port_host is not None
+                and self.port_host(headers.get(b"host", b"").decode("latin-1").lower())
+            )
+        ):
             # A server without a key trusts whoever reaches it, which on
             # loopback is this machine's users, unless a page elsewhere
             # re-points its own name at 127.0.0.1 (DNS rebinding): its
@@ -340,7 +357,8 @@ class CorralApp(FastAPI):
         # handlers answer it (while a route reads its body).
         inner = AbandonedCreates(BodyLimit(super().build_middleware_stack()), self._resolve)
         loopback_only = bool(getattr(self.state, "loopback_only", False))
-        return RequestContext(SameOrigin(inner, loopback_only=loopback_only))
+        port_host = getattr(self.state, "loopback_exempt", None)
+        return RequestContext(SameOrigin(inner, loopback_only=loopback_only, port_host=port_host))
 
     async def _resolve(self, request: Request) -> SandboxService:
         svc: SandboxService = await self.state.resolve(request)

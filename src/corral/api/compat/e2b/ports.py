@@ -58,6 +58,14 @@ def target(request: Request) -> tuple[str, int] | None:
     return None
 
 
+def names_a_port(host: str) -> bool:
+    """Whether a Host is a sandbox port's (`<port>-<id>.<domain>`, not
+    envd's): such a request goes to that port alone (SandboxPorts), only
+    with the sandbox's own token, and never reaches Corral's routes."""
+    m = _HOST.match(host)
+    return m is not None and int(m.group(1)) != ENVD_PORT
+
+
 def _port(raw: str) -> int:
     p = int(raw) if raw.isdigit() else 0
     return p if 1 <= p <= 65535 else 0
