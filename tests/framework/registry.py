@@ -87,7 +87,8 @@ class Registry:
         return self.root / "data/docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
 
 
-def _layer(files: Files) -> bytes:
+def layer_tar(files: Files) -> bytes:
+    """An uncompressed layer tarball: name -> bytes, or None for a directory."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as t:
         for name, data in files.items():
@@ -143,7 +144,7 @@ def oci_image(
 
     descs, diff_ids = [], []
     for files in layers:
-        raw = _layer(files)
+        raw = layer_tar(files)
         diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
         digest, size = put(gzip.compress(raw, mtime=0))
         descs.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",

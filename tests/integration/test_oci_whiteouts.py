@@ -6,25 +6,16 @@ showed through from the layer under it."""
 
 from __future__ import annotations
 
-import io
 import os
-import tarfile
 from pathlib import Path
 
 from corral.images.oci import apply_layers
 
+from ..framework.registry import layer_tar
+
 
 def _tar(path: Path, entries: dict[str, bytes | None]) -> Path:
-    """A layer: name -> file bytes, or None for a directory."""
-    with tarfile.open(path, "w") as tar:
-        for name, data in entries.items():
-            info = tarfile.TarInfo(name)
-            if data is None:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-            else:
-                info.size, info.mode = len(data), 0o644
-                tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(layer_tar(entries))
     return path
 
 
