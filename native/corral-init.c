@@ -517,6 +517,41 @@ static void send_exit(int conn, int status, int timed_out, const struct exec_sta
     send_frame(conn, RSP_EXIT, b, sizeof b);
 }
 
+/* The program execvp would run for `file` under the command's PATH, found
+ * before the command may start (see handle_exec): 0 with `out` filled, or
+ * the errno execvp would fail with. Runs as the command's user, so access()
+ * answers for that user. */
+static int resolve_program(const char *file, char **env, char *out, size_t cap) {
+    if (strchr(file, '/')) {
+        if (strlen(file) >= cap) return ENAMETOOLONG;
+        strcpy(out, file);
+        struct stat sb;
+        if (stat(out, &sb) < 0) return errno;
+        if (!S_ISREG(sb.st_mode) || access(out, X_OK) < 0) return EACCES;
+        return 0;
+    }
+    const char *path = "/usr/local/bin:/bin:/usr/bin"; /* musl's default */
+    for (char **e = env; *e; e++)
+        if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
+    int seen = ENOENT;
+    size_t flen = strlen(file);
+    for (const char *dir = path;; dir++) {
+        const char *end = strchrnul(dir, ':');
+        size_t dlen = (size_t)(end - dir);
+        if (dlen + 1 + flen < cap) {
+            /* An empty entry is the working directory, as execvp reads it. */
+            int n = snprintf(out, cap, "%.*s%s%s", (int)dlen, dir, dlen ? "/" : "", file);
+            struct stat sb;
+            if (n > 0 && stat(out, &sb) == 0) {
+                if (S_ISREG(sb.st_mode) && access(out, X_OK) == 0) return 0;
+                seen = EACCES;
+            }
+        }
+        if (!*end) return seen;
+        dir = end;
+    }
+}
+
 static int has_env(char **env, const char *key) {
     size_t k = strlen(key);
     for (; *env; env++)
@@ -574,8 +609,16 @@ static int handle_exec(int conn, struct cursor *c) {
     } else if ((flags & EXEC_STDIN_STREAM) && pipe2(in, O_CLOEXEC) < 0) {
         return send_error(conn, errno, "pipe: %m");
     }
+    /* The command runs only once the handler has said it started (`go`):
+     * the command runs as the handler's user and may stop it
+     * (kill -STOP -1), and a handler stopped before its "started" would
+     * look to the agent like a dead exec server instead of a command to
+     * time out. So every failure the answer must carry (user, directory,
+     * program) is found before "started"; an exec that still fails after
+     * it is reported the shell's way, on stderr with exit 127. */
+    int go[2];
     if ((!(flags & EXEC_PTY) && (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)) ||
-        pipe2(report, O_CLOEXEC) < 0)
+        pipe2(report, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0)
         return send_error(conn, errno, "pipe: %m");
 
     pid_t pid = fork();
@@ -600,11 +643,12 @@ static int handle_exec(int conn, struct cursor *c) {
              * command's only one until it execs. */
             if (syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &sp) < 0) { /* an old kernel */ }
         }
-        int rfd = report[1];
-        if (rfd > 3) {
-            syscall(SYS_close_range, 3, rfd - 1, 0);
-        }
-        syscall(SYS_close_range, rfd + 1, ~0U, 0);
+        /* Keep only stdio, the report pipe and the go pipe. */
+        int rfd = report[1], gfd = go[0];
+        int lo = rfd < gfd ? rfd : gfd, hi = rfd < gfd ? gfd : rfd;
+        if (lo > 3) syscall(SYS_close_range, 3, lo - 1, 0);
+        if (hi > lo + 1) syscall(SYS_close_range, lo + 1, hi - 1, 0);
+        syscall(SYS_close_range, hi + 1, ~0U, 0);
         if (become(&id) < 0) {
             stage_err[0] = 1;
             stage_err[1] = errno;
@@ -617,24 +661,30 @@ static int handle_exec(int conn, struct cursor *c) {
             if (write(rfd, stage_err, sizeof stage_err) < 0) {}
             _exit(127);
         }
-        environ = env;
-        execvp(argv[0], argv);
-        stage_err[0] = 3;
-        stage_err[1] = errno;
-        if (write(rfd, stage_err, sizeof stage_err) < 0) {}
+        static char program[PATH_MAX];
+        int e = resolve_program(argv[0], env, program, sizeof program);
+        stage_err[0] = e ? 3 : 0;
+        stage_err[1] = e;
+        if (write(rfd, stage_err, sizeof stage_err) < 0 || e) _exit(127);
+        char token;
+        while (read(gfd, &token, 1) < 0 && errno == EINTR) {}
+        execve(program, argv, env);
+        dprintf(2, "corral: executing %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
 
     if (!(flags & EXEC_PTY)) close(out[1]); /* a PTY's slave is in[0], closed below */
     close(err[1]);
     close(report[1]);
+    close(go[0]);
     if (in[0] >= 0) close(in[0]);
     int stage_err[2];
     ssize_t rn;
     do rn = read(report[0], stage_err, sizeof stage_err);
     while (rn < 0 && errno == EINTR);
     close(report[0]);
-    if (rn == (ssize_t)sizeof stage_err) {
+    if (rn == (ssize_t)sizeof stage_err && stage_err[0] != 0) {
+        close(go[1]);
         waitpid(pid, NULL, 0);
         static const char *what[] = {"", "switching to user", "changing directory to", "executing"};
         const char *obj = stage_err[0] == 1 ? user : stage_err[0] == 2 ? cwd : argv[0];
@@ -650,6 +700,7 @@ static int handle_exec(int conn, struct cursor *c) {
         .err = {.fd = err[0], .type = RSP_STDERR, .cap = err_cap},
     };
     if (send_frame(conn, RSP_STARTED, pb, 4) < 0) st.conn_open = 0;
+    close(go[1]); /* the command may run */
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     int in_fd = in[1];

@@ -121,6 +121,39 @@ async def test_bad_cwd_user_and_program_are_invalid_arguments(sbx: corral.AsyncS
     assert (await sbx.commands.run("no-such-program")).exit_code == 127
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["/etc/passwd"], {}, "Permission denied"),  # a file, not executable
+        (["/tmp"], {}, "Permission denied"),  # a directory
+        (["sh"], {"PATH": "/nowhere:/also/nowhere"}, "No such file"),
+        (["ls"], {"PATH": "/tmp/noexec:/bin"}, None),  # the first runnable one
+    ],
+)
+async def test_the_program_is_found_before_the_command_starts(
+    sbx: corral.AsyncSandbox, argv: list[str], env: dict[str, str], message: str | None
+) -> None:
+    """The exec server finds the program (as execvp would, under the
+    command's PATH) before it answers "started", so the command cannot run
+    before that answer; what it cannot find is still a bad `cmd`."""
+    await sbx.commands.run("mkdir -p /tmp/noexec && touch /tmp/noexec/ls")
+    if message is None:
+        assert (await sbx.commands.run(argv, env=env)).exit_code == 0
+        return
+    with pytest.raises(corral.InvalidArgument) as exc:
+        await sbx.commands.run(argv, env=env)
+    assert exc.value.field == "cmd" and message in str(exc.value), exc.value
+
+
+async def test_a_program_whose_interpreter_is_missing_exits_127(sbx: corral.AsyncSandbox) -> None:
+    """Found and executable, but its #! names no interpreter: execve fails
+    after "started", so it is reported as a shell would, exit 127."""
+    await sbx.files.write("/tmp/bad.sh", "#!/no/such/interpreter\necho hi\n")
+    await sbx.commands.run("chmod +x /tmp/bad.sh")
+    r = await sbx.commands.run(["/tmp/bad.sh"])
+    assert r.exit_code == 127 and "executing /tmp/bad.sh" in r.stderr, r
+
+
 async def test_output_streams_to_callbacks_as_it_comes(sbx: corral.AsyncSandbox) -> None:
     seen: list[tuple[float, str]] = []
     t0 = time.monotonic()
