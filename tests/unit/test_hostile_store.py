@@ -17,7 +17,7 @@ import pytest
 
 from corral.errors import ImageNotFound, InvalidArgument, Unavailable
 from corral.images import pull, registry
-from corral.images.layer import MAX_STACK, ImageConfig, Layer
+from corral.images.layer import IDENTITY, LEGACY, MAX_STACK, STACK, Layer
 from corral.images.objects import HttpObjects, LocalObjects
 from corral.images.store import ImageStore
 
@@ -43,10 +43,8 @@ def _forge(remote: LocalObjects, doc: dict[str, Any]) -> None:
     """Store `doc` as tk:1's layer under the digest it claims to have: the
     one a hostile store would compute for it."""
     try:
-        digest = Layer.content_digest(
-            doc["meta_digest"], doc["blob_digest"], doc["chunk_size"], ImageConfig(**doc["config"])
-        )
-    except (KeyError, TypeError):
+        digest = Layer.from_json(doc).expected_digest()
+    except ValueError:  # BadManifest: a digest it could not compute
         digest = "sha256:" + "e" * 64
     doc = {**doc, "digest": digest}
     remote.put_bytes(f"layers/{digest[7:]}.json", json.dumps(doc).encode())
@@ -81,6 +79,63 @@ def test_a_forged_manifest_is_damaged_and_nothing_of_it_is_kept(
     with pytest.raises(ImageNotFound, match="is damaged") as err:
         registry.pull(local, "tk:1", remote, _noprogress)
     assert named in str(err.value)
+    assert local.list() == []
+
+
+SWAPS: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
+    ("chunk digests", lambda d: {**d, "chunk_digests": ["0" * 64] * len(d["chunk_digests"])}),
+    ("a label a pull's cache is found by", lambda d: {**d, "labels": {"oci.chain_id": "x"}}),
+    ("kind", lambda d: {**d, "kind": "base"}),
+    ("parent", lambda d: {**d, "parent": "sha256:" + "1" * 64}),
+    ("content size", lambda d: {**d, "content_size": 1}),
+    ("to the old identity", lambda d: {k: v for k, v in d.items() if k != "identity"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "change"), SWAPS, ids=[s[0] for s in SWAPS])
+def test_a_store_can_change_nothing_under_a_layers_digest(
+    tmp_path: Path, case: str, change: Callable[[dict[str, Any]], dict[str, Any]]
+) -> None:
+    """A pull by digest gets what was pushed or nothing: every field a node
+    reads (chunk digests, labels, kind, parent, sizes) is in the digest."""
+    remote, digest, doc = _pushed(tmp_path)
+    assert doc["identity"] == IDENTITY
+    remote.put_bytes(f"layers/{digest[7:]}.json", json.dumps(change(doc)).encode())
+    local = ImageStore(tmp_path / "b")
+    with pytest.raises(ImageNotFound, match="does not match its digest"):
+        registry.pull(local, digest, remote, _noprogress)
+    assert local.list() == []
+
+
+def _legacy(remote: LocalObjects, doc: dict[str, Any]) -> str:
+    """Store `doc` as a layer written before identity 2, under the digest
+    that identity gives it (which covers neither chunk digests nor labels)."""
+    doc = {k: v for k, v in doc.items() if k != "identity"}
+    doc["digest"] = digest = Layer.from_json(doc).expected_digest()
+    remote.put_bytes(f"layers/{digest[7:]}.json", json.dumps(doc).encode())
+    return str(digest)
+
+
+def test_an_old_layer_is_checked_whole_and_keeps_no_label_but_its_stack(tmp_path: Path) -> None:
+    remote, _, doc = _pushed(tmp_path)
+    digest = _legacy(remote, {**doc, "labels": {"oci.chain_id": "sha256:x", STACK: "oci"}})
+    local = ImageStore(tmp_path / "b")
+    layer = registry.pull(local, digest, remote, _noprogress)
+    assert (layer.digest, layer.identity, layer.labels) == (digest, LEGACY, {STACK: "oci"})
+    assert local.blob_path(layer.blob_digest).exists()  # fetched whole, not lazily
+    assert local.origin(layer.digest) is None
+    assert local.find_by_label("oci.chain_id", "sha256:x") is None
+
+
+def test_an_old_layer_with_forged_chunk_digests_is_damaged(tmp_path: Path) -> None:
+    """Under the old identity a store could swap the chunk digests (and
+    serve chunks to match them); the whole blob, checked against the digest
+    the identity does cover, says they are not its chunks."""
+    remote, _, doc = _pushed(tmp_path)
+    digest = _legacy(remote, {**doc, "chunk_digests": ["0" * 64] * len(doc["chunk_digests"])})
+    local = ImageStore(tmp_path / "b")
+    with pytest.raises(ImageNotFound, match="chunk digests or sizes are not its data's"):
+        registry.pull(local, digest, remote, _noprogress)
     assert local.list() == []
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from corral.config import NodeConfig
 from corral.errors import ImageNotFound, InvalidArgument
 from corral.host.mounts import _unescape
 from corral.host.platform import is_static_elf
-from corral.images.layer import ImageConfig, Layer, Ref
+from corral.images.layer import IDENTITY, ImageConfig, Ref
 from corral.images.store import ImageStore
 
 
@@ -37,10 +38,17 @@ def test_bad_refs(bad: str) -> None:
     assert exc.value.field == "workspace"
 
 
-def test_content_digest_ignores_names_but_not_config() -> None:
-    a = Layer.content_digest("sha256:m", "sha256:b", 65536, ImageConfig())
-    b = Layer.content_digest("sha256:m", "sha256:b", 65536, ImageConfig(workdir="/w"))
-    assert a != b and a == Layer.content_digest("sha256:m", "sha256:b", 65536, ImageConfig())
+def test_a_layers_digest_covers_its_content_not_its_names_or_time(tmp_path: Path) -> None:
+    (tmp_path / "m").write_bytes(b"m" * 100)
+    (tmp_path / "b").write_bytes(b"b" * 150_000)
+    layer = ImageStore(tmp_path / "s").add(tmp_path / "m", tmp_path / "b", chunk_size=65536)
+    assert layer.identity == IDENTITY and layer.expected_digest() == layer.digest
+    same = replace(layer, names=["x:1"], created=0.0)
+    assert same.expected_digest() == layer.digest
+    for change in ({"config": ImageConfig(workdir="/w")}, {"labels": {"a": "b"}},
+                   {"kind": "base"}, {"parent": "sha256:" + "1" * 64}, {"content_size": 7},
+                   {"chunk_digests": ["0" * 64] * 3}, {"meta_size": 99}):  # fmt: skip
+        assert replace(layer, **change).expected_digest() != layer.digest, change
 
 
 def test_store_add_tag_resolve_untag_gc(tmp_path: Path) -> None:

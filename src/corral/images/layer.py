@@ -5,8 +5,11 @@ data in fixed-size chunks (mkfs.erofs --chunksize --blobdev). A node needs
 the metadata whole to mount, but only the blob chunks a sandbox reads: that
 split is what makes on-demand loading possible.
 
-A layer's digest is the sha256 of its content (the two images and its
-config), so retagging changes nothing and equal content is stored once.
+A layer's digest is the sha256 of its manifest's content: the two images,
+each chunk's digest, its config, kind, labels and parent (everything but
+when it was made and what it is tagged), so retagging changes nothing,
+equal content is stored once, and a store that serves a layer by its digest
+can change nothing a node reads from it (docs/layer-identity.md).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from corral.errors import InvalidArgument
@@ -28,6 +31,13 @@ LAYER_KINDS = ("base", "workspace", "toolkit", "layer")
 # overlay mount takes about 500 lower directories; a sandbox adds its own).
 STACK = "corral.stack"
 MAX_STACK = 128
+# How a layer's digest is computed. LEGACY (manifests written before
+# identity 2, which have no `identity` field) covers only the two images'
+# whole digests, the chunk size, the config and a stack's parent: a store
+# could swap its chunk digests, labels or kind under the same digest, so a
+# LEGACY layer from another store is checked in full before use
+# (registry.pull).
+LEGACY, IDENTITY = 1, 2
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,10 @@ CHUNK_SIZES = frozenset(1 << n for n in range(12, 27))  # 4 KiB .. 64 MiB
 MAX_BLOB = 16 << 40
 
 
+def _sha256_json(doc: dict[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
 class BadManifest(ValueError):
     """A layer manifest that breaks its own rules (from a damaged or hostile
     store): the caller says which store, and uses nothing of it."""
@@ -158,6 +172,7 @@ class Layer:
     created: float
     parent: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    identity: int = LEGACY
     # The tags this layer carries in its store; not part of its content.
     names: list[str] = field(default_factory=list)
 
@@ -184,17 +199,23 @@ class Layer:
             raise BadManifest(f"chunk_digests must list the blob's {chunks} chunks")
         if not all(isinstance(c, str) and _HEX.fullmatch(c) for c in self.chunk_digests):
             raise BadManifest("chunk_digests must be 64 hex digits each")
+        if self.identity not in (LEGACY, IDENTITY) or isinstance(self.identity, bool):
+            raise BadManifest(f"identity must be {LEGACY} or {IDENTITY}: {self.identity!r}")
+        if not isinstance(self.labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
+        ):
+            raise BadManifest("labels must map text to text")
 
     @staticmethod
-    def content_digest(
+    def legacy_digest(
         meta_digest: str,
         blob_digest: str,
         chunk_size: int,
         config: ImageConfig,
         stacked_on: str | None = None,
     ) -> str:
-        """A layer's identity. A layer of a stack (STACK) is also what it
-        sits on: the same OCI layer over two different bases is two layers."""
+        """A LEGACY layer's identity. A layer of a stack (STACK) is also what
+        it sits on: the same OCI layer over two different bases is two layers."""
         fields: dict[str, Any] = {
             "meta": meta_digest,
             "blob": blob_digest,
@@ -203,14 +224,26 @@ class Layer:
         }
         if stacked_on is not None:
             fields["stacked_on"] = stacked_on
-        doc = json.dumps(fields, sort_keys=True)
-        return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
+        return _sha256_json(fields)
 
     def expected_digest(self) -> str:
-        stacked_on = self.parent if self.labels.get(STACK) else None
-        return Layer.content_digest(
-            self.meta_digest, self.blob_digest, self.chunk_size, self.config, stacked_on
-        )
+        """The digest this manifest's content makes, under its identity."""
+        if self.identity == LEGACY:
+            stacked_on = self.parent if self.labels.get(STACK) else None
+            return Layer.legacy_digest(
+                self.meta_digest, self.blob_digest, self.chunk_size, self.config, stacked_on
+            )
+        doc = self.to_json()
+        for outside in ("digest", "created"):  # itself, and a time: equal content, one layer
+            doc.pop(outside)
+        # The chunk list is long (a digest per 64 KiB): its own digest stands for it.
+        doc["chunk_digests"] = hashlib.sha256("".join(self.chunk_digests).encode()).hexdigest()
+        return _sha256_json(doc)
+
+    def identified(self) -> Layer:
+        """This layer under its own (IDENTITY) digest."""
+        current = replace(self, identity=IDENTITY)
+        return replace(current, digest=current.expected_digest())
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

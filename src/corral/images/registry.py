@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 
 from corral.errors import ImageNotFound, NotFound
-from corral.images.layer import DIGEST, MAX_STACK, STACK, Layer, Ref
+from corral.images.layer import DIGEST, LEGACY, MAX_STACK, STACK, Layer, Ref
 from corral.images.objects import ObjectStore
-from corral.images.store import ImageStore, ProgressFn
+from corral.images.store import ImageStore, ProgressFn, hash_file
 
 # A layer's manifest lists a digest per chunk: 64 KiB chunks of a 64 GiB
 # layer make about 70 MB of it.
@@ -89,6 +90,30 @@ def _manifest(remote: ObjectStore, digest: str, ref: str) -> Layer:
         raise ImageNotFound(f"{damaged}: {exc}", ref=ref) from None
 
 
+def _vouch_legacy(
+    local: ImageStore, remote: ObjectStore, layer: Layer, progress: ProgressFn, ref: str
+) -> Layer:
+    """A LEGACY layer checked as its digest cannot: its digest covers the
+    blob whole but not the chunk digests a lazy read checks against, so the
+    blob is fetched whole (its digest checked) and every chunk's digest
+    recomputed; and it does not cover labels, so the only label kept is
+    STACK (which it covers). Lookups by label (a pull's or a build's cache)
+    then never take it, which costs at most a rebuild."""
+    _download(local, remote, layer.meta_digest, progress, f"download {ref} metadata")
+    _download(local, remote, layer.blob_digest, progress, f"download {ref} data")
+    meta, blob = local.blob_path(layer.meta_digest), local.blob_path(layer.blob_digest)
+    _, chunks = hash_file(blob, layer.chunk_size)
+    if (chunks != layer.chunk_digests or blob.stat().st_size != layer.blob_size
+            or meta.stat().st_size != layer.meta_size):  # fmt: skip
+        raise ImageNotFound(
+            f"{ref} in {remote.url} is damaged: layer {layer.digest}'s chunk digests or sizes "
+            "are not its data's",
+            ref=ref,
+        )
+    kept = {STACK: layer.labels[STACK]} if STACK in layer.labels else {}
+    return replace(layer, labels=kept)
+
+
 def pull(
     local: ImageStore, ref: str, remote: ObjectStore, progress: ProgressFn, *, eager: bool = False
 ) -> Layer:
@@ -119,7 +144,9 @@ def pull(
     for layer in chain:
         if layer.expected_digest() != layer.digest:
             raise ImageNotFound(f"{ref} in {remote.url}: manifest does not match its digest")
-    for layer in chain:  # bottom first, as they are used
+    for i, layer in enumerate(chain):  # bottom first, as they are used
+        if layer.identity == LEGACY:
+            chain[i] = layer = _vouch_legacy(local, remote, layer, progress, ref)
         local.put_manifest(layer)
         if eager:
             _download(local, remote, layer.meta_digest, progress, f"download {ref} metadata")

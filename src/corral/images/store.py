@@ -23,9 +23,12 @@ from pathlib import Path
 
 from corral.errors import Conflict, ImageNotFound, InvalidArgument
 from corral.images.layer import DIGEST, LAYER_KINDS, MAX_STACK, STACK, ImageConfig, Layer, Ref
+from corral.images.upgrade import upgrade
 from corral.log import get_logger
 
 log = get_logger("corral.images")
+# A placeholder digest for a layer whose own is computed from it (Layer.identified).
+UNNAMED = "sha256:" + "0" * 64
 
 ProgressFn = Callable[[str, float, float | None], None]
 
@@ -42,7 +45,7 @@ def _read_layer(path: str, ino: int, mtime_ns: int) -> Layer:
         return Layer.from_json(json.load(f), [])
 
 
-def _hash_file(path: Path, chunk_size: int | None = None) -> tuple[str, list[str]]:
+def hash_file(path: Path, chunk_size: int | None = None) -> tuple[str, list[str]]:
     """sha256 of the whole file and, if chunk_size, of each chunk."""
     whole = hashlib.sha256()
     chunks: list[str] = []
@@ -65,6 +68,10 @@ class ImageStore:
         for d in (self.blobs, self.layers, self.tags, self.tmp, self.origins):
             d.mkdir(parents=True, exist_ok=True)
         self._inventory: tuple[int, dict[str, tuple[str, int]]] | None = None
+        try:
+            upgrade(self)
+        except OSError as exc:  # a store this process may only read: used as it is
+            log.warning("image.identity_not_upgraded", store=str(root), error=str(exc)[:200])
 
     # ------------------------------------------------------------- blobs
 
@@ -123,12 +130,10 @@ class ImageStore:
         if kind not in LAYER_KINDS:
             raise InvalidArgument("kind", f"must be one of {', '.join(LAYER_KINDS)}", kind)
         config = config or ImageConfig()
-        meta_digest, _ = _hash_file(meta)
-        blob_digest, chunk_digests = _hash_file(blob, chunk_size)
-        stacked_on = parent if (labels or {}).get(STACK) else None
-        digest = Layer.content_digest(meta_digest, blob_digest, chunk_size, config, stacked_on)
+        meta_digest, _ = hash_file(meta)
+        blob_digest, chunk_digests = hash_file(blob, chunk_size)
         layer = Layer(
-            digest=digest,
+            digest=UNNAMED,
             kind=kind,
             meta_digest=meta_digest,
             meta_size=meta.stat().st_size,
@@ -141,7 +146,8 @@ class ImageStore:
             created=time.time(),
             parent=parent,
             labels=dict(labels or {}),
-        )
+        ).identified()
+        digest = layer.digest
         self._put_blob(meta, meta_digest)
         self._put_blob(blob, blob_digest)
         self.put_manifest(layer)
@@ -203,6 +209,17 @@ class ImageStore:
         tmp.write_text(digest)
         os.replace(tmp, path)
 
+    def retag(self, name: str, was: str, digest: str) -> None:
+        """Point tag `name` at `digest` if it still names `was`."""
+        ref = Ref.parse(name, "tag")
+        path = self.tags / str(ref.name) / str(ref.tag)
+        try:
+            if path.read_text().strip() != was:
+                return
+        except FileNotFoundError:
+            return
+        self.tag(digest, name)
+
     def untag(self, text: str) -> str:
         ref = Ref.parse(text, "image")
         if ref.digest:
@@ -217,7 +234,8 @@ class ImageStore:
         path.unlink()
         return digest
 
-    def _all_tags(self) -> dict[str, list[str]]:
+    def tag_map(self) -> dict[str, list[str]]:
+        """Every tagged digest and its name:tags."""
         out: dict[str, list[str]] = {}
         for path in self.tags.rglob("*"):
             if path.is_file() and not path.name.startswith("."):
@@ -227,14 +245,14 @@ class ImageStore:
         return out
 
     def _names_of(self, digest: str) -> list[str]:
-        return sorted(self._all_tags().get(digest, []))
+        return sorted(self.tag_map().get(digest, []))
 
     def names(self) -> list[str]:
         """Every name:tag this store resolves."""
-        return sorted(n for names in self._all_tags().values() for n in names)
+        return sorted(n for names in self.tag_map().values() for n in names)
 
     def list(self) -> list[Layer]:
-        tags = self._all_tags()
+        tags = self.tag_map()
         out = []
         for path in sorted(self.layers.glob("*.json")):
             digest = "sha256:" + path.stem
@@ -243,7 +261,9 @@ class ImageStore:
                 out.append(Layer.from_json(doc, sorted(tags.get(digest, []))))
             except (ValueError, OSError) as exc:  # BadManifest too: one bad file hides alone
                 log.warning("image.bad_manifest", path=str(path), error=str(exc)[:200])
-        return sorted(out, key=lambda layer: layer.created)
+        # Oldest first; of a layer and its identity twin (images/upgrade.py),
+        # the twin, so a lookup by label finds the checkable one.
+        return sorted(out, key=lambda layer: (layer.created, -layer.identity))
 
     def remove(self, digest: str) -> None:
         """Forget an untagged layer (its blobs go at the next gc)."""
@@ -268,7 +288,7 @@ class ImageStore:
         and each layer's digest -> (the layer it stacks on, or "", its
         bytes), so a gateway can tell which nodes hold most of an image by
         content, whatever it is tagged there."""
-        tags = {name: digest for digest, names in self._all_tags().items() for name in names}
+        tags = {name: digest for digest, names in self.tag_map().items() for name in names}
         # Manifests never change once written: the listing is reread only
         # when the directory changes (a heartbeat a second must stay cheap).
         stamp = self.layers.stat().st_mtime_ns
@@ -300,7 +320,7 @@ class ImageStore:
     def gc(self, in_use: set[str]) -> tuple[int, int]:
         """Drop untagged layers no sandbox uses and blobs no layer names.
         Returns (layers removed, bytes freed)."""
-        tags = self._all_tags()
+        tags = self.tag_map()
         removed = 0
         keep_blobs: set[str] = set()
         keep = set(tags) | in_use
