@@ -522,6 +522,7 @@ static void send_exit(int conn, int status, int timed_out, const struct exec_sta
  * the errno execvp would fail with. Runs as the command's user, so access()
  * answers for that user. */
 static int resolve_program(const char *file, char **env, char *out, size_t cap) {
+    if (!*file) return ENOENT;
     if (strchr(file, '/')) {
         if (strlen(file) >= cap) return ENAMETOOLONG;
         strcpy(out, file);
@@ -530,21 +531,27 @@ static int resolve_program(const char *file, char **env, char *out, size_t cap) 
         if (!S_ISREG(sb.st_mode) || access(out, X_OK) < 0) return EACCES;
         return 0;
     }
-    const char *path = "/usr/local/bin:/bin:/usr/bin"; /* musl's default */
-    for (char **e = env; *e; e++)
-        if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
-    int seen = ENOENT;
     size_t flen = strlen(file);
+    if (flen > NAME_MAX) return ENAMETOOLONG;
+    const char *path = NULL;
+    for (char **e = env; *e && !path; e++)
+        if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5; /* the first, as getenv */
+    if (!path) path = "/usr/local/bin:/bin:/usr/bin"; /* musl's default */
+    int seen = ENOENT;
     for (const char *dir = path;; dir++) {
         const char *end = strchrnul(dir, ':');
         size_t dlen = (size_t)(end - dir);
         if (dlen + 1 + flen < cap) {
             /* An empty entry is the working directory, as execvp reads it. */
-            int n = snprintf(out, cap, "%.*s%s%s", (int)dlen, dir, dlen ? "/" : "", file);
+            snprintf(out, cap, "%.*s%s%s", (int)dlen, dir, dlen ? "/" : "", file);
             struct stat sb;
-            if (n > 0 && stat(out, &sb) == 0) {
+            if (stat(out, &sb) == 0) {
                 if (S_ISREG(sb.st_mode) && access(out, X_OK) == 0) return 0;
                 seen = EACCES;
+            } else if (errno == EACCES) {
+                seen = EACCES; /* a directory it may not search */
+            } else if (errno != ENOENT && errno != ENOTDIR) {
+                return errno; /* execvp stops at such an entry (ELOOP, EIO) */
             }
         }
         if (!*end) return seen;
@@ -666,8 +673,14 @@ static int handle_exec(int conn, struct cursor *c) {
         stage_err[0] = e ? 3 : 0;
         stage_err[1] = e;
         if (write(rfd, stage_err, sizeof stage_err) < 0 || e) _exit(127);
+        /* One byte: the agent has the answer. End of file instead: the
+         * handler died or could not answer, and no one would watch this
+         * command, so it never runs. */
         char token;
-        while (read(gfd, &token, 1) < 0 && errno == EINTR) {}
+        ssize_t got;
+        do got = read(gfd, &token, 1);
+        while (got < 0 && errno == EINTR);
+        if (got != 1) _exit(127);
         execve(program, argv, env);
         dprintf(2, "corral: executing %s: %s\n", argv[0], strerror(errno));
         _exit(127);
@@ -699,8 +712,12 @@ static int handle_exec(int conn, struct cursor *c) {
         .out = {.fd = out[0], .type = RSP_STDOUT, .cap = out_cap},
         .err = {.fd = err[0], .type = RSP_STDERR, .cap = err_cap},
     };
-    if (send_frame(conn, RSP_STARTED, pb, 4) < 0) st.conn_open = 0;
-    close(go[1]); /* the command may run */
+    if (send_frame(conn, RSP_STARTED, pb, 4) < 0) {
+        st.conn_open = 0; /* no one knows of it: it never runs (go is closed unwritten) */
+    } else if (write(go[1], "", 1) != 1) {
+        /* the child is gone: its exit is reported below */
+    }
+    close(go[1]);
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     int in_fd = in[1];

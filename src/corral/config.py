@@ -7,6 +7,7 @@ passing flags around.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -214,6 +215,12 @@ class NodeConfig:
     # the manifests at once, the data chunk by chunk (docs/image-distribution.md).
     # The operator's CORRAL_BLOB_KEY goes to the http ones.
     image_sources: list[str] = field(default_factory=list)
+    # Registry pulls a create asks for go out only through the node's egress
+    # guard (images/egress.py): never to an address inside the cluster's
+    # network, whatever a name resolves to. On for cluster nodes, whose
+    # creates come from tenants; off for an embedded node, whose user is its
+    # operator (and may pull from a registry on their own network).
+    pull_guard: bool = False
     # E2B templates (api/compat/e2b): a template id to what a sandbox of it
     # starts from, "IMAGE [workspace=REF] [toolkit=REF,REF] [memory=SIZE]
     # [cpu=N] [disk=SIZE]". A template id
@@ -289,6 +296,13 @@ class NodeConfig:
                     "must be an absolute directory, http(s):// or s3:// URL",
                     url,
                 )
+        for i, net in enumerate(self.network_deny):
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except (TypeError, ValueError):
+                raise InvalidArgument(
+                    f"network_deny[{i}]", "must be an address or a network (CIDR)", net
+                ) from None
         for name in self.store_keys:
             if name not in self.object_stores:
                 raise InvalidArgument("store_keys", "must name one of the stores", name)
@@ -415,7 +429,7 @@ class NodeConfig:
                 values[f.name] = float(raw)
             elif f.name in (
                 "lazy", "seccomp", "userns", "vm_pmem", "vm_free_page_reporting", "cpu_classes",
-                "zswap", "cpu_confine_interactive", "vm_ksm", "vm_quiet_idle",
+                "zswap", "cpu_confine_interactive", "vm_ksm", "vm_quiet_idle", "pull_guard",
             ):  # fmt: skip
                 values[f.name] = raw.lower() not in ("0", "false", "no", "off")
             else:

@@ -29,11 +29,15 @@ USER, PASSWORD = "corral", "corral-test"
 
 
 class Registry:
-    def __init__(self, root: Path, *, auth: bool = False) -> None:
+    def __init__(self, root: Path, *, auth: bool = False, tls_name: str | None = None) -> None:
+        """`tls_name`: serve HTTPS with a certificate for that name, which
+        skopeo trusts for `tls_name:port` (containers' certs.d) while it runs."""
         self.root = root
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.auth = auth
+        self.tls_name = tls_name
+        self.certs_d = Path("/etc/containers/certs.d") / f"{tls_name}:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def authfile(self, password: str = PASSWORD) -> Path:
@@ -55,6 +59,17 @@ class Registry:
             f"    rootdirectory: {self.root / 'data'}\nhttp:\n  addr: {self.host}\n"
             "  secret: corral-tests\n"
         )
+        if self.tls_name is not None:
+            cert, key = self.root / "cert.pem", self.root / "key.pem"
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                            "-keyout", str(key), "-out", str(cert), "-days", "1",
+                            "-subj", f"/CN={self.tls_name}",
+                            "-addext", f"subjectAltName=DNS:{self.tls_name}"],
+                           check=True, capture_output=True)  # fmt: skip
+            with open(config, "a") as f:
+                f.write(f"  tls:\n    certificate: {cert}\n    key: {key}\n")
+            self.certs_d.mkdir(parents=True, exist_ok=True)
+            shutil.copy(cert, self.certs_d / "ca.crt")
         if self.auth:
             (self.root / "htpasswd").write_text(HTPASSWD + "\n")
             with open(config, "a") as f:
@@ -65,7 +80,9 @@ class Registry:
                                      stdout=log, stderr=log)  # fmt: skip
         for _ in range(100):
             try:
-                if httpx.get(f"http://{self.host}/v2/").status_code in (200, 401):
+                scheme = "https" if self.tls_name else "http"
+                answer = httpx.get(f"{scheme}://{self.host}/v2/", verify=False)
+                if answer.status_code in (200, 401):
                     return
             except httpx.TransportError:
                 time.sleep(0.05)
@@ -75,6 +92,8 @@ class Registry:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(10)
+        if self.tls_name is not None:
+            shutil.rmtree(self.certs_d, ignore_errors=True)
 
     def push(self, layout: Path, name: str, *options: str) -> None:
         creds = ["--dest-creds", f"{USER}:{PASSWORD}"] if self.auth else []

@@ -20,6 +20,7 @@ import pytest
 
 import corral
 from corral.images import pull as pull_module
+from corral.images.egress import PullGuard
 from corral.images.pull import pull
 from corral.images.store import ImageStore
 
@@ -155,6 +156,52 @@ async def test_bad_pulls_are_clear_and_leave_nothing(
         with pytest.raises(corral.InvalidArgument) as err:
             await c.sandboxes.create(image="127.0.0.1:5000/Bad Name:1")
         assert err.value.details["field"] == "image"
+
+
+def _dns(host: str, port: int) -> list[str]:
+    """What a hostile name server says of mirror.corp: the node's loopback."""
+    return ["127.0.0.1"] if host == "mirror.corp" else []
+
+
+async def test_a_guarded_pull_goes_only_where_its_guard_lets_it(
+    node: Node, store: ImageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """skopeo reaches an HTTPS registry only through the node's guard
+    (images/egress.py): a name that resolves inside is refused whatever it
+    is, and the operator's listed registry is pulled through the tunnel."""
+    reg = Registry(tmp_path / "tls", tls_name="mirror.corp")
+    reg.start()
+    try:
+        push(reg, tmp_path, "team/app:1", [*BASE, TOP], CONFIG)
+        ref = f"mirror.corp:{reg.port}/team/app:1"
+        with (
+            PullGuard(resolve=_dns) as guard,
+            pytest.raises(corral.InvalidArgument, match=r"resolves to 127\.0\.0\.1") as err,
+        ):
+            await asyncio.to_thread(pull, store, ref, _quiet, guard=guard)
+        assert err.value.details["field"] == "ref" and guard.refused
+        monkeypatch.setenv("CORRAL_REGISTRIES", f"mirror.corp:{reg.port}")
+        with PullGuard(resolve=_dns) as guard:
+            top = await asyncio.to_thread(pull, store, ref, _quiet, guard=guard)
+        assert len(store.chain(top)) == 3 and not guard.refused
+    finally:
+        reg.stop()
+
+
+async def test_a_guarded_node_refuses_a_create_from_its_own_network(
+    node: Node, registry: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    """A cluster node's pulls are guarded (NodeConfig.pull_guard): a loopback
+    registry, which Go would reach without any proxy, is refused by name,
+    and the create names its field."""
+    push(registry, tmp_path, "team/app:1", [*BASE, TOP], CONFIG)
+    before = len(store.list())
+    async with node.with_config(pull_guard=True).client() as c:
+        with pytest.raises(corral.InvalidArgument, match="inside the cluster's network") as err:
+            await c.sandboxes.create(image=f"{registry.host}/team/app:1")
+        assert err.value.details["field"] == "image"
+        assert await c.sandboxes.list() == []
+    assert len(store.list()) == before
 
 
 async def test_push_then_pull_round_trips_corral_and_pulled_images(

@@ -60,6 +60,7 @@ class NodeSpec:
             dns_port=self.dns_port,
             image_sources=list(self.image_sources),
             network_deny=list(self.deny),
+            pull_guard=True,  # its creates are tenants' (images/egress.py)
         )
 
 

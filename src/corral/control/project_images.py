@@ -11,18 +11,13 @@ Checked by name, before any lookup: an answer says nothing of what exists.
 
 from __future__ import annotations
 
-import ipaddress
-import os
-import re
 from collections.abc import Sequence
 
 from corral.api.models import CommitRequest, CreateSandbox
 from corral.errors import InvalidArgument, Unavailable
+from corral.images.egress import allowed_registries, inside_name
 from corral.images.layer import RegistryRef
 
-# Every label a number (decimal, octal, 0x hex): an address in disguise.
-_NUMERIC = re.compile(r"(?:(?:0x[0-9a-f]*|[0-9]+)\.){0,3}(?:0x[0-9a-f]*|[0-9]+)")
-_LOCAL_NAMES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".cluster.local")
 PREFIX = "projects/"
 DISK = "disk:"  # images/disks.py's PREFIX (not imported: the gateway needs no qemu-img)
 
@@ -75,24 +70,14 @@ def check_registry(field: str, ref: str) -> None:
         return  # not a registry's: the node's own check names the rule
     if remote is None:
         return
-    host = remote.host
-    name = host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0]
-    name = name.lower().rstrip(".")  # LOCALHOST., as a resolver reads it
-    allowed = [h.strip() for h in os.environ.get("CORRAL_REGISTRIES", "").split(",") if h.strip()]
+    allowed = allowed_registries()
     if allowed:
-        if host not in allowed:
+        if remote.host not in allowed:
             raise InvalidArgument(
                 field, f"must name a registry this cluster pulls from ({', '.join(allowed)})", ref
             )
         return
-    try:
-        ip = ipaddress.ip_address(name)
-    except ValueError:
-        # A number that is not a dotted quad (127.1, 2130706433, 0x7f.1) is
-        # still an address to the C resolver: never taken for a name.
-        inner = bool(_NUMERIC.fullmatch(name)) or name == "localhost" or name.endswith(_LOCAL_NAMES)
-    else:
-        inner = not ip.is_global
+    inner = inside_name(remote.host)
     if inner:
         raise InvalidArgument(
             field,

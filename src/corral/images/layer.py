@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -199,6 +200,12 @@ class Layer:
             raise BadManifest(f"chunk_digests must list the blob's {chunks} chunks")
         if not all(isinstance(c, str) and _HEX.fullmatch(c) for c in self.chunk_digests):
             raise BadManifest("chunk_digests must be 64 hex digits each")
+        if (
+            isinstance(self.created, bool)
+            or not isinstance(self.created, int | float)
+            or not math.isfinite(self.created)
+        ):
+            raise BadManifest(f"created must be a time in seconds: {str(self.created)[:40]!r}")
         if self.identity not in (LEGACY, IDENTITY) or isinstance(self.identity, bool):
             raise BadManifest(f"identity must be {LEGACY} or {IDENTITY}: {self.identity!r}")
         if not isinstance(self.labels, dict) or not all(

@@ -44,6 +44,7 @@ from corral.errors import (
     Unavailable,
 )
 from corral.images.build import build_from_dir
+from corral.images.egress import PullGuard, host_port
 from corral.images.layer import DIGEST, MAX_STACK, STACK, ImageConfig, Layer, RegistryRef
 from corral.images.oci import apply_layers
 from corral.images.store import ImageStore, ProgressFn
@@ -94,9 +95,18 @@ def skopeo_error(ref: RegistryRef, text: str) -> CorralError:
 
 
 def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
-          platform: str, progress: ProgressFn) -> None:  # fmt: skip
+          platform: str, progress: ProgressFn, guard: PullGuard | None) -> None:  # fmt: skip
     os_name, _, arch = platform.partition("/")
     timeout = PULL_TIMEOUT
+    env = None
+    if guard is not None:
+        # Checked here too: Go never sends localhost or a loopback address
+        # through a proxy, whatever the environment says.
+        try:
+            guard.check(*host_port(ref.host))
+        except PermissionError as exc:
+            raise _refused(ref, str(exc)) from None
+        env = {**os.environ, **guard.env}
     argv = ["skopeo", "--command-timeout", f"{timeout:.0f}s", "copy",
             "--override-os", os_name, "--override-arch", arch or "amd64"]  # fmt: skip
     if loopback(ref.host):
@@ -107,7 +117,9 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
     label = f"pull {ref}"
     progress(label, 0, None)
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
     except FileNotFoundError:
         raise Unavailable("skopeo is not installed (Debian's skopeo package)") from None
     assert proc.stdout is not None and proc.stderr is not None
@@ -127,6 +139,8 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
     finally:
         watchdog.cancel()
     if code != 0:
+        if guard is not None and guard.refused:
+            raise _refused(ref, guard.refused[0])
         if code == -signal.SIGKILL or "context deadline exceeded" in err:
             raise Unavailable(
                 f"pulling {ref}: the registry did not deliver the image within "
@@ -134,6 +148,15 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
                 ref=str(ref),
             )
         raise skopeo_error(ref, err)
+
+
+def _refused(ref: RegistryRef, reason: str) -> InvalidArgument:
+    return InvalidArgument(
+        "ref",
+        "must name a registry outside the cluster's network (a guarded node connects only to "
+        "public addresses, or to the registries CORRAL_REGISTRIES lists)",
+        f"{ref}: {reason}",
+    )
 
 
 def _blob(layout: Path, digest: str) -> Path:
@@ -226,6 +249,7 @@ def pull(
     *,
     authfile: Path | None = None,
     platform: str = "linux/amd64",
+    guard: PullGuard | None = None,
 ) -> Layer:
     """Pull `text` (a registry reference, or Docker Hub's shorthand) and
     tag its top layer with the reference's local name; the image's top."""
@@ -233,7 +257,7 @@ def pull(
     layout = store.root / "oci"
     key = str(ref)
     with locked_layout(layout):
-        _copy(ref, layout, key, authfile, platform, progress)
+        _copy(ref, layout, key, authfile, platform, progress, guard)
         manifest_digest, manifest, config = _manifest(layout, key)
     layers = manifest.get("layers") or []
     diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []

@@ -21,8 +21,18 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from corral.errors import Conflict, ImageNotFound, InvalidArgument
-from corral.images.layer import DIGEST, LAYER_KINDS, MAX_STACK, STACK, ImageConfig, Layer, Ref
+from corral.errors import Conflict, CorralError, ImageNotFound, InvalidArgument
+from corral.images.layer import (
+    DIGEST,
+    IDENTITY,
+    LAYER_KINDS,
+    LEGACY,
+    MAX_STACK,
+    STACK,
+    ImageConfig,
+    Layer,
+    Ref,
+)
 from corral.images.upgrade import upgrade
 from corral.log import get_logger
 
@@ -31,6 +41,11 @@ log = get_logger("corral.images")
 UNNAMED = "sha256:" + "0" * 64
 
 ProgressFn = Callable[[str, float, float | None], None]
+
+
+def _images(doc: dict[str, str]) -> tuple[str, str]:
+    """A manifest's (metadata image, data blob) digests."""
+    return doc["meta_digest"], doc["blob_digest"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -70,7 +85,7 @@ class ImageStore:
         self._inventory: tuple[int, dict[str, tuple[str, int]]] | None = None
         try:
             upgrade(self)
-        except OSError as exc:  # a store this process may only read: used as it is
+        except (OSError, ValueError, CorralError) as exc:  # read-only, or damaged: used as it is
             log.warning("image.identity_not_upgraded", store=str(root), error=str(exc)[:200])
 
     # ------------------------------------------------------------- blobs
@@ -310,7 +325,13 @@ class ImageStore:
         """The oldest layer labelled key=value that is the platform's: a
         project's own commit (named under projects/, control/project_images.py)
         is never taken for a pull's or a build's layer, whatever it says."""
-        for layer in self.list():
+        layers = self.list()
+        # An old layer with an identity twin is found as its twin, or not at
+        # all (the twin's names say whose it is; the old one has none).
+        twinned = {(x.meta_digest, x.blob_digest) for x in layers if x.identity == IDENTITY}
+        for layer in layers:
+            if layer.identity == LEGACY and (layer.meta_digest, layer.blob_digest) in twinned:
+                continue
             if layer.labels.get(key) == value and not any(
                 n.startswith("projects/") for n in layer.names
             ):
@@ -329,11 +350,15 @@ class ImageStore:
                 keep.update(layer.digest for layer in self.chain(self.get(digest)))
             except (ImageNotFound, InvalidArgument):
                 pass
-        for path in list(self.layers.glob("*.json")):
-            digest = "sha256:" + path.stem
-            doc = json.loads(path.read_text())
-            if digest in keep:
-                keep_blobs.update((doc["meta_digest"], doc["blob_digest"]))
+        docs = {path: json.loads(path.read_text()) for path in self.layers.glob("*.json")}
+        # A LEGACY layer stays while its identity twin (images/upgrade.py) does:
+        # saved states and records may name it by its old digest.
+        kept = {_images(d) for p, d in docs.items() if "sha256:" + p.stem in keep}
+        for path, doc in docs.items():
+            if "sha256:" + path.stem in keep or (
+                doc.get("identity", LEGACY) == LEGACY and _images(doc) in kept
+            ):
+                keep_blobs.update(_images(doc))
                 continue
             path.unlink()
             removed += 1

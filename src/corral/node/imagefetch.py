@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from corral import metrics, trace
-from corral.errors import CorralError, ImageNotFound, Unavailable
+from corral.errors import CorralError, ImageNotFound, InvalidArgument, Unavailable
 from corral.images import registry
+from corral.images.egress import PullGuard
 from corral.images.layer import Layer, RegistryRef
 from corral.images.objects import LocalObjects, ObjectStore, open_store, operator_key
 from corral.images.pull import pull
@@ -36,9 +37,14 @@ def _quiet(task: str, done: float, total: float | None) -> None:
 
 
 class ImageFetcher:
-    def __init__(self, images: ImageStore, sources: list[str]) -> None:
+    def __init__(
+        self, images: ImageStore, sources: list[str], guard: list[str] | None = None
+    ) -> None:
+        """`guard`: registry pulls go through a PullGuard that also denies
+        these networks (the cluster's own hosts); None: unguarded."""
         self.images = images
         self.sources = list(sources)
+        self.guard = guard
         self._flights: dict[str, asyncio.Task[Layer | None]] = {}
 
     async def ensure(self, ref: str, field: str) -> None:
@@ -61,14 +67,20 @@ class ImageFetcher:
             flight = asyncio.get_running_loop().create_task(self._fetch(ref, field, remote))
             self._flights[key] = flight
             flight.add_done_callback(lambda _: self._flights.pop(key, None))
-        await asyncio.shield(flight)
+        try:
+            await asyncio.shield(flight)
+        except InvalidArgument as exc:
+            if exc.field != "ref":
+                raise
+            # A pull names the reference's rule; a create, its field.
+            raise InvalidArgument(field, exc.rule, exc.value) from None
 
     async def _fetch(self, ref: str, field: str, remote: RegistryRef | None) -> Layer | None:
         t0 = time.monotonic()
         with trace.span("image.pull", **{"image.ref": ref}):
             try:
                 if remote is not None:
-                    layer = await asyncio.to_thread(pull, self.images, ref, _quiet)
+                    layer = await asyncio.to_thread(self._pull, ref)
                     source = remote.host
                 else:
                     layer, source = await asyncio.to_thread(self._from_sources, ref, field)
@@ -79,6 +91,12 @@ class ImageFetcher:
         log.info("image.pulled", ref=ref, digest=layer.digest, source=source,
                  seconds=round(time.monotonic() - t0, 3))  # fmt: skip
         return layer
+
+    def _pull(self, ref: str) -> Layer:
+        if self.guard is None:
+            return pull(self.images, ref, _quiet)
+        with PullGuard(self.guard) as guard:
+            return pull(self.images, ref, _quiet, guard=guard)
 
     def _from_sources(self, ref: str, field: str) -> tuple[Layer, str]:
         """The first source that has `ref`. A source that cannot be read is

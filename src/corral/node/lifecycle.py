@@ -181,7 +181,11 @@ class Lifecycle:
         self.runtimes = runtimes
         self.layers = layers
         self.images = layers.store
-        self.fetcher = ImageFetcher(self.images, self.config.image_sources)
+        self.fetcher = ImageFetcher(
+            self.images,
+            self.config.image_sources,
+            guard=config.network_deny if config.pull_guard else None,
+        )
         self.disks = Disks(config.disks_dir)
         self.scratch = scratch
         self.dirs = dirs
