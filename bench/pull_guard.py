@@ -60,12 +60,14 @@ def _server(size: int) -> tuple[socket.socket, int]:
     return server, server.getsockname()[1]
 
 
+GUARD_PORT = 0  # where the guard answers (a pull's is in its own namespace)
+
+
 def _open(guard: PullGuard | None, port: int) -> socket.socket:
     if guard is None:
         return socket.create_connection(("127.0.0.1", port))
-    creds, _, where = guard.url.removeprefix("http://").partition("@")
-    host, _, proxy_port = where.partition(":")
-    sock = socket.create_connection((host, int(proxy_port)))
+    creds = guard.env["HTTPS_PROXY"].removeprefix("http://").partition("@")[0]
+    sock = socket.create_connection(("127.0.0.1", GUARD_PORT))
     auth = base64.b64encode(creds.encode()).decode()
     sock.sendall(f"CONNECT {NAME}:{port} HTTP/1.1\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
                  .encode())  # fmt: skip
@@ -98,7 +100,11 @@ def _download(guard: PullGuard | None, port: int) -> float:
 def main(mib: int, n: int) -> None:
     server, port = _server(mib << 20)
     os.environ["CORRAL_REGISTRIES"] = f"{NAME}:{port}"  # a listed mirror, on loopback
+    global GUARD_PORT
     with PullGuard(resolve=lambda host, _: ["127.0.0.1"] if host == NAME else []) as guard:
+        listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        GUARD_PORT = listener.getsockname()[1]
+        guard.serve(listener)
         for _ in range(20):  # warm both paths
             _setup(None, port), _setup(guard, port)
         direct, guarded = [], []

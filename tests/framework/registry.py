@@ -28,6 +28,23 @@ HTPASSWD = "corral:$2b$05$ehoz57341ir.wwj3gHXNCuLlLLNHrr99KmCQQx6EosuzM68hmdRi6"
 USER, PASSWORD = "corral", "corral-test"
 
 
+def trusted_cert(root: Path, name: str, port: int) -> tuple[Path, Path]:
+    """A self-signed certificate for `name`, which skopeo (containers' certs.d)
+    trusts for `name:port` until certs_dir(name, port) is removed."""
+    cert, key = root / "cert.pem", root / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}"],
+                   check=True, capture_output=True)  # fmt: skip
+    certs_dir(name, port).mkdir(parents=True, exist_ok=True)
+    shutil.copy(cert, certs_dir(name, port) / "ca.crt")
+    return cert, key
+
+
+def certs_dir(name: str, port: int) -> Path:
+    return Path("/etc/containers/certs.d") / f"{name}:{port}"
+
+
 class Registry:
     def __init__(self, root: Path, *, auth: bool = False, tls_name: str | None = None) -> None:
         """`tls_name`: serve HTTPS with a certificate for that name, which
@@ -37,7 +54,6 @@ class Registry:
         self.host = f"127.0.0.1:{self.port}"
         self.auth = auth
         self.tls_name = tls_name
-        self.certs_d = Path("/etc/containers/certs.d") / f"{tls_name}:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def authfile(self, password: str = PASSWORD) -> Path:
@@ -60,16 +76,9 @@ class Registry:
             "  secret: corral-tests\n"
         )
         if self.tls_name is not None:
-            cert, key = self.root / "cert.pem", self.root / "key.pem"
-            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                            "-keyout", str(key), "-out", str(cert), "-days", "1",
-                            "-subj", f"/CN={self.tls_name}",
-                            "-addext", f"subjectAltName=DNS:{self.tls_name}"],
-                           check=True, capture_output=True)  # fmt: skip
+            cert, key = trusted_cert(self.root, self.tls_name, self.port)
             with open(config, "a") as f:
                 f.write(f"  tls:\n    certificate: {cert}\n    key: {key}\n")
-            self.certs_d.mkdir(parents=True, exist_ok=True)
-            shutil.copy(cert, self.certs_d / "ca.crt")
         if self.auth:
             (self.root / "htpasswd").write_text(HTPASSWD + "\n")
             with open(config, "a") as f:
@@ -93,7 +102,7 @@ class Registry:
             self.proc.terminate()
             self.proc.wait(10)
         if self.tls_name is not None:
-            shutil.rmtree(self.certs_d, ignore_errors=True)
+            shutil.rmtree(certs_dir(self.tls_name, self.port), ignore_errors=True)
 
     def push(self, layout: Path, name: str, *options: str) -> None:
         creds = ["--dest-creds", f"{USER}:{PASSWORD}"] if self.auth else []

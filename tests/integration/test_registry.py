@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import logging
 import os
+import shutil
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +28,8 @@ from corral.images.pull import pull
 from corral.images.store import ImageStore
 
 from ..framework import Node
-from ..framework.registry import Registry, oci_image
+from ..framework.processes import free_port
+from ..framework.registry import Registry, certs_dir, oci_image, trusted_cert
 
 BASE: list[dict[str, bytes | None]] = [
     {"etc": None, "etc/a.txt": b"a\n", "etc/b.txt": b"b\n", "opq": None, "opq/old": b"x"},
@@ -186,6 +190,75 @@ async def test_a_guarded_pull_goes_only_where_its_guard_lets_it(
         assert len(store.chain(top)) == 3 and not guard.refused
     finally:
         reg.stop()
+
+
+@pytest.fixture
+def steering(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
+    """An HTTPS "registry" for evil.test that steers its client elsewhere:
+    every answer a redirect, and a token realm, to a loopback HTTP server
+    that records whoever reaches it. Yields (its port, what reached the
+    loopback server)."""
+    reached: list[str] = []
+
+    class Victim(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            reached.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    victim = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Victim)
+    to = f"http://127.0.0.1:{victim.server_address[1]}"
+
+    class Steer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/v2/":
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="{to}/token",service="x"')
+            else:
+                self.send_response(307)
+                self.send_header("Location", f"{to}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    port = free_port()
+    cert, key = trusted_cert(tmp_path, "evil.test", port)
+    steer = http.server.ThreadingHTTPServer(("127.0.0.1", port), Steer)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    steer.socket = tls.wrap_socket(steer.socket, server_side=True)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (victim, steer)]
+    for t in threads:
+        t.start()
+    yield port, reached
+    for s in (victim, steer):
+        s.shutdown()
+        s.server_close()
+    shutil.rmtree(certs_dir("evil.test", port), ignore_errors=True)
+
+
+async def test_a_registry_cannot_steer_a_guarded_pull_to_the_nodes_loopback(
+    store: ImageStore, steering: tuple[int, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry names where skopeo goes next (a redirect, a token realm),
+    and Go never sends a loopback address through a proxy: in the pull's own
+    network namespace nothing but the guard answers, so the node's loopback
+    services are out of reach whatever the registry says."""
+    port, reached = steering
+    monkeypatch.setenv("CORRAL_REGISTRIES", f"evil.test:{port}")  # let through to its answers
+    dns = lambda host, _: ["127.0.0.1"] if host == "evil.test" else []  # noqa: E731
+    with PullGuard(resolve=dns) as guard, pytest.raises(corral.CorralError):
+        await asyncio.to_thread(pull, store, f"evil.test:{port}/team/app:1", _quiet, guard=guard)
+    assert reached == []
 
 
 async def test_a_guarded_node_refuses_a_create_from_its_own_network(

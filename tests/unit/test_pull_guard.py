@@ -4,6 +4,7 @@ CONNECT proxy on loopback, a resolver that says what a hostile DNS would."""
 from __future__ import annotations
 
 import base64
+import ipaddress
 import socket
 import threading
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 
 from corral.config import NodeConfig
 from corral.errors import InvalidArgument
-from corral.images.egress import PullGuard, host_port, inside_name
+from corral.images.egress import PROXY_PORT, PullGuard, host_port, inside_name, outside
 
 pytestmark = pytest.mark.unit
 
@@ -25,6 +26,7 @@ ANSWERS = {
     "ctl.example": ["93.184.216.40"],  # public, but the cluster's own (denied)
     "public.example": ["93.184.216.34"],
     "mirror.corp": ["127.0.0.1"],  # the operator's, listed in CORRAL_REGISTRIES
+    "nat64.example": ["64:ff9b::a9fe:a9fe"],  # the metadata service through NAT64
 }
 
 
@@ -35,18 +37,19 @@ def fake_dns(host: str, port: int) -> list[str]:
 @pytest.mark.parametrize(
     ("host", "port", "why"),
     [
-        ("evil.example", 443, "resolves to 10.0.0.5"),
-        ("meta.example", 443, "resolves to 169.254.169.254"),
-        ("split.example", 443, "resolves to 127.0.0.1"),
-        ("mapped.example", 443, "resolves to ::ffff:127.0.0.1"),
-        ("shared.example", 443, "resolves to 100.64.0.1"),
-        ("ctl.example", 443, "resolves to 93.184.216.40"),
+        ("evil.example", 443, "resolves to an address inside"),
+        ("meta.example", 443, "resolves to an address inside"),
+        ("split.example", 443, "resolves to an address inside"),
+        ("mapped.example", 443, "resolves to an address inside"),
+        ("shared.example", 443, "resolves to an address inside"),
+        ("ctl.example", 443, "resolves to an address inside"),
+        ("nat64.example", 443, "resolves to an address inside"),
         ("nowhere.example", 443, "resolves to no address"),
         ("127.1", 443, "names an address inside"),
         ("LOCALHOST.", 443, "names an address inside"),
         ("registry.internal", 443, "names an address inside"),
         ("10.1.2.3", 443, "names an address inside"),
-        ("mirror.corp", 5001, "resolves to 127.0.0.1"),  # listed with another port
+        ("mirror.corp", 5001, "resolves to an address inside"),  # listed with another port
     ],
 )
 def test_an_inside_address_is_refused_however_it_is_named(
@@ -97,11 +100,19 @@ def echo() -> Iterator[int]:
     server.close()
 
 
-def _connect(guard: PullGuard, target: str, auth: bool = True) -> tuple[socket.socket, bytes]:
-    url = guard.url.removeprefix("http://")
-    creds, _, where = url.partition("@")
-    host, _, port = where.partition(":")
-    sock = socket.create_connection((host, int(port)), timeout=5)
+def _serving(guard: PullGuard) -> int:
+    """The guard answering on a loopback port (a guarded pull's listener is
+    in the pull's own network namespace: tests/integration/test_registry.py)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    guard.serve(listener)
+    return int(listener.getsockname()[1])
+
+
+def _connect(
+    port: int, guard: PullGuard, target: str, auth: bool = True
+) -> tuple[socket.socket, bytes]:
+    creds = guard.env["HTTPS_PROXY"].removeprefix("http://").partition("@")[0]
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
     if auth:
         head += f"Proxy-Authorization: Basic {base64.b64encode(creds.encode()).decode()}\r\n"
@@ -118,30 +129,46 @@ def _connect(guard: PullGuard, target: str, auth: bool = True) -> tuple[socket.s
 def test_the_proxy_tunnels_to_a_listed_registry_and_refuses_the_rest(
     monkeypatch: pytest.MonkeyPatch, echo: int
 ) -> None:
-    monkeypatch.setenv("CORRAL_REGISTRIES", f"mirror.corp:{echo}")
+    monkeypatch.setenv("CORRAL_REGISTRIES", f"Mirror.Corp:{echo}")  # read as a resolver reads it
     with PullGuard(resolve=fake_dns) as guard:
-        sock, status = _connect(guard, f"mirror.corp:{echo}")
+        port = _serving(guard)
+        sock, status = _connect(port, guard, f"mirror.corp:{echo}")
         with sock:
             assert status == b"HTTP/1.1 200 Connection established"
             sock.sendall(b"hello through the tunnel")
             assert sock.recv(100) == b"hello through the tunnel"
-        sock, status = _connect(guard, f"evil.example:{echo}")
+        sock, status = _connect(port, guard, f"evil.example:{echo}")
         sock.close()
         assert status == b"HTTP/1.1 403 Forbidden"
-        assert guard.refused == ["evil.example resolves to 10.0.0.5, inside the cluster's network"]
-        sock, status = _connect(guard, f"mirror.corp:{echo}", auth=False)
+        # What a tenant is told names no address (its DNS may be the node's).
+        assert guard.refused == ["evil.example resolves to an address inside the cluster's network"]
+        sock, status = _connect(port, guard, f"mirror.corp:{echo}", auth=False)
         sock.close()
         assert status == b"HTTP/1.1 407 Proxy Authentication Required"
-        assert set(guard.env.values()) - {""} == {guard.url}
+        assert guard.env["HTTPS_PROXY"].endswith(f"@127.0.0.1:{PROXY_PORT}")
 
 
-def test_plain_http_is_never_forwarded(echo: int) -> None:
+def test_plain_http_and_bad_heads_are_never_forwarded(echo: int) -> None:
     with PullGuard(resolve=fake_dns) as guard:
-        url = guard.url.removeprefix("http://").partition("@")[2]
-        host, _, port = url.partition(":")
-        with socket.create_connection((host, int(port)), timeout=5) as sock:
-            sock.sendall(f"GET http://127.0.0.1:{echo}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            assert sock.recv(100) == b""  # closed, nothing sent on
+        port = _serving(guard)
+        for head in (f"GET http://127.0.0.1:{echo}/ HTTP/1.1\r\nHost: x\r\n\r\n",
+                     f"CONNECT mirror.corp:{echo}@evil HTTP/1.1\r\n\r\n",
+                     "CONNECT \u00e9:443 HTTP/1.1\r\nProxy-Authorization: \u00e9\r\n\r\n",
+                     "CONNECT public.example:443 HTTP/1.1\r\n\r\nearly bytes"):  # fmt: skip
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(head.encode())
+                answer = b""
+                while more := sock.recv(1024):
+                    answer += more
+            assert not answer.startswith(b"HTTP/1.1 200"), (head, answer)
+
+
+def test_an_address_that_carries_an_inside_one_is_inside() -> None:
+    for text in ("64:ff9b::a00:5", "64:ff9b::a9fe:a9fe", "2002:7f00:1::", "::ffff:0:a00:5",
+                 "::127.0.0.1", "64:ff9b:1::1", "2001:0:4136:e378::1", "192.0.0.8", "0.1.2.3"):  # fmt: skip
+        assert not outside(ipaddress.ip_address(text)), text
+    for text in ("64:ff9b::5db8:d822", "2002:5db8:d822::1", "2606:4700::1111", "93.184.216.34"):
+        assert outside(ipaddress.ip_address(text)), text
 
 
 @pytest.mark.parametrize("bad", ["example.com", "10.0.0.0/33", "", "1.2.3.4/8/9"])

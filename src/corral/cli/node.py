@@ -42,8 +42,11 @@ async def serve(a: argparse.Namespace) -> int:
             log_level=a.log_level,
         )
         return 0
+    # A node a gateway places on takes tenants' creates: its registry pulls
+    # are guarded (images/egress.py) unless CORRAL_PULL_GUARD says otherwise.
+    guard = {"pull_guard": True} if a.state and "CORRAL_PULL_GUARD" not in os.environ else {}
     await run_server(
-        NodeConfig.from_env(data_dir=a.data_dir, node=a.node),
+        NodeConfig.from_env(data_dir=a.data_dir, node=a.node, **guard),
         host=a.host,
         port=a.port,
         socket=a.socket,

@@ -17,7 +17,7 @@ import asyncio
 import os
 import threading
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,16 +52,20 @@ class NodeSpec:
         """The node's config, as its actor and `cluster down`'s cleaning run it."""
         from corral.config import NodeConfig
 
-        return NodeConfig.from_env(
+        # Its creates are tenants': registry pulls guarded (images/egress.py)
+        # unless CORRAL_PULL_GUARD says otherwise.
+        guard = {} if "CORRAL_PULL_GUARD" in os.environ else {"pull_guard": True}
+        cfg = NodeConfig.from_env(
             data_dir=Path(self.data_dir),
             node=self.node,
             images=Path(self.images) if self.images else None,
             network_pool=self.network_pool,
             dns_port=self.dns_port,
             image_sources=list(self.image_sources),
-            network_deny=list(self.deny),
-            pull_guard=True,  # its creates are tenants' (images/egress.py)
+            **guard,
         )
+        # The cluster's own hosts, and what the operator denies besides.
+        return replace(cfg, network_deny=[*cfg.network_deny, *self.deny])
 
 
 @dataclass(frozen=True)

@@ -4,37 +4,44 @@ A create through a gateway may name any registry, and the node pulls it as
 root, from inside the cluster's network. A check of the name alone
 (`inside_name`, the gateway's first line) cannot see where a public name
 resolves: `evil.example` may answer 10.0.0.5 or 169.254.169.254, and
-answer differently a second later. So a guarded pull (NodeConfig.pull_guard,
-on for cluster nodes) gives skopeo one way out: this HTTP CONNECT proxy,
-which resolves every name itself, refuses when any address it gets is
-inside (loopback, private, link-local, shared, or a network the node is
-told to deny), and connects to an address it checked. Redirects (a
-registry's blobs on a CDN, its token server) pass through it too.
+answer differently a second later. And the registry steers skopeo further
+than its own name: a redirect, a token realm or a foreign layer's URL may
+name any address, loopback included, which Go never sends through a proxy.
+
+So a guarded pull (NodeConfig.pull_guard: every node a gateway places on)
+runs skopeo in a network namespace of its own, where the only thing it can
+reach is this proxy's listening socket (made there, passed out; nothing
+else listens, and nothing routes out). The proxy answers CONNECT only,
+resolves every name itself, refuses when any address it gets is inside
+(`outside`), and connects, from the node's namespace, only to an address it
+checked.
 
 CORRAL_REGISTRIES (HOST[:PORT], comma-separated; the gateway reads it to
 limit which registries a create may name) also names the registries the
 guard lets through wherever they resolve: an operator's own registry on a
 private address.
-
-The proxy listens on the node's loopback, one per pull, with a random
-credential; a sandbox cannot reach the node's loopback (its own network
-namespace) and could not use the proxy without the credential if it did.
 """
 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
+import ctypes
+import fcntl
 import ipaddress
 import os
 import re
 import secrets
 import selectors
 import socket
-import socketserver
+import struct
+import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
+from typing import Any
 
+from corral.errors import Unavailable
 from corral.log import get_logger
 
 log = get_logger("corral.images")
@@ -42,13 +49,27 @@ log = get_logger("corral.images")
 # Every label a number (decimal, octal, 0x hex): an address in disguise.
 _NUMERIC = re.compile(r"(?:(?:0x[0-9a-f]*|[0-9]+)\.){0,3}(?:0x[0-9a-f]*|[0-9]+)")
 _LOCAL_NAMES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".cluster.local")
+# The proxy's port in the pull's own network namespace, free by construction.
+PROXY_PORT = 3128
 HEAD_MAX = 8192  # a CONNECT request's head
-CONNECT_TIMEOUT = 15.0
+CONNECT_TIMEOUT = 15.0  # the head, the name's resolution, the upstream connect: each
 IDLE_TIMEOUT = 300.0  # a tunnel with no byte either way for this long is closed
+TUNNELS = 32  # at once, per pull (skopeo opens a few)
+# IPv6 forms that carry an IPv4 address a gateway may route to (NAT64's
+# well-known prefix and 6to4 are read through; the rest are refused whole).
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_REFUSED6 = [ipaddress.ip_network(n) for n in (
+    "64:ff9b:1::/48", "2001::/32", "::/96", "::ffff:0:0:0/96", "2002::/16")]  # fmt: skip
+_RESERVED4 = [ipaddress.ip_network(n) for n in ("192.0.0.0/24", "0.0.0.0/8")]
 
 Resolver = Callable[[str, int], list[str]]
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+_RESOLVERS = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="pull-guard-dns")
 
 
 def allowed_registries() -> list[str]:
@@ -80,9 +101,26 @@ def inside_name(host: str) -> bool:
 
 def _inside(name: str) -> bool:
     try:
-        return not ipaddress.ip_address(name).is_global
+        return not outside(ipaddress.ip_address(name))
     except ValueError:
         return bool(_NUMERIC.fullmatch(name)) or name == "localhost" or name.endswith(_LOCAL_NAMES)
+
+
+def outside(ip: Address, deny: Iterable[Network] = ()) -> bool:
+    """An address outside the cluster's network: public, and in none of
+    `deny`. An IPv6 address that carries an IPv4 one is judged by that."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif ip.sixtofour is not None:
+            ip = ip.sixtofour
+        elif ip in _NAT64:
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        elif any(ip in net for net in _REFUSED6):
+            return False
+    if isinstance(ip, ipaddress.IPv4Address) and any(ip in net for net in _RESERVED4):
+        return False
+    return ip.is_global and not any(ip in net for net in deny)
 
 
 def _resolve(host: str, port: int) -> list[str]:
@@ -91,70 +129,103 @@ def _resolve(host: str, port: int) -> list[str]:
 
 
 class PullGuard:
-    """One pull's proxy (a context manager): `env` points skopeo at it;
+    """One pull's proxy (a context manager): `spawn` runs skopeo behind it;
     `refused` says what it refused, for the pull's error."""
 
     def __init__(self, deny: Iterable[str] = (), resolve: Resolver = _resolve) -> None:
         self.deny: list[Network] = [ipaddress.ip_network(n, strict=False) for n in deny]
-        self.allowed = set(allowed_registries())
+        self.allowed = {host_port(h) for h in allowed_registries()}
         self.resolve = resolve
         self.refused: list[str] = []
         self._token = secrets.token_urlsafe(24)
-        self._server: socketserver.ThreadingTCPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._listener: socket.socket | None = None
+        self._slots = threading.BoundedSemaphore(TUNNELS)
 
     # ------------------------------------------------------------ policy
 
-    def _outside(self, ip: Address) -> bool:
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return ip.is_global and not any(ip in net for net in self.deny)
+    def check_name(self, host: str, port: int) -> bool:
+        """Whether `host`:`port` is a listed registry; PermissionError where
+        its name alone is inside (no resolver asked)."""
+        name = host.lower().rstrip(".")
+        listed = (name, port) in self.allowed
+        if not listed and _inside(name):
+            raise PermissionError(f"{host} names an address inside the cluster's network")
+        return listed
 
     def check(self, host: str, port: int) -> list[str]:
         """The addresses `host`:`port` may be reached at; PermissionError
-        (with the reason) where any address it has is inside."""
-        listed = f"{host}:{port}" in self.allowed or (port == 443 and host in self.allowed)
-        if not listed and _inside(host.lower().rstrip(".")):
-            raise PermissionError(f"{host} names an address inside the cluster's network")
-        addresses = self.resolve(host, port)
+        (with the reason, which names no address: a tenant sees it) where
+        any address it has is inside."""
+        name = host.lower().rstrip(".")
+        listed = self.check_name(host, port)
+        future = _RESOLVERS.submit(self.resolve, name, port)
+        try:
+            addresses = future.result(CONNECT_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            raise PermissionError(f"{host} did not resolve in {CONNECT_TIMEOUT:g} s") from None
+        except (OSError, UnicodeError):
+            addresses = []
         if not addresses:
             raise PermissionError(f"{host} resolves to no address")
         if not listed:
             for text in addresses:
-                if not self._outside(ipaddress.ip_address(text.split("%")[0])):
+                if not outside(ipaddress.ip_address(text.split("%")[0]), self.deny):
+                    log.warning("image.pull_inside", host=host, port=port, address=text)
                     raise PermissionError(
-                        f"{host} resolves to {text}, inside the cluster's network"
+                        f"{host} resolves to an address inside the cluster's network"
                     )
         return addresses
 
     # ------------------------------------------------------------- proxy
 
     @property
-    def url(self) -> str:
-        assert self._server is not None, "PullGuard is used as a context manager"
-        port = self._server.server_address[1]
-        return f"http://corral:{self._token}@127.0.0.1:{port}"
-
-    @property
     def env(self) -> dict[str, str]:
         """skopeo's environment additions: every request through the proxy
         (Go's net/http reads both spellings; NO_PROXY must exempt nothing)."""
-        url = self.url
+        url = f"http://corral:{self._token}@127.0.0.1:{PROXY_PORT}"
         return {"HTTPS_PROXY": url, "https_proxy": url, "HTTP_PROXY": url, "http_proxy": url,
                 "NO_PROXY": "", "no_proxy": ""}  # fmt: skip
 
+    def spawn(self, argv: list[str], **popen: Any) -> subprocess.Popen[str]:
+        """`argv` in a network namespace of its own whose only way out is
+        this proxy (its listening socket is made there and passed out)."""
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            try:
+                # preexec_fn, as runtimes/vm does: system calls only.
+                proc = subprocess.Popen(
+                    argv,
+                    env={**os.environ, **self.env},
+                    preexec_fn=lambda: _isolate(theirs),
+                    **popen,
+                )
+            except subprocess.SubprocessError as exc:
+                raise Unavailable(
+                    f"a guarded pull needs a network namespace of its own: {exc}"
+                ) from None
+            ours.settimeout(CONNECT_TIMEOUT)
+            _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+        self.serve(socket.socket(fileno=fds[0]))
+        return proc
+
+    def serve(self, listener: socket.socket) -> None:
+        """Answer CONNECTs on `listener` until the guard is closed."""
+        self._listener = listener
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return  # closed
+                if not self._slots.acquire(blocking=False):
+                    conn.close()
+                    continue
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, name="pull-guard", daemon=True).start()
+
     def __enter__(self) -> PullGuard:
-        guard = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                guard._serve(self.request)
-
-        server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler, bind_and_activate=True)
-        server.daemon_threads = True
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="pull-guard", daemon=True)
-        self._thread.start()
         return self
 
     def __exit__(
@@ -163,20 +234,22 @@ class PullGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes its accept()
+            except OSError:
+                pass
+            self._listener.close()
 
     def _serve(self, client: socket.socket) -> None:
         client.settimeout(CONNECT_TIMEOUT)
         try:
             self._tunnel(client)
-        except (OSError, ValueError):
+        except (OSError, ValueError, UnicodeError):
             pass  # a client gone, or not a CONNECT: nothing is forwarded
         finally:
             client.close()
+            self._slots.release()
 
     def _tunnel(self, client: socket.socket) -> None:
         target = self._target(_read_head(client))
@@ -202,21 +275,37 @@ class PullGuard:
     def _target(self, head: bytes) -> tuple[str, int] | None:
         """(host, port) of an authenticated CONNECT; None: not authenticated.
         ValueError: not a CONNECT (plain HTTP is never forwarded)."""
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, _ = lines[0].split(" ", 2)
-        if method != "CONNECT":
+        lines = head.split(b"\r\n")
+        method, target, _ = lines[0].split(b" ", 2)
+        if method != b"CONNECT":
             raise ValueError("only CONNECT")
-        want = "Basic " + base64.b64encode(f"corral:{self._token}".encode()).decode()
-        given = [v.strip() for k, _, v in (x.partition(":") for x in lines[1:])
-                 if k.strip().lower() == "proxy-authorization"]  # fmt: skip
+        want = b"Basic " + base64.b64encode(f"corral:{self._token}".encode())
+        given = [v.strip() for k, _, v in (x.partition(b":") for x in lines[1:])
+                 if k.strip().lower() == b"proxy-authorization"]  # fmt: skip
         if not given or not secrets.compare_digest(given[0], want):
             return None
-        host, _, port = target.rpartition(":")
+        host, _, port = target.decode("ascii").rpartition(":")
         host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         number = int(port)
         if not host or not 0 < number < 65536:
             raise ValueError("bad target")
         return host, number
+
+
+def _isolate(channel: socket.socket) -> None:
+    """In the pull's child, before exec: a network namespace of its own,
+    its loopback up, the proxy's listening socket made there and sent to
+    the parent. System calls only (the parent may have threads)."""
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        raw = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack_from("16sH", raw)[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", PROXY_PORT))
+        listener.listen(64)
+        socket.send_fds(channel, [b"L"], [listener.fileno()])
 
 
 def _read_head(sock: socket.socket) -> bytes:

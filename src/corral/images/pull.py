@@ -98,15 +98,14 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
           platform: str, progress: ProgressFn, guard: PullGuard | None) -> None:  # fmt: skip
     os_name, _, arch = platform.partition("/")
     timeout = PULL_TIMEOUT
-    env = None
     if guard is not None:
-        # Checked here too: Go never sends localhost or a loopback address
-        # through a proxy, whatever the environment says.
+        # By name first, for a clear answer: Go would not send a loopback
+        # address through the proxy (it could reach nothing in the pull's
+        # namespace either way).
         try:
-            guard.check(*host_port(ref.host))
+            guard.check_name(*host_port(ref.host))
         except PermissionError as exc:
             raise _refused(ref, str(exc)) from None
-        env = {**os.environ, **guard.env}
     argv = ["skopeo", "--command-timeout", f"{timeout:.0f}s", "copy",
             "--override-os", os_name, "--override-arch", arch or "amd64"]  # fmt: skip
     if loopback(ref.host):
@@ -117,9 +116,8 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
     label = f"pull {ref}"
     progress(label, 0, None)
     try:
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
+        pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        proc = guard.spawn(argv, **pipes) if guard is not None else subprocess.Popen(argv, **pipes)
     except FileNotFoundError:
         raise Unavailable("skopeo is not installed (Debian's skopeo package)") from None
     assert proc.stdout is not None and proc.stderr is not None
