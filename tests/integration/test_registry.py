@@ -180,7 +180,7 @@ async def test_a_guarded_pull_goes_only_where_its_guard_lets_it(
         ref = f"mirror.corp:{reg.port}/team/app:1"
         with (
             PullGuard(resolve=_dns) as guard,
-            pytest.raises(corral.InvalidArgument, match=r"resolves to 127\.0\.0\.1") as err,
+            pytest.raises(corral.InvalidArgument, match="resolves to an address inside") as err,
         ):
             await asyncio.to_thread(pull, store, ref, _quiet, guard=guard)
         assert err.value.details["field"] == "ref" and guard.refused
