@@ -36,6 +36,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev
   ca-certificates curl tar
   skopeo zstd               # OCI registries: their protocol (pulls), zstd layers
+  openssl                   # the registry tests' TLS certificates
   docker-registry           # a real registry for the tests, started by them on loopback
   chromium chromium-driver  # the browser tests (tests/integration/test_dashboard.py, test_liveview.py)
   novnc                     # the desktops' live view in a browser (api/liveview.py)

@@ -28,7 +28,6 @@ from corral.images.pull import pull
 from corral.images.store import ImageStore
 
 from ..framework import Node
-from ..framework.processes import free_port
 from ..framework.registry import Registry, certs_dir, oci_image, trusted_cert
 
 BASE: list[dict[str, bytes | None]] = [
@@ -174,8 +173,8 @@ async def test_a_guarded_pull_goes_only_where_its_guard_lets_it(
     (images/egress.py): a name that resolves inside is refused whatever it
     is, and the operator's listed registry is pulled through the tunnel."""
     reg = Registry(tmp_path / "tls", tls_name="mirror.corp")
-    reg.start()
     try:
+        reg.start()
         push(reg, tmp_path, "team/app:1", [*BASE, TOP], CONFIG)
         ref = f"mirror.corp:{reg.port}/team/app:1"
         with (
@@ -193,12 +192,13 @@ async def test_a_guarded_pull_goes_only_where_its_guard_lets_it(
 
 
 @pytest.fixture
-def steering(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
+def steering(tmp_path: Path) -> Iterator[tuple[int, list[str], list[str]]]:
     """An HTTPS "registry" for evil.test that steers its client elsewhere:
     every answer a redirect, and a token realm, to a loopback HTTP server
-    that records whoever reaches it. Yields (its port, what reached the
-    loopback server)."""
+    that records whoever reaches it. Yields (its port, what it was asked,
+    what reached the loopback server)."""
     reached: list[str] = []
+    asked: list[str] = []
 
     class Victim(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -216,6 +216,7 @@ def steering(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
 
     class Steer(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            asked.append(self.path)
             if self.path == "/v2/":
                 self.send_response(401)
                 self.send_header("WWW-Authenticate", f'Bearer realm="{to}/token",service="x"')
@@ -230,35 +231,36 @@ def steering(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    port = free_port()
-    cert, key = trusted_cert(tmp_path, "evil.test", port)
-    steer = http.server.ThreadingHTTPServer(("127.0.0.1", port), Steer)
-    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(cert, key)
-    steer.socket = tls.wrap_socket(steer.socket, server_side=True)
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (victim, steer)]
-    for t in threads:
-        t.start()
-    yield port, reached
-    for s in (victim, steer):
-        s.shutdown()
-        s.server_close()
-    shutil.rmtree(certs_dir("evil.test", port), ignore_errors=True)
+    steer = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Steer)
+    port = steer.server_address[1]
+    try:
+        cert, key = trusted_cert(tmp_path, "evil.test", port)
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cert, key)
+        steer.socket = tls.wrap_socket(steer.socket, server_side=True)
+        for s in (victim, steer):
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+        yield port, asked, reached
+    finally:
+        for s in (victim, steer):
+            s.shutdown()
+            s.server_close()
+        shutil.rmtree(certs_dir("evil.test", port), ignore_errors=True)
 
 
 async def test_a_registry_cannot_steer_a_guarded_pull_to_the_nodes_loopback(
-    store: ImageStore, steering: tuple[int, list[str]], monkeypatch: pytest.MonkeyPatch
+    store: ImageStore, steering: tuple[int, list[str], list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A registry names where skopeo goes next (a redirect, a token realm),
     and Go never sends a loopback address through a proxy: in the pull's own
     network namespace nothing but the guard answers, so the node's loopback
     services are out of reach whatever the registry says."""
-    port, reached = steering
+    port, asked, reached = steering
     monkeypatch.setenv("CORRAL_REGISTRIES", f"evil.test:{port}")  # let through to its answers
     dns = lambda host, _: ["127.0.0.1"] if host == "evil.test" else []  # noqa: E731
     with PullGuard(resolve=dns) as guard, pytest.raises(corral.CorralError):
         await asyncio.to_thread(pull, store, f"evil.test:{port}/team/app:1", _quiet, guard=guard)
-    assert reached == []
+    assert asked and reached == [], (asked, reached)  # it was reached, and steered nowhere
 
 
 async def test_a_guarded_node_refuses_a_create_from_its_own_network(

@@ -13,7 +13,14 @@ import pytest
 
 from corral.config import NodeConfig
 from corral.errors import InvalidArgument
-from corral.images.egress import PROXY_PORT, PullGuard, host_port, inside_name, outside
+from corral.images.egress import (
+    PROXY_PORT,
+    PullGuard,
+    Unresolved,
+    host_port,
+    inside_name,
+    outside,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +51,6 @@ def fake_dns(host: str, port: int) -> list[str]:
         ("shared.example", 443, "resolves to an address inside"),
         ("ctl.example", 443, "resolves to an address inside"),
         ("nat64.example", 443, "resolves to an address inside"),
-        ("nowhere.example", 443, "resolves to no address"),
         ("127.1", 443, "names an address inside"),
         ("LOCALHOST.", 443, "names an address inside"),
         ("registry.internal", 443, "names an address inside"),
@@ -59,6 +65,13 @@ def test_an_inside_address_is_refused_however_it_is_named(
     guard = PullGuard(deny=["93.184.216.40/32"], resolve=fake_dns)
     with pytest.raises(PermissionError, match=why):
         guard.check(host, port)
+
+
+def test_a_name_with_no_address_is_unresolved_not_refused() -> None:
+    """The registry is unreachable, as it would be unguarded: Unavailable
+    for the pull, not a rule the tenant broke."""
+    with pytest.raises(Unresolved, match="resolves to no address"):
+        PullGuard(resolve=fake_dns).check("nowhere.example", 443)
 
 
 def test_public_and_listed_registries_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,9 +108,12 @@ def echo() -> Iterator[int]:
                 while data := conn.recv(4096):
                     conn.sendall(data)
 
-    threading.Thread(target=serve, daemon=True).start()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
     yield server.getsockname()[1]
+    server.shutdown(socket.SHUT_RDWR)  # wakes its accept()
     server.close()
+    thread.join(5)
 
 
 def _serving(guard: PullGuard) -> int:

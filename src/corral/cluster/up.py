@@ -258,7 +258,7 @@ def _deploy(
                     network_pool=f"10.{200 + i}.0.0/16",
                     dns_port=dns_port + i,
                     image_sources=[blobs] if blobs else [],
-                    env={"CORRAL_BLOB_KEY": key} if key and blobs else {},
+                    env=node_env(key if blobs else None),
                     deny=deny,
                 )
             )
@@ -286,6 +286,16 @@ def _deploy(
         return specs
     finally:
         ray.shutdown()
+
+
+def node_env(blob_key: str | None) -> dict[str, str]:
+    """What each node's actor gets of this environment: the blob store's
+    key, and the registries the cluster pulls from (which the nodes' pull
+    guard lets through wherever they resolve: images/egress.py)."""
+    env = {"CORRAL_BLOB_KEY": blob_key} if blob_key else {}
+    if os.environ.get("CORRAL_REGISTRIES"):
+        env["CORRAL_REGISTRIES"] = os.environ["CORRAL_REGISTRIES"]
+    return env
 
 
 def control_plane(hosts: list[str], ray_address: str, state: str, gateway: str) -> list[str]:

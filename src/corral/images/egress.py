@@ -69,7 +69,6 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-_RESOLVERS = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="pull-guard-dns")
 
 
 def allowed_registries() -> list[str]:
@@ -128,18 +127,29 @@ def _resolve(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
+class Unresolved(Exception):
+    """A name the guard could not resolve (not a refusal: the registry is
+    unreachable, as it would be unguarded)."""
+
+
 class PullGuard:
     """One pull's proxy (a context manager): `spawn` runs skopeo behind it;
-    `refused` says what it refused, for the pull's error."""
+    `refused` says what it refused and `unresolved` what it could not
+    resolve, for the pull's error."""
 
     def __init__(self, deny: Iterable[str] = (), resolve: Resolver = _resolve) -> None:
         self.deny: list[Network] = [ipaddress.ip_network(n, strict=False) for n in deny]
         self.allowed = {host_port(h) for h in allowed_registries()}
         self.resolve = resolve
         self.refused: list[str] = []
+        self.unresolved: list[str] = []
         self._token = secrets.token_urlsafe(24)
         self._listener: socket.socket | None = None
         self._slots = threading.BoundedSemaphore(TUNNELS)
+        # This pull's own: a registry whose names resolve slowly holds up
+        # only its own pull's lookups.
+        self._resolvers = concurrent.futures.ThreadPoolExecutor(4, "pull-guard-dns")
+        self._open: set[socket.socket] = set()
 
     # ------------------------------------------------------------ policy
 
@@ -155,18 +165,19 @@ class PullGuard:
     def check(self, host: str, port: int) -> list[str]:
         """The addresses `host`:`port` may be reached at; PermissionError
         (with the reason, which names no address: a tenant sees it) where
-        any address it has is inside."""
+        any address it has is inside; Unresolved where it has none."""
         name = host.lower().rstrip(".")
         listed = self.check_name(host, port)
-        future = _RESOLVERS.submit(self.resolve, name, port)
+        future = self._resolvers.submit(self.resolve, name, port)
         try:
             addresses = future.result(CONNECT_TIMEOUT)
         except concurrent.futures.TimeoutError:
-            raise PermissionError(f"{host} did not resolve in {CONNECT_TIMEOUT:g} s") from None
+            future.cancel()
+            raise Unresolved(f"{host} did not resolve in {CONNECT_TIMEOUT:g} s") from None
         except (OSError, UnicodeError):
             addresses = []
         if not addresses:
-            raise PermissionError(f"{host} resolves to no address")
+            raise Unresolved(f"{host} resolves to no address")
         if not listed:
             for text in addresses:
                 if not outside(ipaddress.ip_address(text.split("%")[0]), self.deny):
@@ -204,7 +215,15 @@ class PullGuard:
                     f"a guarded pull needs a network namespace of its own: {exc}"
                 ) from None
             ours.settimeout(CONNECT_TIMEOUT)
-            _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+            try:
+                _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+                if not fds:
+                    raise OSError("the pull's child sent no listener")
+            except OSError as exc:
+                proc.kill()
+                proc.communicate()
+                raise Unavailable(f"a guarded pull's proxy did not start: {exc}") from None
+        os.set_inheritable(fds[0], False)
         self.serve(socket.socket(fileno=fds[0]))
         return proc
 
@@ -234,20 +253,26 @@ class PullGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._listener is not None:
+        # The listener (its accept() wakes) and every tunnel still open: a
+        # silent upstream must not outlive the pull.
+        for sock in [*([self._listener] if self._listener else []), *list(self._open)]:
             try:
-                self._listener.shutdown(socket.SHUT_RDWR)  # wakes its accept()
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        if self._listener is not None:
             self._listener.close()
+        self._resolvers.shutdown(wait=False, cancel_futures=True)
 
     def _serve(self, client: socket.socket) -> None:
         client.settimeout(CONNECT_TIMEOUT)
+        self._open.add(client)
         try:
             self._tunnel(client)
         except (OSError, ValueError, UnicodeError):
             pass  # a client gone, or not a CONNECT: nothing is forwarded
         finally:
+            self._open.discard(client)
             client.close()
             self._slots.release()
 
@@ -264,13 +289,21 @@ class PullGuard:
             log.warning("image.pull_refused", host=host, port=port, reason=str(exc))
             _answer(client, 403, "Forbidden")
             return
+        except Unresolved as exc:
+            self.unresolved.append(str(exc))
+            _answer(client, 502, "Bad Gateway")
+            return
         upstream = _connect(addresses, port)
         if upstream is None:
             _answer(client, 502, "Bad Gateway")
             return
-        with upstream:
+        self._open.add(upstream)
+        try:
             client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             _splice(client, upstream)
+        finally:
+            self._open.discard(upstream)
+            upstream.close()
 
     def _target(self, head: bytes) -> tuple[str, int] | None:
         """(host, port) of an authenticated CONNECT; None: not authenticated.

@@ -139,6 +139,9 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
     if code != 0:
         if guard is not None and guard.refused:
             raise _refused(ref, guard.refused[0])
+        if guard is not None and guard.unresolved:
+            raise Unavailable(f"registry {ref.host} cannot be reached: {guard.unresolved[0]}",
+                              ref=str(ref))  # fmt: skip
         if code == -signal.SIGKILL or "context deadline exceeded" in err:
             raise Unavailable(
                 f"pulling {ref}: the registry did not deliver the image within "

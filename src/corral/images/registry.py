@@ -144,9 +144,12 @@ def pull(
     for layer in chain:
         if layer.expected_digest() != layer.digest:
             raise ImageNotFound(f"{ref} in {remote.url}: manifest does not match its digest")
-    for i, layer in enumerate(chain):  # bottom first, as they are used
-        if layer.identity == LEGACY:
-            chain[i] = layer = _vouch_legacy(local, remote, layer, progress, ref)
+    # Every layer checked before any is stored: nothing of a stack that
+    # fails stays.
+    chain = [
+        _vouch_legacy(local, remote, x, progress, ref) if x.identity == LEGACY else x for x in chain
+    ]
+    for layer in chain:  # bottom first, as they are used
         local.put_manifest(layer)
         if eager:
             _download(local, remote, layer.meta_digest, progress, f"download {ref} metadata")

@@ -43,9 +43,9 @@ UNNAMED = "sha256:" + "0" * 64
 ProgressFn = Callable[[str, float, float | None], None]
 
 
-def _images(doc: dict[str, str]) -> tuple[str, str]:
-    """A manifest's (metadata image, data blob) digests."""
-    return doc["meta_digest"], doc["blob_digest"]
+def _gc_view(doc: dict[str, object]) -> tuple[tuple[str, str], bool]:
+    """A manifest's (metadata image, data blob) digests, and whether it is LEGACY."""
+    return (str(doc["meta_digest"]), str(doc["blob_digest"])), doc.get("identity", LEGACY) == LEGACY
 
 
 @functools.lru_cache(maxsize=64)
@@ -217,7 +217,7 @@ class ImageStore:
         ref = Ref.parse(text, "tag")
         if ref.digest:
             raise InvalidArgument("tag", "must be 'name:tag', not a digest", text)
-        self.get(digest)  # must exist
+        self.get(digest, names=False)  # must exist
         path = self.tags / str(ref.name) / str(ref.tag)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{ref.tag}.tmp{os.getpid()}")
@@ -350,15 +350,14 @@ class ImageStore:
                 keep.update(layer.digest for layer in self.chain(self.get(digest)))
             except (ImageNotFound, InvalidArgument):
                 pass
-        docs = {path: json.loads(path.read_text()) for path in self.layers.glob("*.json")}
+        # Of each manifest only what this needs (a chunk list may be ~70 MB).
+        docs = {path: _gc_view(json.loads(path.read_text())) for path in self.layers.glob("*.json")}
         # A LEGACY layer stays while its identity twin (images/upgrade.py) does:
         # saved states and records may name it by its old digest.
-        kept = {_images(d) for p, d in docs.items() if "sha256:" + p.stem in keep}
-        for path, doc in docs.items():
-            if "sha256:" + path.stem in keep or (
-                doc.get("identity", LEGACY) == LEGACY and _images(doc) in kept
-            ):
-                keep_blobs.update(_images(doc))
+        kept = {images for p, (images, _) in docs.items() if "sha256:" + p.stem in keep}
+        for path, (images, legacy) in docs.items():
+            if "sha256:" + path.stem in keep or (legacy and images in kept):
+                keep_blobs.update(images)
                 continue
             path.unlink()
             removed += 1

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
+from corral.errors import CorralError
 from corral.images.layer import IDENTITY, LEGACY, STACK, Layer
 from corral.log import get_logger
 
@@ -56,9 +57,13 @@ def upgrade(store: ImageStore) -> int:
             _twin_line(store, old, twins, digest)
         for digest, names in store.tag_map().items():
             twin = twins.get(digest)
-            if twin is not None:
-                for name in names:
+            if twin is None:
+                continue
+            for name in names:
+                try:
                     store.retag(name, digest, twin)
+                except (OSError, ValueError, CorralError) as exc:  # one bad tag: the rest move
+                    log.warning("image.retag_failed", name=name, error=str(exc)[:200])
         tmp = marker.with_name(f".{MARKER}.tmp")
         tmp.write_text(f"{IDENTITY}\n")
         tmp.replace(marker)
