@@ -1,11 +1,12 @@
 """A store written before layer identity 2, brought up to it once.
 
-Every LEGACY layer whose data is on the node gets an IDENTITY twin: the same blobs under a digest
-that covers its whole manifest (docs/layer-identity.md), its stack's parent
-the twin of its old parent. Tags move to the twins, so what a store pushes
-or serves from now on is checkable chunk by chunk. The LEGACY manifests
-stay: sandbox records, saved states and templates name layers by digest,
-and this node trusts its own disk; gc drops them once nothing uses them.
+Every LEGACY layer whose data is on the node gets an IDENTITY twin: the
+same blobs under a digest that covers its whole manifest
+(docs/layer-identity.md), its stack's parent the twin of its old parent.
+Tags move to the twins, so what a store pushes or serves from now on is
+checkable chunk by chunk. The LEGACY manifests stay: sandbox records, saved
+states and templates name layers by digest, and this node trusts its own
+disk; gc keeps each while its twin is kept.
 
 Runs when a store is opened (ImageStore), once: a marker file says it is
 done, and a lock keeps two processes opening the same store from doing it
