@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from corral.guard import network as guard
+from corral.guard.policy import NetworkPolicy
 
 from ..framework import IMAGE, Node
 
@@ -40,5 +41,27 @@ async def test_learned_addresses_are_bounded_per_answer_and_per_sandbox(
         for k in range(10):
             net.learn(index, [f"203.0.{k}.{i}" for i in range(1, 33)], 600)
         assert _elements(fresh_node, index) == 64  # full: the rest refused, not raised
+        await sbx.close()
+    assert fresh_node.leftovers() == {}
+
+
+async def test_a_node_that_denies_ipv6_networks_still_networks_its_sandboxes(
+    fresh_node: Node,
+) -> None:
+    """network_deny may name IPv6 networks (cluster up lists a host's every
+    address, for the pull guard). The node's sets are IPv4 and a sandbox has
+    no IPv6 route: before, an IPv6 entry failed every networked create. An
+    answer is judged by the IPv4 address it carries."""
+    node = fresh_node.with_config(network_deny=["2001:db8::/32", "198.51.100.0/24"])
+    async with node.client() as c:
+        sbx = await c.sandboxes.create(image=IMAGE, network={"domains": ["example.com"]})
+        net = node.agent.parts.networks.network
+        policy = NetworkPolicy(domains=["example.com"])
+        for answer in ("198.51.100.7", "::ffff:198.51.100.7", "64:ff9b::c633:6407", "10.1.2.3",
+                       "::ffff:10.1.2.3", "2001:db8::1", "127.0.0.1"):  # fmt: skip
+            assert net.forbidden_answer(policy, answer), answer
+        assert not net.forbidden_answer(policy, "93.184.216.34")
+        opened = NetworkPolicy(cidrs=["10.1.0.0/16"])
+        assert not net.forbidden_answer(opened, "::ffff:10.1.2.3")
         await sbx.close()
     assert fresh_node.leftovers() == {}

@@ -246,10 +246,14 @@ def test_the_cluster_denies_its_own_hosts_to_every_sandbox() -> None:
     from corral.cluster.up import control_plane
 
     deny = control_plane(
-        ["192.0.2.10", "192.0.2.11"], "192.0.2.10:6379", "postgresql://corral@198.51.100.5:5432/c",
-        "0.0.0.0",
+        ["192.0.2.10", "192.0.2.11", "2001:db8::11"], "192.0.2.10:6379",
+        "postgresql://corral@198.51.100.5:5432/c", "0.0.0.0",
     )  # fmt: skip
-    assert deny == ["192.0.2.10/32", "192.0.2.11/32", "198.51.100.5/32"]
+    assert deny == ["192.0.2.10/32", "192.0.2.11/32", "198.51.100.5/32", "2001:db8::11/128"]
+    assert control_plane([], "[2001:db8::10]:6379", "postgresql://[2001:db8::12]/c", "::") == [
+        "2001:db8::10/128",
+        "2001:db8::12/128",
+    ]
     # Loopback is always denied; a name that does not resolve is left out.
     assert (
         control_plane(["127.0.0.1"], "127.0.0.1:1", "postgresql:///c", "no-such-host.invalid") == []

@@ -35,6 +35,7 @@ BASE = (
     "metrics",
     "ids",
     "labels",
+    "addresses",
     "capacity",
     "config",
     "progress",

@@ -19,10 +19,8 @@ and fetch the images they lack from it on first use (node/imagefetch.py).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import secrets
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -32,6 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from corral.addresses import host_name, host_networks
 from corral.cluster import journal, localray, preflight
 from corral.cluster.actors import NAMESPACE, GatewaySpec, NodeSpec
 from corral.config import NodeConfig
@@ -299,22 +298,18 @@ def node_env(blob_key: str | None) -> dict[str, str]:
 
 
 def control_plane(hosts: list[str], ray_address: str, state: str, gateway: str) -> list[str]:
-    """The cluster's own hosts as /32s, for every node's network_deny: the
-    Ray nodes (each runs a raylet, a node agent, maybe the gateway), Ray's
-    head, the state store and the gateway. A sandbox's policy may name a
-    private range (an internal mirror); it never reaches these through it
-    (Ray's ports take no key). Loopback is always denied; a name that does
-    not resolve here is left out (the operator adds it: network_deny)."""
-    names = {*hosts, ray_address.rpartition(":")[0], gateway}
-    names.add(urlsplit(state).hostname or "")
+    """The cluster's own hosts, every address each resolves to here (a /32
+    or a /128), for every node's network_deny: the Ray nodes (each runs a
+    raylet, a node agent, maybe the gateway), Ray's head, the state store
+    and the gateway. A sandbox's policy may name a private range (an
+    internal mirror); it never reaches these through it (Ray's ports take
+    no key), and a tenant's registry pull never connects to them. Loopback
+    is always denied; a name that does not resolve here is left out (the
+    operator adds it: network_deny)."""
+    names = {*hosts, host_name(ray_address), gateway, urlsplit(state).hostname or ""}
     out = set()
     for name in names - {"", "0.0.0.0", "::"}:
-        try:
-            address = ipaddress.ip_address(socket.gethostbyname(name))
-        except (OSError, ValueError):
-            continue
-        if isinstance(address, ipaddress.IPv4Address) and not address.is_loopback:
-            out.add(f"{address}/32")
+        out.update(host_networks(name))
     return sorted(out)
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from corral.addresses import inside_host
 from corral.api.models import CommitRequest, CreateSandbox
 from corral.errors import InvalidArgument, Unavailable
-from corral.images.egress import allowed_registries, inside_name
+from corral.images.egress import allowed_registries
 from corral.images.layer import RegistryRef
 
 PREFIX = "projects/"
@@ -77,7 +78,7 @@ def check_registry(field: str, ref: str) -> None:
                 field, f"must name a registry this cluster pulls from ({', '.join(allowed)})", ref
             )
         return
-    inner = inside_name(remote.host)
+    inner = inside_host(remote.host)
     if inner:
         raise InvalidArgument(
             field,

@@ -36,6 +36,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.addresses import ALWAYS_DENIED, PRIVATE, carried, private, private_network
 from corral.errors import InvalidArgument, Unavailable
 from corral.guard.nft import Nft
 from corral.guard.policy import NetworkPolicy
@@ -43,13 +44,6 @@ from corral.log import get_logger
 
 log = get_logger("corral.network")
 
-ALWAYS_DENIED = ["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4"]
-# Refused unless a policy names a range inside them (or the node's host map
-# points there): private, shared (carrier-grade NAT), benchmarking, and the
-# IETF protocol-assignment block.
-PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "198.18.0.0/15",
-           "192.0.0.0/24"]  # fmt: skip
-PRIVATE_NETS = [ipaddress.ip_network(c) for c in PRIVATE]
 DNS_RATE = 100  # queries per second per sandbox, burst as many
 # Addresses a sandbox's allowed names resolved to, kept in the kernel per
 # sandbox and set (n, h), and taken from one answer. The sandbox chooses
@@ -59,12 +53,6 @@ DNS_RATE = 100  # queries per second per sandbox, burst as many
 LEARNED_MAX = 16384
 ANSWER_MAX = 32
 LEARNED_TIMEOUT = "10m"
-
-
-def is_private(cidr: str) -> bool:
-    """Whether `cidr` (an address or a network) lies inside a private range."""
-    net = ipaddress.ip_network(cidr, strict=False)
-    return any(net.version == p.version and net.subnet_of(p) for p in PRIVATE_NETS)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -88,7 +76,12 @@ class NodeNetwork:
         self.node = node
         self.pool = ipaddress.ip_network(pool)
         self.dns_port = dns_port
-        self.deny = [*ALWAYS_DENIED, str(self.pool), *deny]
+        # IPv4 only: a sandbox has no IPv6 route (its chain's last rule drops
+        # every packet no earlier rule accepted, IPv6 included), and the
+        # node's sets hold IPv4 addresses. The IPv6 entries of `deny` serve
+        # the pull guard (images/egress.py).
+        nets = [ipaddress.ip_network(c, strict=False) for c in (*ALWAYS_DENIED, pool, *deny)]
+        self.deny = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
         self.ecosystems = ecosystems
         self.table = f"corral_{node}"
         self.prefix = "cr" + hashlib.sha1(node.encode()).hexdigest()[:4]
@@ -150,12 +143,12 @@ class NodeNetwork:
                 ) from None
             return
         t, p = self.table, self.prefix
-        deny = ", ".join(self.deny)
-        private = ", ".join(PRIVATE)
+        deny = ", ".join(str(n) for n in self.deny)
+        ranges = ", ".join(PRIVATE)
         self.nft.run(f"""
         add table inet {t}
         add set inet {t} deny {{ type ipv4_addr; flags interval; elements = {{ {deny} }}; }}
-        add set inet {t} private {{ type ipv4_addr; flags interval; elements = {{ {private} }}; }}
+        add set inet {t} private {{ type ipv4_addr; flags interval; elements = {{ {ranges} }}; }}
         add map inet {t} egress {{ type ifname : verdict; }}
         add map inet {t} dnsin {{ type ifname : verdict; }}
         add chain inet {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
@@ -306,13 +299,13 @@ class NodeNetwork:
         the sandbox resolved earlier are forgotten: a tighter policy takes
         effect at once, also on connections already open."""
         t, i = self.table, index
-        private = ", ".join(c for c in policy.cidrs if is_private(c))
-        public = ", ".join(c for c in policy.cidrs if not is_private(c))
+        opened = ", ".join(c for c in policy.cidrs if private_network(c))
+        public = ", ".join(c for c in policy.cidrs if not private_network(c))
         ports = ", ".join(str(p) for p in policy.ports)
         match_port = f"th dport @p{i} " if policy.ports else ""
         cmds = [f"flush set inet {t} {s}{i}" for s in ("a", "ap", "n", "h", "p")]
         cmds.append(f"flush chain inet {t} s{i}")
-        for name, elements in (("a", public), ("ap", private), ("p", ports)):
+        for name, elements in (("a", public), ("ap", opened), ("p", ports)):
             if elements:
                 cmds.append(f"add element inet {t} {name}{i} {{ {elements} }}")
         tcp_udp = "meta l4proto { tcp, udp }"
@@ -371,19 +364,23 @@ class NodeNetwork:
         itself opened (a CIDR inside a private range that holds it)."""
         addr = ipaddress.ip_address(address)
         return any(
-            is_private(c) and addr in ipaddress.ip_network(c, strict=False) for c in policy.cidrs
+            private_network(c) and addr in ipaddress.ip_network(c, strict=False)
+            for c in policy.cidrs
         )
 
     def forbidden_answer(self, policy: NetworkPolicy, address: str) -> bool:
         """An upstream answer the sandbox must not learn: always-denied, or
-        private and not opened by its policy (DNS rebinding)."""
+        private and not opened by its policy (DNS rebinding), judged by the
+        IPv4 address it carries; an IPv6 one that carries none is of no use
+        to a sandbox (it has no IPv6 route)."""
         try:
             addr = ipaddress.ip_address(address)
         except ValueError:
             return True
-        if any(addr in ipaddress.ip_network(c) for c in self.deny):
+        reached = carried(addr)
+        if not isinstance(reached, ipaddress.IPv4Address) or any(reached in n for n in self.deny):
             return True
-        return is_private(address) and not self.reachable_private(policy, address)
+        return private(reached) and not self.reachable_private(policy, str(reached))
 
     def _counter(self, name: str) -> int:
         try:

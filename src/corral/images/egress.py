@@ -30,7 +30,6 @@ import ctypes
 import fcntl
 import ipaddress
 import os
-import re
 import secrets
 import selectors
 import socket
@@ -41,30 +40,19 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
+from corral.addresses import Network, host_port, inside_name, outside
 from corral.errors import Unavailable
 from corral.log import get_logger
 
 log = get_logger("corral.images")
 
-# Every label a number (decimal, octal, 0x hex): an address in disguise.
-_NUMERIC = re.compile(r"(?:(?:0x[0-9a-f]*|[0-9]+)\.){0,3}(?:0x[0-9a-f]*|[0-9]+)")
-_LOCAL_NAMES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".cluster.local")
 # The proxy's port in the pull's own network namespace, free by construction.
 PROXY_PORT = 3128
 HEAD_MAX = 8192  # a CONNECT request's head
 CONNECT_TIMEOUT = 15.0  # the head, the name's resolution, the upstream connect: each
 IDLE_TIMEOUT = 300.0  # a tunnel with no byte either way for this long is closed
 TUNNELS = 32  # at once, per pull (skopeo opens a few)
-# IPv6 forms that carry an IPv4 address a gateway may route to (NAT64's
-# well-known prefix and 6to4 are read through; the rest are refused whole).
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_REFUSED6 = [ipaddress.ip_network(n) for n in (
-    "64:ff9b:1::/48", "2001::/32", "::/96", "::ffff:0:0:0/96", "2002::/16")]  # fmt: skip
-_RESERVED4 = [ipaddress.ip_network(n) for n in ("192.0.0.0/24", "0.0.0.0/8")]
-
 Resolver = Callable[[str, int], list[str]]
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNET = 0x40000000
@@ -74,52 +62,6 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 def allowed_registries() -> list[str]:
     """CORRAL_REGISTRIES: the registries a cluster pulls from, if listed."""
     return [h.strip() for h in os.environ.get("CORRAL_REGISTRIES", "").split(",") if h.strip()]
-
-
-def host_name(host: str) -> str:
-    """A registry host as a resolver reads it: no port, no brackets, lower
-    case, no trailing dot (LOCALHOST. is localhost)."""
-    name = host[1:].split("]")[0] if host.startswith("[") else host.partition(":")[0]
-    return name.lower().rstrip(".")
-
-
-def host_port(host: str) -> tuple[str, int]:
-    """A registry's HOST[:PORT] as (name, port): HTTPS's 443 where none."""
-    name = host_name(host)
-    tail = host.rsplit("]", 1)[-1] if host.startswith("[") else host
-    _, colon, port = tail.rpartition(":")
-    return name, int(port) if colon and port.isdigit() else 443
-
-
-def inside_name(host: str) -> bool:
-    """A registry host (HOST[:PORT]) that names the cluster's own network by
-    itself: a non-public address, a number the C resolver reads as one
-    (127.1, 2130706433, 0x7f.1), localhost or a local suffix."""
-    return _inside(host_name(host))
-
-
-def _inside(name: str) -> bool:
-    try:
-        return not outside(ipaddress.ip_address(name))
-    except ValueError:
-        return bool(_NUMERIC.fullmatch(name)) or name == "localhost" or name.endswith(_LOCAL_NAMES)
-
-
-def outside(ip: Address, deny: Iterable[Network] = ()) -> bool:
-    """An address outside the cluster's network: public, and in none of
-    `deny`. An IPv6 address that carries an IPv4 one is judged by that."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        elif ip.sixtofour is not None:
-            ip = ip.sixtofour
-        elif ip in _NAT64:
-            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        elif any(ip in net for net in _REFUSED6):
-            return False
-    if isinstance(ip, ipaddress.IPv4Address) and any(ip in net for net in _RESERVED4):
-        return False
-    return ip.is_global and not any(ip in net for net in deny)
 
 
 def _resolve(host: str, port: int) -> list[str]:
@@ -158,7 +100,7 @@ class PullGuard:
         its name alone is inside (no resolver asked)."""
         name = host.lower().rstrip(".")
         listed = (name, port) in self.allowed
-        if not listed and _inside(name):
+        if not listed and inside_name(name):
             raise PermissionError(f"{host} names an address inside the cluster's network")
         return listed
 

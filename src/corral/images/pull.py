@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from corral.addresses import host_port, loopback_host
 from corral.errors import (
     CorralError,
     ImageNotFound,
@@ -44,7 +45,7 @@ from corral.errors import (
     Unavailable,
 )
 from corral.images.build import build_from_dir
-from corral.images.egress import PullGuard, host_port
+from corral.images.egress import PullGuard
 from corral.images.layer import DIGEST, MAX_STACK, STACK, ImageConfig, Layer, RegistryRef
 from corral.images.oci import apply_layers
 from corral.images.store import ImageStore, ProgressFn
@@ -61,11 +62,6 @@ FREE_FLOOR = 1 << 30
 # other pull on the node, for ever. Half an hour is 18 GB at 10 MB/s.
 PULL_TIMEOUT = 1800.0
 KILL_GRACE = 30.0
-
-
-def loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-    return name in ("localhost", "[::1]") or name.startswith("127.")
 
 
 @contextmanager
@@ -108,7 +104,7 @@ def _copy(ref: RegistryRef, layout: Path, key: str, authfile: Path | None,
             raise _refused(ref, str(exc)) from None
     argv = ["skopeo", "--command-timeout", f"{timeout:.0f}s", "copy",
             "--override-os", os_name, "--override-arch", arch or "amd64"]  # fmt: skip
-    if loopback(ref.host):
+    if loopback_host(ref.host):
         argv.append("--src-tls-verify=false")  # as Docker does for 127.0.0.0/8
     if authfile is not None:
         argv += ["--src-authfile", str(authfile)]

@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from corral.addresses import loopback_host
 from corral.errors import InvalidArgument, Unavailable
 from corral.host import mounts
 from corral.images.layer import Layer, RegistryRef
 from corral.images.mounter import LayerMounts
 from corral.images.oci import OPAQUE, WHITEOUT
-from corral.images.pull import IMAGE, locked_layout, loopback, skopeo_error
+from corral.images.pull import IMAGE, locked_layout, skopeo_error
 from corral.images.store import ImageStore, ProgressFn
 
 _OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -146,7 +147,7 @@ def _layout(store: ImageStore, chain: list[Layer], work: Path, progress: Progres
 
 def _skopeo_push(source: str, dest: RegistryRef, authfile: Path | None) -> None:
     argv = ["skopeo", "copy"]
-    if loopback(dest.host):
+    if loopback_host(dest.host):
         argv.append("--dest-tls-verify=false")
     if authfile is not None:
         argv += ["--dest-authfile", str(authfile)]
