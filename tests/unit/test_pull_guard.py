@@ -164,3 +164,39 @@ def test_a_network_deny_entry_must_be_a_network(bad: str) -> None:
     with pytest.raises(InvalidArgument) as exc:
         NodeConfig(network_deny=["10.0.0.0/8", bad])
     assert exc.value.field == "network_deny[1]" and exc.value.value == bad
+
+
+def test_a_tunnel_carries_large_transfers_both_ways_and_passes_half_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tunnel moves bytes by splice(2) through a pipe per direction:
+    more than a pipe holds, each way, and a client's end of
+    request (a half close) reaches the registry, whose answer still comes
+    back whole."""
+    server = socket.create_server(("127.0.0.1", 0))
+    size = 8 << 20
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            got = 0
+            while data := conn.recv(1 << 16):  # all of it, to the client's half close
+                got += len(data)
+            conn.sendall(b"x" * got)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("CORRAL_REGISTRIES", f"mirror.corp:{server.getsockname()[1]}")
+    with PullGuard(resolve=fake_dns) as guard:
+        port = _serving(guard)
+        sock, status = _connect(port, guard, f"mirror.corp:{server.getsockname()[1]}")
+        with sock:
+            assert status == b"HTTP/1.1 200 Connection established"
+            sock.sendall(b"y" * size)
+            sock.shutdown(socket.SHUT_WR)
+            got = 0
+            while data := sock.recv(1 << 20):
+                got += len(data)
+            assert got == size
+    thread.join(5)
+    server.close()

@@ -52,6 +52,8 @@ HEAD_MAX = 8192  # a CONNECT request's head
 CONNECT_TIMEOUT = 15.0  # the head, the name's resolution, the upstream connect: each
 IDLE_TIMEOUT = 300.0  # a tunnel with no byte either way for this long is closed
 TUNNELS = 32  # at once, per pull (skopeo opens a few)
+PIPE_BYTES = 1048576  # each direction's buffer: a tunnel's bytes move by splice(2)
+_SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 Resolver = Callable[[str, int], list[str]]
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -310,35 +312,96 @@ def _connect(addresses: list[str], port: int) -> socket.socket | None:
     return None
 
 
+class _Flow:
+    """One direction of a tunnel: bytes from `src` go into a pipe and from
+    the pipe to `dst` by splice(2), never through this process's memory.
+    `pending` bytes sit in the pipe; while any do, `src` is not read (the
+    pipe is the direction's whole buffer, so a peer that stops reading
+    stops its sender)."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+        self.src, self.dst = src, dst
+        self.out, self.into = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(self.into, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # past /proc/sys/fs/pipe-max-size: the default 64 KiB does
+        self.pending = 0
+        self.ended = False
+
+    def pull(self) -> None:
+        """`src` is readable: move what it has through the pipe to `dst`
+        until either would block; at `src`'s end, pass the half close on."""
+        while not self.pending:
+            try:
+                n = os.splice(self.src.fileno(), self.into, PIPE_BYTES, flags=_SPLICE_FLAGS)
+            except BlockingIOError:
+                return
+            if n == 0:
+                self.ended = True
+                try:
+                    self.dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            self.pending = n
+            self.push()
+
+    def push(self) -> None:
+        """Move what the pipe holds to `dst`, as far as it takes now."""
+        while self.pending:
+            try:
+                self.pending -= os.splice(self.out, self.dst.fileno(), self.pending,
+                                          flags=_SPLICE_FLAGS)  # fmt: skip
+            except BlockingIOError:
+                return
+
+    def close(self) -> None:
+        os.close(self.out)
+        os.close(self.into)
+
+
 def _splice(a: socket.socket, b: socket.socket) -> None:
-    """Bytes both ways until both sides have ended (or one is idle past
-    IDLE_TIMEOUT); an end on one side is passed on as a half close."""
+    """Bytes both ways until both sides have ended (or nothing moved either
+    way for IDLE_TIMEOUT: a silent peer, or one that stopped reading); an
+    end on one side is passed on as a half close."""
     a.setblocking(False)
     b.setblocking(False)
-    peer = {a: b, b: a}
-    open_ = {a, b}
-    with selectors.DefaultSelector() as sel:
-        for s in open_:
-            sel.register(s, selectors.EVENT_READ)
-        while open_:
-            ready = sel.select(IDLE_TIMEOUT)
-            if not ready:
-                return
-            for key, _ in ready:
-                src = key.fileobj
-                assert isinstance(src, socket.socket)
-                try:
-                    data = src.recv(1 << 16)
-                except BlockingIOError:
-                    continue
-                if not data:
-                    sel.unregister(src)
-                    open_.discard(src)
-                    try:
-                        peer[src].shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-                    continue
-                peer[src].settimeout(IDLE_TIMEOUT)  # a peer that stops reading is dropped
-                peer[src].sendall(data)
-                peer[src].setblocking(False)
+    flows: list[_Flow] = []
+    try:
+        flows += [_Flow(a, b), _Flow(b, a)]
+        with selectors.DefaultSelector() as sel:
+            while not all(f.ended and not f.pending for f in flows):
+                wants: dict[socket.socket, int] = {}
+                for f in flows:
+                    if f.pending:
+                        wants[f.dst] = wants.get(f.dst, 0) | selectors.EVENT_WRITE
+                    elif not f.ended:
+                        wants[f.src] = wants.get(f.src, 0) | selectors.EVENT_READ
+                for sock in (a, b):
+                    _interest(sel, sock, wants.get(sock, 0))
+                ready = sel.select(IDLE_TIMEOUT)
+                if not ready:
+                    return
+                events = {key.fileobj: mask for key, mask in ready}
+                for f in flows:
+                    if f.pending and events.get(f.dst, 0) & selectors.EVENT_WRITE:
+                        f.push()
+                    elif not f.pending and events.get(f.src, 0) & selectors.EVENT_READ:
+                        f.pull()
+    finally:
+        for f in flows:
+            f.close()
+
+
+def _interest(sel: selectors.BaseSelector, sock: socket.socket, mask: int) -> None:
+    try:
+        key = sel.get_key(sock)
+    except KeyError:
+        if mask:
+            sel.register(sock, mask)
+        return
+    if not mask:
+        sel.unregister(sock)
+    elif key.events != mask:
+        sel.modify(sock, mask)
