@@ -281,7 +281,22 @@ async def test_a_projects_commits_are_its_own_and_the_operators_images_no_ones(
             with pytest.raises(InvalidArgument, match="another project's images") as err:
                 await c.sandboxes.create(**spec)
             assert err.value.field == field
-        for s in (sbx, copy, base):
+        # By digest, its layer is one the node lacks, for another project:
+        # the node labelled the commit with the project that made it.
+        assert ours.labels["corral.project"] == "other"
+        for field, spec in (
+            ("image", {**SPEC, "image": ours.digest}),
+            ("toolkit[0]", {**SPEC, "toolkit": [ours.digest]}),
+        ):
+            with pytest.raises(corral.ImageNotFound, match="is not in this node's store") as found:
+                await c.sandboxes.create(**spec)
+            assert found.value.details["field"] == field
+        with pytest.raises(corral.ImageNotFound, match="is not in this node's store"):
+            await c.fncall.run("python", "print(open('/planted').read())", image=ours.digest)
+        # Its own project reads it by digest.
+        again = await o.sandboxes.create(**{**SPEC, "toolkit": [ours.digest]})
+        assert await again.files.read_text("/planted") == "theirs"
+        for s in (sbx, copy, base, again):
             await s.close()
 
 

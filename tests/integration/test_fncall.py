@@ -12,9 +12,11 @@ import httpx
 import pytest
 
 import corral
+from corral import labels
+from corral.api.models import CommitRequest, CreateSandbox, FnCallRequest
 from corral.node.fncall import call
 
-from ..framework import Node, Server
+from ..framework import IMAGE, Node, Server
 
 C_OK = '#include <stdio.h>\nint main(void){int a,b;scanf("%d %d",&a,&b);printf("%d\\n",a+b);}\n'
 CPP_OK = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b<<std::endl;}\n"
@@ -518,3 +520,32 @@ async def test_a_call_that_stops_its_own_exec_handler_still_times_out(
         r = await c.fncall.run("python", "print('next')")
         assert (r.status, r.stdout) == ("ok", "next\n"), r
         assert one_worker.fncall_workers() == 1
+
+
+async def test_a_call_runs_on_no_layer_another_project_committed(fresh_node: Node) -> None:
+    """Through a gateway a node labels a commit with the committing project,
+    and runs no call of another project on it, whatever its digest: the
+    layer is one this node lacks, for that project. Made here as a gateway
+    makes them (a create carrying the platform's project label)."""
+    async with fresh_node.client() as c:
+        agent = fresh_node.agent
+        made = CreateSandbox(image=IMAGE).model_copy(update={"labels": {labels.PROJECT: "rival"}})
+        sbx = await agent.create(made)
+        await agent.write_file(sbx.id, "/planted", b"theirs")
+        req = CommitRequest(tag="projects/rival/planted:1", stack=True)
+        layer = await agent.commit(sbx.id, req)
+        await agent.close(sbx.id)
+        assert layer.labels[labels.PROJECT] == "rival"
+        code = "print(open('/planted').read())"
+        for project in ("rival", None):  # its own project; a caller that owns the node
+            request = FnCallRequest(
+                language="python", code=code, image=layer.digest, project=project
+            )
+            assert (await c.service.run_call(request)).stdout == "theirs\n"
+        request = FnCallRequest(language="python", code=code, image=layer.digest, project="acme")
+        with pytest.raises(corral.ImageNotFound, match="is not in this node's store") as exc:
+            await c.service.run_call(request)
+        assert exc.value.details == {"field": "image", "ref": layer.digest}
+    # Its workers gone with the client, the layer goes too (the store is the machine's).
+    async with fresh_node.client() as c:
+        await c.service.delete_layer(layer.digest)

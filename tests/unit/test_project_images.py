@@ -12,7 +12,7 @@ import pytest
 
 from corral.api.models import CommitRequest, CreateSandbox
 from corral.control import project_images
-from corral.errors import InvalidArgument
+from corral.errors import ImageNotFound, InvalidArgument
 from corral.images.store import ImageStore
 
 pytestmark = pytest.mark.unit
@@ -81,3 +81,24 @@ def test_a_pull_or_build_never_takes_a_projects_commit_for_its_layer(tmp_path: P
     store.add(tmp_path / "m", tmp_path / "b", chunk_size=4096, kind="toolkit",
               tag="projects/rival/x:1", labels={"oci.chain_id": "sha256:" + "c" * 64})  # fmt: skip
     assert store.find_by_label("oci.chain_id", "sha256:" + "c" * 64) is None
+
+
+def test_a_layer_another_project_committed_is_not_there_for_this_one(tmp_path: Path) -> None:
+    """A node labels a commit through a gateway with its project: another
+    project naming it by digest is told the node lacks it; its own project,
+    an embedded caller and the operator's unlabelled layers pass."""
+    store = ImageStore(tmp_path / "images")
+    (tmp_path / "m").write_bytes(b"m" * 100)
+    (tmp_path / "b").write_bytes(b"b" * 100)
+    theirs = store.add(tmp_path / "m", tmp_path / "b", chunk_size=4096, kind="toolkit",
+                       tag="projects/rival/x:1", labels={"corral.project": "rival"})  # fmt: skip
+    (tmp_path / "m").write_bytes(b"m" * 100)
+    (tmp_path / "b").write_bytes(b"c" * 100)
+    operators = store.add(tmp_path / "m", tmp_path / "b", chunk_size=4096, kind="toolkit")
+    for project in ("rival", None):
+        assert store.for_project(theirs, project, "toolkit[0]") is theirs
+    for project in ("acme", "rival", None):
+        assert store.for_project(operators, project, "image") is operators
+    with pytest.raises(ImageNotFound, match="is not in this node's store") as err:
+        store.for_project(theirs, "acme", "toolkit[0]")
+    assert err.value.details == {"field": "toolkit[0]", "ref": theirs.digest}

@@ -61,6 +61,9 @@ class FnCallRequest(StrictModel):
     memory: int = 512 * MiB
     output_limit: int = 1 * MiB
     image: str | None = None
+    # The caller's project, set by a gateway (a caller's own value is
+    # replaced): a node runs no call on a layer another project committed.
+    project: str | None = None
 
     @field_validator("language")
     @classmethod

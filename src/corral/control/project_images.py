@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corral.addresses import inside_host
-from corral.api.models import CommitRequest, CreateSandbox
+from corral.api.models import CommitRequest, CreateSandbox, FnCallRequest
 from corral.errors import InvalidArgument, Unavailable
 from corral.images.egress import allowed_registries
 from corral.images.layer import RegistryRef
@@ -109,6 +109,14 @@ def check_create(project: str, req: CreateSandbox) -> None:
     """A create's image, workspace and toolkits."""
     toolkits = ((f"toolkit.{i}", t) for i, t in enumerate(req.toolkit))
     check_refs(project, [("image", req.image), ("workspace", req.workspace), *toolkits])
+
+
+def check_call(project: str, req: FnCallRequest) -> FnCallRequest:
+    """A function call's image, as a create's; the request a node gets
+    names the project, whatever the caller said, and the node runs it on no
+    layer another project committed (ImageStore.for_project)."""
+    check_refs(project, [("image", req.image)])
+    return req.model_copy(update={"project": project})
 
 
 def not_here() -> Unavailable:

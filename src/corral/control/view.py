@@ -583,7 +583,7 @@ class GatewayView(Forwarding, KeyOps):
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         """Stateless: any node with function-call workers; full or
         unreachable nodes are skipped."""
-        project_images.check_refs(self.project, [("image", req.image)])
+        req = project_images.check_call(self.project, req)
         refused: set[str] = set()
         while True:
             node = await self.gw.choose(kind="fncall", layers=(), memory=0, exclude=refused)

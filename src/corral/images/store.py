@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from corral import labels as platform_labels
 from corral.errors import Conflict, CorralError, ImageNotFound, InvalidArgument
 from corral.images.layer import (
     DIGEST,
@@ -212,6 +213,21 @@ class ImageStore:
         if not (self.layers / (digest.removeprefix("sha256:") + ".json")).exists():
             raise ImageNotFound(f"layer {digest} is not in this node's store", ref=digest)
         return digest
+
+    def for_project(self, layer: Layer, project: str | None, field: str) -> Layer:
+        """`layer`, if `project` may run on it: a layer a project committed
+        through a gateway (labelled labels.PROJECT by the node) is that
+        project's alone, every other the operator's; `project` None is a
+        caller that owns the node (embedded). Another project's answers as
+        a layer this node lacks, so that a digest learned elsewhere reads
+        nothing and says nothing."""
+        owner = layer.labels.get(platform_labels.PROJECT)
+        if project is not None and owner is not None and owner != project:
+            raise ImageNotFound(
+                f"layer {layer.digest} is not in this node's store",
+                field=field, ref=layer.digest,
+            )  # fmt: skip
+        return layer
 
     def tag(self, digest: str, text: str) -> None:
         ref = Ref.parse(text, "tag")

@@ -8,6 +8,7 @@ import asyncio
 import secrets
 from pathlib import Path
 
+from corral import labels as platform_labels
 from corral.api.models import CommitRequest, LayerInfo
 from corral.config import NodeConfig
 from corral.errors import InvalidArgument
@@ -80,6 +81,9 @@ class Commits:
                 wrap = [str(self.nsexec), "--view", str(path / "upper"), str(src),
                         f"{base} 0 {IDS}", "--"]  # fmt: skip
             labels = {**req.labels, "corral.source": f"commit:{sandbox_id}"}
+            project = rec.labels.get(platform_labels.PROJECT)
+            if project is not None:  # a gateway's: that project's alone (ImageStore.for_project)
+                labels[platform_labels.PROJECT] = project
             if req.stack:
                 labels[STACK] = "commit"
             config = ImageConfig(env=list(req.env), workdir=req.workdir, user=req.user)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from corral import ids, metrics, trace
+from corral import ids, labels, metrics, trace
 from corral.api.models import VM_KINDS, CreateSandbox, SandboxInfo
 from corral.config import NodeConfig
 from corral.errors import (
@@ -219,12 +219,17 @@ class Lifecycle:
         if is_disk(req.image):
             self.disks.get(req.image)
             return []
-        layers = self.images.chain(self.images.resolve(req.image, "image", names=False))
+        project = req.labels.get(labels.PROJECT)
+
+        def resolve(ref: str, field: str) -> Layer:
+            layer = self.images.resolve(ref, field, names=False)
+            return self.images.for_project(layer, project, field)
+
+        layers = [self.images.for_project(layer, project, "image")
+                  for layer in self.images.chain(resolve(req.image, "image"))]  # fmt: skip
         if req.workspace:
-            layers.append(self.images.resolve(req.workspace, "workspace", names=False))
-        layers += [
-            self.images.resolve(t, f"toolkit[{i}]", names=False) for i, t in enumerate(req.toolkit)
-        ]
+            layers.append(resolve(req.workspace, "workspace"))
+        layers += [resolve(t, f"toolkit[{i}]") for i, t in enumerate(req.toolkit)]
         return layers
 
     async def create(

@@ -92,9 +92,13 @@ class FnCalls:
         # name its own; the rest run on the node's default workers.
         image = req.image or lang.image or self.config.fncall_worker
         base, _, toolkit = image.partition("+")
-        self.images.digest_of(base, "image")  # a clear error before any worker
-        for i, ref in enumerate(t for t in toolkit.split(",") if t):
-            self.images.digest_of(ref, f"fncall_toolkit[{i}]")
+        # A clear error before any worker; another project's layer is not here.
+        toolkits = [t for t in toolkit.split(",") if t]
+        fields = [("image", base), *((f"fncall_toolkit[{i}]", t) for i, t in enumerate(toolkits))]
+        for field, ref in fields:
+            layer = self.images.get(self.images.digest_of(ref, field), names=False)
+            for below in self.images.chain(layer) if field == "image" else [layer]:
+                self.images.for_project(below, req.project, field)
         if lang.prepare is not None:
             image = f"{image}#{lang.name}"
         t0 = time.monotonic()
