@@ -13,7 +13,7 @@
 # The runner is the workplace's (../shared/peers/e2b/run_e2b_tests.sh, or
 # PEERS=...): it takes the tests from the tag of the SDK version it installs.
 # TIER=core (default) is the lifecycle, list, commands and files tests; the
-# PTY tests are added (EXTRA_PYTEST_ARGS replaces them).
+# PTY, snapshot and pause tests are added (EXTRA_PYTEST_ARGS replaces them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/serve-lib.sh
@@ -44,10 +44,12 @@ if [ "${SUITE:-sdk}" = interpreter ]; then
   echo "wrote $TABLE ($OUT has the logs)"
   exit 0
 fi
-EXTRA_PYTEST_ARGS="--junitxml=$OUT/e2b.xml ${EXTRA_PYTEST_ARGS:-tests/sync/sandbox_sync/pty}" \
+S=tests/sync/sandbox_sync
+ADDED="$S/pty $S/test_snapshot_api.py $S/test_snapshot.py tests/sync/api_sync/test_sbx_snapshot.py"
+EXTRA_PYTEST_ARGS="--junitxml=$OUT/e2b.xml ${EXTRA_PYTEST_ARGS:-$ADDED}" \
   TIER="${TIER:-core}" E2B_MIRROR="$E2B_MIRROR" bash "$RUNNER" "$URL" "$KEY" "$URL" \
   | tee "$OUT/run.log" || true
 .venv/bin/python scripts/junit_table.py "$OUT/e2b.xml" \
-  "E2B Python SDK ${E2B_VERSION:-2.45.1}, its own tests (TIER=${TIER:-core} + PTY), against $WHERE" \
+  "E2B Python SDK ${E2B_VERSION:-2.45.1}, its own tests (TIER=${TIER:-core} + PTY, snapshots, pause), against $WHERE" \
   > "$TABLE"
 echo "wrote $TABLE ($OUT has the logs)"

@@ -5,7 +5,8 @@ RESERVED), so a label here always means what its comment says."""
 from __future__ import annotations
 
 PREFIX = "corral."
-PROJECT = "corral.project"  # the project that owns it (set by the gateway)
+PROJECT = "corral.project"  # the project that owns it (set by the gateway; on a
+# layer, set by the node on a commit of such a sandbox: ImageStore.for_project)
 KEY = "corral.key"  # the gateway's idempotency key for its row
 POOL = "corral.pool"  # one of the node's own function-call workers
 FORKED_FROM = "corral.forked_from"  # on each fork copy: the id of its source
@@ -30,3 +31,13 @@ def without_secrets(tags: dict[str, str]) -> dict[str, str]:
 # Refused in a caller's create through a gateway.
 RESERVED = (PROJECT, KEY, POOL)
 ROLLOUT = "corral.rollout"  # on each sandbox a rollout created: the rollout's name
+
+
+# Where a cluster project's own images are named: only it may write or read
+# names under it (control/project_images.py).
+PROJECT_IMAGES = "projects/"
+
+
+def own_images(project: str) -> str:
+    """The prefix of `project`'s own image names."""
+    return f"{PROJECT_IMAGES}{project}/"

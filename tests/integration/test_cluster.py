@@ -296,8 +296,22 @@ async def test_a_projects_commits_are_its_own_and_the_operators_images_no_ones(
         # Its own project reads it by digest.
         again = await o.sandboxes.create(**{**SPEC, "toolkit": [ours.digest]})
         assert await again.files.read_text("/planted") == "theirs"
+        # A project's own layers are listed and deleted through the gateway,
+        # on every node; the operator's and another project's are not.
+        listed = await o.service.list_layers()  # the store is the machine's: earlier runs' too
+        assert ours.digest in {x.digest for x in listed}
+        assert {x.labels["corral.project"] for x in listed} == {"other"}
+        assert await c.service.list_layers() == []
+        for ref, error in ((IMAGE, InvalidArgument), ("projects/other/planted:1", InvalidArgument),
+                           (ours.digest, corral.ImageNotFound)):  # fmt: skip
+            with pytest.raises(error):
+                await c.service.delete_layer(ref)
+        with pytest.raises(corral.Conflict):  # a sandbox runs on it
+            await o.service.delete_layer("projects/other/planted:1")
         for s in (sbx, copy, base, again):
             await s.close()
+        await o.service.delete_layer(ours.digest)
+        assert ours.digest not in {x.digest for x in await o.service.list_layers()}
 
 
 @pytest.mark.parametrize(
@@ -592,6 +606,25 @@ async def test_e2bs_sdk_works_through_the_gateway_within_its_project(
             await e2b.AsyncSandbox.get_info(s.sandbox_id, api_key=other)
         assert not await e2b.AsyncSandbox.kill(s.sandbox_id, api_key=other)
         assert cluster.used("e2b-a")[0] == 1
+        # A snapshot is the project's own layer: its id as embedded, its
+        # tag under the project's names; listed, started and deleted for
+        # the project alone.
+        snap = await s.create_snapshot(name="snap_a")
+        assert snap.snapshot_id == "snapshots:snap_a"
+        mine = await e2b.AsyncSandbox.list_snapshots(name="snap_a").next_items()
+        assert [x.snapshot_id for x in mine] == ["snapshots:snap_a"]
+        assert await e2b.AsyncSandbox.list_snapshots(api_key=other).next_items() == []
+        with pytest.raises(e2b.SandboxException, match="not found"):  # another project's
+            await e2b.AsyncSandbox.create(snap.snapshot_id, timeout=60, api_key=other)
+        assert not await e2b.AsyncSandbox.delete_snapshot(snap.snapshot_id, api_key=other)
     finally:
         assert await s.kill()
+    again = await e2b.AsyncSandbox.create(snap.snapshot_id, timeout=120)
+    try:
+        assert await again.files.read("a.txt") == "on its node"
+    finally:
+        assert await again.kill()
+    assert await e2b.AsyncSandbox.delete_snapshot(snap.snapshot_id)
+    assert not await e2b.AsyncSandbox.delete_snapshot(snap.snapshot_id)
+    assert await e2b.AsyncSandbox.list_snapshots().next_items() == []
     assert cluster.used("e2b-a") == (0, 0.0, 0)

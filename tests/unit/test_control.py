@@ -639,3 +639,34 @@ async def test_a_node_that_joined_after_the_snapshot_is_placed_on_at_once(db: Da
     assert node.name == "late" and gw.in_flight == {"late": 1}
     gw.release("late")
     await gw.aclose()
+
+
+async def test_a_layer_committed_through_the_gateway_is_placed_on_before_its_heartbeat(
+    db: Database,
+) -> None:
+    """A create from a commit made a moment ago: its node's heartbeat has
+    not reported the layer yet, and no other node can fetch a project's
+    commit. Before, such a create landed on any node (half the time the
+    wrong one, on two), and failed there as 'not found'."""
+    from corral.api.models import LayerInfo
+    from corral.control.gateway import Gateway
+
+    gw = await Gateway(db, node_key="nk").start(sweep=False)
+    cap = NodeCapacity(max_sandboxes=10, memory_budget=100 * GiB, kinds=("container",))
+    for name in ("n0", "n1", "n2"):
+        await nodes.heartbeat(db, name, f"http://{name}", cap)
+    await gw.nodes(fresh=True)
+    layer = LayerInfo(
+        digest="sha256:" + "a" * 64, names=["projects/p/x:1"], kind="toolkit",
+        parent="sha256:" + "b" * 64, content_size=5, meta_size=10, blob_size=20,
+        chunk_size=4096, created=0.0,
+    )  # fmt: skip
+    gw.note_layer("n1", layer)
+    for ref in ("projects/p/x:1", layer.digest):
+        assert gw.inventory.wanted([ref]) == {layer.digest: 30}
+    await gw.nodes(fresh=True)  # read again, before n1's heartbeat has it
+    for _ in range(10):
+        node = await gw.choose(kind="container", layers=[layer.digest], memory=GiB, exclude=set())
+        assert node.name == "n1"
+        gw.release("n1")
+    await gw.aclose()

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize(
     "label",
     ["oci.chain_id", "oci.manifest", "oci.image", "build.key", "build.line", "e2b.source",
-     "e2b.snapshot", "toolchains.source"],
+     "e2b.snapshots", "e2b.template", "toolchains.source"],
 )  # fmt: skip
 def test_a_commit_through_a_gateway_carries_no_platform_lookup_label(label: str) -> None:
     req = CommitRequest(tag="projects/acme/x:1", labels={label: "sha256:" + "a" * 64})
@@ -33,6 +33,11 @@ def test_a_commit_through_a_gateway_carries_no_platform_lookup_label(label: str)
 def test_a_commit_with_its_own_labels_under_its_own_name_passes() -> None:
     req = CommitRequest(tag="projects/acme/x:1", labels={"team": "rl", "ocifoo": "1"})
     project_images.check_commit("acme", req)
+    # What an E2B snapshot says of itself: no node looks a layer up by it.
+    snapshot = {k: "1" for k in ("e2b.snapshot", "e2b.name", "e2b.sandbox", "e2b.spec")}
+    project_images.check_commit(
+        "acme", CommitRequest(tag="projects/acme/snapshots:s", labels=snapshot)
+    )
     with pytest.raises(InvalidArgument) as err:
         project_images.check_commit("acme", CommitRequest(tag="python:3.12"))
     assert err.value.field == "tag"

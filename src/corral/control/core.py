@@ -18,14 +18,19 @@ from typing import TypeVar
 
 from corral import metrics, trace
 from corral.api.http import HttpService
+from corral.api.models import LayerInfo
 from corral.control import keys, nodes, placement, quotas
 from corral.control.burst import DEFAULT_THRESHOLD, Targets, utilisation
 from corral.control.nodes import NodeRow
 from corral.db import Database
 from corral.errors import ResourceExhausted, Unavailable
+from corral.images.layer import STACK
 from corral.node.steplog import StepLog
 
 T = TypeVar("T")
+# Seconds a layer made through this gateway is placed on before its node's
+# heartbeat (every second) must have reported it.
+NOTED_FOR = 10.0
 
 
 class NodeLost(Unavailable):
@@ -65,6 +70,7 @@ class GatewayCore:
         # API keys seen (by hash: no key is held), and when each was last
         # checked (control/gateway.py); at most KEYS_SEEN, oldest out first.
         self.keys_seen: dict[str, tuple[float, keys.Grant]] = {}
+        self._noted: list[tuple[float, str, LayerInfo]] = []
 
     async def aclose(self) -> None:
         for client in self._clients.values():
@@ -112,10 +118,31 @@ class GatewayCore:
     async def _read_nodes(self) -> list[NodeRow]:
         rows = await nodes.list_nodes(self.db)
         self._view = (time.monotonic(), rows)
-        self.inventory = placement.Inventory(rows)
+        self._apply_noted(rows)
         for state in (nodes.ALIVE, nodes.LOST, nodes.LEFT):
             metrics.GATEWAY_NODES.labels(state).set(sum(n.state == state for n in rows))
         return rows
+
+    def note_layer(self, node: str, layer: LayerInfo) -> None:
+        """A layer `node` just made (a commit through this gateway): placed
+        on at once. Its node's heartbeat reports it within a second or two;
+        until then a create from it would land anywhere, and a project's
+        commit is in no blob store for another node to fetch."""
+        self._noted.append((time.monotonic(), node, layer))
+        self._apply_noted(self._view[1])
+
+    def _apply_noted(self, rows: list[NodeRow]) -> None:
+        self._noted = [x for x in self._noted if time.monotonic() - x[0] < NOTED_FOR]
+        by_name = {row.name: row for row in rows}
+        for _, node, layer in self._noted:  # oldest first: a later commit's tag wins
+            row = by_name.get(node)
+            if row is not None:
+                # As ImageStore.inventory reports it: a parent only for a stack.
+                stacked = (layer.parent or "") if layer.labels.get(STACK) else ""
+                size = layer.meta_size + layer.blob_size
+                row.capacity.layers.setdefault(layer.digest, (stacked, size))
+                row.capacity.tags.update(dict.fromkeys(layer.names, layer.digest))
+        self.inventory = placement.Inventory(rows)
 
     async def node(self, name: str) -> NodeRow | None:
         for n in await self.nodes():

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from corral import labels as platform_labels
 from corral.addresses import inside_host
 from corral.api.models import CommitRequest, CreateSandbox, FnCallRequest
-from corral.errors import InvalidArgument, Unavailable
+from corral.errors import InvalidArgument
 from corral.images.egress import allowed_registries
 from corral.images.layer import RegistryRef
 
-PREFIX = "projects/"
+PREFIX = platform_labels.PROJECT_IMAGES
 DISK = "disk:"  # images/disks.py's PREFIX (not imported: the gateway needs no qemu-img)
 
 
-def own(project: str) -> str:
-    """Where `project`'s own images are named."""
-    return f"{PREFIX}{project}/"
+own = platform_labels.own_images
 
 
 # Labels a node looks layers up by, to reuse one instead of making it again
@@ -35,13 +34,17 @@ def own(project: str) -> str:
 # next time any project pulls or builds that. Through a gateway they are
 # the platform's.
 PLATFORM_LABELS = ("oci.", "build.", "e2b.", "toolchains.")
+# But for what E2B's snapshots say of themselves (api/compat/e2b/snapshots.py),
+# which a node never looks a layer up by: a gateway lists a project's own
+# layers only, so these find nothing of anyone else's.
+SNAPSHOT_LABELS = ("e2b.snapshot", "e2b.sandbox", "e2b.spec", "e2b.name")
 
 
 def check_commit(project: str, req: CommitRequest) -> None:
     """A commit's tag is under the committing project's own names, and its
     labels are none the platform looks layers up by."""
     for key in req.labels:
-        if key.startswith(PLATFORM_LABELS):
+        if key.startswith(PLATFORM_LABELS) and key not in SNAPSHOT_LABELS:
             raise InvalidArgument(
                 f"labels.{key}",
                 "must not start with "
@@ -117,10 +120,3 @@ def check_call(project: str, req: FnCallRequest) -> FnCallRequest:
     layer another project committed (ImageStore.for_project)."""
     check_refs(project, [("image", req.image)])
     return req.model_copy(update={"project": project})
-
-
-def not_here() -> Unavailable:
-    """Listing or deleting a node's layers through a gateway would cross
-    projects (the store is shared); the cluster's images live in its blob
-    store (docs/image-distribution.md)."""
-    return Unavailable("layers are listed and deleted on a node, not through a gateway")

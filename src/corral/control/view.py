@@ -1,16 +1,14 @@
 """One project's view of a gateway: the sandbox API as that project sees it.
 
 Most operations name a sandbox and are forwarded, unchanged, to its node
-(control/forwarding.py, generated from the route table); this module holds
-the routing they share and the operations a gateway does itself: create
-(placement, quota, moving a create a node refused), list (every node),
-close (the row too), exec (a stream watched for its node's loss), restore
-and fork (charged like creates), and function calls (any node with room).
-
+(control/forwarding.py, from the route table); this module holds their
+routing and what a gateway does itself: create (placement, quota, moving a
+create a node refused), list (every node), close (the row too), exec (a
+stream watched for its node's loss), restore and fork (charged like
+creates), commit (placed on at once), function calls (any node with room).
 Every operation that makes sandboxes follows one sequence: reserve a row
 per sandbox (charging the project's quota), ask the node, then mark each
-row ready or, on an error, failed (releasing the charge). _reserve and
-_make are that sequence.
+row ready or, on an error, failed (releasing the charge): _reserve, _make.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ from corral.api.models import (
     SavedState,
 )
 from corral.api.service import SandboxService
-from corral.control import burst, keys, nodes, project_images, sandboxes, spill
+from corral.control import burst, keys, nodes, project_images, project_layers, sandboxes, spill
 from corral.control.core import GatewayCore, NodeLost
 from corral.control.events import merged as merged_events
 from corral.control.forwarding import Forwarding
@@ -92,7 +90,9 @@ class GatewayView(Forwarding, KeyOps):
 
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
         project_images.check_commit(self.project, req)
-        return await self._forward(sandbox_id, lambda node: node.commit(sandbox_id, req))
+        layer = await self._forward(sandbox_id, lambda node: node.commit(sandbox_id, req))
+        self.gw.note_layer(ids.parse(sandbox_id).node, layer)
+        return layer
 
     async def aclose(self) -> None:
         """A view is a lens on the shared gateway: nothing of its own to close."""
@@ -575,10 +575,10 @@ class GatewayView(Forwarding, KeyOps):
             yield event
 
     async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
-        raise project_images.not_here()
+        return await project_layers.listed(self.gw, self.project, labels)
 
     async def delete_layer(self, ref: str) -> None:
-        raise project_images.not_here()
+        await project_layers.delete(self.gw, self.project, ref, await self.list())
 
     async def run_call(self, req: FnCallRequest) -> FnCallResult:
         """Stateless: any node with function-call workers; full or

@@ -339,8 +339,9 @@ class ImageStore:
 
     def find_by_label(self, key: str, value: str) -> Layer | None:
         """The oldest layer labelled key=value that is the platform's: a
-        project's own commit (named under projects/, control/project_images.py)
-        is never taken for a pull's or a build's layer, whatever it says."""
+        project's own commit (named under projects/, control/project_images.py,
+        or labelled with its project, even once untagged) is never taken for
+        a pull's or a build's layer, whatever it says."""
         layers = self.list()
         # An old layer with an identity twin is found as its twin, or not at
         # all (the twin's names say whose it is; the old one has none).
@@ -348,9 +349,9 @@ class ImageStore:
         for layer in layers:
             if layer.identity == LEGACY and (layer.meta_digest, layer.blob_digest) in twinned:
                 continue
-            if layer.labels.get(key) == value and not any(
-                n.startswith("projects/") for n in layer.names
-            ):
+            if layer.labels.get(key) != value or platform_labels.PROJECT in layer.labels:
+                continue
+            if not any(n.startswith(platform_labels.PROJECT_IMAGES) for n in layer.names):
                 return layer
         return None
 

@@ -3,14 +3,20 @@ makes one, `GET /snapshots` lists them, `DELETE /templates/{id}` drops one,
 and a create whose templateID is a snapshot's id starts from it.
 
 A snapshot is the sandbox's writable layer committed as a toolkit layer
-(the sandbox keeps running), tagged with the snapshot's id. Its labels say
-what it sits on, by digest, so that a base retagged later does not move it:
+(the sandbox keeps running). Its id is `snapshots:<name>` (a name given, or
+`snapshot-<hex>`); it is tagged with its id, and through a gateway with its
+id under the sandbox's project's own names (projects/<project>/snapshots:
+<name>), which the gateway lists and deletes for that project alone
+(control/project_layers.py). Its labels say what it sits on, by digest, so
+that a base retagged later does not move it:
   e2b.snapshot  "1"
+  e2b.name      its name
   e2b.sandbox   the sandbox it was taken of
   e2b.spec      {"image", "workspace", "toolkit", "memory", "cpu", "disk",
                  "template"}: the sandbox's layers and size
 It holds files, not processes (E2B's also keeps memory): a sandbox made from
-it starts afresh on the files.
+it starts afresh on the files. Snapshots made before ids had this form keep
+the id they were given (`<name>:latest`).
 """
 
 from __future__ import annotations
@@ -25,12 +31,15 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from corral import labels as platform_labels
 from corral.api.models import CommitRequest, LayerInfo, SandboxInfo
 from corral.api.service import SandboxService
 from corral.errors import Conflict, ImageNotFound, Unavailable
 
 SNAPSHOT = "e2b.snapshot"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+NAME = "e2b.name"
+REPO = "snapshots"  # an id is REPO:<name>; the name is a tag, where '_' is allowed
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 MAX_LIST = 1000
 
 
@@ -51,9 +60,15 @@ def spec_of(info: SandboxInfo, template: str) -> dict[str, Any]:
             "cpu": info.cpu, "disk": info.disk, "template": template}  # fmt: skip
 
 
-async def find(svc: SandboxService, snapshot_id: str) -> LayerInfo | None:
+def snapshot_id(name: str) -> str:
+    """A tag as the snapshot id E2B's clients see: without the project's
+    prefix a gateway's tags carry (the gateway lists only the project's)."""
+    return name.rpartition("/")[2] if name.startswith(platform_labels.PROJECT_IMAGES) else name
+
+
+async def find(svc: SandboxService, wanted: str) -> LayerInfo | None:
     for layer in await svc.list_layers({SNAPSHOT: "1"}):
-        if snapshot_id in layer.names:
+        if any(snapshot_id(n) == wanted for n in layer.names):
             return layer
     return None
 
@@ -77,8 +92,8 @@ async def create_fields(svc: SandboxService, template: str) -> dict[str, Any] | 
 
 
 def _info(layer: LayerInfo) -> dict[str, Any]:
-    name = next(n for n in layer.names)
-    return {"snapshotID": name, "names": list(layer.names)}
+    names = [snapshot_id(n) for n in layer.names]
+    return {"snapshotID": names[0], "names": names}
 
 
 def router(resolve: Any, get_sandbox: Any, template_of: Any, error_response: Any) -> APIRouter:
@@ -94,16 +109,23 @@ def router(resolve: Any, get_sandbox: Any, template_of: Any, error_response: Any
             doc = json.loads(raw) if raw else {}
             name = doc.get("name") if isinstance(doc, dict) else None
             if name is None:
-                tag = f"snapshot-{secrets.token_hex(8)}:latest"
+                name = f"snapshot-{secrets.token_hex(8)}"
             elif not isinstance(name, str) or not _NAME.match(name):
-                raise SnapshotError(400, f"name must be 1-40 of a-z, 0-9 and '-': {name!r}")
-            else:
-                tag = f"{name}:latest"
-                taken = await svc.list_layers()
-                if any(tag in x.names and x.labels.get(SNAPSHOT) != "1" for x in taken):
-                    raise SnapshotError(409, f"{tag!r} names an image that is not a snapshot")
+                raise SnapshotError(
+                    400, f"name must be 1-63 of a-z, 0-9, '-' and '_', starting with a letter "
+                    f"or digit: {name!r}",
+                )  # fmt: skip
+            project = info.labels.get(platform_labels.PROJECT)
+            own = platform_labels.own_images(project) if project else ""
+            tag = f"{own}{REPO}:{name}"
+            taken = await svc.list_layers()
+            if any(tag in x.names and x.labels.get(SNAPSHOT) != "1" for x in taken):
+                raise SnapshotError(
+                    409, f"{snapshot_id(tag)!r} names an image that is not a snapshot"
+                )
             spec = spec_of(info, template_of(info))
-            labels = {SNAPSHOT: "1", "e2b.sandbox": sandbox_id, "e2b.spec": json.dumps(spec)}
+            labels = {SNAPSHOT: "1", NAME: name, "e2b.sandbox": sandbox_id,
+                      "e2b.spec": json.dumps(spec)}  # fmt: skip
             req = CommitRequest(tag=tag, kind="toolkit", labels=labels)
             layer = await svc.commit(sandbox_id, req)
         except SnapshotError as exc:
@@ -112,7 +134,7 @@ def router(resolve: Any, get_sandbox: Any, template_of: Any, error_response: Any
             return _e2b(400, f"the body is not JSON: {exc}")
         except Exception as exc:
             return error_response(exc)
-        return JSONResponse({"snapshotID": tag, "names": list(layer.names)}, status_code=201)
+        return JSONResponse(_info(layer.model_copy(update={"names": [tag]})), status_code=201)
 
     async def listed(request: Request) -> Any:
         try:
@@ -126,7 +148,7 @@ def router(resolve: Any, get_sandbox: Any, template_of: Any, error_response: Any
                 want["e2b.sandbox"] = q["sandboxID"]
             found = [x for x in await svc.list_layers(want) if x.names]
             if q.get("name"):
-                found = [x for x in found if f"{q['name']}:latest" in x.names]
+                found = [x for x in found if q["name"] in (x.labels.get(NAME), _old_name(x))]
             found.sort(key=lambda x: (x.created, x.digest), reverse=True)
             start = _offset(q.get("nextToken"))
             page = found[start : start + limit]
@@ -162,8 +184,14 @@ def router(resolve: Any, get_sandbox: Any, template_of: Any, error_response: Any
 
     r.add_api_route("/sandboxes/{sandbox_id}/snapshots", take, methods=["POST"])
     r.add_api_route("/snapshots", listed, methods=["GET"])
-    r.add_api_route("/templates/{template_id}", drop, methods=["DELETE"])
+    # A path parameter: an id from before (a name with '/') must still match.
+    r.add_api_route("/templates/{template_id:path}", drop, methods=["DELETE"])
     return r
+
+
+def _old_name(layer: LayerInfo) -> str | None:
+    """The name of a snapshot made before e2b.name (tagged `<name>:latest`)."""
+    return next((n.removesuffix(":latest") for n in layer.names if n.endswith(":latest")), None)
 
 
 def _e2b(status: int, message: str) -> JSONResponse:
