@@ -33,6 +33,8 @@ PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "19
            "192.0.0.0/24"]  # fmt: skip
 _PRIVATE_NETS = [ipaddress.IPv4Network(c) for c in PRIVATE]
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+_SIXTOFOUR = ipaddress.IPv6Network("2002::/16")
 _REFUSED6 = [ipaddress.IPv6Network(n) for n in (
     "64:ff9b:1::/48", "2001::/32", "::/96", "::ffff:0:0:0/96", "2002::/16")]  # fmt: skip
 _RESERVED4 = [ipaddress.IPv4Network(n) for n in ("192.0.0.0/24", "0.0.0.0/8")]
@@ -57,6 +59,18 @@ def carried(ip: Address) -> Address | None:
     return ip
 
 
+def carried_network(net: ipaddress.IPv6Network) -> ipaddress.IPv4Network | None:
+    """The IPv4 network an IPv6 one holds in a form `carried` reads (mapped,
+    NAT64's well-known prefix, 6to4), or None."""
+    bits = int(net.network_address)
+    for form, shift in ((_MAPPED, 0), (_NAT64, 0), (_SIXTOFOUR, 80)):
+        if net.subnet_of(form):
+            inside = min(net.prefixlen - form.prefixlen, 32)
+            base = (bits >> shift) & 0xFFFFFFFF
+            return ipaddress.IPv4Network((base, inside), strict=False)
+    return None
+
+
 def outside(ip: Address, deny: Iterable[Network] = ()) -> bool:
     """An address outside the cluster's network: public (by what it
     carries), and in none of `deny`."""
@@ -65,6 +79,10 @@ def outside(ip: Address, deny: Iterable[Network] = ()) -> bool:
         return False
     if isinstance(reached, ipaddress.IPv4Address) and any(reached in n for n in _RESERVED4):
         return False
+    if reached.is_multicast or (
+        isinstance(reached, ipaddress.IPv6Address) and reached.is_site_local
+    ):
+        return False  # is_global counts both; neither is a registry's
     return reached.is_global and not any(a in net for net in deny for a in {ip, reached})
 
 

@@ -308,7 +308,14 @@ async def test_a_projects_commits_are_its_own_and_the_operators_images_no_ones(
                 await c.service.delete_layer(ref)
         with pytest.raises(corral.Conflict):  # a sandbox runs on it
             await o.service.delete_layer("projects/other/planted:1")
-        for s in (sbx, copy, base, again):
+        # A parent's key on its child's sandbox: the layer would be the
+        # child's (its node labels it so) under the parent's name.
+        childs = await c.sandboxes.create(**SPEC)
+        async with cluster.client(keys["org"]) as org:
+            with pytest.raises(InvalidArgument, match="sandbox of the committing") as err:
+                await (await org.sandboxes.get(childs.id)).commit("projects/org/x:1")
+            assert err.value.field == "sandbox_id"
+        for s in (sbx, copy, base, again, childs):
             await s.close()
         await o.service.delete_layer(ours.digest)
         assert ours.digest not in {x.digest for x in await o.service.list_layers()}

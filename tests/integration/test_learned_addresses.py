@@ -52,13 +52,16 @@ async def test_a_node_that_denies_ipv6_networks_still_networks_its_sandboxes(
     address, for the pull guard). The node's sets are IPv4 and a sandbox has
     no IPv6 route: before, an IPv6 entry failed every networked create. An
     answer is judged by the IPv4 address it carries."""
-    node = fresh_node.with_config(network_deny=["2001:db8::/32", "198.51.100.0/24"])
+    node = fresh_node.with_config(
+        network_deny=["2001:db8::/32", "198.51.100.0/24", "::ffff:203.0.113.0/120"]
+    )
     async with node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE, network={"domains": ["example.com"]})
         net = node.agent.parts.networks.network
         policy = NetworkPolicy(domains=["example.com"])
+        # The last: denied by an IPv6 entry that holds it.
         for answer in ("198.51.100.7", "::ffff:198.51.100.7", "64:ff9b::c633:6407", "10.1.2.3",
-                       "::ffff:10.1.2.3", "2001:db8::1", "127.0.0.1"):  # fmt: skip
+                       "::ffff:10.1.2.3", "2001:db8::1", "127.0.0.1", "203.0.113.9"):  # fmt: skip
             assert net.forbidden_answer(policy, answer), answer
         assert not net.forbidden_answer(policy, "93.184.216.34")
         opened = NetworkPolicy(cidrs=["10.1.0.0/16"])

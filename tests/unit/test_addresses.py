@@ -9,6 +9,7 @@ import pytest
 
 from corral.addresses import (
     carried,
+    carried_network,
     host_networks,
     host_port,
     inside_host,
@@ -93,3 +94,19 @@ def test_a_hosts_networks_are_every_address_it_has_without_loopback() -> None:
     assert host_networks("2001:db8::7") == ["2001:db8::7/128"]
     assert host_networks("127.0.0.1") == [] and host_networks("::1") == []
     assert host_networks("no-such-host.invalid") == []
+
+
+@pytest.mark.parametrize(
+    ("net", "held"),
+    [("::ffff:10.0.0.5/128", "10.0.0.5/32"), ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+     ("64:ff9b::a00:5/128", "10.0.0.5/32"), ("2002:a00:5::/48", "10.0.0.5/32"),
+     ("2002:a00::/32", "10.0.0.0/16"), ("2001:db8::/32", None), ("fd00::/8", None)],
+)  # fmt: skip
+def test_an_ipv6_network_may_hold_ipv4_ones(net: str, held: str | None) -> None:
+    got = carried_network(ipaddress.IPv6Network(net))
+    assert (None if got is None else str(got)) == held
+
+
+def test_multicast_and_site_local_are_not_outside() -> None:
+    for text in ("224.0.0.1", "239.1.2.3", "ff02::1", "ff0e::1", "fec0::1"):
+        assert not outside(ipaddress.ip_address(text)), text

@@ -7,6 +7,7 @@ every project."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,20 +27,25 @@ pytestmark = pytest.mark.unit
 def test_a_commit_through_a_gateway_carries_no_platform_lookup_label(label: str) -> None:
     req = CommitRequest(tag="projects/acme/x:1", labels={label: "sha256:" + "a" * 64})
     with pytest.raises(InvalidArgument, match="the platform finds its own layers by them") as err:
-        project_images.check_commit("acme", req)
+        project_images.check_commit("acme", req, "acme")
     assert err.value.field == f"labels.{label}"
 
 
 def test_a_commit_with_its_own_labels_under_its_own_name_passes() -> None:
     req = CommitRequest(tag="projects/acme/x:1", labels={"team": "rl", "ocifoo": "1"})
-    project_images.check_commit("acme", req)
+    project_images.check_commit("acme", req, "acme")
     # What an E2B snapshot says of itself: no node looks a layer up by it.
     snapshot = {k: "1" for k in ("e2b.snapshot", "e2b.name", "e2b.sandbox", "e2b.spec")}
     project_images.check_commit(
-        "acme", CommitRequest(tag="projects/acme/snapshots:s", labels=snapshot)
+        "acme", CommitRequest(tag="projects/acme/snapshots:s", labels=snapshot), "acme"
     )
+    # A parent project's commit of its child's sandbox: the layer would be
+    # the child's (its node labels it so) under the parent's name.
+    with pytest.raises(InvalidArgument, match="must be a sandbox of the committing") as err:
+        project_images.check_commit("acme", CommitRequest(tag="projects/acme/x:1"), "job", "s1")
+    assert (err.value.field, err.value.value) == ("sandbox_id", "s1")
     with pytest.raises(InvalidArgument) as err:
-        project_images.check_commit("acme", CommitRequest(tag="python:3.12"))
+        project_images.check_commit("acme", CommitRequest(tag="python:3.12"), "acme")
     assert err.value.field == "tag"
 
 
@@ -90,20 +96,36 @@ def test_a_pull_or_build_never_takes_a_projects_commit_for_its_layer(tmp_path: P
 
 def test_a_layer_another_project_committed_is_not_there_for_this_one(tmp_path: Path) -> None:
     """A node labels a commit through a gateway with its project: another
-    project naming it by digest is told the node lacks it; its own project,
-    an embedded caller and the operator's unlabelled layers pass."""
+    project naming it by digest is told what it would be told of a layer
+    the node lacks, word for word; its own project, an embedded caller and
+    the operator's unlabelled layers pass. A commit from before the label
+    is judged by its names, when named by digest."""
     store = ImageStore(tmp_path / "images")
-    (tmp_path / "m").write_bytes(b"m" * 100)
-    (tmp_path / "b").write_bytes(b"b" * 100)
-    theirs = store.add(tmp_path / "m", tmp_path / "b", chunk_size=4096, kind="toolkit",
-                       tag="projects/rival/x:1", labels={"corral.project": "rival"})  # fmt: skip
-    (tmp_path / "m").write_bytes(b"m" * 100)
-    (tmp_path / "b").write_bytes(b"c" * 100)
-    operators = store.add(tmp_path / "m", tmp_path / "b", chunk_size=4096, kind="toolkit")
+
+    def add(content: bytes, **kw: Any) -> Any:
+        (tmp_path / "m").write_bytes(b"m" * 100)
+        (tmp_path / "b").write_bytes(content)
+        return store.add(tmp_path / "m", tmp_path / "b", chunk_size=4096, kind="toolkit", **kw)
+
+    theirs = add(b"b" * 100, tag="projects/rival/x:1", labels={"corral.project": "rival"})
+    operators = add(b"c" * 100, tag="tools:1")
+    # Committed before nodes labelled commits.
+    old = add(b"d" * 100, tag="projects/rival/old:1", labels={"corral.source": "commit:s"})
     for project in ("rival", None):
         assert store.for_project(theirs, project, "toolkit[0]") is theirs
     for project in ("acme", "rival", None):
-        assert store.for_project(operators, project, "image") is operators
-    with pytest.raises(ImageNotFound, match="is not in this node's store") as err:
+        assert store.for_project(operators, project, "image", by_name=True) is operators
+    with pytest.raises(ImageNotFound) as err:
         store.for_project(theirs, "acme", "toolkit[0]")
+    with pytest.raises(ImageNotFound) as missing:
+        store.digest_of("sha256:" + "e" * 64, "toolkit[0]")
+    assert str(err.value).replace(theirs.digest, "D") == str(missing.value).replace(
+        "sha256:" + "e" * 64, "D"
+    )
     assert err.value.details == {"field": "toolkit[0]", "ref": theirs.digest}
+    assert store.for_project(old, "acme", "image") is old  # by name: a create's check
+    with pytest.raises(ImageNotFound):
+        store.for_project(old, "acme", "image", by_name=True)
+    assert store.for_project(old, "rival", "image", by_name=True) is old
+    store.tag(old.digest, "tools:2")  # the operator's too: the operator's
+    assert store.for_project(old, "acme", "image", by_name=True) is old

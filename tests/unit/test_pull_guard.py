@@ -200,3 +200,41 @@ def test_a_tunnel_carries_large_transfers_both_ways_and_passes_half_closes(
             assert got == size
     thread.join(5)
     server.close()
+
+
+@pytest.mark.parametrize("closes", [True, False])
+def test_urgent_data_neither_spins_the_tunnel_nor_stops_its_bytes(
+    monkeypatch: pytest.MonkeyPatch, closes: bool
+) -> None:
+    """splice(2) stops short of TCP urgent data: while the socket stays
+    readable (EAGAIN, before, spun the tunnel's loop and the bytes after
+    it never came), and once the peer has closed (0, before, ended the
+    tunnel early)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(1)
+            conn.send(b"!", socket.MSG_OOB)
+            conn.sendall(b"after the urgent byte")
+            if not closes:
+                done.wait(10)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("CORRAL_REGISTRIES", f"mirror.corp:{server.getsockname()[1]}")
+    with PullGuard(resolve=fake_dns) as guard:
+        port = _serving(guard)
+        sock, status = _connect(port, guard, f"mirror.corp:{server.getsockname()[1]}")
+        with sock:
+            assert status == b"HTTP/1.1 200 Connection established"
+            sock.sendall(b"g")  # one byte: the server reads it all (unread bytes: a reset)
+            got = b""
+            while not got.endswith(b"after the urgent byte") and (data := sock.recv(1024)):
+                got += data
+            assert got == b"after the urgent byte"
+        done.set()
+    thread.join(5)
+    server.close()

@@ -123,13 +123,14 @@ class GatewayCore:
             metrics.GATEWAY_NODES.labels(state).set(sum(n.state == state for n in rows))
         return rows
 
-    def note_layer(self, node: str, layer: LayerInfo) -> None:
+    def note_layer(self, node: str, layer: LayerInfo) -> LayerInfo:
         """A layer `node` just made (a commit through this gateway): placed
         on at once. Its node's heartbeat reports it within a second or two;
         until then a create from it would land anywhere, and a project's
         commit is in no blob store for another node to fetch."""
         self._noted.append((time.monotonic(), node, layer))
         self._apply_noted(self._view[1])
+        return layer
 
     def _apply_noted(self, rows: list[NodeRow]) -> None:
         self._noted = [x for x in self._noted if time.monotonic() - x[0] < NOTED_FOR]

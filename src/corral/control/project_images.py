@@ -40,9 +40,19 @@ PLATFORM_LABELS = ("oci.", "build.", "e2b.", "toolchains.")
 SNAPSHOT_LABELS = ("e2b.snapshot", "e2b.sandbox", "e2b.spec", "e2b.name")
 
 
-def check_commit(project: str, req: CommitRequest) -> None:
+def check_commit(project: str, req: CommitRequest, owner: str, sandbox_id: str = "") -> None:
     """A commit's tag is under the committing project's own names, and its
-    labels are none the platform looks layers up by."""
+    labels are none the platform looks layers up by. `owner`: the project
+    of the sandbox, which must be the committing one: its node labels the
+    layer with the sandbox's project (ImageStore.for_project), so a parent
+    project committing a child's sandbox would name a layer it cannot use."""
+    if owner != project:
+        raise InvalidArgument(
+            "sandbox_id",
+            f"must be a sandbox of the committing project {project!r} (it is {owner!r}'s: "
+            "commit it with that project's key)",
+            sandbox_id,
+        )
     for key in req.labels:
         if key.startswith(PLATFORM_LABELS) and key not in SNAPSHOT_LABELS:
             raise InvalidArgument(

@@ -62,8 +62,9 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
     from every node that holds it. ImageNotFound where no node holds such a
     layer of the project's; Conflict, before anything is deleted, while one
     of `running` (the project's sandboxes: no other project's can run on
-    its layers) runs on it; InvalidArgument for a name that is not the
-    project's."""
+    its layers) runs on it, and from a node whose warm pool holds it (the
+    nodes asked before it have deleted their copies); InvalidArgument for a
+    name that is not the project's."""
     if not ref.startswith(("sha256:", own(project))):
         raise InvalidArgument(
             "ref",
@@ -73,7 +74,12 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
         )
     held: list[tuple[NodeRow, str]] = []
     for node in [n for n in await gw.nodes() if n.state == nodes.ALIVE]:
-        for layer in await gw.client(node).list_layers({platform_labels.PROJECT: project}):
+        try:
+            found = await gw.client(node).list_layers({platform_labels.PROJECT: project})
+        except CorralError as exc:  # as listed(): one silent node stops nothing
+            log.warning("layers.list_failed", node=node.name, error=str(exc))
+            continue
+        for layer in found:
             mine = layer.labels.get(platform_labels.PROJECT) == project
             if mine and (ref == layer.digest or ref in layer.names):
                 held.append((node, layer.digest))

@@ -89,10 +89,10 @@ class GatewayView(Forwarding, KeyOps):
         """A view is a lens on the shared gateway, started by its owner."""
 
     async def commit(self, sandbox_id: str, req: CommitRequest) -> LayerInfo:
-        project_images.check_commit(self.project, req)
+        owner = (await self._row(sandbox_id)).project
+        project_images.check_commit(self.project, req, owner, sandbox_id)
         layer = await self._forward(sandbox_id, lambda node: node.commit(sandbox_id, req))
-        self.gw.note_layer(ids.parse(sandbox_id).node, layer)
-        return layer
+        return self.gw.note_layer(ids.parse(sandbox_id).node, layer)
 
     async def aclose(self) -> None:
         """A view is a lens on the shared gateway: nothing of its own to close."""

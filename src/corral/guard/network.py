@@ -36,7 +36,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.addresses import ALWAYS_DENIED, PRIVATE, carried, private, private_network
+from corral.addresses import (
+    ALWAYS_DENIED,
+    PRIVATE,
+    carried,
+    carried_network,
+    private,
+    private_network,
+)
 from corral.errors import InvalidArgument, Unavailable
 from corral.guard.nft import Nft
 from corral.guard.policy import NetworkPolicy
@@ -78,10 +85,12 @@ class NodeNetwork:
         self.dns_port = dns_port
         # IPv4 only: a sandbox has no IPv6 route (its chain's last rule drops
         # every packet no earlier rule accepted, IPv6 included), and the
-        # node's sets hold IPv4 addresses. The IPv6 entries of `deny` serve
-        # the pull guard (images/egress.py).
+        # node's sets hold IPv4 addresses. An IPv6 entry that holds IPv4
+        # ones (::ffff:10.0.0.5/128) denies those; the others serve the pull
+        # guard (images/egress.py).
         nets = [ipaddress.ip_network(c, strict=False) for c in (*ALWAYS_DENIED, pool, *deny)]
-        self.deny = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+        fours = [n if isinstance(n, ipaddress.IPv4Network) else carried_network(n) for n in nets]
+        self.deny = [n for n in fours if n is not None]
         self.ecosystems = ecosystems
         self.table = f"corral_{node}"
         self.prefix = "cr" + hashlib.sha1(node.encode()).hexdigest()[:4]

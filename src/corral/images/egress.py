@@ -52,7 +52,9 @@ HEAD_MAX = 8192  # a CONNECT request's head
 CONNECT_TIMEOUT = 15.0  # the head, the name's resolution, the upstream connect: each
 IDLE_TIMEOUT = 300.0  # a tunnel with no byte either way for this long is closed
 TUNNELS = 32  # at once, per pull (skopeo opens a few)
-PIPE_BYTES = 1048576  # each direction's buffer: a tunnel's bytes move by splice(2)
+PIPE_BYTES = 1 << 20  # each direction's buffer: a tunnel's bytes move by splice(2)
+RECV_BYTES = 1 << 16  # a copy past urgent data, at most a pipe's smallest size
+STALLS = 1000  # wake-ups in a row that move nothing: the tunnel is dropped
 _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 Resolver = Callable[[str, int], list[str]]
 
@@ -328,15 +330,35 @@ class _Flow:
             pass  # past /proc/sys/fs/pipe-max-size: the default 64 KiB does
         self.pending = 0
         self.ended = False
+        self.moved = 0  # bytes and ends, for a loop that wakes and moves nothing
 
     def pull(self) -> None:
         """`src` is readable: move what it has through the pipe to `dst`
-        until either would block; at `src`'s end, pass the half close on."""
+        until either would block; at `src`'s end, pass the half close on.
+        splice(2) stops short of TCP urgent data while the socket stays
+        readable: a first splice that moves nothing is followed by one
+        recv(), which steps past it (else a peer's urgent byte would spin
+        this loop for the rest of the pull, or end it early)."""
+        first = True
         while not self.pending:
             try:
                 n = os.splice(self.src.fileno(), self.into, PIPE_BYTES, flags=_SPLICE_FLAGS)
             except BlockingIOError:
-                return
+                if not first:
+                    return
+                n = 0
+            if n == 0:
+                # Nothing spliced: the end, or urgent data (where splice
+                # answers 0 once the peer has closed, else EAGAIN). recv()
+                # tells them apart, and steps past the urgent byte.
+                try:
+                    data = self.src.recv(RECV_BYTES)
+                except BlockingIOError:
+                    return
+                # The pipe is empty and holds at least RECV_BYTES: one write.
+                n = os.write(self.into, data) if data else 0
+            first = False
+            self.moved += n + (n == 0)
             if n == 0:
                 self.ended = True
                 try:
@@ -351,10 +373,11 @@ class _Flow:
         """Move what the pipe holds to `dst`, as far as it takes now."""
         while self.pending:
             try:
-                self.pending -= os.splice(self.out, self.dst.fileno(), self.pending,
-                                          flags=_SPLICE_FLAGS)  # fmt: skip
+                n = os.splice(self.out, self.dst.fileno(), self.pending, flags=_SPLICE_FLAGS)
             except BlockingIOError:
                 return
+            self.pending -= n
+            self.moved += n
 
     def close(self) -> None:
         os.close(self.out)
@@ -368,10 +391,15 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
     a.setblocking(False)
     b.setblocking(False)
     flows: list[_Flow] = []
+    stalls = 0
     try:
-        flows += [_Flow(a, b), _Flow(b, a)]
+        flows.append(_Flow(a, b))
+        flows.append(_Flow(b, a))
         with selectors.DefaultSelector() as sel:
             while not all(f.ended and not f.pending for f in flows):
+                if stalls > STALLS:
+                    log.warning("image.pull_tunnel_stalled", wakeups=stalls)
+                    return  # readable, and nothing to read: never spin
                 wants: dict[socket.socket, int] = {}
                 for f in flows:
                     if f.pending:
@@ -384,11 +412,13 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
                 if not ready:
                     return
                 events = {key.fileobj: mask for key, mask in ready}
+                before = sum(f.moved for f in flows)
                 for f in flows:
                     if f.pending and events.get(f.dst, 0) & selectors.EVENT_WRITE:
                         f.push()
                     elif not f.pending and events.get(f.src, 0) & selectors.EVENT_READ:
                         f.pull()
+                stalls = stalls + 1 if sum(f.moved for f in flows) == before else 0
     finally:
         for f in flows:
             f.close()

@@ -40,6 +40,7 @@ from corral.log import get_logger
 log = get_logger("corral.images")
 # A placeholder digest for a layer whose own is computed from it (Layer.identified).
 UNNAMED = "sha256:" + "0" * 64
+SOURCE = "corral.source"  # what made a layer: "commit:<sandbox>" for a commit
 
 ProgressFn = Callable[[str, float, float | None], None]
 
@@ -211,22 +212,35 @@ class ImageStore:
                     ref=str(ref),
                 ) from None
         if not (self.layers / (digest.removeprefix("sha256:") + ".json")).exists():
-            raise ImageNotFound(f"layer {digest} is not in this node's store", ref=digest)
+            raise ImageNotFound(
+                f"layer {digest} is not in this node's store", field=field, ref=digest
+            )
         return digest
 
-    def for_project(self, layer: Layer, project: str | None, field: str) -> Layer:
+    def for_project(
+        self, layer: Layer, project: str | None, field: str, *, by_name: bool = False
+    ) -> Layer:
         """`layer`, if `project` may run on it: a layer a project committed
         through a gateway (labelled labels.PROJECT by the node) is that
         project's alone, every other the operator's; `project` None is a
         caller that owns the node (embedded). Another project's answers as
-        a layer this node lacks, so that a digest learned elsewhere reads
-        nothing and says nothing."""
+        a layer this node lacks, word for word, so that a digest learned
+        elsewhere reads nothing. `by_name` (a layer named by its digest):
+        an unlabelled commit whose every name is under another project's
+        (one from before nodes labelled them) is that project's too."""
         owner = layer.labels.get(platform_labels.PROJECT)
-        if project is not None and owner is not None and owner != project:
+        if project is None or owner == project:
+            return layer
+        # Only a commit's (the walk of every tag is tens of milliseconds).
+        if owner is None and by_name and layer.labels.get(SOURCE, "").startswith("commit:"):
+            names = self._names_of(layer.digest)
+            if names and all(n.startswith(platform_labels.PROJECT_IMAGES) for n in names):
+                mine = platform_labels.own_images(project)
+                owner = "" if any(n.startswith(mine) for n in names) else names[0]
+        if owner:
             raise ImageNotFound(
-                f"layer {layer.digest} is not in this node's store",
-                field=field, ref=layer.digest,
-            )  # fmt: skip
+                f"layer {layer.digest} is not in this node's store", field=field, ref=layer.digest
+            )
         return layer
 
     def tag(self, digest: str, text: str) -> None:

@@ -15,7 +15,7 @@ from corral.errors import InvalidArgument
 from corral.host.scratch import Scratch
 from corral.images.build import build_from_dir
 from corral.images.layer import STACK, ImageConfig, Layer
-from corral.images.store import ImageStore
+from corral.images.store import SOURCE, ImageStore
 from corral.log import get_logger
 from corral.node.admission import Admission
 from corral.node.store import SandboxRecord, Store
@@ -80,7 +80,7 @@ class Commits:
                 src.mkdir(exist_ok=True)
                 wrap = [str(self.nsexec), "--view", str(path / "upper"), str(src),
                         f"{base} 0 {IDS}", "--"]  # fmt: skip
-            labels = {**req.labels, "corral.source": f"commit:{sandbox_id}"}
+            labels = {**req.labels, SOURCE: f"commit:{sandbox_id}"}
             project = rec.labels.get(platform_labels.PROJECT)
             if project is not None:  # a gateway's: that project's alone (ImageStore.for_project)
                 labels[platform_labels.PROJECT] = project

@@ -223,7 +223,8 @@ class Lifecycle:
 
         def resolve(ref: str, field: str) -> Layer:
             layer = self.images.resolve(ref, field, names=False)
-            return self.images.for_project(layer, project, field)
+            by_name = ref.startswith("sha256:")
+            return self.images.for_project(layer, project, field, by_name=by_name)
 
         layers = [self.images.for_project(layer, project, "image")
                   for layer in self.images.chain(resolve(req.image, "image"))]  # fmt: skip

@@ -97,7 +97,8 @@ class FnCalls:
         fields = [("image", base), *((f"fncall_toolkit[{i}]", t) for i, t in enumerate(toolkits))]
         for field, ref in fields:
             layer = self.images.get(self.images.digest_of(ref, field), names=False)
-            for below in self.images.chain(layer) if field == "image" else [layer]:
+            self.images.for_project(layer, req.project, field, by_name=ref.startswith("sha256:"))
+            for below in self.images.chain(layer)[:-1] if field == "image" else []:
                 self.images.for_project(below, req.project, field)
         if lang.prepare is not None:
             image = f"{image}#{lang.name}"

@@ -75,11 +75,11 @@ async def find(svc: SandboxService, wanted: str) -> LayerInfo | None:
 
 async def create_fields(svc: SandboxService, template: str) -> dict[str, Any] | None:
     """CreateSandbox fields for a snapshot's id; None if it names none."""
-    if ":" not in template:
-        return None
+    if not template.startswith(f"{REPO}:") and not template.endswith(":latest"):
+        return None  # not a snapshot's id (those from before: NAME:latest)
     try:
         layer = await find(svc, template)
-    except Unavailable:  # a gateway: it lists no layers, so no snapshots either
+    except Unavailable:  # no node answered: as if there were none
         return None
     if layer is None:
         return None
