@@ -61,10 +61,11 @@ def carried(ip: Address) -> Address | None:
 
 def carried_network(net: ipaddress.IPv6Network) -> ipaddress.IPv4Network | None:
     """The IPv4 network an IPv6 one holds in a form `carried` reads (mapped,
-    NAT64's well-known prefix, 6to4), or None."""
+    NAT64's well-known prefix, 6to4), or None; None too for a whole form,
+    which names the form (all of IPv4 is not what it denies)."""
     bits = int(net.network_address)
     for form, shift in ((_MAPPED, 0), (_NAT64, 0), (_SIXTOFOUR, 80)):
-        if net.subnet_of(form):
+        if net.subnet_of(form) and net.prefixlen > form.prefixlen:
             inside = min(net.prefixlen - form.prefixlen, 32)
             base = (bits >> shift) & 0xFFFFFFFF
             return ipaddress.IPv4Network((base, inside), strict=False)

@@ -4,6 +4,8 @@ asks, so the sets are bounded, per answer and in all."""
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from corral.guard import network as guard
@@ -50,10 +52,14 @@ async def test_a_node_that_denies_ipv6_networks_still_networks_its_sandboxes(
 ) -> None:
     """network_deny may name IPv6 networks (cluster up lists a host's every
     address, for the pull guard). The node's sets are IPv4 and a sandbox has
-    no IPv6 route: before, an IPv6 entry failed every networked create. An
-    answer is judged by the IPv4 address it carries."""
+    no IPv6 route: before, an IPv6 entry failed every networked create, and
+    so did an operator's range that holds the pool (an interval set refuses
+    overlaps). An answer is judged by the IPv4 address it
+    carries."""
+    pool = ipaddress.ip_network(fresh_node.config.network_pool)
+    holds_pool = str(pool.supernet(new_prefix=pool.prefixlen - 4))  # an operator's wider range
     node = fresh_node.with_config(
-        network_deny=["2001:db8::/32", "198.51.100.0/24", "::ffff:203.0.113.0/120"]
+        network_deny=["2001:db8::/32", "198.51.100.0/24", "::ffff:203.0.113.0/120", holds_pool]
     )
     async with node.client() as c:
         sbx = await c.sandboxes.create(image=IMAGE, network={"domains": ["example.com"]})

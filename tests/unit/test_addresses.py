@@ -18,6 +18,7 @@ from corral.addresses import (
     private,
     private_network,
 )
+from corral.guard.network import NodeNetwork
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +111,23 @@ def test_an_ipv6_network_may_hold_ipv4_ones(net: str, held: str | None) -> None:
 def test_multicast_and_site_local_are_not_outside() -> None:
     for text in ("224.0.0.1", "239.1.2.3", "ff02::1", "ff0e::1", "fec0::1"):
         assert not outside(ipaddress.ip_address(text)), text
+
+
+def test_a_whole_form_names_the_form_not_all_of_ipv4() -> None:
+    for net in ("::ffff:0:0/96", "64:ff9b::/96", "2002::/16", "::/0"):
+        assert carried_network(ipaddress.IPv6Network(net)) is None, net
+
+
+def test_a_nodes_deny_set_is_ipv4_and_without_overlaps() -> None:
+    """An interval set refuses overlapping elements: before, an operator's
+    10.0.0.0/8 (which holds the sandbox pool) failed the node's table, and
+    so every networked create."""
+    net = NodeNetwork(
+        "n0", "10.210.0.0/16", 10253,
+        ["10.0.0.0/8", "::ffff:203.0.113.0/120", "2002::/16", "2001:db8::/32", "127.0.0.1"],
+        {},
+    )  # fmt: skip
+    assert [str(n) for n in net.deny] == [
+        "0.0.0.0/8", "10.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "203.0.113.0/24",
+        "224.0.0.0/3",
+    ]  # fmt: skip

@@ -73,17 +73,21 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
             ref,
         )
     held: list[tuple[NodeRow, str]] = []
+    silent: list[str] = []
     for node in [n for n in await gw.nodes() if n.state == nodes.ALIVE]:
         try:
             found = await gw.client(node).list_layers({platform_labels.PROJECT: project})
-        except CorralError as exc:  # as listed(): one silent node stops nothing
+        except CorralError as exc:  # the others are deleted from; the caller is told
             log.warning("layers.list_failed", node=node.name, error=str(exc))
+            silent.append(node.name)
             continue
         for layer in found:
             mine = layer.labels.get(platform_labels.PROJECT) == project
             if mine and (ref == layer.digest or ref in layer.names):
                 held.append((node, layer.digest))
     if not held:
+        if silent:
+            raise Unavailable(f"nodes {', '.join(silent)} did not answer: {ref!r} not deleted")
         raise ImageNotFound(f"no layer {ref!r} of project {project!r}", ref=ref)
     used = {digest for info in running for digest in info.layers}
     for _, digest in held:
@@ -98,3 +102,8 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
             continue  # gone meanwhile (nodes that share one store: the first took it)
     if not deleted:
         raise ImageNotFound(f"no layer {ref!r} of project {project!r}", ref=ref)
+    if silent:  # a copy there would be listed again
+        raise Unavailable(
+            f"{ref!r} deleted from {deleted} node(s); nodes {', '.join(silent)} did not answer: "
+            "delete it again once they do"
+        )

@@ -90,7 +90,9 @@ class NodeNetwork:
         # guard (images/egress.py).
         nets = [ipaddress.ip_network(c, strict=False) for c in (*ALWAYS_DENIED, pool, *deny)]
         fours = [n if isinstance(n, ipaddress.IPv4Network) else carried_network(n) for n in nets]
-        self.deny = [n for n in fours if n is not None]
+        # Merged: an interval set refuses overlapping elements, and an
+        # operator's 10.0.0.0/8 holds the pool (before, the table failed).
+        self.deny = list(ipaddress.collapse_addresses(n for n in fours if n is not None))
         self.ecosystems = ecosystems
         self.table = f"corral_{node}"
         self.prefix = "cr" + hashlib.sha1(node.encode()).hexdigest()[:4]

@@ -54,7 +54,7 @@ IDLE_TIMEOUT = 300.0  # a tunnel with no byte either way for this long is closed
 TUNNELS = 32  # at once, per pull (skopeo opens a few)
 PIPE_BYTES = 1 << 20  # each direction's buffer: a tunnel's bytes move by splice(2)
 RECV_BYTES = 1 << 16  # a copy past urgent data, at most a pipe's smallest size
-STALLS = 1000  # wake-ups in a row that move nothing: the tunnel is dropped
+STALLS = 1000  # readable wake-ups in a row that read nothing: the tunnel is dropped
 _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 Resolver = Callable[[str, int], list[str]]
 
@@ -327,10 +327,11 @@ class _Flow:
         try:
             fcntl.fcntl(self.into, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         except OSError:
-            pass  # past /proc/sys/fs/pipe-max-size: the default 64 KiB does
+            pass  # past pipe-max-size, or the user's pipe pages: what it has does
+        self.room = fcntl.fcntl(self.into, fcntl.F_GETPIPE_SZ)  # 4 KiB, at the least
+        self.idle_reads = 0  # readable wake-ups in a row that moved nothing
         self.pending = 0
         self.ended = False
-        self.moved = 0  # bytes and ends, for a loop that wakes and moves nothing
 
     def pull(self) -> None:
         """`src` is readable: move what it has through the pipe to `dst`
@@ -352,13 +353,16 @@ class _Flow:
                 # answers 0 once the peer has closed, else EAGAIN). recv()
                 # tells them apart, and steps past the urgent byte.
                 try:
-                    data = self.src.recv(RECV_BYTES)
+                    data = self.src.recv(min(RECV_BYTES, self.room))
                 except BlockingIOError:
+                    self.idle_reads += 1
                     return
-                # The pipe is empty and holds at least RECV_BYTES: one write.
+                # The pipe is empty and holds `room`: the whole of it, at once.
                 n = os.write(self.into, data) if data else 0
+                if n != len(data):
+                    raise OSError(f"a pipe of {self.room} bytes took {n} of {len(data)}")
             first = False
-            self.moved += n + (n == 0)
+            self.idle_reads = 0
             if n == 0:
                 self.ended = True
                 try:
@@ -377,7 +381,6 @@ class _Flow:
             except BlockingIOError:
                 return
             self.pending -= n
-            self.moved += n
 
     def close(self) -> None:
         os.close(self.out)
@@ -391,14 +394,13 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
     a.setblocking(False)
     b.setblocking(False)
     flows: list[_Flow] = []
-    stalls = 0
     try:
         flows.append(_Flow(a, b))
         flows.append(_Flow(b, a))
         with selectors.DefaultSelector() as sel:
             while not all(f.ended and not f.pending for f in flows):
-                if stalls > STALLS:
-                    log.warning("image.pull_tunnel_stalled", wakeups=stalls)
+                if any(f.idle_reads > STALLS for f in flows):
+                    log.warning("image.pull_tunnel_stalled", wakeups=STALLS)
                     return  # readable, and nothing to read: never spin
                 wants: dict[socket.socket, int] = {}
                 for f in flows:
@@ -412,13 +414,11 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
                 if not ready:
                     return
                 events = {key.fileobj: mask for key, mask in ready}
-                before = sum(f.moved for f in flows)
                 for f in flows:
                     if f.pending and events.get(f.dst, 0) & selectors.EVENT_WRITE:
                         f.push()
                     elif not f.pending and events.get(f.src, 0) & selectors.EVENT_READ:
                         f.pull()
-                stalls = stalls + 1 if sum(f.moved for f in flows) == before else 0
     finally:
         for f in flows:
             f.close()
