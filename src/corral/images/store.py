@@ -249,9 +249,15 @@ class ImageStore:
             raise InvalidArgument("tag", "must be 'name:tag', not a digest", text)
         self.get(digest, names=False)  # must exist
         path = self.tags / str(ref.name) / str(ref.tag)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{ref.tag}.tmp{os.getpid()}")
-        tmp.write_text(digest)
+        for attempt in range(3):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                tmp.write_text(digest)
+                break
+            except FileNotFoundError:  # an untag pruned the directory meanwhile
+                if attempt == 2:
+                    raise
         os.replace(tmp, path)
 
     def retag(self, name: str, was: str, digest: str) -> None:
@@ -277,7 +283,18 @@ class ImageStore:
         except FileNotFoundError:
             raise ImageNotFound(f"image '{ref}' not found", ref=str(ref)) from None
         path.unlink()
+        self._prune(path.parent)
         return digest
+
+    def _prune(self, folder: Path) -> None:
+        """Empty name folders up to the tags root: each is a step of every
+        walk of the tags (a pull's host_port/repo, once untagged, stays)."""
+        while folder != self.tags and folder.is_relative_to(self.tags):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or gone
+                return
+            folder = folder.parent
 
     def tag_map(self) -> dict[str, list[str]]:
         """Every tagged digest and its name:tags."""
@@ -397,6 +414,9 @@ class ImageStore:
             if "sha256:" + blob.name not in keep_blobs:
                 freed += blob.stat().st_size
                 blob.unlink()
+        for folder in sorted(self.tags.rglob("*"), key=lambda p: -len(p.parts)):
+            if folder.is_dir():
+                self._prune(folder)  # left by untags before they pruned
         # Temporary build trees of a crashed build; a running build's are young.
         for entry in self.tmp.iterdir():
             if entry.stat().st_mtime < time.time() - 3600:
