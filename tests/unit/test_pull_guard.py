@@ -6,7 +6,8 @@ from __future__ import annotations
 import base64
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -166,40 +167,55 @@ def test_a_network_deny_entry_must_be_a_network(bad: str) -> None:
     assert exc.value.field == "network_deny[1]" and exc.value.value == bad
 
 
+@contextmanager
+def _tunnel_to(
+    monkeypatch: pytest.MonkeyPatch, serve: Callable[[socket.socket], None]
+) -> Iterator[socket.socket]:
+    """A tunnel, through a guard, to a one-connection server (a listed
+    registry) that runs `serve` on its connection."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def one() -> None:
+        conn, _ = server.accept()
+        with conn:
+            serve(conn)
+
+    thread = threading.Thread(target=one, daemon=True)
+    thread.start()
+    target = f"mirror.corp:{server.getsockname()[1]}"
+    monkeypatch.setenv("CORRAL_REGISTRIES", target)
+    try:
+        with PullGuard(resolve=fake_dns) as guard:
+            sock, status = _connect(_serving(guard), guard, target)
+            with sock:
+                assert status == b"HTTP/1.1 200 Connection established"
+                yield sock
+    finally:
+        thread.join(5)
+        server.close()
+
+
 def test_a_tunnel_carries_large_transfers_both_ways_and_passes_half_closes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The tunnel moves bytes by splice(2) through a pipe per direction:
-    more than a pipe holds, each way, and a client's end of
-    request (a half close) reaches the registry, whose answer still comes
-    back whole."""
-    server = socket.create_server(("127.0.0.1", 0))
+    more than a pipe holds, each way, and a client's end of request (a
+    half close) reaches the registry, whose answer still comes back whole."""
     size = 8 << 20
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            got = 0
-            while data := conn.recv(1 << 16):  # all of it, to the client's half close
-                got += len(data)
-            conn.sendall(b"x" * got)
+    def serve(conn: socket.socket) -> None:
+        got = 0
+        while data := conn.recv(1 << 16):  # all of it, to the client's half close
+            got += len(data)
+        conn.sendall(b"x" * got)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    monkeypatch.setenv("CORRAL_REGISTRIES", f"mirror.corp:{server.getsockname()[1]}")
-    with PullGuard(resolve=fake_dns) as guard:
-        port = _serving(guard)
-        sock, status = _connect(port, guard, f"mirror.corp:{server.getsockname()[1]}")
-        with sock:
-            assert status == b"HTTP/1.1 200 Connection established"
-            sock.sendall(b"y" * size)
-            sock.shutdown(socket.SHUT_WR)
-            got = 0
-            while data := sock.recv(1 << 20):
-                got += len(data)
-            assert got == size
-    thread.join(5)
-    server.close()
+    with _tunnel_to(monkeypatch, serve) as sock:
+        sock.sendall(b"y" * size)
+        sock.shutdown(socket.SHUT_WR)
+        got = 0
+        while data := sock.recv(1 << 20):
+            got += len(data)
+        assert got == size
 
 
 @pytest.mark.parametrize("closes", [True, False])
@@ -210,31 +226,19 @@ def test_urgent_data_neither_spins_the_tunnel_nor_stops_its_bytes(
     readable (EAGAIN, before, spun the tunnel's loop and the bytes after
     it never came), and once the peer has closed (0, before, ended the
     tunnel early)."""
-    server = socket.create_server(("127.0.0.1", 0))
     done = threading.Event()
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(1)
-            conn.send(b"!", socket.MSG_OOB)
-            conn.sendall(b"after the urgent byte")
-            if not closes:
-                done.wait(10)
+    def serve(conn: socket.socket) -> None:
+        conn.recv(1)
+        conn.send(b"!", socket.MSG_OOB)
+        conn.sendall(b"after the urgent byte")
+        if not closes:
+            done.wait(10)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    monkeypatch.setenv("CORRAL_REGISTRIES", f"mirror.corp:{server.getsockname()[1]}")
-    with PullGuard(resolve=fake_dns) as guard:
-        port = _serving(guard)
-        sock, status = _connect(port, guard, f"mirror.corp:{server.getsockname()[1]}")
-        with sock:
-            assert status == b"HTTP/1.1 200 Connection established"
-            sock.sendall(b"g")  # one byte: the server reads it all (unread bytes: a reset)
-            got = b""
-            while not got.endswith(b"after the urgent byte") and (data := sock.recv(1024)):
-                got += data
-            assert got == b"after the urgent byte"
+    with _tunnel_to(monkeypatch, serve) as sock:
+        sock.sendall(b"g")  # one byte: the server reads it all (unread bytes: a reset)
+        got = b""
+        while not got.endswith(b"after the urgent byte") and (data := sock.recv(1024)):
+            got += data
+        assert got == b"after the urgent byte"
         done.set()
-    thread.join(5)
-    server.close()
