@@ -139,6 +139,10 @@ class NodeConfig:
     # (its kernel, or its PID 1 starved): failed, with its console attached.
     # Generous: a TCG guest under load answers in seconds, not milliseconds.
     vm_hang_timeout: float = 30.0
+    # A container's exec server must answer this soon after its runtime has
+    # started it, or the create fails. An emulated host (the v2 guest under
+    # TCG, tests/framework/v2host.py) may need more.
+    ready_timeout: float = 30.0
     # Idle sandboxes stop holding memory without the trainer doing anything:
     # a running sandbox unused for suspend_after seconds is suspended (frozen
     # where its kind can be, docs/preemption.md), and one frozen for
@@ -310,6 +314,10 @@ class NodeConfig:
             raise InvalidArgument(
                 "oci_runtime", "must be 'crun', 'runc' or 'corral'", self.oci_runtime
             )
+        if not 1 <= self.ready_timeout <= 600:
+            raise InvalidArgument(
+                "ready_timeout", "must be seconds from 1 to 600", self.ready_timeout
+            )
         for name in ("suspend_after", "suspend_to_disk_after", "checkpoint_wait", "reclaim_after"):
             after = getattr(self, name)
             if not 0 <= after <= 30 * 86400:
@@ -420,6 +428,7 @@ class NodeConfig:
                 "lazy_hang_timeout",
                 "liveness_interval",
                 "vm_hang_timeout",
+                "ready_timeout",
                 "suspend_after",
                 "suspend_to_disk_after",
                 "checkpoint_wait",

@@ -31,6 +31,9 @@ from typing import Any
 from corral.runtimes.vm import guest, qemu
 
 REPO = Path(__file__).resolve().parents[2]
+# The guest's nodes: a container's exec server under emulation took more
+# than NodeConfig's 30 s to answer once, in CI (its first create on a node).
+GUEST_ENV = "CORRAL_READY_TIMEOUT=120"
 OUT = REPO / "build" / "v2host"
 KERNEL_PACKAGE = "linux-image-6.12-amd64"  # bookworm's newest: pure v2, EROFS from files
 # Loaded in this order (their dependencies first): the guest's root, then
@@ -322,7 +325,7 @@ def main(argv: list[str]) -> int:
     tests = argv or WIDE
     command = (
         # Containers: a VM in the guest is TCG in TCG, minutes a step.
-        ".venv/bin/pytest -q -p no:cacheprovider "
+        f"{GUEST_ENV} .venv/bin/pytest -q -p no:cacheprovider "
         "-m '(integration or redteam) and not requires_qemu' -rfEs "
         f"--junitxml=/v2out/junit.xml {' '.join(shlex.quote(t) for t in tests)}"
     )

@@ -50,8 +50,8 @@ def test_the_cgroup_bound_core_passes_on_a_pure_cgroup_v2_host() -> None:
     if detect() is Mode.V2:
         pytest.skip("this host is cgroup v2 itself: the suite runs on it directly")
     command = (
-        ".venv/bin/pytest -q -p no:cacheprovider -m 'integration or redteam' -rfE "
-        + " ".join(shlex.quote(t) for t in CORE)
+        f"{v2host.GUEST_ENV} .venv/bin/pytest -q -p no:cacheprovider "
+        "-m 'integration or redteam' -rfE " + " ".join(shlex.quote(t) for t in CORE)
     )
     r = v2host.run_past_a_panic(command, timeout=1500, single_timeout=2100)
     assert r.rc == 0, r.output[-8000:]

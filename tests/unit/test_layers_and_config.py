@@ -116,6 +116,12 @@ def test_config_from_env_and_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvalidArgument) as exc:
         NodeConfig(data_dir=Path("/" + "d" * 80))
     assert exc.value.field == "data_dir"
+    monkeypatch.setenv("CORRAL_READY_TIMEOUT", "120")
+    assert NodeConfig.from_env(data_dir="/tmp/x").ready_timeout == 120.0
+    for bad in (0.0, -1.0, 601.0):
+        with pytest.raises(InvalidArgument, match="from 1 to 600") as exc:
+            NodeConfig(ready_timeout=bad)
+        assert (exc.value.field, exc.value.value) == ("ready_timeout", bad)
 
 
 def test_mountinfo_unescaping() -> None:

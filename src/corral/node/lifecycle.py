@@ -117,13 +117,16 @@ def runtime_spec(rec: SandboxRecord) -> RuntimeSpec:
     )
 
 
-async def wait_ready(sandbox_id: str, control: Path, image: str, kind: str) -> None:
+async def wait_ready(
+    sandbox_id: str, control: Path, image: str, kind: str, ready_timeout: float = READY_TIMEOUT
+) -> None:
     """Until the sandbox's exec server answers, in our protocol version.
-    A user's own disk has none (its guest is ready once drawn)."""
+    A user's own disk has none (its guest is ready once drawn).
+    `ready_timeout`: a container's bound (NodeConfig.ready_timeout)."""
     if is_disk(image):
         return
     client = ExecdClient(str(control))
-    bound = VM_READY_TIMEOUT if kind in VM_KINDS else READY_TIMEOUT
+    bound = VM_READY_TIMEOUT if kind in VM_KINDS else ready_timeout
     try:
         # One bound over every try: a server that takes the connection
         # and never answers (a guest hung after QEMU came up, a hostile
@@ -297,7 +300,7 @@ class Lifecycle:
 
     async def _made_by_key(self, sandbox_id: str) -> SandboxInfo:
         """The sandbox an earlier create with the same key made, once ready."""
-        deadline = time.monotonic() + READY_TIMEOUT * 2
+        deadline = time.monotonic() + self.config.ready_timeout * 2
         while True:
             rec = self.records.get(sandbox_id)
             if rec.state != "creating":
@@ -445,7 +448,9 @@ class Lifecycle:
                     await runtime.renew_link(rec.id)
                 phase("network")
             try:
-                await wait_ready(rec.id, prep.control, req.image, req.kind)
+                await wait_ready(
+                    rec.id, prep.control, req.image, req.kind, self.config.ready_timeout
+                )
             except SandboxFailed as exc:
                 if not isinstance(runtime, Diagnosable):
                     raise

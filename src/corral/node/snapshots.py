@@ -294,7 +294,9 @@ class Snapshots:
                     sandbox_id, rec.spec.get("cpu_class", INTERACTIVE), rec.spec.get("cpu", 1.0)
                 )
                 control = control_path(self.config.run_dir, sandbox_id)
-                await wait_ready(sandbox_id, control, rec.spec["image"], rec.kind)
+                await wait_ready(
+                    sandbox_id, control, rec.spec["image"], rec.kind, self.config.ready_timeout
+                )
                 await self.networks.reconnect(
                     sandbox_id, started.pid, self.runtimes[rec.kind].net_tap,
                     agentless=is_disk(rec.spec["image"]),
