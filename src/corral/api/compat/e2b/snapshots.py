@@ -108,6 +108,7 @@ def router(resolve: Any, get_sandbox: Any, template_of: Any, error_response: Any
             raw = await request.body()
             doc = json.loads(raw) if raw else {}
             name = doc.get("name") if isinstance(doc, dict) else None
+            given = name is not None
             if name is None:
                 name = f"snapshot-{secrets.token_hex(8)}"
             elif not isinstance(name, str) or not _NAME.match(name):
@@ -118,7 +119,7 @@ def router(resolve: Any, get_sandbox: Any, template_of: Any, error_response: Any
             project = info.labels.get(platform_labels.PROJECT)
             own = platform_labels.own_images(project) if project else ""
             tag = f"{own}{REPO}:{name}"
-            taken = await svc.list_layers()
+            taken = await svc.list_layers() if given else []  # a random name takes nothing
             if any(tag in x.names and x.labels.get(SNAPSHOT) != "1" for x in taken):
                 raise SnapshotError(
                     409, f"{snapshot_id(tag)!r} names an image that is not a snapshot"
