@@ -607,7 +607,7 @@ async def test_a_resume_that_breaks_after_the_restore_fails_the_sandbox(
         await sbx.suspend("disk")
         real = snapshots.wait_ready
 
-        async def never_ready(sandbox_id: str, control: Path, image: str, kind: str) -> None:
+        async def never_ready(sandbox_id: str, *args: object) -> None:
             raise SandboxFailed("injected: the exec server did not answer", sandbox=sandbox_id)
 
         monkeypatch.setattr(snapshots, "wait_ready", never_ready)
