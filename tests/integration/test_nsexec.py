@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,10 +30,20 @@ def in_userns() -> Iterator[int]:
     """A process in a user namespace of its own (a stand-in for a sandbox's init)."""
     proc = subprocess.Popen(["unshare", "--user", "--map-root-user", "sleep", "60"])
     try:
-        for _ in range(100):  # until unshare has made the namespace and exec'd sleep
-            if Path(f"/proc/{proc.pid}/ns/user").resolve() != Path("/proc/self/ns/user").resolve():
+        # Until unshare has made the namespace, mapped root and exec'd sleep.
+        # The ns links are compared by their text ("user:[inode]"): resolving
+        # them as paths gives names that always differ, and a test that went on
+        # before the unshare entered our own namespace (EINVAL, a CI flake).
+        ours = os.readlink("/proc/self/ns/user")
+        for _ in range(500):
+            if (
+                os.readlink(f"/proc/{proc.pid}/ns/user") != ours
+                and Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep"
+            ):
                 break
-            subprocess.run(["sleep", "0.02"], check=True)
+            time.sleep(0.01)
+        else:
+            pytest.fail("unshare --user did not start sleep in a namespace of its own in 5 s")
         yield proc.pid
     finally:
         proc.kill()
