@@ -13,7 +13,9 @@
 # The runner is the workplace's (../shared/peers/e2b/run_e2b_tests.sh, or
 # PEERS=...): it takes the tests from the tag of the SDK version it installs.
 # TIER=core (default) is the lifecycle, list, commands and files tests; the
-# PTY, snapshot and pause tests are added (EXTRA_PYTEST_ARGS replaces them).
+# PTY, snapshot, pause, fork, metrics and secure tests are added
+# (EXTRA_PYTEST_ARGS replaces them). TIER=all TABLE=docs/e2b-conformance-all.md:
+# every sync test but template builds, the failures named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/serve-lib.sh
@@ -45,11 +47,17 @@ if [ "${SUITE:-sdk}" = interpreter ]; then
   exit 0
 fi
 S=tests/sync/sandbox_sync
-ADDED="$S/pty $S/test_snapshot_api.py $S/test_snapshot.py tests/sync/api_sync/test_sbx_snapshot.py"
+TIER="${TIER:-core}"
+ADDED="$S/pty $S/test_snapshot_api.py $S/test_snapshot.py tests/sync/api_sync/test_sbx_snapshot.py
+       $S/test_fork.py $S/test_metrics.py $S/test_secure.py"
+WHAT="TIER=core + PTY, snapshots, pause, fork, metrics, secure"
+if [ "$TIER" != core ]; then
+  ADDED="" WHAT="TIER=$TIER"  # all: every sync test but template builds
+fi
 EXTRA_PYTEST_ARGS="--junitxml=$OUT/e2b.xml ${EXTRA_PYTEST_ARGS:-$ADDED}" \
-  TIER="${TIER:-core}" E2B_MIRROR="$E2B_MIRROR" bash "$RUNNER" "$URL" "$KEY" "$URL" \
+  TIER="$TIER" E2B_MIRROR="$E2B_MIRROR" bash "$RUNNER" "$URL" "$KEY" "$URL" \
   | tee "$OUT/run.log" || true
 .venv/bin/python scripts/junit_table.py "$OUT/e2b.xml" \
-  "E2B Python SDK ${E2B_VERSION:-2.45.1}, its own tests (TIER=${TIER:-core} + PTY, snapshots, pause), against $WHERE" \
+  "E2B Python SDK ${E2B_VERSION:-2.45.1}, its own tests ($WHAT), against $WHERE" \
   > "$TABLE"
 echo "wrote $TABLE ($OUT has the logs)"

@@ -317,6 +317,20 @@ async def test_a_projects_commits_are_its_own_and_the_operators_images_no_ones(
             assert err.value.field == "sandbox_id"
         for s in (sbx, copy, base, again, childs):
             await s.close()
+        # A sandbox of the node's own (an operator's, a warm pool's) on the
+        # last node asked: the nodes share this machine's store, so a delete
+        # from the first node would have taken the layer from under it.
+        async with cluster.node_client(cluster.node("k2")) as k2:
+            held = await k2.sandboxes.create(**{**SPEC, "image": ours.digest})
+            assert [
+                x.in_use for x in await k2.service.list_layers() if x.digest == ours.digest
+            ] == [True]
+            listed = await o.service.list_layers()  # one entry, in use where any node uses it
+            assert [x.in_use for x in listed if x.digest == ours.digest] == [True]
+            with pytest.raises(corral.Conflict, match=r"in use on nodes k2\b.*nothing deleted"):
+                await o.service.delete_layer(ours.digest)
+            assert await held.files.read_text("/planted") == "theirs"
+            await held.close()
         await o.service.delete_layer(ours.digest)
         assert ours.digest not in {x.digest for x in await o.service.list_layers()}
 

@@ -49,11 +49,11 @@ async def test_the_base_template_has_e2b_bases_tools(e2b_env: str) -> None:
         r = await s.commands.run(
             "node -e 'console.log(6 * 7)' && npm --version >/dev/null && git --version"
             " && curl --version | head -1 && pgrep -x bash >/dev/null && echo pgrep-ok"
-            " && python3 -m venv /tmp/v && echo venv-ok"
+            " && python3 -m venv /tmp/v && echo venv-ok && python -c 'print(\"python-ok\")'"
         )
         out = r.stdout.splitlines()
         assert out[0] == "42" and out[1].startswith("git version") and out[2].startswith("curl")
-        assert out[3:] == ["pgrep-ok", "venv-ok"], r.stdout
+        assert out[3:] == ["pgrep-ok", "venv-ok", "python-ok"], r.stdout
         # A local package installs with pip as the user, without a venv.
         await s.files.write("/home/user/pkg/setup.py", "from setuptools import setup\n"
                             "setup(name='corralpkg', version='1', py_modules=['corralmod'])\n")  # fmt: skip
@@ -513,6 +513,99 @@ async def test_a_snapshot_is_a_template_of_the_sandboxs_files(e2b_env: str, node
         # A route E2B has and Corral does not: still E2B's error shape.
         bad = await h.post(f"/sandboxes/{other.sandbox_id}/refreshes")
         assert bad.status_code == 404 and bad.json()["code"] == 404
+
+
+async def test_a_signed_url_reads_or_writes_its_one_file_without_a_token(e2b_env: str) -> None:
+    """Sandbox.download_url / upload_url: what a browser or curl is given.
+    The URL names no sandbox (one endpoint): its signature finds it."""
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    other = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        await s.files.write("notes.txt", "signed for")
+        await other.files.write("notes.txt", "the other sandbox's")
+        async with httpx.AsyncClient() as h:  # no key, no token, no sandbox id
+            got = await h.get(s.download_url("notes.txt", "user", 60))
+            assert (got.status_code, got.text) == (200, "signed for")
+            got = await h.get(other.download_url("notes.txt", "user"))
+            assert (got.status_code, got.text) == (200, "the other sandbox's")
+            put = await h.post(s.upload_url("up.txt", "user"), files={"file": ("up.txt", b"put")})
+            assert put.status_code == 200, put.text
+            assert await s.files.read("/home/user/up.txt") == "put"
+            for url, method, said in (
+                (s.download_url("notes.txt", "user", -120), "GET", "signature is already expired"),
+                (s.download_url("notes.txt", "user").replace("notes.txt", "up.txt", 1), "GET",
+                 "invalid signature"),  # another file
+                (s.download_url("notes.txt", "user"), "POST", "invalid signature"),  # a write
+                (s.upload_url("up.txt", "root"), "POST", "invalid signature"),  # root's: not given
+            ):  # fmt: skip
+                if "root" in url:
+                    url = url.replace("username=root", "username=user")
+                bad = await h.request(
+                    method, url, files={"file": ("x", b"x")} if method == "POST" else None
+                )
+                assert (bad.status_code, bad.json()) == (401, {"code": 401, "message": said}), url
+            # Its signature is for one path: a second part, or no path, writes nothing.
+            two = [("file", ("a", b"a")), ("file", ("/home/user/.bashrc", b"exit"))]
+            bad = await h.post(s.upload_url("up.txt", "user"), files=two)
+            assert bad.status_code == 400 and "one 'file' part" in bad.text
+            bad = await h.post(s.upload_url("", "user"), files={"file": ("/tmp/x", b"x")})
+            assert bad.status_code == 400 and "names its path" in bad.text
+            assert await s.files.read("/home/user/.bashrc") != "exit"
+            # Basic auth names the user before the query does: not with a signature.
+            bad = await h.get(s.download_url("notes.txt", "user"), auth=("root", ""))
+            assert bad.status_code == 401 and "Authorization" in bad.json()["message"]
+    finally:
+        await s.kill()
+        await other.kill()
+
+
+async def test_a_fork_copies_the_running_sandbox_memory_and_all(e2b_env: str) -> None:
+    """E2B's fork is Corral's: each copy has the source's files and its
+    processes, running on from where they were; the source runs on."""
+    s = await e2b.AsyncSandbox.create("base", timeout=120)
+    try:
+        await s.files.write("/home/user/state.txt", "state before fork")
+        # A process of the sandbox's own, detached (a command still attached
+        # holds a connection no checkpoint can carry), counting in memory.
+        await s.commands.run(
+            "setsid sh -c 'n=0; while :; do n=$((n+1)); echo $n > /tmp/count; sleep 0.05; done'"
+            " >/dev/null 2>&1 < /dev/null &"
+        )
+        await asyncio.sleep(0.5)
+        before = int(await s.files.read("/tmp/count"))
+        forks = await s.fork(count=2, timeout=90)
+        copies = [f for f in forks if isinstance(f, e2b.AsyncSandbox)]
+        assert len(copies) == 2, forks
+        try:
+            assert len({c.sandbox_id for c in copies} | {s.sandbox_id}) == 3
+            assert await s.is_running()
+            for c in copies:
+                assert await c.files.read("/home/user/state.txt") == "state before fork"
+                await asyncio.sleep(0.3)
+                # The counter ran on in the copy: its memory came with it.
+                assert int(await c.files.read("/tmp/count")) > before
+                info = await c.get_info()
+                assert 60 < (info.end_at - info.started_at).total_seconds() <= 120
+            await copies[0].files.write("/home/user/state.txt", "modified in fork")
+            assert await s.files.read("/home/user/state.txt") == "state before fork"
+            assert await copies[1].files.read("/home/user/state.txt") == "state before fork"
+        finally:
+            for c in copies:
+                await c.kill()
+        async with httpx.AsyncClient(base_url=e2b_env, headers={"X-API-KEY": KEY}) as h:
+            for count in (0, 33, "2", True):
+                bad = await h.post(f"/sandboxes/{s.sandbox_id}/fork", json={"count": count})
+                assert bad.status_code == 400 and "count" in bad.json()["message"], count
+            bad = await h.post(f"/sandboxes/{s.sandbox_id}/fork", json={"timeout": -1})
+            assert bad.status_code == 400 and "timeout" in bad.json()["message"]
+        running = await s.commands.run("sleep 30", background=True)
+        with pytest.raises(e2b.SandboxException, match="command"):  # 409: it is attached
+            await s.fork()
+        await running.kill()
+    finally:
+        await s.kill()
+    with pytest.raises(e2b.SandboxNotFoundException):
+        await s.fork()
 
 
 async def test_a_sandboxs_logs_are_its_command_log(e2b_env: str) -> None:

@@ -212,3 +212,13 @@ async def test_a_request_message_past_its_cap_is_refused(monkeypatch: pytest.Mon
     with pytest.raises(connect.ConnectError) as e:
         await connect.read_request(_request(body, {"content-type": "application/json"}))
     assert e.value.code == "resource_exhausted"
+
+
+@pytest.mark.parametrize(("host", "want"), [
+    ("49983-t-0123456789abcdef.corral.local", "t-0123456789abcdef"),  # envd by host
+    ("8000-t-0123456789abcdef.corral.local", ""),  # a port of it, not envd
+    ("127.0.0.1:7070", ""),
+    ("49983-T-0123456789ABCDEF.corral.local", ""),  # ids are lower case
+])  # fmt: skip
+def test_envd_is_found_by_host_too(host: str, want: str) -> None:
+    assert ports.envd_sandbox(host) == want

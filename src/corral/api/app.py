@@ -158,7 +158,8 @@ def create_app(
         assert service is not None
         return service
 
-    app.state.e2b = add_e2b(app, resolve, sandbox_service, e2b_templates or {}, api_key)
+    local = service if for_sandbox is None else None
+    app.state.e2b = add_e2b(app, resolve, sandbox_service, e2b_templates or {}, api_key, local)
 
     @app.get("/v1/ping")
     async def ping() -> str:

@@ -478,6 +478,9 @@ class LayerInfo(BaseModel):
     chunk_size: int
     created: float
     labels: dict[str, str] = Field(default_factory=dict)
+    # A node's listing: a sandbox of that node (running, paused or waiting in
+    # a warm pool) is on this layer, so the node will not delete it now.
+    in_use: bool = False
 
 
 class AuditReport(BaseModel):

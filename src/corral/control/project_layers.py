@@ -31,7 +31,8 @@ async def listed(
     gw: GatewayCore, project: str, labels: dict[str, str] | None = None
 ) -> builtins.list[LayerInfo]:
     """`project`'s own layers (with `labels`) on every live node, once
-    each: a layer on two nodes (a commit fetched by another) is one."""
+    each: a layer on two nodes (a commit fetched by another) is one, in
+    use where any node uses it."""
     want = {**(labels or {}), platform_labels.PROJECT: project}
     alive = [n for n in await gw.nodes() if n.state == nodes.ALIVE]
     answers = await asyncio.gather(
@@ -51,7 +52,8 @@ async def listed(
                 continue  # a node's filter, held to it
             seen = found.get(layer.digest)
             names = sorted({*(seen.names if seen else []), *layer.names})
-            found[layer.digest] = layer.model_copy(update={"names": names})
+            in_use = layer.in_use or (seen is not None and seen.in_use)
+            found[layer.digest] = layer.model_copy(update={"names": names, "in_use": in_use})
     if failed and len(failed) == len(alive):
         raise Unavailable(f"no node answered for its layers: {', '.join(failed)}")
     return sorted(found.values(), key=lambda x: (x.created, x.digest))
@@ -62,9 +64,11 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
     from every node that holds it. ImageNotFound where no node holds such a
     layer of the project's; Conflict, before anything is deleted, while one
     of `running` (the project's sandboxes: no other project's can run on
-    its layers) runs on it, and from a node whose warm pool holds it (the
-    nodes asked before it have deleted their copies); InvalidArgument for a
-    name that is not the project's."""
+    its layers) runs on it or a node says a sandbox of its own (a warm
+    pool's) is on it; InvalidArgument for a name that is not the
+    project's. A sandbox started on it between the listing and a node's
+    delete still makes that node refuse, after the nodes before it deleted
+    their copies: the Conflict then says so."""
     if not ref.startswith(("sha256:", own(project))):
         raise InvalidArgument(
             "ref",
@@ -74,6 +78,7 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
         )
     held: list[tuple[NodeRow, str]] = []
     silent: list[str] = []
+    busy: list[str] = []
     for node in [n for n in await gw.nodes() if n.state == nodes.ALIVE]:
         try:
             found = await gw.client(node).list_layers({platform_labels.PROJECT: project})
@@ -85,6 +90,8 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
             mine = layer.labels.get(platform_labels.PROJECT) == project
             if mine and (ref == layer.digest or ref in layer.names):
                 held.append((node, layer.digest))
+                if layer.in_use:
+                    busy.append(node.name)
     if not held:
         if silent:
             raise Unavailable(f"nodes {', '.join(silent)} did not answer: {ref!r} not deleted")
@@ -93,6 +100,11 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
     for _, digest in held:
         if digest in used:
             raise Conflict(f"layer {ref!r} is in use by a sandbox of project {project!r}", ref=ref)
+    if busy:
+        raise Conflict(
+            f"layer {ref!r} is in use on nodes {', '.join(busy)} (a sandbox or a warm pool "
+            "there is on it): nothing deleted", ref=ref,
+        )  # fmt: skip
     deleted = 0
     for node, digest in held:
         try:
@@ -100,6 +112,13 @@ async def delete(gw: GatewayCore, project: str, ref: str, running: Iterable[Sand
             deleted += 1
         except ImageNotFound:
             continue  # gone meanwhile (nodes that share one store: the first took it)
+        except Conflict as exc:  # a sandbox started on it since the listing
+            if not deleted:
+                raise
+            raise Conflict(
+                f"{ref!r} deleted from {deleted} node(s), then {node.name} refused: {exc.message}",
+                ref=ref,
+            ) from exc
     if not deleted:
         raise ImageNotFound(f"no layer {ref!r} of project {project!r}", ref=ref)
     if silent:  # a copy there would be listed again

@@ -1,6 +1,6 @@
 """The tools E2B's base template has, as a toolkit over debian-python +
 e2b-user: pip that installs (Debian's PEP 668 marker removed) and venv,
-Node.js with npm, git, curl, jq, less and procps, from Debian bookworm's
+`python`, Node.js with npm, git, curl, jq, less and procps, from Debian bookworm's
 packages. Agents written for E2B run `pip install`, `node`, `git status`
 and `curl localhost:PORT` on its `base` template; Corral's `base` is
 debian-python + e2b-user + this.
@@ -28,6 +28,7 @@ DEBIAN = [
     "jq",
     "less",
     "procps",
+    "python-is-python3",  # `python` (E2B's own tests run `python -m http.server`)
     "python3-pip",
     "python3-venv",
     "nodejs",

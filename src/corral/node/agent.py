@@ -231,7 +231,12 @@ class NodeAgent:
     async def list_layers(self, labels: dict[str, str] | None = None) -> builtins.list[LayerInfo]:
         want = labels or {}
         found = await asyncio.to_thread(self.images.list)
-        return [layer_info(x) for x in found if all(x.labels.get(k) == v for k, v in want.items())]
+        used = self.parts.store.referenced_layers()
+        return [
+            layer_info(x, x.digest in used)
+            for x in found
+            if all(x.labels.get(k) == v for k, v in want.items())
+        ]
 
     async def delete_layer(self, ref: str) -> None:
         layer = self.images.resolve(ref, "ref")

@@ -24,7 +24,7 @@ from corral.runtimes.container.bundle import IDS
 log = get_logger("corral.node")
 
 
-def layer_info(layer: Layer) -> LayerInfo:
+def layer_info(layer: Layer, in_use: bool = False) -> LayerInfo:
     return LayerInfo(
         digest=layer.digest,
         names=layer.names,
@@ -36,6 +36,7 @@ def layer_info(layer: Layer) -> LayerInfo:
         chunk_size=layer.chunk_size,
         created=layer.created,
         labels=layer.labels,
+        in_use=in_use,
     )
 
 

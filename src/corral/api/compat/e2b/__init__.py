@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.api.compat.e2b import control, ports
 from corral.api.compat.e2b.envd import Envd, ForSandbox
+from corral.api.service import SandboxService
 
 
 def add_e2b(
@@ -19,10 +20,12 @@ def add_e2b(
     for_sandbox: ForSandbox,
     templates: dict[str, str],
     own_key: str | None = None,
+    local: SandboxService | None = None,
 ) -> Envd:
     """Serve E2B's routes on `app`: the control API for callers `resolve`
-    lets in, envd for the sandbox `for_sandbox` finds (its token checked)."""
-    envd = Envd(for_sandbox)
+    lets in, envd for the sandbox `for_sandbox` finds (its token checked);
+    `local` is the service holding them all, where this server is a node."""
+    envd = Envd(for_sandbox, local)
     app.include_router(control.router(resolve, templates, envd.forget))
     app.include_router(envd.router())
 

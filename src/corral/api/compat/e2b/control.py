@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from corral import labels as platform_labels
-from corral.api.compat.e2b import logs, snapshots
+from corral.api.compat.e2b import forks, logs, snapshots
 from corral.api.models import (
     CreateSandbox,
     ExecExit,
@@ -457,11 +457,17 @@ def router(
     @guarded
     async def pause(request: Request, sandbox_id: str) -> Any:
         svc = await resolve(request)
+        memory = (await _body(request)).get("memory", True)
+        if not isinstance(memory, bool):
+            raise E2bError(400, f"memory must be true or false: {memory!r}")
         info = await _get(svc, sandbox_id)
         if _state(info) == "paused":
             raise E2bError(409, f"sandbox {sandbox_id!r} is already paused")
         try:
-            await svc.suspend(sandbox_id)
+            # E2B's filesystem-only pause gives the sandbox's memory back;
+            # Corral's disk depth does that and keeps its processes too (saved
+            # with it) where E2B's cold-boots: docs/e2b.md.
+            await svc.suspend(sandbox_id, "" if memory else "disk")
         except Conflict as exc:
             raise E2bError(409, exc.message) from None
         return Response(status_code=204)
@@ -492,6 +498,7 @@ def router(
 
     r.include_router(snapshots.router(resolve, _get, _template_of, error_response))
     r.include_router(logs.router(resolve, _get, error_response))
+    r.include_router(forks.router(resolve, _get, _body, _timeout, created, error_response))
     r.add_api_route("/sandboxes", create, methods=["POST"])
     r.add_api_route("/v2/sandboxes", create, methods=["POST"])  # e2b >= 2.5x creates here
     r.add_api_route("/v2/sandboxes", list_v2, methods=["GET"])

@@ -1,10 +1,12 @@
 """E2B's in-sandbox API (envd), served by Corral for every sandbox behind
 one endpoint (point E2B_SANDBOX_URL at it).
 
-A request names its sandbox in `E2b-Sandbox-Id` and carries the envd
-access token the create returned (`X-Access-Token`); the token is the
-sandbox's own (a label only its project sees), so holding one sandbox's
-token reaches no other. `E2b-Sandbox-Port` 49983 is envd itself; other
+A request names its sandbox in `E2b-Sandbox-Id` (or by its host,
+`49983-<id>.<domain>`) and carries the envd access token the create
+returned (`X-Access-Token`); the token is the sandbox's own (a label only
+its project sees), so holding one sandbox's token reaches no other. A
+signed file URL carries a signature made with the token instead
+(signed.py). `E2b-Sandbox-Port` 49983 is envd itself; other
 ports are the sandbox's own servers (ports.py).
 
 envdVersion is 0.6.4 (control.py): the gates the SDK opens up to it are
@@ -32,10 +34,11 @@ from fastapi.responses import JSONResponse
 from starlette.types import Message
 
 from corral.api.compat.e2b import connect as c
+from corral.api.compat.e2b import ports, signed
 from corral.api.compat.e2b.control import TOKEN, TRAFFIC
 from corral.api.compat.e2b.filesystem import METADATA, Filesystem, ensure_dirs, resolve
 from corral.api.compat.e2b.process import Processes, decode_input, pty_size, signal_of
-from corral.api.models import XattrRequest
+from corral.api.models import SandboxInfo, XattrRequest
 from corral.api.service import SandboxService
 from corral.errors import (
     CorralError,
@@ -88,11 +91,17 @@ def _user(request: Request) -> str:
 # round trip would otherwise pay a record read. A closed sandbox still fails
 # at once (the call itself finds it closed); `forget` drops it on a kill.
 TOKEN_TTL = 2.0
+SIGNERS_TTL = 1.0  # how long a node's list of E2B sandboxes serves signed URLs
+RELIST = 0.1  # a list older than this is made again when no sandbox signed a URL
 
 
 class Envd:
-    def __init__(self, for_sandbox: ForSandbox) -> None:
+    def __init__(self, for_sandbox: ForSandbox, local: SandboxService | None = None) -> None:
         self.for_sandbox = for_sandbox
+        # The service holding every sandbox this server reaches (a node's,
+        # not a gateway's): where a signed URL naming none finds its own.
+        self.local = local
+        self._listed: tuple[float, list[SandboxInfo]] = (-SIGNERS_TTL, [])
         self.processes = Processes()
         self.fs = Filesystem()
         self._checked: dict[tuple[str, str, bool], float] = {}
@@ -102,13 +111,64 @@ class Envd:
         self.processes.abort(sandbox_id)
         self.fs.names.forget(sandbox_id)
 
-    async def sandbox(self, request: Request) -> tuple[SandboxService, str]:
-        """The caller's sandbox, once its token checks out."""
-        sandbox_id = request.headers.get("e2b-sandbox-id", "")
+    async def sandbox(self, request: Request, op: str = "") -> tuple[SandboxService, str]:
+        """The caller's sandbox, once its token checks out; for `op` (a
+        file's read or write), a signed URL's signature instead."""
+        sandbox_id = request.headers.get("e2b-sandbox-id", "") or ports.envd_sandbox(
+            request.headers.get("host", "")
+        )
+        given = request.headers.get("x-access-token", "")
+        if op and _signed_url(request):
+            return await self._signed(request, op, sandbox_id)
         if not sandbox_id:
             raise c.ConnectError("invalid_argument", "E2b-Sandbox-Id header is required")
-        given = request.headers.get("x-access-token", "")
         return await self.checked(sandbox_id, given), sandbox_id
+
+    async def _signed(
+        self, request: Request, op: str, sandbox_id: str
+    ) -> tuple[SandboxService, str]:
+        """The sandbox whose token signed this URL (signed.py)."""
+        if "authorization" in request.headers:
+            # A call's user is Basic auth's name before the query's (_user);
+            # the signature covers the query's alone.
+            raise c.ConnectError(
+                "unauthenticated", "a signed URL acts as the user it names: no Authorization"
+            )
+        signed.check_form(request.query_params)
+        if sandbox_id:
+            try:
+                svc = await self.for_sandbox(sandbox_id)
+                found = [await svc.get(sandbox_id)]
+            except (NotFound, InvalidArgument, SandboxLost, SandboxClosed):
+                raise c.ConnectError("unauthenticated", signed.INVALID) from None
+            info = signed.signer(request.query_params, op, found, TOKEN)
+        elif self.local is not None:
+            svc = self.local
+            info = await self._signer(svc, request.query_params, op)
+        else:
+            raise c.ConnectError(
+                "unauthenticated",
+                "a signed URL through a gateway names its sandbox by host (49983-<id>.<domain>)",
+            )
+        if info.state.value in ("closed", "failed", "closing"):
+            raise SandboxClosed(f"sandbox {info.id} is {info.state.value}", sandbox=info.id)
+        return svc, info.id
+
+    async def _signer(self, svc: SandboxService, query: Any, op: str) -> SandboxInfo:
+        """The node's E2B sandbox that signed `query`. Its sandboxes are
+        listed once for many URLs: again when none signed it and the list
+        is older than RELIST (a sandbox made since), so that signatures
+        that match nothing cost at most one listing per RELIST."""
+        at, found = self._listed
+        if time.monotonic() - at <= SIGNERS_TTL:
+            try:
+                return signed.signer(query, op, found, TOKEN)
+            except c.ConnectError as exc:
+                if exc.message != signed.INVALID or time.monotonic() - at <= RELIST:
+                    raise
+        found = [i for i in await svc.list() if TOKEN in i.labels]
+        self._listed = (time.monotonic(), found)
+        return signed.signer(query, op, found, TOKEN)
 
     async def checked(self, sandbox_id: str, given: str, *, port: bool = False) -> SandboxService:
         """The service of `sandbox_id`, if `given` is its envd token (or, for
@@ -169,7 +229,7 @@ class Envd:
 
     async def download(self, request: Request) -> Response:
         try:
-            svc, sid = await self.sandbox(request)
+            svc, sid = await self.sandbox(request, "read")
             user = _user(request)
             path = resolve(request.query_params.get("path"), _home(user))
             data = await svc.read_file(sid, path, user)
@@ -185,7 +245,7 @@ class Envd:
 
     async def upload(self, request: Request) -> Response:
         try:
-            svc, sid = await self.sandbox(request)
+            svc, sid = await self.sandbox(request, "write")
             user = _user(request)
             home = _home(user)
             files = await self._uploaded(request, home)
@@ -230,9 +290,16 @@ class Envd:
         request = Request(request.scope, counted)
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         param = request.query_params.get("path")
+        if _signed_url(request) and not param:
+            # Its signature is for one path: a part's own filename is not it.
+            raise c.ConnectError("invalid_argument", "a signed upload URL names its path")
         if ctype == "multipart/form-data":
             async with request.form(max_part_size=MAX_UPLOAD) as form:
                 out = []
+                if _signed_url(request) and len(form.getlist("file")) != 1:
+                    raise c.ConnectError(
+                        "invalid_argument", "a signed upload URL writes one file: one 'file' part"
+                    )
                 for item in form.getlist("file"):
                     if isinstance(item, str):
                         raise c.ConnectError("invalid_argument", "field 'file' must be a file part")
@@ -354,6 +421,11 @@ class Envd:
             return c.stream_error(err) if streaming else c.unary_error(err)
         except (CorralError, c.ConnectError, ValueError) as exc:
             return c.stream_error(exc) if streaming else c.unary_error(exc)
+
+
+def _signed_url(request: Request) -> bool:
+    """A signed file URL's request (signed.py): a signature and no token."""
+    return "signature" in request.query_params and not request.headers.get("x-access-token")
 
 
 def _keepalive(request: Request) -> float | None:

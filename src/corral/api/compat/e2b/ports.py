@@ -58,6 +58,12 @@ def target(request: Request) -> tuple[str, int] | None:
     return None
 
 
+def envd_sandbox(host: str) -> str:
+    """The sandbox a Host `49983-<id>.<domain>` names ("" for another)."""
+    m = _HOST.match(host)
+    return m.group(2) if m and int(m.group(1)) == ENVD_PORT else ""
+
+
 def names_a_port(host: str) -> bool:
     """Whether a Host is a sandbox port's (`<port>-<id>.<domain>`, not
     envd's): such a request goes to that port alone (SandboxPorts), only
