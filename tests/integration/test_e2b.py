@@ -515,6 +515,49 @@ async def test_a_snapshot_is_a_template_of_the_sandboxs_files(e2b_env: str, node
         assert bad.status_code == 404 and bad.json()["code"] == 404
 
 
+async def test_auto_pause_pauses_at_the_timeout_and_connect_resumes(
+    e2b_env: str, node: Node
+) -> None:
+    """E2B's lifecycle on_timeout "pause" is Corral's on_expiry: the
+    sandbox pauses at its timeout (to disk with keep_memory False), keeps
+    its files and processes, and connect() brings it back."""
+    s = await e2b.AsyncSandbox.create("base", timeout=2, lifecycle={"on_timeout": "pause"})
+    cold = await e2b.AsyncSandbox.create(
+        "base", timeout=600, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}}
+    )
+    try:
+        await s.files.write("/home/user/kept.txt", "kept")
+        for _ in range(300):
+            if (await s.get_info()).state == e2b.SandboxState.PAUSED:
+                break
+            await asyncio.sleep(0.1)
+        assert (await s.get_info()).state == e2b.SandboxState.PAUSED
+        assert not await s.is_running()
+        await s.connect(timeout=60)
+        assert await s.is_running()
+        assert await s.files.read("/home/user/kept.txt") == "kept"
+        await cold.set_timeout(0)  # the timeout is now
+        for _ in range(300):
+            if (await cold.get_info()).state == e2b.SandboxState.PAUSED:
+                break
+            await asyncio.sleep(0.1)
+        async with httpx.AsyncClient(base_url=e2b_env, headers={"X-API-KEY": KEY}) as h:
+            got = await h.get(f"/sandboxes/{cold.sandbox_id}")
+            assert got.json()["state"] == "paused"
+            bad = await h.post("/sandboxes", json={"templateID": "base", "autoPause": "yes"})
+            assert bad.status_code == 400 and "autoPause" in bad.json()["message"]
+        async with node.http_client() as c:  # E2B's paused is suspending too: until it is done
+            for _ in range(300):
+                info = (await c.sandboxes.get(cold.sandbox_id)).info
+                if info.state == "suspended":
+                    break
+                await asyncio.sleep(0.1)
+            assert (info.state, info.suspended) == ("suspended", "disk")
+    finally:
+        await s.kill()
+        await cold.kill()
+
+
 async def test_a_signed_url_reads_or_writes_its_one_file_without_a_token(e2b_env: str) -> None:
     """Sandbox.download_url / upload_url: what a browser or curl is given.
     The URL names no sandbox (one endpoint): its signature finds it."""

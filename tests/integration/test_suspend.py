@@ -209,6 +209,42 @@ async def test_idle_sandboxes_are_frozen_by_the_node(fresh_node: Node) -> None:
         await asyncio.gather(sbx.close(), busy.close())
 
 
+async def _state_of(c: corral.AsyncClient, sandbox_id: str, want: str) -> corral.SandboxInfo:
+    for _ in range(300):
+        info = (await c.sandboxes.get(sandbox_id)).info
+        if info.state == want:
+            return info
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{sandbox_id} is {info.state}, not {want}, 30 s on")
+
+
+async def test_a_ttl_ends_in_a_suspend_where_the_create_said_so(fresh_node: Node) -> None:
+    """on_expiry (E2B's autoPause): the TTL's end suspends, and the
+    sandbox then has no TTL until one is set; set_ttl(0) ends it now."""
+    _needs_criu()
+    async with fresh_node.client() as c:
+        frozen = await c.sandboxes.create(image=IMAGE, memory="64MiB", ttl=1, on_expiry="suspend")
+        on_disk = await c.sandboxes.create(image=IMAGE, memory="64MiB", ttl=600, on_expiry="disk")
+        closes = await c.sandboxes.create(image=IMAGE, memory="64MiB", ttl=600)
+        await frozen.files.write("/tmp/state", "kept")
+        info = await _state_of(c, frozen.id, "suspended")
+        assert (info.suspended, info.expires_at, info.on_expiry) == ("freeze", None, "suspend")
+        await asyncio.sleep(1.5)  # no TTL: it stays, and the next request wakes it
+        assert await frozen.files.read_text("/tmp/state") == "kept"
+        assert (await c.sandboxes.get(frozen.id)).info.state == "running"
+        # Now: within a second, as each create said.
+        for sbx in (on_disk, closes):
+            await sbx.set_ttl(0)
+        info = await _state_of(c, on_disk.id, "suspended")
+        assert info.suspended == "disk"
+        await _state_of(c, closes.id, "closed")
+        assert (await on_disk.commands.run("echo back")).stdout == "back\n"
+        with pytest.raises(corral.InvalidArgument) as err:
+            await c.sandboxes.create(image=IMAGE, ttl=1, on_expiry="pause")
+        assert err.value.field == "on_expiry"
+        await asyncio.gather(frozen.close(), on_disk.close())
+
+
 async def test_a_frozen_container_gives_its_memory_to_swap(fresh_node: Node) -> None:
     swapped = fresh_node.with_config(swap_size=1 << 30)
     async with swapped.client() as c:

@@ -222,3 +222,21 @@ async def test_a_request_message_past_its_cap_is_refused(monkeypatch: pytest.Mon
 ])  # fmt: skip
 def test_envd_is_found_by_host_too(host: str, want: str) -> None:
     assert ports.envd_sandbox(host) == want
+
+
+@pytest.mark.parametrize(("doc", "want"), [
+    ({}, "close"),
+    ({"autoPause": False, "autoPauseMemory": False}, "close"),
+    ({"autoPause": True}, "suspend"),
+    ({"autoPause": True, "autoPauseMemory": True}, "suspend"),
+    ({"autoPause": True, "autoPauseMemory": False}, "disk"),  # filesystem-only: memory given back
+    ({"autoPause": True, "autoResume": {"enabled": False}}, "suspend"),
+    ({"autoPause": "yes"}, None),
+    ({"autoPause": True, "autoPauseMemory": 0}, None),
+])  # fmt: skip
+def test_e2b_lifecycle_is_corrals_on_expiry(doc: dict[str, object], want: str | None) -> None:
+    if want is None:
+        with pytest.raises(control.E2bError):
+            control._on_timeout(doc)
+    else:
+        assert control._on_timeout(doc) == want

@@ -4,6 +4,7 @@ its own path, operation, user, sandbox and time alone."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from starlette.datastructures import QueryParams
 
 from corral import labels
-from corral.api.compat.e2b import signed
+from corral.api.compat.e2b import envd, signed
 from corral.api.compat.e2b.connect import ConnectError
 
 pytestmark = pytest.mark.unit
@@ -103,3 +104,47 @@ def test_a_query_no_sdk_signed_is_refused_before_any_lookup(change: dict[str, st
     with pytest.raises(ConnectError) as err:
         signed.check_form(q)
     assert (err.value.code, err.value.message) == ("unauthenticated", signed.INVALID)
+
+
+class _Node:
+    """A node's service: its E2B sandboxes, and how often they were listed."""
+
+    def __init__(self) -> None:
+        self.sandboxes: list[Any] = []
+        self.listings = 0
+
+    async def list(self) -> list[Any]:
+        self.listings += 1
+        await asyncio.sleep(0.01)
+        return list(self.sandboxes)
+
+
+def _info(sandbox_id: str, token: str) -> Any:
+    return SimpleNamespace(
+        id=sandbox_id, labels={labels.E2B_TOKEN: token}, state=SimpleNamespace(value="running")
+    )
+
+
+async def test_a_sandbox_made_a_moment_ago_is_found_and_misses_share_one_listing() -> None:
+    node = _Node()
+    e = envd.Envd(_no_gateway, local=node)  # type: ignore[arg-type]
+    node.sandboxes.append(_info("a", "tok-a"))
+    q = _query("f", "read", "user", "tok-a", None)
+    assert (await e._signer(node, q, "read")).id == "a"  # type: ignore[arg-type]
+    node.sandboxes.append(_info("b", "tok-b"))  # made since the list
+    q = _query("f", "read", "user", "tok-b", None)
+    assert (await e._signer(node, q, "read")).id == "b"  # type: ignore[arg-type]
+    before = node.listings
+    forged = _query("f", "read", "user", "nobody's", None)
+    results = await asyncio.gather(
+        *(e._signer(node, forged, "read") for _ in range(20)),  # type: ignore[arg-type]
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, ConnectError) and r.message == signed.INVALID for r in results)
+    # Twenty misses: the first one's listing, and one begun after the others
+    # arrived (a sandbox made meanwhile would be on it), which they share.
+    assert node.listings - before == 2
+
+
+async def _no_gateway(sandbox_id: str) -> Any:
+    raise AssertionError("a node's signed URL asks no gateway")

@@ -114,6 +114,8 @@ def test_housekeeping_is_answered_only_what_is_due(tmp_path: Path) -> None:
         rec.kind, rec.last_active = kind, float(kw.pop("last_active", now))  # type: ignore[arg-type]
         rec.expires_at = kw.pop("expires_at", None)  # type: ignore[assignment]
         rec.spec = {"memory": 1, "idle_timeout": kw.pop("idle", None)}
+        if "on_expiry" in kw:
+            rec.spec["on_expiry"] = kw.pop("on_expiry")
         rec.init_pid, rec.init_start = 42, 7
         rec.suspended = kw.pop("suspended", None)  # type: ignore[assignment]
         s.insert(rec)
@@ -128,9 +130,18 @@ def test_housekeeping_is_answered_only_what_is_due(tmp_path: Path) -> None:
     add("pooled", labels={"corral.pool": "warm"}, last_active=now - 100)
     add("frozen", state="suspended", suspended="freeze", last_active=now - 100)
     add("on-disk", state="suspended", suspended="disk", last_active=now - 10_000)
-    assert s.due_to_retire(now) == [("idle", "idle for 30s"), ("ttl", "ttl expired")]
+    add("ttl-suspends", expires_at=now - 1, on_expiry="disk", last_active=now - 1)
+    # An idle one closes whatever its TTL's end would do.
+    add("idle-suspends", idle=30.0, last_active=now - 40, on_expiry="suspend")
+    assert s.due_to_retire(now) == [
+        ("idle-suspends", "idle for 30s", "close"),
+        ("idle", "idle for 30s", "close"),
+        ("ttl-suspends", "ttl expired", "disk"),
+        ("ttl", "ttl expired", "close"),
+    ]
     assert {sid for sid, _, _ in s.running_inits()} == {
-        "ttl", "ttl-later", "idle", "idle-not-yet", "no-timeout", "vm", "pooled"
+        "ttl", "ttl-later", "idle", "idle-not-yet", "no-timeout", "vm", "pooled", "ttl-suspends",
+        "idle-suspends",
     }  # fmt: skip
     assert set(s.running_ids(["microvm"])) == {"vm"}
     assert s.running_labelled("corral.pool") == [("pooled", "1:2")]

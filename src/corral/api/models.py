@@ -186,6 +186,10 @@ class CreateSandbox(StrictModel):
     pids: int = 512
     ttl: float | None = 3600.0
     idle_timeout: float | None = 600.0
+    # What its TTL's end does: "close" it, or "suspend" it (the kind's own
+    # depth: a container freezes) or to "disk" (its memory given back),
+    # with no TTL until one is set again (E2B's autoPause).
+    on_expiry: Literal["close", "suspend", "disk"] = "close"
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     network: NetworkPolicy | None = None  # None: no network at all
@@ -402,6 +406,7 @@ class SandboxInfo(BaseModel):
     created_at: float
     expires_at: float | None
     error: str | None = None
+    on_expiry: str = "close"
     workdir: str = "/"
     network: NetworkPolicy | None = None
     address: str | None = None

@@ -151,8 +151,9 @@ class Housekeeping:
             await self._check_loader(now)
         # Each second: what is due, as the database answers it. Nothing
         # here walks every sandbox held on the event loop (store.py).
-        for sid, reason in db.due_to_retire(now):
-            await lc.retire(sid, reason=reason)
+        for sid, reason, action in db.due_to_retire(now):
+            if action == "close" or not await self._suspend_expired(sid, action):
+                await lc.retire(sid, reason=reason)
         # The cores follow the load; a full pass writes a file per sandbox:
         # off the loop.
         moved = await asyncio.to_thread(self.cpu.resize, now)
@@ -170,6 +171,26 @@ class Housekeeping:
         if now - self._last_gc >= GC_EVERY:
             self._last_gc = now
             await self.recovery.gc()
+
+    async def _suspend_expired(self, sandbox_id: str, action: str) -> bool:
+        """A sandbox whose TTL ended with on_expiry "suspend" or "disk":
+        suspended, with no TTL until one is set again (it would end again
+        at once on resume). False where it cannot be: it is closed then, as
+        its TTL said (to disk needs no command running in a container: it
+        is frozen instead)."""
+        # Before the suspend: a TTL set while it runs (E2B's connect) stays.
+        self.store.update(sandbox_id, expires_at=None)
+        modes: tuple[str | None, ...] = ("disk", None) if action == "disk" else (None,)
+        for mode in modes:  # None: the kind's own depth
+            try:
+                await self.snapshots.suspend(sandbox_id, mode)
+            except CorralError as exc:
+                log.info("sandbox.expiry_suspend_failed", sandbox=sandbox_id,
+                         mode=mode or "default", error=exc.message)  # fmt: skip
+                continue
+            log.info("sandbox.expired_suspended", sandbox=sandbox_id, mode=mode or "default")
+            return True
+        return False
 
     async def _check_inits(self) -> None:
         """Every liveness_interval: a running sandbox whose init exited has

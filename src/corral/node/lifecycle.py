@@ -536,12 +536,11 @@ class Lifecycle:
             log.warning("sandbox.release_raced", sandbox=sandbox_id, state=final_state)
 
     async def set_ttl(self, sandbox_id: str, ttl: int) -> SandboxInfo:
-        """The sandbox closes `ttl` seconds from now (the housekeeping tick
-        retires it then), running or suspended."""
-        if not 0 < ttl <= MAX_TTL:
-            raise InvalidArgument(
-                "ttl", "must be a number of seconds above 0 and at most 30 days", ttl
-            )
+        """The sandbox's TTL ends `ttl` seconds from now (0: at the next
+        housekeeping tick, within a second), running or suspended; its
+        on_expiry says what that does."""
+        if not 0 <= ttl <= MAX_TTL:
+            raise InvalidArgument("ttl", "must be a number of seconds from 0 to 30 days", ttl)
         rec = self.records.get(sandbox_id)
         self.records.not_a_worker(rec)
         if rec.state not in ("running", "suspended", "suspending", "resuming"):

@@ -93,6 +93,7 @@ class Records:
             pids=s["pids"],
             ttl=s.get("ttl"),
             idle_timeout=s.get("idle_timeout"),
+            on_expiry=s.get("on_expiry", "close"),
             env=s.get("env", {}),
             labels=rec.labels,
             created_at=rec.created_at,

@@ -401,21 +401,26 @@ class Store:
         cur.row_factory = None
         return cur.execute(sql, args).fetchall()
 
-    def due_to_retire(self, now: float) -> builtins.list[tuple[str, str]]:
+    def due_to_retire(self, now: float) -> builtins.list[tuple[str, str, str]]:
         """Running sandboxes past their TTL or idle past their
-        idle_timeout, as (id, reason), the TTL first."""
+        idle_timeout, as (id, reason, what to do: its on_expiry for a TTL,
+        "close" for idleness)."""
         rows = self._tuples(
-            "SELECT id, expires_at, idle FROM (SELECT id, expires_at, last_active, "
-            "json_extract(spec, '$.idle_timeout') AS idle FROM sandboxes "
+            "SELECT id, expires_at, idle, on_expiry FROM (SELECT id, expires_at, last_active, "
+            "json_extract(spec, '$.idle_timeout') AS idle, "
+            "json_extract(spec, '$.on_expiry') AS on_expiry FROM sandboxes "
             "WHERE state = 'running') "
             "WHERE (expires_at IS NOT NULL AND expires_at <= :now) "
             "OR (idle > 0 AND last_active + idle <= :now) ORDER BY last_active, id",
             {"now": now},
         )
-        return [
-            (sid, "ttl expired" if exp is not None and exp <= now else f"idle for {idle:.0f}s")
-            for sid, exp, idle in rows
-        ]
+        out = []
+        for sid, exp, idle, on_expiry in rows:
+            if exp is not None and exp <= now:
+                out.append((sid, "ttl expired", on_expiry or "close"))
+            else:
+                out.append((sid, f"idle for {idle:.0f}s", "close"))
+        return out
 
     def running_inits(self) -> builtins.list[tuple[str, int | None, int | None]]:
         """(id, init pid, init start) of every running sandbox."""

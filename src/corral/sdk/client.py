@@ -73,6 +73,7 @@ class AsyncSandboxes:
         pids: int = 512,
         ttl: float | None = 3600,
         idle_timeout: float | None = 600,
+        on_expiry: str = "close",
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         network: NetworkPolicy | dict[str, Any] | None = None,
@@ -95,6 +96,9 @@ class AsyncSandboxes:
         cores, 2 GiB and a `display_size` of 1024x768 unless given.
         `protected` paths (the task's tests) are watched from the start: a
         write to one is a violation in the sandbox's report (audit()).
+        `on_expiry` "suspend" (or "disk": its memory given back) suspends
+        the sandbox when its `ttl` ends instead of closing it; it then has
+        no TTL until set_ttl() (docs/node.md).
         `cpu_class` "background" makes its commands yield the CPU to
         interactive sandboxes' (docs/cpu-classes.md). A `fullvm` whose
         image is "disk:NAME" boots a disk added to the node (`corral disk
@@ -111,6 +115,7 @@ class AsyncSandboxes:
             pids=pids,
             ttl=ttl,
             idle_timeout=idle_timeout,
+            on_expiry=on_expiry,
             env=env,
             labels=labels,
             network=network,

@@ -133,8 +133,9 @@ class AsyncSandbox:
         return self.info
 
     async def set_ttl(self, seconds: int) -> SandboxInfo:
-        """Close the sandbox `seconds` from now, however long its create
-        gave it (E2B's set_timeout)."""
+        """End the sandbox's TTL `seconds` from now (0: within a second),
+        however long its create gave it (E2B's set_timeout): it closes,
+        or suspends if its create said on_expiry="suspend" or "disk"."""
         self.info = await self._service.set_ttl(self.id, seconds)
         return self.info
 

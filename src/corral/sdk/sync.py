@@ -502,8 +502,9 @@ class Sandbox:
         return self._portal.call(self._inner.save, store)
 
     def set_ttl(self, seconds: int) -> SandboxInfo:
-        """Close the sandbox `seconds` from now, however long its create gave it (E2B's
-        set_timeout)."""
+        """End the sandbox's TTL `seconds` from now (0: within a second), however long its create
+        gave it (E2B's set_timeout): it closes, or suspends if its create said
+        on_expiry="suspend" or "disk"."""
         return self._portal.call(self._inner.set_ttl, seconds)
 
     def suspend(self, mode: str | None = None, *, key: str | None = None) -> SandboxInfo:
@@ -550,6 +551,7 @@ class Sandboxes:
         pids: int = 512,
         ttl: float | None = 3600,
         idle_timeout: float | None = 600,
+        on_expiry: str = 'close',
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         network: NetworkPolicy | dict[str, Any] | None = None,
@@ -572,6 +574,7 @@ class Sandboxes:
             pids=pids,
             ttl=ttl,
             idle_timeout=idle_timeout,
+            on_expiry=on_expiry,
             env=env,
             labels=labels,
             network=network,

@@ -224,13 +224,28 @@ async def _body(request: Request) -> dict[str, Any]:
     return doc
 
 
-def _timeout(doc: dict[str, Any], default: int | None = DEFAULT_TIMEOUT) -> int | None:
+def _timeout(
+    doc: dict[str, Any], default: int | None = DEFAULT_TIMEOUT, *, least: int = 1
+) -> int | None:
     t = doc.get("timeout", default)
     if t is None:
         return None
-    if not isinstance(t, int) or isinstance(t, bool) or not 0 < t <= 30 * 86400:
-        raise E2bError(400, f"timeout must be whole seconds above 0, at most 30 days: {t!r}")
+    if not isinstance(t, int) or isinstance(t, bool) or not least <= t <= 30 * 86400:
+        raise E2bError(400, f"timeout must be whole seconds from {least} to 30 days: {t!r}")
     return t
+
+
+def _on_timeout(doc: dict[str, Any]) -> str:
+    """E2B's lifecycle as Corral's on_expiry: `autoPause` suspends the
+    sandbox at its timeout (its memory kept, unless `autoPauseMemory` is
+    false: to disk). `autoResume` is accepted and changes nothing: any
+    request to a paused Corral sandbox but /health resumes it."""
+    for name in ("autoPause", "autoPauseMemory"):
+        if not isinstance(doc.get(name, False), bool):
+            raise E2bError(400, f"{name} must be true or false: {doc[name]!r}")
+    if not doc.get("autoPause"):
+        return "close"
+    return "suspend" if doc.get("autoPauseMemory", True) else "disk"
 
 
 def _strings(doc: dict[str, Any], field: str) -> dict[str, str]:
@@ -330,6 +345,7 @@ def router(
         snapshot = None if template in templates else await snapshots.create_fields(svc, template)
         spec, start = (snapshot, None) if snapshot else template_spec(templates, template)
         ttl = _timeout(doc)
+        on_expiry = _on_timeout(doc)
         try:
             req = CreateSandbox.model_validate({
                 **spec,
@@ -338,6 +354,7 @@ def router(
                 # sandbox closed under it. Set again once the start is done.
                 "ttl": ttl + START_TIMEOUT if start and ttl else ttl,
                 "idle_timeout": None,
+                "on_expiry": on_expiry,
                 "env": _strings(doc, "envVars"),
                 "network": network_of(doc),
                 "labels": {**metadata, TEMPLATE: template, TOKEN: secrets.token_urlsafe(24),
@@ -420,7 +437,8 @@ def router(
     @guarded
     async def set_timeout(request: Request, sandbox_id: str) -> Any:
         svc = await resolve(request)
-        t = _timeout(await _body(request), None)
+        # 0: the timeout is now (a sandbox made with autoPause pauses).
+        t = _timeout(await _body(request), None, least=0)
         if t is None:
             raise E2bError(400, "timeout is required")
         await _get(svc, sandbox_id)

@@ -19,6 +19,7 @@ no network mount to refuse). PTYs are terminals corral-init opens
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import gzip
@@ -92,7 +93,6 @@ def _user(request: Request) -> str:
 # at once (the call itself finds it closed); `forget` drops it on a kill.
 TOKEN_TTL = 2.0
 SIGNERS_TTL = 1.0  # how long a node's list of E2B sandboxes serves signed URLs
-RELIST = 0.1  # a list older than this is made again when no sandbox signed a URL
 
 
 class Envd:
@@ -101,7 +101,8 @@ class Envd:
         # The service holding every sandbox this server reaches (a node's,
         # not a gateway's): where a signed URL naming none finds its own.
         self.local = local
-        self._listed: tuple[float, list[SandboxInfo]] = (-SIGNERS_TTL, [])
+        self._listed: tuple[float, list[SandboxInfo]] = (-SIGNERS_TTL, [])  # (begun, list)
+        self._listing = asyncio.Lock()
         self.processes = Processes()
         self.fs = Filesystem()
         self._checked: dict[tuple[str, str, bool], float] = {}
@@ -156,18 +157,24 @@ class Envd:
 
     async def _signer(self, svc: SandboxService, query: Any, op: str) -> SandboxInfo:
         """The node's E2B sandbox that signed `query`. Its sandboxes are
-        listed once for many URLs: again when none signed it and the list
-        is older than RELIST (a sandbox made since), so that signatures
-        that match nothing cost at most one listing per RELIST."""
+        listed once for many URLs: a URL that none on the list signed is
+        tried again on a list begun after it arrived (which holds every
+        sandbox made before it), one listing at a time, shared by every
+        URL waiting on it: signatures that match nothing cost no more."""
+        arrived = time.monotonic()
         at, found = self._listed
-        if time.monotonic() - at <= SIGNERS_TTL:
+        if arrived - at <= SIGNERS_TTL:
             try:
                 return signed.signer(query, op, found, TOKEN)
             except c.ConnectError as exc:
-                if exc.message != signed.INVALID or time.monotonic() - at <= RELIST:
+                if exc.message != signed.INVALID:
                     raise
-        found = [i for i in await svc.list() if TOKEN in i.labels]
-        self._listed = (time.monotonic(), found)
+        async with self._listing:
+            at, found = self._listed
+            if at < arrived:
+                begun = time.monotonic()
+                found = [i for i in await svc.list() if TOKEN in i.labels]
+                self._listed = (begun, found)
         return signed.signer(query, op, found, TOKEN)
 
     async def checked(self, sandbox_id: str, given: str, *, port: bool = False) -> SandboxService:
