@@ -8,7 +8,9 @@
 - command round trip: `commands.run("true")` on a running sandbox, both ways
   (Corral's side runs the argv E2B's SDK sends, `/bin/bash -l -c true`);
 - a burst of N concurrent E2B creates (and one command each): failures and
-  wall time.
+  wall time;
+- fork (E2B's against Corral's) and a file read by signed URL (against the
+  SDK's read).
 The two paths are alternated in rounds so that neither gets a warmer node.
 """
 
@@ -119,6 +121,69 @@ async def run(quick: bool) -> list[str]:
             + ("\n\nErrors: " + "; ".join(errs) if errs else "")]  # fmt: skip
 
 
+async def forks(quick: bool) -> str:
+    """E2B's fork next to Corral's (one copy of a running sandbox, the copy
+    closed after), and a file read by a signed URL next to the SDK's."""
+    import e2b
+    import httpx
+
+    n, reads = (5, 50) if quick else (15, 200)
+    proc, url = serve(DATA)
+    try:
+        await _up_for_e2b(url)
+        fork: dict[str, list[float]] = {"e2b": [], "corral": []}
+        read: dict[str, list[float]] = {"sdk": [], "signed": []}
+        async with corral.AsyncClient(url) as c, httpx.AsyncClient() as h:
+            es = await e2b.AsyncSandbox.create("base", timeout=600)
+            cs = await c.sandboxes.create(**SPEC)
+
+            async def e2b_fork() -> None:
+                [copy] = await es.fork(count=1, timeout=120)
+                assert isinstance(copy, e2b.AsyncSandbox), copy
+                await copy.kill()
+
+            async def corral_fork() -> None:
+                [copy] = await c.sandboxes.fork(cs, 1)
+                await copy.close()
+
+            for _ in range(n):  # alternated, one each
+                fork["e2b"] += await timed(1, e2b_fork)
+                fork["corral"] += await timed(1, corral_fork)
+            await es.files.write("/home/user/f.txt", "x" * 4096)
+            signed_url = es.download_url("/home/user/f.txt", "user")
+
+            async def by_url() -> None:
+                r = await h.get(signed_url)
+                assert r.status_code == 200 and len(r.content) == 4096, r.status_code
+
+            for _ in range(5):
+                read["sdk"] += await timed(reads // 5, lambda: es.files.read("/home/user/f.txt"))
+                read["signed"] += await timed(reads // 5, by_url)
+            await es.kill()
+            await cs.close()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    rows = []
+    for what, d, a, b in (
+        ("fork, one copy: E2B's / Corral SDK's", fork, "e2b", "corral"),
+        ("read a 4 KiB file: E2B SDK's / a signed URL's", read, "sdk", "signed"),
+    ):
+        a50, a99 = _ms(d[a])
+        b50, b99 = _ms(d[b])
+        rows.append([what, a50, a99, b50, b99, f"{pct(d[a], 50) / pct(d[b], 50):.2f}x"])
+    head = ["what", "E2B p50 ms", "p99 ms", "other p50 ms", "p99 ms", "E2B / other (p50)"]
+    body = table(head, rows)
+    return ("## Fork, and signed file URLs\n\n" + body + "\n\n"
+            "Fork: `sandbox.fork(count=1)` through E2B's API against Corral's SDK "
+            f"`sandboxes.fork(sbx, 1)` "
+            f"on a sandbox of the same spec, alternated, {n} each; each copy is closed after "
+            "(not timed). A container's fork is a CRIU dump of the source and a restore per "
+            f"copy. Read: `files.read` (E2B's envd, the token in a header) against a GET of "
+            f"the `download_url` (no token: the node finds the sandbox whose token signed "
+            f"it, one SHA-256 per E2B sandbox held), {reads} each.")  # fmt: skip
+
+
 # Timed inside the sandbox: the same /execute, straight to the server.
 _INSIDE = """
 import json, time, urllib.request
@@ -217,6 +282,7 @@ async def http2(quick: bool) -> str:
 
 async def main(quick: bool) -> None:
     sections = await run(quick)
+    sections.append(await forks(quick))
     sections.append(await interpreter(quick))
     sections.append(await http2(quick))
     path = write_result("e2b", "E2B compatibility: the E2B SDK against Corral", sections)
